@@ -1,0 +1,124 @@
+"""Where workers run: spawned processes (one model each) or threads (one model per device).
+
+Both give the pipeline the same surface: ``work`` (the bounded queue of workunits), ``get`` (the next
+message from any worker, or None after a timeout), ``casualties`` (workers that died without a word)
+and ``shutdown``. A backend is a context manager: leaving it by an exception, Ctrl-C included, stops
+every worker before the exception goes on, so no child process outlives a run.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import threading
+from typing import Any
+
+from helpers.worker import SharedModels, WorkerInfo, process_main, thread_main
+
+BACKENDS = ("process", "thread")
+JOIN_SECONDS = 5.0  # a terminated worker gets this long before it is killed
+
+
+class ProcessBackend:
+    """One spawned process per worker; each loads its own copy of the model."""
+
+    name = "process"
+
+    def __init__(self, workload: Any, workers: list[WorkerInfo], queue_depth: int) -> None:
+        ctx = multiprocessing.get_context("spawn")  # fork is unsafe once torch or CUDA has started
+        self.work = ctx.Queue(queue_depth)
+        self._results = ctx.Queue(queue_depth + len(workers))
+        self._processes = [
+            ctx.Process(target=process_main, args=(info, workload, self.work, self._results),
+                        name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
+            for info in workers]
+        self._workers = workers
+
+    def start(self) -> None:
+        for process in self._processes:
+            process.start()
+
+    def get(self, timeout: float) -> Any:
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def casualties(self) -> list[tuple[WorkerInfo, int]]:
+        """Workers whose process ended with a non-zero exit code (a signal, a crash)."""
+        return [(info, process.exitcode) for info, process in zip(self._workers, self._processes)
+                if process.exitcode not in (None, 0)]
+
+    def shutdown(self, clean: bool) -> None:
+        """Join workers (unless ``clean``, terminate them first); kill any left after JOIN_SECONDS."""
+        if not clean:
+            for process in self._processes:
+                if process.is_alive():
+                    process.terminate()
+        for process in self._processes:
+            process.join(JOIN_SECONDS)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for q in (self.work, self._results):
+            q.cancel_join_thread()  # items left unread must not block interpreter exit
+            q.close()
+
+    def __enter__(self) -> "ProcessBackend":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.shutdown(clean=exc_type is None)
+
+
+class ThreadBackend:
+    """One thread per worker; threads on the same device share one model."""
+
+    name = "thread"
+
+    def __init__(self, workload: Any, workers: list[WorkerInfo], queue_depth: int) -> None:
+        self.work: queue.Queue = queue.Queue(queue_depth)
+        self._results: queue.Queue = queue.Queue(queue_depth + len(workers))
+        self._stop = threading.Event()
+        models = SharedModels()
+        self._threads = [
+            threading.Thread(target=thread_main, name=f"gpufeed-worker-{info.index}-{info.device}",
+                             args=(info, workload, models, self.work, self._results, self._stop),
+                             daemon=True)
+            for info in workers]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def get(self, timeout: float) -> Any:
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def casualties(self) -> list[tuple[WorkerInfo, int]]:
+        return []  # a thread cannot die without its Failed message (see worker.thread_main)
+
+    def shutdown(self, clean: bool) -> None:
+        """Stop and join the threads; one busy with a workunit finishes it first (daemon threads
+        that outlive JOIN_SECONDS do not block interpreter exit)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(None if clean else JOIN_SECONDS)
+
+    def __enter__(self) -> "ThreadBackend":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.shutdown(clean=exc_type is None)
+
+
+def make_backend(name: str, workload: Any, workers: list[WorkerInfo], queue_depth: int):
+    """The backend called ``name`` (one of BACKENDS), not yet started."""
+    if name == "process":
+        return ProcessBackend(workload, workers, queue_depth)
+    if name == "thread":
+        return ThreadBackend(workload, workers, queue_depth)
+    raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")

@@ -1,0 +1,92 @@
+"""``python -m helpers run ...``: the pipeline from the shell; the stats are the last line, as JSON.
+
+Exit status: 0 done, 1 failed (a worker error or an unreadable input), 2 bad arguments,
+3 partial (the run finished but some records are in the output's ``errors`` table),
+130 interrupted (Ctrl-C: every worker is stopped; the output holds the records written so far).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from helpers.pipeline import PipelineError, run_pipeline
+from helpers.sources import SourceError
+from helpers.workloads import EmbeddingWorkload, SyntheticWorkload
+
+EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
+def _speeds(text: str) -> dict[str, float]:
+    """``cuda:0=1,cuda:1=0.35`` -> {"cuda:0": 1.0, "cuda:1": 0.35}."""
+    try:
+        return {k.strip(): float(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected DEVICE=FACTOR[,DEVICE=FACTOR...], got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a workload over an input file")
+    run.add_argument("--input", required=True, help=".h5 (batches/0, 1, ...) or .jsonl file")
+    run.add_argument("--output", required=True, help="HDF5 file to write")
+    run.add_argument("--workload", choices=("embedding", "synthetic"), default="embedding")
+    run.add_argument("--devices", default="cpu", help="one entry per worker, e.g. cuda:0,cuda:0,cpu")
+    run.add_argument("--workunit-size", type=int, default=100, help="records per workunit")
+    run.add_argument("--backend", choices=("process", "thread"), default="process")
+    run.add_argument("--limit", type=int, help="stop after this many records")
+    run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker)")
+    run.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
+    run.add_argument("--text-field", default="text", help="JSONL field holding the text")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    emb = run.add_argument_group("embedding workload")
+    emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
+                                     "all-MiniLM-L6-v2, offline)")
+    emb.add_argument("--batch-size", type=int, default=32)
+    emb.add_argument("--normalize", action="store_true", help="unit-length embeddings")
+    syn = run.add_argument_group("synthetic workload")
+    syn.add_argument("--seconds-per-record", type=float, default=0.001)
+    syn.add_argument("--speed", type=_speeds, default={}, help="e.g. cuda:0=1,cuda:1=0.35")
+    syn.add_argument("--mode", choices=("sleep", "busy"), default="sleep")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.workload == "embedding":
+            workload = EmbeddingWorkload(args.model, args.batch_size, args.normalize)
+        else:
+            workload = SyntheticWorkload(args.seconds_per_record, args.speed, args.mode)
+        options = {"queue_depth": args.queue_depth, "threads_per_worker": args.threads_per_worker,
+                   "limit": args.limit, "progress": not args.no_progress}
+        source = args.input
+        if args.text_field != "text":
+            from helpers.sources import JSONLSource
+            source = JSONLSource(args.input, text_field=args.text_field)
+        stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
+                             args.backend, **options)
+    except (ValueError, RuntimeError) as exc:  # SourceError and PipelineError among them
+        print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, PipelineError) and exc.__cause__ is not None:
+            print(f"remote traceback:{exc.__cause__}", file=sys.stderr)
+        return EXIT_USAGE if _is_usage(exc) else EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"interrupted: workers stopped; records written so far are in {args.output}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(stats.summary(), file=sys.stderr)
+    print(json.dumps(stats.to_dict()))
+    return EXIT_PARTIAL if stats.partial else 0
+
+
+def _is_usage(exc: Exception) -> bool:
+    """A bad argument (ValueError from validation), not a failed run or an unreadable input."""
+    return isinstance(exc, ValueError) and not isinstance(exc, SourceError)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

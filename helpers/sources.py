@@ -1,0 +1,182 @@
+"""Record sources: each yields ``(id, record)`` pairs lazily, so memory stays flat at any size.
+
+- ``HDF5BatchesSource``: a group ``batches/`` of 1-D UTF-8 string datasets ``0, 1, ...``; a record's id
+  is its global position across the batches in numeric order.
+- ``JSONLSource``: one JSON object per line with a text field; the id is the object's id field if it
+  has one, else the 0-based line number.
+- ``IterableSource``: any Python iterable of ``(id, record)`` pairs.
+
+A record that cannot be decoded (invalid UTF-8, a line that is not JSON) is yielded as a
+``BadRecord`` under its id, so it is reported as failed without costing the records around it.
+Problems with the source as a whole (missing file, wrong layout) raise at ``open_source``, before
+any worker is started.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from helpers.workloads.base import BadRecord
+
+HDF5_SUFFIXES = (".h5", ".hdf5")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+READ_SLICE = 1024  # strings read from an HDF5 batch at a time: bounded memory for huge batches
+
+
+class SourceError(ValueError):
+    """The source as a whole cannot be read (missing, wrong layout)."""
+
+
+class HDF5BatchesSource:
+    """Records from ``<group>/0``, ``<group>/1``, ... of an HDF5 file."""
+
+    def __init__(self, path: str | os.PathLike, group: str = "batches") -> None:
+        import h5py
+
+        self.path, self.group = Path(path), group
+        if not self.path.is_file():
+            raise SourceError(f"input {str(self.path)!r}: no such file")
+        try:
+            with h5py.File(self.path, "r") as f:
+                self._names, self._length = _batch_layout(f, group, self.path)
+        except OSError as exc:
+            raise SourceError(f"input {str(self.path)!r}: not a readable HDF5 file ({exc})") from exc
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        import h5py
+
+        next_id = 0
+        with h5py.File(self.path, "r") as f:
+            for name in self._names:
+                dataset = f[self.group][name]
+                for start in range(0, len(dataset), READ_SLICE):
+                    for raw in dataset[start:start + READ_SLICE]:
+                        yield next_id, _decode(raw)
+                        next_id += 1
+
+    def describe(self) -> str:
+        return f"hdf5:{self.path}#{self.group}"
+
+
+def _batch_layout(f: Any, group: str, path: Path) -> tuple[list[str], int]:
+    import h5py
+
+    if group not in f or not isinstance(f[group], h5py.Group):
+        raise SourceError(f"input {str(path)!r}: no group {group!r} (expected {group}/0, "
+                          f"{group}/1, ... of 1-D strings)")
+    names = list(f[group])
+    bad = [n for n in names if not n.isdigit()]
+    if bad:
+        raise SourceError(f"input {str(path)!r}: {group}/{bad[0]} is not a numbered batch")
+    names.sort(key=int)
+    for name in names:
+        dataset = f[group][name]
+        if not isinstance(dataset, h5py.Dataset) or dataset.ndim != 1 \
+                or h5py.check_string_dtype(dataset.dtype) is None:
+            raise SourceError(f"input {str(path)!r}: {group}/{name} is not a 1-D string dataset")
+    return names, sum(len(f[group][n]) for n in names)
+
+
+def _decode(raw: bytes | str) -> str | BadRecord:
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadRecord("UnicodeDecodeError", f"record is not valid UTF-8: {exc}")
+
+
+class JSONLSource:
+    """Records from the ``text_field`` of each line of a JSON-lines file."""
+
+    def __init__(self, path: str | os.PathLike, text_field: str = "text",
+                 id_field: str = "id") -> None:
+        self.path, self.text_field, self.id_field = Path(path), text_field, id_field
+        if not self.path.is_file():
+            raise SourceError(f"input {str(self.path)!r}: no such file")
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        with open(self.path, "rb") as lines:
+            for number, line in enumerate(lines):
+                if line.strip():
+                    yield self._parse(number, line)
+
+    def _parse(self, number: int, line: bytes) -> tuple[int, Any]:
+        where = f"{self.path.name} line {number + 1}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+            return number, BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})")
+        if not isinstance(obj, dict):
+            return number, BadRecord("ValueError", f"{where}: expected a JSON object")
+        record_id = obj.get(self.id_field, number)
+        if isinstance(record_id, bool) or not isinstance(record_id, int):
+            return number, BadRecord("ValueError", f"{where}: {self.id_field!r} is not an integer")
+        if self.text_field not in obj:
+            return record_id, BadRecord("KeyError", f"{where}: no field {self.text_field!r}")
+        return record_id, obj[self.text_field]
+
+    def describe(self) -> str:
+        return f"jsonl:{self.path}#{self.text_field}"
+
+
+class IterableSource:
+    """Records from an iterable of ``(id, record)`` pairs, checked as they stream."""
+
+    def __init__(self, pairs: Iterable[tuple[int, Any]]) -> None:
+        self.pairs = pairs
+
+    def __len__(self) -> int:
+        return len(self.pairs)  # TypeError for generators: the progress bar then has no total
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        for position, pair in enumerate(self.pairs):
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise SourceError(f"source item {position} is not an (id, record) pair: "
+                                  f"{_short(pair)}")
+            record_id = pair[0]
+            if isinstance(record_id, bool) or not isinstance(record_id, (int, np.integer)):
+                raise SourceError(f"source item {position}: id {_short(record_id)} is not an integer")
+            yield int(record_id), pair[1]
+
+    def describe(self) -> str:
+        return f"iterable:{type(self.pairs).__name__}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def open_source(source: Any, *, text_field: str = "text", id_field: str = "id"):
+    """The right source for a path (``.h5``/``.hdf5`` or ``.jsonl``) or an iterable of pairs."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.suffix.lower() in HDF5_SUFFIXES:
+            return HDF5BatchesSource(path)
+        if path.suffix.lower() in JSONL_SUFFIXES:
+            return JSONLSource(path, text_field, id_field)
+        raise SourceError(f"input {str(path)!r}: unknown format; expected one of "
+                          f"{HDF5_SUFFIXES + JSONL_SUFFIXES} or an iterable of (id, record) pairs")
+    if isinstance(source, (HDF5BatchesSource, JSONLSource, IterableSource)):
+        return source
+    if isinstance(source, Iterable):
+        return IterableSource(source)
+    raise SourceError(f"source: expected a file path or an iterable of (id, record) pairs, "
+                      f"got {type(source).__name__}")
+
+
+def source_length(source: Any) -> int | None:
+    """Number of records if the source knows it cheaply, else None."""
+    try:
+        return len(source)
+    except TypeError:
+        return None

@@ -1,0 +1,212 @@
+"""The worker side: load the model once, say ready, pull workunits until the end-of-work sentinel.
+
+Both backends run the same ``serve`` loop; they differ only in how a worker starts (a spawned process
+with its own model, or a thread sharing its device's model) and in what "should I give up?" means
+(the parent process has died, or the run's stop event is set). Every exception goes back to the
+parent as a ``Failed`` message with its traceback; a worker never dies silently and never blocks
+forever on a queue.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from helpers.workloads.base import BadRecord, OutputSpec
+
+END_OF_WORK = "END_OF_WORK"  # put once per worker after the last workunit
+POLL_SECONDS = 0.5  # how often a blocked worker checks that it still has a reason to wait
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    index: int
+    device: str
+    threads: int  # CPU threads for this worker's model
+
+    def __str__(self) -> str:
+        return f"worker {self.index} on {self.device}"
+
+
+@dataclass(frozen=True)
+class Workunit:
+    index: int
+    ids: np.ndarray  # int64, one per record
+    records: list
+
+    def describe(self) -> str:
+        span = f"ids {self.ids[0]}..{self.ids[-1]}" if len(self.ids) else "no ids"
+        return f"workunit {self.index} ({len(self.ids)} records, {span})"
+
+
+@dataclass(frozen=True)
+class Ready:
+    worker: int
+    pid: int
+    load_seconds: float
+    outputs: dict[str, OutputSpec]
+
+
+@dataclass(frozen=True)
+class Result:
+    worker: int
+    workunit: int
+    ids: np.ndarray
+    arrays: dict[str, np.ndarray]
+    failures: list[tuple[int, str, str, float]]  # (record id, error type, message, unix time)
+    compute_seconds: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    worker: int
+    device: str
+    workunit: str | None  # Workunit.describe(), None when loading failed
+    error_type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    worker: int
+    records: int
+    workunits: int
+    busy_seconds: float
+    wait_seconds: float
+    pid: int = field(default_factory=os.getpid)
+
+
+def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: Workunit,
+                 worker: int) -> Result:
+    """Process one workunit; records the workload rejects become failures, not exceptions."""
+    started = time.perf_counter()
+    keep, failures = [], []
+    for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), unit.records)):
+        if isinstance(record, BadRecord):
+            failures.append((record_id, record.error_type, record.message, time.time()))
+            continue
+        try:
+            workload.check_record(record)
+        except (TypeError, ValueError) as exc:
+            failures.append((record_id, type(exc).__name__, str(exc), time.time()))
+            continue
+        keep.append(position)
+    ids = unit.ids[keep]
+    arrays = {}
+    if keep:
+        arrays = workload.process(model, [unit.records[p] for p in keep])
+        for name, spec in specs.items():
+            if name not in arrays:
+                raise ValueError(f"workload {workload.name!r} returned no output {name!r}")
+            spec.check(name, arrays[name], len(keep))
+    return Result(worker, unit.index, ids, arrays, failures, time.perf_counter() - started)
+
+
+def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
+          work: Any, results: Any, alive: Callable[[], bool]) -> None:
+    """Pull workunits from ``work`` and put messages on ``results`` until END_OF_WORK."""
+    busy = waited = 0.0
+    records = units = 0
+    while True:
+        started = time.perf_counter()
+        unit = _get(work, alive)
+        waited += time.perf_counter() - started
+        if unit is None or unit == END_OF_WORK:
+            break
+        try:
+            result = run_workunit(workload, model, specs, unit, info.index)
+        except Exception as exc:
+            _put(results, failed(info, unit.describe(), exc), alive)
+            return
+        busy += result.compute_seconds
+        records += len(unit.ids)
+        units += 1
+        if not _put(results, result, alive):
+            return
+    _put(results, Finished(info.index, records, units, busy, waited), alive)
+
+
+def failed(info: WorkerInfo, workunit: str | None, exc: BaseException) -> Failed:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return Failed(info.index, info.device, workunit, type(exc).__name__, str(exc), tb)
+
+
+def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], float]:
+    started = time.perf_counter()
+    model = workload.load(info.device, info.threads)
+    return model, workload.outputs(model), time.perf_counter() - started
+
+
+def process_main(info: WorkerInfo, workload: Any, work: Any, results: Any) -> None:
+    """Entry point of a spawned worker process: one model, loaded once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    parent = multiprocessing.parent_process()
+    alive = parent.is_alive if parent is not None else (lambda: True)
+    try:
+        model, specs, seconds = load(info, workload)
+    except Exception as exc:
+        _put(results, failed(info, None, exc), alive)
+        return
+    _put(results, Ready(info.index, os.getpid(), seconds, specs), alive)
+    serve(info, workload, model, specs, work, results, alive)
+
+
+def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", work: Any, results: Any,
+                stop: threading.Event) -> None:
+    """Entry point of a worker thread: shares one model per device with its sibling threads."""
+    alive = lambda: not stop.is_set()  # noqa: E731
+    try:
+        model, specs, seconds = models.get(info, workload)
+        if info.device == "cpu" and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(info.threads)  # per thread under OpenMP
+        _put(results, Ready(info.index, os.getpid(), seconds, specs), alive)
+        serve(info, workload, model, specs, work, results, alive)
+    except BaseException as exc:  # a thread has no exit code: everything must become a message
+        _put(results, failed(info, None, exc), alive)
+
+
+class SharedModels:
+    """One model per device for the thread backend, loaded by the first thread that asks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._device_locks: dict[str, threading.Lock] = {}
+        self._loaded: dict[str, tuple[Any, dict[str, OutputSpec], float]] = {}
+
+    def get(self, info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], float]:
+        with self._lock:
+            device_lock = self._device_locks.setdefault(info.device, threading.Lock())
+        with device_lock:
+            if info.device not in self._loaded:
+                self._loaded[info.device] = load(info, workload)
+            return self._loaded[info.device]
+
+
+def _get(work: Any, alive: Callable[[], bool]) -> Any:
+    while True:
+        try:
+            return work.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if not alive():
+                return None
+
+
+def _put(results: Any, message: Any, alive: Callable[[], bool]) -> bool:
+    while True:
+        try:
+            results.put(message, timeout=POLL_SECONDS)
+            return True
+        except queue.Full:
+            if not alive():
+                return False

@@ -1,0 +1,60 @@
+"""Shared fixtures: a small real corpus, its reference embeddings, and the leftover-process check."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+LEFTOVER_GRACE_SECONDS = 5.0  # a finished run's children must be gone within this
+
+
+def _children() -> list[psutil.Process]:
+    """Live child processes, ignoring multiprocessing's resource tracker (one per interpreter)."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and \
+                    "resource_tracker" not in " ".join(child.cmdline()):
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Every test must leave no worker process behind, and shut down quickly."""
+    before = {p.pid for p in _children()}
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
+    while (left := [p for p in _children() if p.pid not in before]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for process in left:
+        process.kill()
+    assert not left, f"child processes left behind: {[p.pid for p in left]}"
+
+
+@pytest.fixture(scope="session")
+def texts() -> list[str]:
+    """24 real paragraphs from the shipped sample, the shortest of its first 400 (cheap to embed)."""
+    from helpers.paths import sample_texts
+
+    return sorted(sample_texts(400), key=len)[:24]
+
+
+@pytest.fixture(scope="session")
+def st_model():
+    from helpers.workloads.embedding import load_sentence_transformer
+
+    return load_sentence_transformer(None, "cpu", 2)
+
+
+@pytest.fixture(scope="session")
+def reference_embeddings(st_model, texts) -> np.ndarray:
+    """``model.encode`` in this one process: what every pipeline run must reproduce."""
+    return st_model.encode(texts, batch_size=32, convert_to_numpy=True)

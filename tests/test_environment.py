@@ -1,0 +1,38 @@
+"""Set-up: pyproject and environment.yml agree, torch is pinned everywhere, the README leads."""
+import re
+import tomllib
+
+import yaml
+
+from helpers.paths import ROOT
+
+TORCH_PIN = "torch==2.13.0"
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_environment_yml_lists_the_same_dependencies_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + project["optional-dependencies"]["test"]
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    listed = [r for r in pip if not r.startswith("-e")]
+    assert sorted(listed) == sorted(declared)  # same names and the same version specifiers
+
+
+def test_torch_is_pinned_in_every_install_path():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert TORCH_PIN in project["dependencies"]
+    assert TORCH_PIN in (ROOT / "environment.yml").read_text()
+    assert TORCH_PIN in (ROOT / "Makefile").read_text()
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"^make (\w+)\s*$", readme.split("\n## ", 1)[0], flags=re.M)
+    assert commands == ["run", "test"]
+    ci = [line for line in (ROOT / ".ci/run").read_text().splitlines()
+          if line and not line.startswith("#")]
+    assert ci[-1] == "exec make test"

@@ -1,0 +1,53 @@
+import h5py
+import numpy as np
+import pytest
+
+from helpers.hdf5_sink import CHUNK_RECORDS, HDF5Sink, read_output
+from helpers.workloads.base import OutputSpec
+
+SPEC = {"embeddings": OutputSpec((4,), "float32")}
+
+
+def rows(ids):
+    ids = np.asarray(ids, dtype=np.int64)
+    return ids, {"embeddings": np.repeat(ids[:, None], 4, axis=1).astype(np.float32)}
+
+
+def test_out_of_order_appends_map_back_by_id(tmp_path):
+    with HDF5Sink(tmp_path / "out.h5", SPEC, {"model": "m", "devices": ["cpu", "cpu"]}) as sink:
+        for chunk in ([5, 6], [0, 1, 2], [7], [3, 4]):
+            sink.append(*rows(chunk))
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(8))
+    assert np.array_equal(data["embeddings"][:, 0], np.arange(8, dtype=np.float32))
+    assert data["attrs"]["model"] == "m" and data["attrs"]["devices"] == ["cpu", "cpu"]
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["embeddings"].maxshape == (None, 4) and f["embeddings"].chunks[0] == CHUNK_RECORDS
+        assert f["ids"].dtype == np.int64 and f["embeddings"].dtype == np.float32
+
+
+def test_buffer_is_written_in_chunk_sized_blocks(tmp_path):
+    sink = HDF5Sink(tmp_path / "out.h5", SPEC)
+    sink.append(*rows(range(10)))
+    assert sink.records_written == 0  # buffered, not yet resized on disk
+    sink.append(*rows(range(10, 10 + CHUNK_RECORDS)))
+    assert sink.records_written == 10 + CHUNK_RECORDS
+    sink.close()
+
+
+def test_wrong_shape_or_missing_output_is_refused(tmp_path):
+    with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
+        with pytest.raises(ValueError, match="declared"):
+            sink.append(np.arange(2), {"embeddings": np.zeros((2, 3), np.float32)})
+        with pytest.raises(ValueError, match="declared"):
+            sink.append(np.arange(2), {"other": np.zeros((2, 4), np.float32)})
+    with pytest.raises(ValueError, match="reserved"):
+        HDF5Sink(tmp_path / "bad.h5", {"ids": OutputSpec((), "int64")})
+
+
+def test_errors_table(tmp_path):
+    with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
+        sink.append_errors([(3, "TypeError", "expected a text string, got NoneType", 1.0e9)])
+    errors = read_output(tmp_path / "out.h5")["errors"]
+    assert errors == [{"id": 3, "type": "TypeError",
+                       "message": "expected a text string, got NoneType", "time": 1.0e9}]

@@ -1,0 +1,152 @@
+"""The pipeline under each backend: exactly once, same output from every source, failures, speed."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from helpers import (EmbeddingWorkload, PipelineError, SyntheticWorkload, read_output,
+                     run_pipeline)
+from helpers.workloads.synthetic import record_vector
+
+pytestmark = pytest.mark.timeout(180)  # reached only on deadlock: every run here ends in seconds
+
+BACKENDS = ["process", "thread"]
+FAIL_FAST_SECONDS = 15.0  # a failing run must end well before this (spawn + import included)
+
+
+def run(source, workload, tmp_path, **kwargs):
+    kwargs.setdefault("progress", False)
+    return run_pipeline(source, workload, output=tmp_path / "out.h5", **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_workers", [1, 2, 3, 4])
+@pytest.mark.parametrize("workunit_size", [1, 7, 1000])
+def test_synthetic_exactly_once(tmp_path, backend, n_workers, workunit_size):
+    records = [(i * 3, f"record {i}") for i in range(150)]  # ids need not be 0..n-1
+    stats = run(records, SyntheticWorkload(0.0), tmp_path, devices=["cpu"] * n_workers,
+                workunit_size=workunit_size, backend=backend)
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == [i for i, _ in records]
+    expected = np.stack([record_vector(r, 8) for _, r in records])
+    assert np.array_equal(data["values"], expected)
+    assert stats.records == 150 and sum(w.records for w in stats.workers) == 150
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_workers", [1, 2, 3, 4])
+@pytest.mark.parametrize("workunit_size", [1, 7, 1000])
+def test_embeddings_exactly_once_and_equal_to_encode(tmp_path, texts, reference_embeddings,
+                                                      backend, n_workers, workunit_size):
+    stats = run(list(enumerate(texts)), EmbeddingWorkload(), tmp_path,
+                devices=["cpu"] * n_workers, workunit_size=workunit_size, backend=backend)
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(len(texts)))  # each id once, none missing
+    assert data["embeddings"].shape == (len(texts), 384) and data["embeddings"].dtype == np.float32
+    np.testing.assert_allclose(data["embeddings"], reference_embeddings, atol=1e-5, rtol=0)
+    assert data["attrs"]["workunit_size"] == workunit_size
+    assert data["attrs"]["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert stats.records == len(texts) and len(stats.workers) == n_workers
+
+
+def test_hdf5_jsonl_and_iterable_sources_give_the_same_output(tmp_path, texts):
+    import h5py
+
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        for n, start in enumerate(range(0, len(texts), 10)):
+            f.create_dataset(f"batches/{n}", data=np.array(texts[start:start + 10], dtype=object),
+                             dtype=h5py.string_dtype("utf-8"))
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    outputs = []
+    for source in (tmp_path / "in.h5", tmp_path / "in.jsonl", list(enumerate(texts))):
+        run_pipeline(source, EmbeddingWorkload(), ["cpu"], 5, tmp_path / "out.h5", "thread",
+                     progress=False)
+        outputs.append(read_output(tmp_path / "out.h5"))
+    for other in outputs[1:]:
+        assert np.array_equal(other["ids"], outputs[0]["ids"])
+        np.testing.assert_array_equal(other["embeddings"], outputs[0]["embeddings"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_failure_at_load_names_worker_and_carries_traceback(tmp_path, backend):
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match=r"worker \d on cuda:1 failed in loading the model: "
+                                            r"InjectedFailure") as caught:
+        run([(i, i) for i in range(100)], SyntheticWorkload(fail_on_load=True), tmp_path,
+            devices=["cuda:1", "cuda:1"], backend=backend)
+    assert time.monotonic() - started < FAIL_FAST_SECONDS
+    assert "fail_on_load: refusing to load on cuda:1" in str(caught.value.__cause__)
+    assert "synthetic.py" in str(caught.value.__cause__)  # the remote traceback, not ours
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_failure_mid_run_names_worker_device_and_workunit(tmp_path, backend):
+    records = [(i, f"r{i}") for i in range(2000)]
+    started = time.monotonic()
+    with pytest.raises(PipelineError) as caught:
+        run(records, SyntheticWorkload(0.0005, fail_on_records={"r1234"}), tmp_path,
+            devices=["cpu", "cpu"], workunit_size=10, backend=backend, sort_window=0)
+    assert time.monotonic() - started < FAIL_FAST_SECONDS
+    message = str(caught.value)
+    assert "on cpu failed in workunit 123 (10 records, ids 1230..1239)" in message
+    assert "InjectedFailure" in message and "'r1234'" in message
+    assert caught.value.workunit.startswith("workunit 123") and caught.value.device == "cpu"
+    assert "Traceback" in str(caught.value.__cause__)
+
+
+def test_worker_that_dies_fails_the_run_quickly(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match=r"worker \d on cpu died unexpectedly \(exit code 70\)"):
+        run([(i, i) for i in range(1000)], SyntheticWorkload(0.001, exit_on_records={500}),
+            tmp_path, devices=["cpu", "cpu"], workunit_size=10, backend="process")
+    assert time.monotonic() - started < FAIL_FAST_SECONDS
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fast_devices_take_more_workunits(tmp_path, backend):
+    speed = {"cuda:0": 1.0, "cuda:1": 0.35, "cuda:2": 0.35}
+    stats = run([(i, i) for i in range(600)], SyntheticWorkload(0.005, speed), tmp_path,
+                devices=list(speed), workunit_size=5, backend=backend)
+    share = {w.device: w.records / stats.records for w in stats.workers}
+    expected = {d: s / sum(speed.values()) for d, s in speed.items()}  # 0.59, 0.21, 0.21
+    for device in speed:
+        assert share[device] == pytest.approx(expected[device], abs=0.08), share
+    assert stats.workers[0].records > 2 * stats.workers[1].records
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_records_go_to_errors_and_cost_nothing_else(tmp_path, backend):
+    records = [(0, "good"), (1, None), (2, 42), (3, "also good"), (4, b"bytes"), (5, "")]
+    stats = run(records, EmbeddingWorkload(), tmp_path, devices=["cpu"], workunit_size=4,
+                backend=backend)
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == [0, 3, 5]
+    assert {e["id"]: e["type"] for e in data["errors"]} == {1: "TypeError", 2: "TypeError",
+                                                             4: "TypeError"}
+    assert "got NoneType" in data["errors"][0]["message"]
+    assert stats.partial and stats.failed_records == 3 and stats.records == 3
+
+
+def test_stats_separate_spinup_from_steady_state(tmp_path):
+    stats = run([(i, i) for i in range(200)], SyntheticWorkload(0.002), tmp_path,
+                devices=["cpu", "cpu"], workunit_size=10)
+    assert stats.spinup_seconds > 0 and stats.wall_seconds > 0
+    assert stats.records_per_second == pytest.approx(200 / stats.wall_seconds)
+    assert stats.wall_seconds >= 200 * 0.002 / 2  # two sleeping workers cannot beat this
+    assert set(stats.stages) == {"read", "reader_blocked", "wait", "compute", "write"}
+    assert stats.stages["compute"] == pytest.approx(sum(w.busy_seconds for w in stats.workers))
+    assert sum(w.workunits for w in stats.workers) == 20
+    assert json.loads(json.dumps(stats.to_dict()))["records_per_second"] > 0
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"devices": ["gpu0"]}, "unknown device 'gpu0'"),
+    ({"workunit_size": 0}, "workunit_size: expected an integer >= 1, got 0"),
+    ({"backend": "ray"}, "backend: expected one of"),
+    ({"queue_depth": -1}, "queue_depth"),
+])
+def test_bad_settings_fail_before_any_worker_starts(tmp_path, bad, message):
+    kwargs = {"devices": ["cpu"], "workunit_size": 10, **bad}
+    with pytest.raises(ValueError, match=message):
+        run([(0, "x")], SyntheticWorkload(), tmp_path, **kwargs)
