@@ -180,7 +180,7 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
 
     ``source``: an ``.h5`` file (``batches/0, 1, ...``), a ``.jsonl`` file, or an iterable of
     ``(id, record)`` pairs. ``devices``: one entry per worker. ``options``: the other fields of
-    PipelineConfig (queue_depth, threads_per_worker, limit, load_timeout, progress).
+    PipelineConfig (queue_depth, threads_per_worker, limit, sort_window, load_timeout, progress).
     Raises PipelineError if a worker fails; returns the run's PipelineStats.
     """
     config = PipelineConfig(parse_devices(devices), workunit_size, backend, **options)
@@ -226,7 +226,7 @@ def _await_ready(pool: Any, workers: list[WorkerInfo], timeout: float) -> dict[i
             ready[message.worker] = message
         elif isinstance(message, Failed):
             raise _error(message, workers)
-        _check_alive(pool)
+        _check_alive(pool, "while starting or loading its model")
         if time.monotonic() > deadline:
             waiting = [str(w) for w in workers if w.index not in ready]
             raise PipelineError(f"{', '.join(waiting)} not ready after {timeout:.0f} s "
@@ -258,16 +258,16 @@ def _write_all(pool: Any, sink: HDF5Sink, reader: Reader, workers: list[WorkerIn
             elif message is None:
                 if reader.error is not None:
                     raise reader.error
-                _check_alive(pool)
+                _check_alive(pool, "mid-run; its workunit was not written")
     return finished, write_seconds
 
 
-def _check_alive(pool: Any) -> None:
+def _check_alive(pool: Any, when: str) -> None:
     dead = pool.casualties()
     if dead:
         info, code = dead[0]
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        raise PipelineError(f"{info} died unexpectedly ({how}); its workunit was not written")
+        raise PipelineError(f"{info} died unexpectedly ({how}) {when}")
 
 
 def _error(message: Failed, workers: list[WorkerInfo]) -> PipelineError:

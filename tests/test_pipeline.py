@@ -97,7 +97,7 @@ def test_failure_mid_run_names_worker_device_and_workunit(tmp_path, backend):
 
 def test_worker_that_dies_fails_the_run_quickly(tmp_path):
     started = time.monotonic()
-    with pytest.raises(PipelineError, match=r"worker \d on cpu died unexpectedly \(exit code 70\)"):
+    with pytest.raises(PipelineError, match=r"worker \d on cpu died unexpectedly \(exit code 70\) mid-run"):
         run([(i, i) for i in range(1000)], SyntheticWorkload(0.001, exit_on_records={500}),
             tmp_path, devices=["cpu", "cpu"], workunit_size=10, backend="process")
     assert time.monotonic() - started < FAIL_FAST_SECONDS
