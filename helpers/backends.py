@@ -18,7 +18,35 @@ BACKENDS = ("process", "thread")
 JOIN_SECONDS = 5.0  # a terminated worker gets this long before it is killed
 
 
-class ProcessBackend:
+class _Backend:
+    """What both backends share: start the runners, read results, stop on leaving the block."""
+
+    _runners: list  # processes or threads, one per worker
+    _results: Any
+
+    def start(self) -> None:
+        for runner in self._runners:
+            runner.start()
+
+    def get(self, timeout: float) -> Any:
+        """The next message from any worker, or None after ``timeout`` seconds."""
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def shutdown(self, clean: bool) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.shutdown(clean=exc_type is None)
+
+
+class ProcessBackend(_Backend):
     """One spawned process per worker; each loads its own copy of the model."""
 
     name = "process"
@@ -27,34 +55,24 @@ class ProcessBackend:
         ctx = multiprocessing.get_context("spawn")  # fork is unsafe once torch or CUDA has started
         self.work = ctx.Queue(queue_depth)
         self._results = ctx.Queue(queue_depth + len(workers))
-        self._processes = [
+        self._runners = [
             ctx.Process(target=process_main, args=(info, workload, self.work, self._results),
                         name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
             for info in workers]
         self._workers = workers
 
-    def start(self) -> None:
-        for process in self._processes:
-            process.start()
-
-    def get(self, timeout: float) -> Any:
-        try:
-            return self._results.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
     def casualties(self) -> list[tuple[WorkerInfo, int]]:
         """Workers whose process ended with a non-zero exit code (a signal, a crash)."""
-        return [(info, process.exitcode) for info, process in zip(self._workers, self._processes)
+        return [(info, process.exitcode) for info, process in zip(self._workers, self._runners)
                 if process.exitcode not in (None, 0)]
 
     def shutdown(self, clean: bool) -> None:
         """Join workers (unless ``clean``, terminate them first); kill any left after JOIN_SECONDS."""
         if not clean:
-            for process in self._processes:
+            for process in self._runners:
                 if process.is_alive():
                     process.terminate()
-        for process in self._processes:
+        for process in self._runners:
             process.join(JOIN_SECONDS)
             if process.is_alive():
                 process.kill()
@@ -63,15 +81,8 @@ class ProcessBackend:
             q.cancel_join_thread()  # items left unread must not block interpreter exit
             q.close()
 
-    def __enter__(self) -> "ProcessBackend":
-        self.start()
-        return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.shutdown(clean=exc_type is None)
-
-
-class ThreadBackend:
+class ThreadBackend(_Backend):
     """One thread per worker; threads on the same device share one model."""
 
     name = "thread"
@@ -81,21 +92,11 @@ class ThreadBackend:
         self._results: queue.Queue = queue.Queue(queue_depth + len(workers))
         self._stop = threading.Event()
         models = SharedModels()
-        self._threads = [
+        self._runners = [
             threading.Thread(target=thread_main, name=f"gpufeed-worker-{info.index}-{info.device}",
                              args=(info, workload, models, self.work, self._results, self._stop),
                              daemon=True)
             for info in workers]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def get(self, timeout: float) -> Any:
-        try:
-            return self._results.get(timeout=timeout)
-        except queue.Empty:
-            return None
 
     def casualties(self) -> list[tuple[WorkerInfo, int]]:
         return []  # a thread cannot die without its Failed message (see worker.thread_main)
@@ -104,15 +105,8 @@ class ThreadBackend:
         """Stop and join the threads; one busy with a workunit finishes it first (daemon threads
         that outlive JOIN_SECONDS do not block interpreter exit)."""
         self._stop.set()
-        for thread in self._threads:
+        for thread in self._runners:
             thread.join(None if clean else JOIN_SECONDS)
-
-    def __enter__(self) -> "ThreadBackend":
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.shutdown(clean=exc_type is None)
 
 
 def make_backend(name: str, workload: Any, workers: list[WorkerInfo], queue_depth: int):
