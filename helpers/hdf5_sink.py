@@ -91,10 +91,6 @@ class HDF5Sink:
             self._buffer, self._buffered = [], 0
         self._file.flush()
 
-    def set_attrs(self, attrs: Mapping[str, Any]) -> None:
-        for key, value in attrs.items():
-            self._file.attrs[key] = _attr(value)
-
     def close(self) -> None:
         if self._file.id.valid:
             self.flush()

@@ -225,7 +225,7 @@ def _await_ready(pool: Any, workers: list[WorkerInfo], timeout: float) -> dict[i
         if isinstance(message, Ready):
             ready[message.worker] = message
         elif isinstance(message, Failed):
-            raise _error(message, workers)
+            raise _error(message)
         _check_alive(pool, "while starting or loading its model")
         if time.monotonic() > deadline:
             waiting = [str(w) for w in workers if w.index not in ready]
@@ -254,7 +254,7 @@ def _write_all(pool: Any, sink: HDF5Sink, reader: Reader, workers: list[WorkerIn
             elif isinstance(message, Finished):
                 finished[message.worker] = message
             elif isinstance(message, Failed):
-                raise _error(message, workers)
+                raise _error(message)
             elif message is None:
                 if reader.error is not None:
                     raise reader.error
@@ -270,7 +270,7 @@ def _check_alive(pool: Any, when: str) -> None:
         raise PipelineError(f"{info} died unexpectedly ({how}) {when}")
 
 
-def _error(message: Failed, workers: list[WorkerInfo]) -> PipelineError:
+def _error(message: Failed) -> PipelineError:
     where = message.workunit or "loading the model"
     error = PipelineError(f"worker {message.worker} on {message.device} failed in {where}: "
                           f"{message.error_type}: {message.message}")
