@@ -2,10 +2,12 @@
 
 The queue-fed pipeline (``run_pipeline``), its workloads, and the tools around them.
 """
+from helpers.config import PipelineConfig
 from helpers.hdf5_sink import read_output
-from helpers.pipeline import PipelineConfig, PipelineError, run_pipeline
+from helpers.pipeline import PipelineError, WorkerPool, run_pipeline
 from helpers.stats import PipelineStats, WorkerStats
 from helpers.workloads import EmbeddingWorkload, SyntheticWorkload, Workload
 
 __all__ = ["EmbeddingWorkload", "PipelineConfig", "PipelineError", "PipelineStats",
-           "SyntheticWorkload", "WorkerStats", "Workload", "read_output", "run_pipeline"]
+           "SyntheticWorkload", "WorkerPool", "WorkerStats", "Workload", "read_output",
+           "run_pipeline"]

@@ -1,8 +1,8 @@
 """Where workers run: spawned processes (one model each) or threads (one model per device).
 
 Both give the pipeline the same surface: ``work`` (the bounded queue of workunits), ``get`` (the next
-message from any worker, or None after a timeout), ``casualties`` (workers that died without a word)
-and ``shutdown``. A backend is a context manager: leaving it by an exception, Ctrl-C included, stops
+message from any worker, or None after a timeout), ``casualties`` (workers that died without a word),
+``release`` (let the workers of a static round go on) and ``shutdown``. A backend is a context manager: leaving it by an exception, Ctrl-C included, stops
 every worker before the exception goes on, so no child process outlives a run.
 """
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import threading
+import time
 from typing import Any
 
-from helpers.worker import SharedModels, WorkerInfo, process_main, thread_main
+from helpers.worker import END_OF_WORK, POLL_SECONDS, SharedModels, WorkerInfo, process_main, \
+    thread_main
 
 BACKENDS = ("process", "thread")
 JOIN_SECONDS = 5.0  # a terminated worker gets this long before it is killed
@@ -23,6 +25,11 @@ class _Backend:
 
     _runners: list  # processes or threads, one per worker
     _results: Any
+    work: Any
+    released: Any  # .value: the last static round the workers may leave
+
+    def release(self, round_number: int) -> None:
+        self.released.value = round_number
 
     def start(self) -> None:
         for runner in self._runners:
@@ -37,6 +44,17 @@ class _Backend:
 
     def shutdown(self, clean: bool) -> None:
         raise NotImplementedError
+
+    def _send_end_of_work(self) -> None:
+        """One sentinel per live worker; gives up after JOIN_SECONDS (shutdown then terminates)."""
+        deadline = time.monotonic() + JOIN_SECONDS
+        for _ in self._runners:
+            while time.monotonic() < deadline:
+                try:
+                    self.work.put(END_OF_WORK, timeout=POLL_SECONDS)
+                    break
+                except queue.Full:
+                    pass
 
     def __enter__(self):
         self.start()
@@ -55,8 +73,10 @@ class ProcessBackend(_Backend):
         ctx = multiprocessing.get_context("spawn")  # fork is unsafe once torch or CUDA has started
         self.work = ctx.Queue(queue_depth)
         self._results = ctx.Queue(queue_depth + len(workers))
+        self.released = ctx.Value("q", 0)
         self._runners = [
-            ctx.Process(target=process_main, args=(info, workload, self.work, self._results),
+            ctx.Process(target=process_main,
+                        args=(info, workload, self.work, self._results, self.released),
                         name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
             for info in workers]
         self._workers = workers
@@ -67,8 +87,10 @@ class ProcessBackend(_Backend):
                 if process.exitcode not in (None, 0)]
 
     def shutdown(self, clean: bool) -> None:
-        """Join workers (unless ``clean``, terminate them first); kill any left after JOIN_SECONDS."""
-        if not clean:
+        """End the workers (cleanly: END_OF_WORK, else terminate); kill any left after JOIN_SECONDS."""
+        if clean:
+            self._send_end_of_work()
+        else:
             for process in self._runners:
                 if process.is_alive():
                     process.terminate()
@@ -91,10 +113,12 @@ class ThreadBackend(_Backend):
         self.work: queue.Queue = queue.Queue(queue_depth)
         self._results: queue.Queue = queue.Queue(queue_depth + len(workers))
         self._stop = threading.Event()
+        self.released = _Counter()
         models = SharedModels()
         self._runners = [
             threading.Thread(target=thread_main, name=f"gpufeed-worker-{info.index}-{info.device}",
-                             args=(info, workload, models, self.work, self._results, self._stop),
+                             args=(info, workload, models, self.work, self._results,
+                                   self.released, self._stop),
                              daemon=True)
             for info in workers]
 
@@ -104,9 +128,17 @@ class ThreadBackend(_Backend):
     def shutdown(self, clean: bool) -> None:
         """Stop and join the threads; one busy with a workunit finishes it first (daemon threads
         that outlive JOIN_SECONDS do not block interpreter exit)."""
+        if clean:
+            self._send_end_of_work()
         self._stop.set()
         for thread in self._runners:
             thread.join(None if clean else JOIN_SECONDS)
+
+
+class _Counter:
+    """The thread backend's stand-in for a shared ``multiprocessing.Value``."""
+
+    value = 0
 
 
 def make_backend(name: str, workload: Any, workers: list[WorkerInfo], queue_depth: int):

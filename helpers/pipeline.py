@@ -11,15 +11,22 @@ Reader: a thread of the parent process. It pulls ``(id, record)`` pairs lazily f
 them into workunits and puts them on the bounded work queue, so memory stays flat whatever the input
 size; when the source ends it puts one END_OF_WORK sentinel per worker.
 
-Workers: one per entry of ``devices``. Each loads the workload's model once on its device (the
-``process`` backend spawns a process per worker, each with its own model and an even share of the CPU
-cores; the ``thread`` backend shares one model per device between threads), says Ready, then pulls
-workunits until its sentinel. Records the workload rejects become failures in the result, not errors.
+Workers: one per entry of ``devices``, started by a WorkerPool. Each loads the workload's model once
+on its device (the ``process`` backend spawns a process per worker, each with its own model and an
+even share of the CPU cores; the ``thread`` backend shares one model per device between threads),
+says Ready, then pulls workunits until the pool closes. Workers outlive a job, so one pool can run
+many jobs (different inputs, workunit sizes, static rounds) on models loaded once. Records the
+workload rejects become failures in the result, not errors.
 
 Writer: the parent's main thread. It takes Results in whatever order they come, appends ids and
 outputs to the HDF5 file, writes failed records to ``errors/``, and watches the workers: a Failed
 message or a worker process that died ends the run with a PipelineError naming the worker, its
-device, the workunit and the remote traceback; then every worker is stopped.
+device, the workunit and the remote traceback; then every worker is stopped. A job is done when the
+reader has finished and every workunit it cut has come back.
+
+Static split (``WorkerPool.static_round``): the layout queue-fed workers replace. Each worker gets
+one slice, put on the same queue but held: a worker that finishes its slice waits for the round's
+release instead of taking another's, and the round lasts as long as its slowest worker.
 
 Timing: spin-up (spawning, imports, model loads) runs until every worker is Ready; the clock for
 throughput starts when the reader starts and stops when the writer has written the last record.
@@ -28,28 +35,24 @@ from __future__ import annotations
 
 import itertools
 import os
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
-from helpers.backends import BACKENDS, make_backend
-from helpers.devices import check_available, cpu_threads_per_worker, parse_devices
+from helpers.backends import make_backend
+from helpers.config import POOL_FIELDS, PipelineConfig
+from helpers.devices import check_available, parse_devices
 from helpers.hdf5_sink import HDF5Sink
 from helpers.provenance import package_versions
+from helpers.reader import Reader
 from helpers.sources import open_source, source_length
-from helpers.stats import PipelineStats, WorkerStats
-from helpers.worker import END_OF_WORK, POLL_SECONDS, Failed, Finished, Ready, Result, \
-    WorkerInfo, Workunit
+from helpers.stats import PipelineStats, RoundStats, WorkerStats, WorkunitSpan
+from helpers.worker import POLL_SECONDS, Failed, Ready, Result, Workunit, peak_memory
 from helpers.workloads.base import Workload
-
-QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
-SORT_WORKUNITS = 8  # default sort window, in workunits: most of a global sort's gain, bounded memory
-
 
 class PipelineError(RuntimeError):
     """A worker failed or died; the message names it, its device and its workunit."""
@@ -62,115 +65,179 @@ class RemoteTraceback(Exception):
         return "\n\n" + self.args[0]
 
 
-@dataclass(frozen=True)
-class PipelineConfig:
-    """A run's settings, validated on construction: a bad value raises ValueError naming it."""
 
-    devices: tuple[str, ...] = ("cpu",)
-    workunit_size: int = 100
-    backend: str = "process"
-    queue_depth: int | None = None  # workunits on the work queue; None = 2 per worker
-    threads_per_worker: int | None = None  # CPU threads per cpu worker; None = an even share
-    limit: int | None = None  # stop after this many records
-    sort_window: int | None = None  # records ordered by cost before cutting; None = 8 workunits, 0 = off
-    load_timeout: float = 600.0  # seconds for every worker to load its model
-    progress: bool = True
+class WorkerPool:
+    """Persistent workers on ``devices``: spin up once, then run jobs queue-fed or in static rounds.
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", parse_devices(self.devices))
-        _positive_int("workunit_size", self.workunit_size)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {BACKENDS}, got {self.backend!r}")
-        for name in ("queue_depth", "threads_per_worker", "limit", "sort_window"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name), allow_zero=name in ("limit", "sort_window"))
-        if not self.load_timeout > 0:
-            raise ValueError(f"load_timeout: expected seconds > 0, got {self.load_timeout!r}")
-
-    @property
-    def window(self) -> int:
-        return SORT_WORKUNITS * self.workunit_size if self.sort_window is None else self.sort_window
-
-    @property
-    def depth(self) -> int:
-        return self.queue_depth or QUEUE_DEPTH_PER_WORKER * len(self.devices)
-
-    def workers(self) -> list[WorkerInfo]:
-        cpu_threads = self.threads_per_worker or cpu_threads_per_worker(self.devices)
-        return [WorkerInfo(i, device, cpu_threads if device == "cpu" else 1)
-                for i, device in enumerate(self.devices)]
-
-
-def _positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-            or value < (0 if allow_zero else 1):
-        raise ValueError(f"{name}: expected an integer >= {0 if allow_zero else 1}, got {value!r}")
-
-
-def _safe_cost(cost: Callable[[Any], float], record: Any) -> float:
-    try:
-        return float(cost(record))
-    except Exception:  # a bad record sorts first; its worker reports it
-        return 0.0
-
-
-class Reader(threading.Thread):
-    """Cuts the source into workunits and feeds the bounded work queue, then one sentinel each.
-
-    With a ``cost`` function it reads ``window`` records ahead and orders them by cost before
-    cutting, so a workunit holds records of similar size (texts of similar length pad less).
+    ``with WorkerPool(workload, ["cuda:0", "cuda:1"]) as pool:`` starts every worker and waits until
+    each has loaded its model; ``pool.run(source, output)`` is one queue-fed job;
+    ``pool.static_round(slices)`` gives slice i to worker i. Leaving the block stops every worker.
+    ``options``: the other fields of PipelineConfig; those outside POOL_FIELDS are defaults for jobs.
     """
 
-    def __init__(self, records: Iterable[tuple[int, Any]], work: Any, workunit_size: int,
-                 n_workers: int, stop: threading.Event, window: int = 0,
-                 cost: Callable[[Any], float] | None = None) -> None:
-        super().__init__(name="gpufeed-reader", daemon=True)
-        self._records, self._work, self._size = records, work, workunit_size
-        self._n_workers, self._halt = n_workers, stop
-        self._window, self._cost = max(window, workunit_size), cost
-        self.error: BaseException | None = None
-        self.read_seconds = self.blocked_seconds = 0.0
-        self.records_read = 0
+    def __init__(self, workload: Workload, devices: Iterable[str] | str = ("cpu",),
+                 backend: str = "process", **options: Any) -> None:
+        if not isinstance(workload, Workload):
+            raise TypeError(f"workload: {type(workload).__name__} does not follow the Workload "
+                            f"protocol")
+        self.config = PipelineConfig(parse_devices(devices), backend=backend, **options)
+        if workload.requires_hardware:
+            check_available(self.config.devices)
+        self.workload, self.workers = workload, self.config.workers()
+        self.spinup_seconds = 0.0
+        self._ready: dict[int, Ready] = {}
+        self._rounds, self._broken = 0, False
 
-    def run(self) -> None:
+    def __enter__(self) -> "WorkerPool":
+        started = time.monotonic()
+        self._backend = make_backend(self.config.backend, self.workload, self.workers,
+                                     self.config.depth)
+        self._backend.__enter__()
         try:
-            for unit in self._workunits():
-                if not self._put(unit):
-                    return
-            for _ in range(self._n_workers):
-                if not self._put(END_OF_WORK):
-                    return
-        except BaseException as exc:  # the writer re-raises it in the main thread
-            self.error = exc
+            self._ready = _await_ready(self._backend, self.workers, self.config.load_timeout)
+        except BaseException as exc:  # Ctrl-C during spin-up included: stop what started
+            self._backend.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self.spinup_seconds = time.monotonic() - started
+        return self
 
-    def _workunits(self) -> Iterator[Workunit]:
-        records, index = iter(self._records), itertools.count()
-        while True:
-            started = time.perf_counter()
-            window = list(itertools.islice(records, self._window))
-            if self._cost is not None:  # similar records together: less padding in a batch
-                window.sort(key=lambda pair: _safe_cost(self._cost, pair[1]))
-            self.read_seconds += time.perf_counter() - started
-            if not window:
-                return
-            self.records_read += len(window)
-            for start in range(0, len(window), self._size):
-                chunk = window[start:start + self._size]
-                ids = np.fromiter((i for i, _ in chunk), dtype=np.int64, count=len(chunk))
-                yield Workunit(next(index), ids, [record for _, record in chunk])
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self._backend.shutdown(clean=exc_type is None and not self._broken)
 
-    def _put(self, item: Any) -> bool:
-        started = time.perf_counter()
-        try:
-            while not self._halt.is_set():
-                try:
-                    self._work.put(item, timeout=POLL_SECONDS)
-                    return True
-                except queue.Full:  # both backends' queues raise queue.Full
-                    pass
-            return False
-        finally:
-            self.blocked_seconds += time.perf_counter() - started
+    @property
+    def outputs(self) -> dict:
+        return next(iter(self._ready.values())).outputs
+
+    def run(self, source: Any, output: str | os.PathLike, **job: Any) -> PipelineStats:
+        """One queue-fed job: every record of ``source`` through the workers into ``output``.
+
+        ``job``: workunit_size, limit, sort_window, progress (default: the pool's).
+        """
+        fixed = sorted(set(job) & set(POOL_FIELDS))
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)}: fixed when the pool starts; start another pool")
+        config = replace(self.config, **job)
+        records = source if hasattr(source, "describe") else open_source(source)
+        total = source_length(records)
+        described = records.describe()
+        if config.limit is not None:
+            records = itertools.islice(records, config.limit)
+            total = config.limit if total is None else min(total, config.limit)
+        attrs = {**self.workload.attrs(), **_run_attrs(config, described)}
+        with self._guard(), HDF5Sink(output, self.outputs, attrs) as sink:
+            stop = threading.Event()
+            cost = getattr(self.workload, "record_cost", None) if config.window else None
+            reader = Reader(records, self._backend.work, config.workunit_size, stop,
+                            config.window, cost)
+            clock = time.monotonic()
+            reader.start()
+            try:
+                results, write_seconds = self._collect(reader, sink, total, config.progress)
+            finally:
+                stop.set()
+                reader.join()
+            sink.flush()
+            wall = time.monotonic() - clock
+        return self._stats(config, output, results, clock, wall, reader, sink, write_seconds)
+
+    def static_round(self, slices: Sequence[Sequence[tuple[int, Any]]],
+                     sink: HDF5Sink | None = None) -> RoundStats:
+        """Worker i processes ``slices[i]`` (``(id, record)`` pairs) as one workunit; the round
+        ends when the last worker is done. Results go to ``sink`` if given, else are dropped."""
+        if len(slices) != len(self.workers):
+            raise ValueError(f"slices: expected one per worker ({len(self.workers)}), "
+                             f"got {len(slices)}")
+        self._rounds += 1
+        units = [Workunit(i, np.array([p[0] for p in s], dtype=np.int64), [p[1] for p in s],
+                          hold=self._rounds) for i, s in enumerate(slices)]
+        with self._guard():
+            clock = time.monotonic()
+            for unit in units:
+                self._backend.work.put(unit)
+            results = []
+            while len(results) < len(units):
+                message = self._next_message("in a static round")
+                if isinstance(message, Result):
+                    results.append(message)
+                    if sink is not None:
+                        _write(sink, message)
+            wall = time.monotonic() - clock
+            self._backend.release(self._rounds)
+        return RoundStats(wall, tuple(self._span(r, clock) for r in results))
+
+    def _collect(self, reader: Reader, sink: HDF5Sink, total: int | None,
+                 progress: bool) -> tuple[list[Result], float]:
+        from tqdm.auto import tqdm
+
+        results: list[Result] = []
+        write_seconds = 0.0
+        with tqdm(total=total, unit="rec", desc="records written", disable=not progress,
+                  dynamic_ncols=True) as bar:
+            while not (reader.done and len(results) == reader.units_put):
+                if reader.error is not None:
+                    raise reader.error
+                message = self._next_message("mid-run; its workunit was not written")
+                if isinstance(message, Result):
+                    started = time.monotonic()
+                    _write(sink, message)
+                    write_seconds += time.monotonic() - started
+                    results.append(message)
+                    bar.update(len(message.ids) + len(message.failures))
+        return results, write_seconds
+
+    def _next_message(self, when: str) -> Result | None:
+        message = self._backend.get(POLL_SECONDS)
+        if isinstance(message, Failed):
+            raise _error(message)
+        if message is None:
+            _check_alive(self._backend, when)
+        return message
+
+    def _guard(self) -> "_Guard":
+        if self._broken:
+            raise PipelineError("this pool stopped after a failed job; start another pool")
+        return _Guard(self)
+
+    def _span(self, result: Result, clock: float) -> WorkunitSpan:
+        return WorkunitSpan(result.worker, self.config.devices[result.worker], result.workunit,
+                            len(result.ids) + len(result.failures), result.started - clock,
+                            result.ended - clock)
+
+    def _stats(self, config: PipelineConfig, output: Any, results: list[Result], clock: float,
+               wall: float, reader: Reader, sink: HDF5Sink, write_seconds: float) -> PipelineStats:
+        workers = []
+        for info in self.workers:
+            mine = [r for r in results if r.worker == info.index]
+            busy = sum(r.compute_seconds for r in mine)
+            gpu = [r.peak_gpu_mb for r in mine if r.peak_gpu_mb is not None]
+            workers.append(WorkerStats(
+                info.index, info.device, self._ready[info.index].pid,
+                self._ready[info.index].load_seconds, sum(len(r.ids) + len(r.failures) for r in mine),
+                len(mine), busy, max(0.0, wall - busy), max((r.peak_rss_mb for r in mine),
+                                                            default=0.0), max(gpu, default=None)))
+        stages = {"read": reader.read_seconds, "reader_blocked": reader.blocked_seconds,
+                  "wait": sum(w.wait_seconds for w in workers),
+                  "compute": sum(w.busy_seconds for w in workers), "write": write_seconds}
+        settings = {k: v for k, v in asdict(config).items()
+                    if k not in ("devices", "workunit_size", "backend")}
+        return PipelineStats(sink.records_written, sink.errors_written, wall, self.spinup_seconds,
+                             tuple(workers), stages, config.devices, config.workunit_size,
+                             config.backend, str(output), settings,
+                             tuple(self._span(r, clock) for r in results), _peak_rss(workers))
+
+
+class _Guard:
+    """Marks the pool broken if a job fails half-way (its queues may still hold that job's work)."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self._pool._broken = True
 
 
 def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str = ("cpu",),
@@ -183,41 +250,21 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     PipelineConfig (queue_depth, threads_per_worker, limit, sort_window, load_timeout, progress).
     Raises PipelineError if a worker fails; returns the run's PipelineStats.
     """
-    config = PipelineConfig(parse_devices(devices), workunit_size, backend, **options)
-    if not isinstance(workload, Workload):
-        raise TypeError(f"workload: {type(workload).__name__} does not follow the Workload protocol")
+    PipelineConfig(parse_devices(devices), workunit_size, backend, **options)  # fail before spawning
     records = open_source(source)
-    described = records.describe()
-    if workload.requires_hardware:
-        check_available(config.devices)
-    total = source_length(records)
-    if config.limit is not None:
-        records = itertools.islice(records, config.limit)
-        total = config.limit if total is None else min(total, config.limit)
-    workers = config.workers()
-    started = time.perf_counter()
-    with make_backend(config.backend, workload, workers, config.depth) as pool:
-        ready = _await_ready(pool, workers, config.load_timeout)
-        spinup = time.perf_counter() - started
-        attrs = {**workload.attrs(), **_run_attrs(config, described)}
-        with HDF5Sink(output, next(iter(ready.values())).outputs, attrs) as sink:
-            stop = threading.Event()
-            cost = getattr(workload, "record_cost", None) if config.window else None
-            reader = Reader(records, pool.work, config.workunit_size, len(workers), stop,
-                            config.window, cost)
-            clock = time.perf_counter()
-            reader.start()
-            try:
-                finished, write_seconds = _write_all(pool, sink, reader, workers, total, config)
-            finally:
-                stop.set()
-                reader.join()
-            sink.flush()
-            wall = time.perf_counter() - clock
-    return _stats(config, output, ready, finished, reader, sink, wall, spinup, write_seconds)
+    pool_options = {k: v for k, v in options.items() if k in POOL_FIELDS}
+    job = {k: v for k, v in options.items() if k not in POOL_FIELDS}
+    with WorkerPool(workload, devices, backend, **pool_options) as pool:
+        return pool.run(records, output, workunit_size=workunit_size, **job)
 
 
-def _await_ready(pool: Any, workers: list[WorkerInfo], timeout: float) -> dict[int, Ready]:
+def _write(sink: HDF5Sink, result: Result) -> None:
+    if len(result.ids):
+        sink.append(result.ids, result.arrays)
+    sink.append_errors(result.failures)
+
+
+def _await_ready(pool: Any, workers: list, timeout: float) -> dict[int, Ready]:
     ready: dict[int, Ready] = {}
     deadline = time.monotonic() + timeout
     while len(ready) < len(workers):
@@ -232,34 +279,6 @@ def _await_ready(pool: Any, workers: list[WorkerInfo], timeout: float) -> dict[i
             raise PipelineError(f"{', '.join(waiting)} not ready after {timeout:.0f} s "
                                 f"(load_timeout): model load hung or is too slow")
     return ready
-
-
-def _write_all(pool: Any, sink: HDF5Sink, reader: Reader, workers: list[WorkerInfo],
-               total: int | None, config: PipelineConfig) -> tuple[dict[int, Finished], float]:
-    from tqdm.auto import tqdm
-
-    finished: dict[int, Finished] = {}
-    write_seconds = 0.0
-    with tqdm(total=total, unit="rec", desc="records written", disable=not config.progress,
-              dynamic_ncols=True) as bar:
-        while len(finished) < len(workers):
-            message = pool.get(POLL_SECONDS)
-            if isinstance(message, Result):
-                started = time.perf_counter()
-                if len(message.ids):
-                    sink.append(message.ids, message.arrays)
-                sink.append_errors(message.failures)
-                write_seconds += time.perf_counter() - started
-                bar.update(len(message.ids) + len(message.failures))
-            elif isinstance(message, Finished):
-                finished[message.worker] = message
-            elif isinstance(message, Failed):
-                raise _error(message)
-            elif message is None:
-                if reader.error is not None:
-                    raise reader.error
-                _check_alive(pool, "mid-run; its workunit was not written")
-    return finished, write_seconds
 
 
 def _check_alive(pool: Any, when: str) -> None:
@@ -286,18 +305,8 @@ def _run_attrs(config: PipelineConfig, source: str) -> dict[str, Any]:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions}
 
 
-def _stats(config: PipelineConfig, output: Any, ready: dict[int, Ready],
-           finished: dict[int, Finished], reader: Reader, sink: HDF5Sink, wall: float,
-           spinup: float, write_seconds: float) -> PipelineStats:
-    workers = tuple(
-        WorkerStats(i, config.devices[i], ready[i].pid, ready[i].load_seconds, f.records,
-                    f.workunits, f.busy_seconds, f.wait_seconds)
-        for i, f in sorted(finished.items()))
-    stages = {"read": reader.read_seconds, "reader_blocked": reader.blocked_seconds,
-              "wait": sum(w.wait_seconds for w in workers),
-              "compute": sum(w.busy_seconds for w in workers), "write": write_seconds}
-    settings = {k: v for k, v in asdict(config).items() if k not in ("devices", "workunit_size",
-                                                                   "backend")}
-    return PipelineStats(sink.records_written, sink.errors_written, wall, spinup, workers, stages,
-                         config.devices, config.workunit_size, config.backend, str(output),
-                         settings)
+def _peak_rss(workers: list[WorkerStats]) -> float:
+    """The parent's peak plus each worker process's (threads live in the parent)."""
+    parent = os.getpid()
+    by_pid = {w.pid: w.peak_rss_mb for w in workers if w.pid != parent}
+    return peak_memory("cpu")[0] + sum(by_pid.values())

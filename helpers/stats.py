@@ -1,4 +1,5 @@
-"""What a run measured: throughput after spin-up, per-worker load, and time per pipeline stage."""
+"""What a run measured: throughput after spin-up, per-worker load and memory, time per stage, and
+a timeline of which worker ran which workunit when."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -14,7 +15,43 @@ class WorkerStats:
     records: int
     workunits: int
     busy_seconds: float  # inside workload.process (and record checks)
-    wait_seconds: float  # blocked on an empty work queue: starved, or waiting for the end
+    wait_seconds: float  # the rest of the job's wall time: starved, messaging, or idle at the end
+    peak_rss_mb: float = 0.0  # the worker's process (threads share their parent's)
+    peak_gpu_mb: float | None = None  # torch's peak allocation on its CUDA device
+
+
+@dataclass(frozen=True)
+class WorkunitSpan:
+    """One workunit on the timeline: seconds from the job's (or round's) start."""
+
+    worker: int
+    device: str
+    workunit: int
+    records: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One static-split round: every worker gets one slice; the round ends with the slowest."""
+
+    wall_seconds: float
+    spans: tuple[WorkunitSpan, ...]  # one per worker
+
+    @property
+    def records(self) -> int:
+        return sum(span.records for span in self.spans)
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        """Busy worker-seconds ÷ (workers × round wall time): 1.0 when nobody waits."""
+        busy = sum(span.end_s - span.start_s for span in self.spans)
+        return busy / (len(self.spans) * self.wall_seconds) if self.wall_seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +70,8 @@ class PipelineStats:
     backend: str
     output: str
     config: dict[str, Any] = field(default_factory=dict)
+    timeline: tuple[WorkunitSpan, ...] = ()  # one span per workunit, in the order written
+    peak_rss_mb: float = 0.0  # the parent's high-water mark plus each worker process's
 
     @property
     def records_per_second(self) -> float:
@@ -45,7 +84,9 @@ class PipelineStats:
         return self.failed_records > 0
 
     def to_dict(self) -> dict[str, Any]:
+        """Everything but the timeline (one entry per workunit: too long for a summary line)."""
         data = asdict(self)
+        del data["timeline"]
         data["records_per_second"] = self.records_per_second
         data["partial"] = self.partial
         return data

@@ -1,5 +1,10 @@
 """The worker side: load the model once, say ready, pull workunits until the end-of-work sentinel.
 
+Workers outlive a job: a pool runs several jobs (queue-fed runs, static-split rounds) on the same
+loaded models, and only END_OF_WORK ends a worker. A workunit with ``hold`` set belongs to a static
+round: after it, the worker waits until the parent releases that round, so that each worker of the
+round takes exactly one workunit (its slice) however fast it is.
+
 Both backends run the same ``serve`` loop; they differ only in how a worker starts (a spawned process
 with its own model, or a thread sharing its device's model) and in what "should I give up?" means
 (the parent process has died, or the run's stop event is set). Every exception goes back to the
@@ -11,21 +16,23 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import resource
 import signal
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from helpers.workloads.base import BadRecord, OutputSpec
 
-END_OF_WORK = "END_OF_WORK"  # put once per worker after the last workunit
+END_OF_WORK = "END_OF_WORK"  # put once per worker when the pool closes
 POLL_SECONDS = 0.5  # how often a blocked worker checks that it still has a reason to wait
+HOLD_POLL_SECONDS = 0.005  # a held worker's check for its round's release: short, rounds are timed
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class Workunit:
     index: int
     ids: np.ndarray  # int64, one per record
     records: list
+    hold: int = 0  # a static round's number: take no other workunit until it is released
 
     def describe(self) -> str:
         span = f"ids {self.ids[0]}..{self.ids[-1]}" if len(self.ids) else "no ids"
@@ -64,7 +72,14 @@ class Result:
     ids: np.ndarray
     arrays: dict[str, np.ndarray]
     failures: list[tuple[int, str, str, float]]  # (record id, error type, message, unix time)
-    compute_seconds: float
+    started: float  # time.monotonic() (system-wide on Linux, macOS, Windows): a shared timeline
+    ended: float
+    peak_rss_mb: float = 0.0  # this worker's process, high-water mark
+    peak_gpu_mb: float | None = None  # torch's peak allocation on the worker's CUDA device
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.ended - self.started
 
 
 @dataclass(frozen=True)
@@ -77,20 +92,10 @@ class Failed:
     traceback: str
 
 
-@dataclass(frozen=True)
-class Finished:
-    worker: int
-    records: int
-    workunits: int
-    busy_seconds: float
-    wait_seconds: float
-    pid: int = field(default_factory=os.getpid)
-
-
 def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: Workunit,
                  worker: int) -> Result:
     """Process one workunit; records the workload rejects become failures, not exceptions."""
-    started = time.perf_counter()
+    started = time.monotonic()
     keep, failures = [], []
     for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), unit.records)):
         if isinstance(record, BadRecord):
@@ -110,31 +115,42 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
             if name not in arrays:
                 raise ValueError(f"workload {workload.name!r} returned no output {name!r}")
             spec.check(name, arrays[name], len(keep))
-    return Result(worker, unit.index, ids, arrays, failures, time.perf_counter() - started)
+    return Result(worker, unit.index, ids, arrays, failures, started, time.monotonic())
 
 
 def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
-          work: Any, results: Any, alive: Callable[[], bool]) -> None:
-    """Pull workunits from ``work`` and put messages on ``results`` until END_OF_WORK."""
-    busy = waited = 0.0
-    records = units = 0
+          work: Any, results: Any, alive: Callable[[], bool], released: Any) -> None:
+    """Pull workunits from ``work`` and put a message on ``results`` for each, until END_OF_WORK.
+
+    ``released.value`` is the last static round the parent has released (see ``hold``).
+    """
     while True:
-        started = time.perf_counter()
         unit = _get(work, alive)
-        waited += time.perf_counter() - started
         if unit is None or unit == END_OF_WORK:
-            break
+            return
         try:
             result = run_workunit(workload, model, specs, unit, info.index)
         except Exception as exc:
             _put(results, failed(info, unit.describe(), exc), alive)
             return
-        busy += result.compute_seconds
-        records += len(unit.ids)
-        units += 1
-        if not _put(results, result, alive):
+        rss, gpu = peak_memory(info.device)
+        if not _put(results, replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu), alive):
             return
-    _put(results, Finished(info.index, records, units, busy, waited), alive)
+        while unit.hold and released.value < unit.hold:
+            if not alive():
+                return
+            time.sleep(HOLD_POLL_SECONDS)
+
+
+def peak_memory(device: str) -> tuple[float, float | None]:
+    """This process's peak resident memory in MiB, and torch's peak allocation on ``device``."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+    torch = sys.modules.get("torch")
+    gpu = None
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
+        gpu = torch.cuda.max_memory_allocated(device) / 2**20
+    return rss_mb, gpu
 
 
 def failed(info: WorkerInfo, workunit: str | None, exc: BaseException) -> Failed:
@@ -148,7 +164,7 @@ def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], f
     return model, workload.outputs(model), time.perf_counter() - started
 
 
-def process_main(info: WorkerInfo, workload: Any, work: Any, results: Any) -> None:
+def process_main(info: WorkerInfo, workload: Any, work: Any, results: Any, released: Any) -> None:
     """Entry point of a spawned worker process: one model, loaded once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
     parent = multiprocessing.parent_process()
@@ -159,11 +175,11 @@ def process_main(info: WorkerInfo, workload: Any, work: Any, results: Any) -> No
         _put(results, failed(info, None, exc), alive)
         return
     _put(results, Ready(info.index, os.getpid(), seconds, specs), alive)
-    serve(info, workload, model, specs, work, results, alive)
+    serve(info, workload, model, specs, work, results, alive, released)
 
 
 def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", work: Any, results: Any,
-                stop: threading.Event) -> None:
+                released: Any, stop: threading.Event) -> None:
     """Entry point of a worker thread: shares one model per device with its sibling threads."""
     alive = lambda: not stop.is_set()  # noqa: E731
     try:
@@ -171,7 +187,7 @@ def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", work: A
         if info.device == "cpu" and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(info.threads)  # per thread under OpenMP
         _put(results, Ready(info.index, os.getpid(), seconds, specs), alive)
-        serve(info, workload, model, specs, work, results, alive)
+        serve(info, workload, model, specs, work, results, alive, released)
     except BaseException as exc:  # a thread has no exit code: everything must become a message
         _put(results, failed(info, None, exc), alive)
 

@@ -5,8 +5,9 @@ import time
 import numpy as np
 import pytest
 
-from helpers import (EmbeddingWorkload, PipelineError, SyntheticWorkload, read_output,
-                     run_pipeline)
+from helpers import (EmbeddingWorkload, PipelineError, SyntheticWorkload, WorkerPool,
+                     read_output, run_pipeline)
+from helpers.hdf5_sink import HDF5Sink
 from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(180)  # reached only on deadlock: every run here ends in seconds
@@ -59,10 +60,10 @@ def test_hdf5_jsonl_and_iterable_sources_give_the_same_output(tmp_path, texts):
                              dtype=h5py.string_dtype("utf-8"))
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     outputs = []
-    for source in (tmp_path / "in.h5", tmp_path / "in.jsonl", list(enumerate(texts))):
-        run_pipeline(source, EmbeddingWorkload(), ["cpu"], 5, tmp_path / "out.h5", "thread",
-                     progress=False)
-        outputs.append(read_output(tmp_path / "out.h5"))
+    with WorkerPool(EmbeddingWorkload(), ["cpu"], "thread", progress=False) as pool:
+        for source in (tmp_path / "in.h5", tmp_path / "in.jsonl", list(enumerate(texts))):
+            pool.run(source, tmp_path / "out.h5", workunit_size=5)
+            outputs.append(read_output(tmp_path / "out.h5"))
     for other in outputs[1:]:
         assert np.array_equal(other["ids"], outputs[0]["ids"])
         np.testing.assert_array_equal(other["embeddings"], outputs[0]["embeddings"])
@@ -150,3 +151,60 @@ def test_bad_settings_fail_before_any_worker_starts(tmp_path, bad, message):
     kwargs = {"devices": ["cpu"], "workunit_size": 10, **bad}
     with pytest.raises(ValueError, match=message):
         run([(0, "x")], SyntheticWorkload(), tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pool_runs_many_jobs_on_models_loaded_once(tmp_path, backend):
+    records = [(i, f"record {i}") for i in range(60)]
+    with WorkerPool(SyntheticWorkload(0.0), ["cpu"] * 3, backend, progress=False) as pool:
+        runs = [pool.run(records, tmp_path / f"out-{size}.h5", workunit_size=size)
+                for size in (1, 10, 100)]
+        for size, stats in zip((1, 10, 100), runs):
+            assert read_output(tmp_path / f"out-{size}.h5")["ids"].tolist() == list(range(60))
+            assert sum(w.workunits for w in stats.workers) == -(-60 // size)
+            assert stats.spinup_seconds == pool.spinup_seconds
+        assert len({tuple(w.pid for w in stats.workers) for stats in runs}) == 1  # same workers
+        with pytest.raises(ValueError, match="devices: fixed when the pool starts"):
+            pool.run(records, tmp_path / "x.h5", devices=["cpu"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_timeline_has_one_span_per_workunit_inside_the_run(tmp_path, backend):
+    stats = run([(i, i) for i in range(40)], SyntheticWorkload(0.002), tmp_path,
+                devices=["cpu", "cpu"], workunit_size=4, backend=backend)
+    assert len(stats.timeline) == 10 and sum(s.records for s in stats.timeline) == 40
+    assert sorted(s.workunit for s in stats.timeline) == list(range(10))
+    for span in stats.timeline:
+        assert 0 <= span.start_s <= span.end_s <= stats.wall_seconds
+        assert span.end_s - span.start_s >= span.records * 0.002 * 0.9  # the sleep happened inside
+    busy = {w.worker: w.busy_seconds for w in stats.workers}
+    for worker, seconds in busy.items():
+        spans = [s.end_s - s.start_s for s in stats.timeline if s.worker == worker]
+        assert sum(spans) == pytest.approx(seconds)
+    assert stats.peak_rss_mb > 0 and all(w.peak_rss_mb > 0 for w in stats.workers)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_static_round_gives_each_worker_exactly_its_slice(tmp_path, backend):
+    # one instant worker and two slow ones: without the hold, the instant one takes others' slices
+    workload = SyntheticWorkload(0.02, {"cuda:0": 1000.0})
+    slices = [[(w * 100 + i, f"r{w}-{i}") for i in range(3)] for w in range(3)]
+    with WorkerPool(workload, ["cuda:0", "cuda:1", "cuda:1"], backend) as pool:
+        with HDF5Sink(tmp_path / "out.h5", pool.outputs, {}) as sink:
+            rounds = [pool.static_round(slices, sink) for _ in range(20)]
+    for stats in rounds:
+        assert sorted(span.worker for span in stats.spans) == [0, 1, 2]
+        assert [span.records for span in stats.spans] == [3, 3, 3]
+        assert stats.records == 9 and 0 < stats.efficiency < 0.8  # the fast worker idles
+        assert max(span.end_s for span in stats.spans) <= stats.wall_seconds
+    assert sorted(read_output(tmp_path / "out.h5")["ids"].tolist()) == \
+        sorted(i for _ in range(20) for s in slices for i, _ in s)
+
+
+def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
+    workload = SyntheticWorkload(0.0, fail_on_records=[3])
+    with WorkerPool(workload, ["cpu"], "thread", progress=False) as pool:
+        with pytest.raises(PipelineError):
+            pool.run([(i, i) for i in range(10)], tmp_path / "a.h5", workunit_size=2)
+        with pytest.raises(PipelineError, match="stopped after a failed job"):
+            pool.run([(0, 0)], tmp_path / "b.h5")

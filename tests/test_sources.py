@@ -7,10 +7,9 @@ import h5py
 import numpy as np
 import pytest
 
-from helpers.pipeline import Reader
+from helpers.reader import Reader
 from helpers.sources import (HDF5BatchesSource, IterableSource, JSONLSource, SourceError,
                              open_source)
-from helpers.worker import END_OF_WORK
 from helpers.workloads.base import BadRecord
 
 
@@ -93,7 +92,7 @@ def test_reader_memory_is_bounded_by_the_queue():
             yield i, "text"
 
     work, stop = queue.Queue(maxsize=2), threading.Event()
-    reader = Reader(endless(), work, workunit_size=10, n_workers=1, stop=stop)
+    reader = Reader(endless(), work, workunit_size=10, stop=stop)
     reader.start()
     time.sleep(0.5)
     stop.set()
@@ -105,11 +104,10 @@ def test_reader_memory_is_bounded_by_the_queue():
 def test_reader_sorts_a_window_by_cost_keeping_ids_with_records():
     work, stop = queue.Queue(), threading.Event()
     pairs = [(i, "x" * n) for i, n in enumerate([5, 1, 4, 2, 3, 9, 8])]
-    reader = Reader(pairs, work, workunit_size=2, n_workers=1, stop=stop, window=4, cost=len)
+    reader = Reader(pairs, work, workunit_size=2, stop=stop, window=4, cost=len)
     reader.run()
-    units = []
-    while (item := work.get_nowait()) != END_OF_WORK:
-        units.append(item)
+    units = [work.get_nowait() for _ in range(work.qsize())]
+    assert reader.done and reader.units_put == len(units) == 4
     assert [u.records for u in units] == [["x", "xx"], ["xxxx", "xxxxx"], ["xxx", "xxxxxxxx"],
                                           ["xxxxxxxxx"]]
     assert all(len(r) == [5, 1, 4, 2, 3, 9, 8][i] for u in units for i, r in zip(u.ids, u.records))
