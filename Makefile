@@ -1,4 +1,4 @@
-# Two commands do all the set-up: `make run` (the main job) and `make test` (the test suite).
+# Two commands do all the set-up: `make run` (the main job: the notebook suite) and `make test`.
 # Each creates .venv if missing and installs the project; torch is pinned to 2.13.0 (pyproject.toml)
 # and installed first, so a CPU-only machine never pulls a CUDA build.
 PYTHON ?= python3
@@ -6,6 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gpufeed-installed
 TORCH := torch==2.13.0
+PARAMS ?= cpu
 export HF_HUB_OFFLINE ?= 1
 
 .PHONY: run test bench clean
@@ -16,9 +17,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet "$(TORCH)" -e ".[test]"
 	touch $@
 
+# The notebook suite, headless (papermill), with the parameter set notebooks/params/$(PARAMS).yaml:
+# `make run` (cpu), `PARAMS=gpu make run`, `PARAMS=smoke make run` (seconds).
 run: $(STAMP)
-	$(PY) -m helpers run --input data/python_docs_paragraphs.h5 --output build/embeddings.h5 \
-		--workload embedding --devices cpu --workunit-size 100 --limit 2000
+	$(PY) -m helpers notebooks --params $(PARAMS)
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -1,4 +1,5 @@
 """``python -m helpers run ...``: the pipeline from the shell; the stats are the last line, as JSON.
+``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.notebooks).
 
 Exit status: 0 done, 1 failed (a worker error or an unreadable input), 2 bad arguments,
 3 partial (the run finished but some records are in the output's ``errors`` table),
@@ -50,12 +51,35 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--seconds-per-record", type=float, default=0.001)
     syn.add_argument("--speed", type=_speeds, default={}, help="e.g. cuda:0=1,cuda:1=0.35")
     syn.add_argument("--mode", choices=("sleep", "busy"), default="sleep")
+    books = commands.add_parser("notebooks", help="run the notebook suite with papermill")
+    books.add_argument("--params", default="cpu",
+                       help="parameter set: smoke, cpu, gpu (notebooks/params/) or a .yaml path")
+    books.add_argument("--only", nargs="+", metavar="PREFIX",
+                       help="run only the notebooks whose name starts with these, e.g. 01 05")
     return parser
+
+
+def notebooks(args: argparse.Namespace) -> int:
+    from papermill.exceptions import PapermillExecutionError
+
+    from helpers.notebooks import run_notebooks
+
+    try:
+        run_notebooks(args.params, args.only)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except PapermillExecutionError as exc:
+        print(f"error: a notebook failed: {exc.ename}: {exc.evalue}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "notebooks":
+        return notebooks(args)
     try:
         if args.workload == "embedding":
             workload = EmbeddingWorkload(args.model, args.batch_size, args.normalize)

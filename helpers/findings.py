@@ -1,0 +1,116 @@
+"""One-line findings computed from result tables: what each figure shows, in numbers.
+
+Nothing here is written by hand about a result: every sentence is filled in from the table it
+describes, so a re-run on other hardware rewrites the findings with the figures.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+SECONDS_PER_DAY = 86_400
+STRATEGY_WORDS = {"static": "static split", "queue": "queue-fed"}
+
+
+def mean_sd(frame: pd.DataFrame, by: Sequence[str], metric: str = "records_per_s") -> pd.DataFrame:
+    """Mean, sd and replicate count of ``metric`` per configuration ``by``, best first."""
+    grouped = frame.groupby(list(by))[metric].agg(["mean", "std", "count"]).reset_index()
+    return grouped.fillna({"std": 0.0}).sort_values("mean", ascending=False, ignore_index=True)
+
+
+def estimate(frame: pd.DataFrame, by: Sequence[str], total_records: int) -> pd.DataFrame:
+    """``mean_sd`` per configuration plus the days ``total_records`` would take at each rate."""
+    stats = mean_sd(frame, by)
+    return stats.assign(estimated_days=[days(total_records, r) for r in stats["mean"]])
+
+
+def _rate(row: pd.Series) -> str:
+    return f"{row['mean']:.1f} ± {row['std']:.1f} records/s"
+
+
+def days(total_records: int, records_per_s: float) -> float:
+    """Days to process ``total_records`` at ``records_per_s``."""
+    return total_records / records_per_s / SECONDS_PER_DAY if records_per_s > 0 else float("inf")
+
+
+def workers_per_device(table: pd.DataFrame, total_records: int) -> str:
+    """Best worker count per strategy, its gain over one worker, and the corpus estimate."""
+    parts = []
+    for strategy in ("queue", "static"):
+        stats = mean_sd(table[table["strategy"] == strategy], ["workers"])
+        if stats.empty:
+            continue
+        best = stats.iloc[0]
+        one = stats[stats["workers"] == stats["workers"].min()].iloc[0]
+        parts.append(f"{STRATEGY_WORDS[strategy]}: best {int(best['workers'])} workers at "
+                     f"{_rate(best)} ({best['mean'] / one['mean']:.2f}× {int(one['workers'])} "
+                     f"worker{'s' if one['workers'] != 1 else ''})")
+    best = mean_sd(table, ["strategy", "workers"]).iloc[0]
+    return "; ".join(parts) + f"; {total_records:,} chunks would take " \
+                              f"{days(total_records, best['mean']):.1f} days at the best rate"
+
+
+def round_efficiency(rounds: pd.DataFrame, label: str) -> str:
+    """How busy a static round keeps its workers, and where the waiting goes."""
+    efficiency = rounds["efficiency"].mean()
+    return (f"{label}: a static round keeps its workers busy {efficiency:.0%} of the time on "
+            f"average over {len(rounds)} rounds (the rest is waiting for the slowest worker); "
+            f"{rounds['records_per_s'].mean():.1f} records/s")
+
+
+def workunit_sizes(table: pd.DataFrame) -> str:
+    """The fastest workunit size and how the others compare with it."""
+    stats = mean_sd(table, ["workunit_size"])
+    best = stats.iloc[0]
+    others = ", ".join(f"{int(r['workunit_size'])}: {r['mean'] / best['mean']:.2f}×"
+                       for _, r in stats.iloc[1:].sort_values("workunit_size").iterrows())
+    return (f"workunit size {int(best['workunit_size'])} is fastest at {_rate(best)} on "
+            f"{table['devices'].iloc[0]}; relative to it: {others}")
+
+
+def layouts(table: pd.DataFrame, label: str) -> str:
+    """Queue-fed against static split on the same devices and records."""
+    stats = mean_sd(table, ["strategy"]).set_index("strategy")
+    queue, static = stats.loc["queue"], stats.loc["static"]
+    busy = table.groupby("strategy")["efficiency"].mean()
+    return (f"{label}: queue-fed {queue['mean']:.1f} records/s vs static split "
+            f"{static['mean']:.1f} ({queue['mean'] / static['mean']:.2f}×); workers busy "
+            f"{busy['queue']:.0%} vs {busy['static']:.0%} of the time")
+
+
+def backends(table: pd.DataFrame) -> str:
+    """Threads sharing a model against a process per model, at the largest common worker count."""
+    n = int(table["workers"].max())
+    at_n = table[table["workers"] == n].groupby("backend")[["records_per_s", "peak_rss_mb"]].mean()
+    if not {"thread", "process"} <= set(at_n.index):
+        return f"only {', '.join(at_n.index)} measured"
+    thread, process = at_n.loc["thread"], at_n.loc["process"]
+    return (f"at {n} workers: processes reach {process['records_per_s']:.1f} records/s at "
+            f"{process['peak_rss_mb']:.0f} MiB peak RSS, threads {thread['records_per_s']:.1f} "
+            f"records/s at {thread['peak_rss_mb']:.0f} MiB "
+            f"({process['records_per_s'] / thread['records_per_s']:.2f}× the throughput for "
+            f"{process['peak_rss_mb'] / thread['peak_rss_mb']:.2f}× the memory)")
+
+
+def best_configurations(tables: dict[str, pd.DataFrame], total_records: int) -> pd.DataFrame:
+    """Per experiment and device set, the configuration with the highest mean throughput and the
+    days it would take to process ``total_records`` at that rate."""
+    rows = []
+    for experiment, table in tables.items():
+        keys = [k for k in ("strategy", "backend", "workers", "workunit_size") if k in table]
+        for devices, part in table.groupby("devices"):
+            best = mean_sd(part, keys).iloc[0]
+            rows.append({"experiment": experiment, "devices": devices,
+                         "configuration": ", ".join(f"{k}={best[k]}" for k in keys),
+                         "records_per_s": best["mean"], "records_per_s_sd": best["std"],
+                         "replicates": int(best["count"]),
+                         "estimated_days": days(total_records, best["mean"])})
+    return pd.DataFrame(rows).sort_values("records_per_s", ascending=False, ignore_index=True)
+
+
+def summary(best: pd.DataFrame, total_records: int) -> str:
+    top = best.iloc[0]
+    return (f"fastest measured: {top['configuration']} on {top['devices']} "
+            f"({top['experiment']}) at {top['records_per_s']:.1f} records/s: {total_records:,} "
+            f"chunks in {top['estimated_days']:.1f} days")

@@ -1,0 +1,114 @@
+"""The study's plot kinds. Each takes a tidy table and returns a matplotlib Figure for
+``helpers.figures.save_figure``; titles say which direction is better, axes carry units."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from helpers.figures import use_style
+
+STRATEGY_NAMES = {"static": "static split (rounds)", "queue": "queue-fed (persistent)"}
+
+
+def _figure(ncols: int = 1, width: float = 6.4, height: float = 4.2, **kwargs: Any):
+    import matplotlib.pyplot as plt
+
+    use_style()
+    return plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False, **kwargs)
+
+
+def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, ylabel: str,
+            logx: bool = False) -> Any:
+    """Mean ± sd of ``y`` over replicates against ``x``, one line per ``hue``."""
+    import seaborn as sns
+
+    fig, axes = _figure()
+    ax = axes[0, 0]
+    data = frame.assign(**{hue: frame[hue].map(lambda v: STRATEGY_NAMES.get(v, v))})
+    sns.lineplot(data=data, x=x, y=y, hue=hue, errorbar="sd", err_style="bars", marker="o",
+                 ax=ax, err_kws={"capsize": 4})
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xticks(sorted(frame[x].unique()), labels=[str(v) for v in sorted(frame[x].unique())])
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.set_ylim(bottom=0)
+    return fig
+
+
+def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
+             round_ends: pd.Series | None = None) -> Any:
+    """Busy bars per worker over time (the gaps are idle time), one panel per value of ``panel``."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    panels = [None] if panel is None else list(dict.fromkeys(spans[panel]))
+    height = 1.2 + len(panels) * (0.6 + 0.45 * spans["worker"].nunique())
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9.0, height), squeeze=False, sharex=True)
+    colors = plt.get_cmap("tab10")
+    for ax, value in zip(axes[:, 0], panels):
+        part = spans if value is None else spans[spans[panel] == value]
+        for worker, rows in part.groupby("worker"):
+            bars = list(zip(rows["start_s"], rows["end_s"] - rows["start_s"]))
+            ax.broken_barh(bars, (worker - 0.4, 0.8), facecolors=colors(worker % 10),
+                           edgecolor="white", linewidth=0.3)
+        labels = part.drop_duplicates("worker").sort_values("worker")
+        ax.set_yticks(labels["worker"], labels=[f"worker {w} · {d}" for w, d in
+                                                zip(labels["worker"], labels["device"])])
+        ax.invert_yaxis()
+        if round_ends is not None and value is None:
+            for end in sorted(set(round_ends)):
+                ax.axvline(end, color="0.3", linestyle="--", linewidth=0.8)
+        ax.set_title(STRATEGY_NAMES.get(value, value) if value is not None else "", fontsize=10)
+    axes[-1, 0].set_xlabel("time since start [s] (bars: busy; gaps: idle)")
+    fig.suptitle(title)
+    return fig
+
+
+def grouped_bars(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str,
+                 ylabel: str) -> Any:
+    """Mean ± sd bars of ``y`` per ``x``, grouped by ``hue``."""
+    import seaborn as sns
+
+    fig, axes = _figure()
+    data = frame.assign(**{hue: frame[hue].map(lambda v: STRATEGY_NAMES.get(v, v))})
+    sns.barplot(data=data, x=x, y=y, hue=hue, errorbar="sd", capsize=0.1, ax=axes[0, 0])
+    axes[0, 0].set(title=title, xlabel=xlabel, ylabel=ylabel)
+    return fig
+
+
+def side_by_side(frame: pd.DataFrame, x: str, panels: list[tuple[str, str]], hue: str,
+                 title: str, xlabel: str) -> Any:
+    """One mean ± sd panel per (column, label) in ``panels``, sharing ``x`` and ``hue``."""
+    import seaborn as sns
+
+    fig, axes = _figure(len(panels), width=5.2)
+    for ax, (column, label) in zip(axes[0], panels):
+        sns.lineplot(data=frame, x=x, y=column, hue=hue, errorbar="sd", err_style="bars",
+                     marker="o", ax=ax, err_kws={"capsize": 4})
+        ax.set_xticks(sorted(frame[x].unique()))
+        ax.set(xlabel=xlabel, ylabel=label, title=label.split(" [")[0])
+        ax.set_ylim(bottom=0)
+    fig.suptitle(title)
+    return fig
+
+
+def ranking(best: pd.DataFrame, title: str, total_records: int) -> Any:
+    """Horizontal bars, best first: each experiment's best configuration (mean ± sd), annotated
+    with the days ``total_records`` would take at that rate."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    fig, ax = plt.subplots(figsize=(9.0, 1.2 + 0.75 * len(best)))
+    labels = [f"{r.experiment} · {r.devices}\n{r.configuration}" for r in best.itertuples()]
+    positions = range(len(best))
+    ax.barh(positions, best["records_per_s"], xerr=best["records_per_s_sd"], capsize=4,
+            color=plt.get_cmap("tab10")(0))
+    for y, row in zip(positions, best.itertuples()):
+        ax.text(row.records_per_s, y, f"  {row.estimated_days:,.1f} days", va="center",
+                fontsize=9)
+    ax.set_yticks(list(positions), labels=labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(right=best["records_per_s"].max() * 1.3)
+    ax.set(title=title, xlabel=f"throughput [records/s] (labels: days for {total_records:,} chunks)")
+    return fig
