@@ -51,7 +51,7 @@ def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
         for worker, rows in part.groupby("worker"):
             bars = list(zip(rows["start_s"], rows["end_s"] - rows["start_s"]))
             ax.broken_barh(bars, (worker - 0.4, 0.8), facecolors=colors(worker % 10),
-                           edgecolor="white", linewidth=0.3)
+                           edgecolor="white", linewidth=1.0)
         labels = part.drop_duplicates("worker").sort_values("worker")
         ax.set_yticks(labels["worker"], labels=[f"worker {w} · {d}" for w, d in
                                                 zip(labels["worker"], labels["device"])])

@@ -96,7 +96,8 @@ class PipelineStats:
         lines = [f"{self.records} records in {self.wall_seconds:.2f} s = "
                  f"{self.records_per_second:.1f} records/s after {self.spinup_seconds:.2f} s spin-up"
                  f" ({self.backend}, workunit {self.workunit_size}"
-                 f"{f', {self.failed_records} failed' if self.failed_records else ''})"]
+                 f"{f', {self.failed_records} failed' if self.failed_records else ''}; "
+                 f"peak RSS {self.peak_rss_mb:.0f} MiB)"]
         for w in self.workers:
             lines.append(f"  worker {w.worker} {w.device:>7}: {w.records:>7} records "
                          f"{w.workunits:>5} units  busy {w.busy_seconds:7.2f} s  "

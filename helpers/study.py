@@ -31,6 +31,7 @@ from helpers.stats import PipelineStats, RoundStats, WorkunitSpan
 from helpers.workloads import EmbeddingWorkload, SyntheticWorkload
 
 WORKLOADS = ("embedding", "synthetic")
+SIMULATED = "synthetic heterogeneous"  # the label of runs on simulated cards
 
 
 def make_workload(name: str, model: str | None = None, batch_size: int = 32,
@@ -114,6 +115,11 @@ def stack(tables: dict[str, pd.DataFrame], column: str) -> pd.DataFrame:
     return pd.concat([t.assign(**{column: key}) for key, t in tables.items()], ignore_index=True)
 
 
+def measured(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a table that ran the notebook's workload, not the simulated cards."""
+    return table[table["workload"] != SIMULATED] if "workload" in table else table
+
+
 def _span_row(span: WorkunitSpan) -> dict[str, Any]:
     return {"worker": span.worker, "device": span.device, "workunit": span.workunit,
             "records": span.records, "start_s": span.start_s, "end_s": span.end_s}
@@ -129,14 +135,15 @@ def workers_per_device(workload: Any, device: str, worker_counts: Sequence[int],
 
 
 def static_rounds(workload: Any, devices: Sequence[str], records: int, rounds: int,
-                  texts: list[str], seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  texts: list[str], seed: int = 0,
+                  backend: str = "process") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Notebook 2: one worker per device, static split in ``rounds`` rounds of ``records``.
 
     Returns (one row per round, the timeline: one row per worker per round, times from the
     start of the first round so that rounds follow one another on the plot).
     """
     rows, spans, offset = [], [], 0.0
-    with WorkerPool(workload, list(devices), progress=False) as pool:
+    with WorkerPool(workload, list(devices), backend, progress=False) as pool:
         for number in range(rounds):
             stats = pool.static_round(_split(_sample(texts, records, seed + number), len(devices)))
             rows.append({**_round_row(stats), "round": number})
@@ -152,10 +159,11 @@ def static_rounds(workload: Any, devices: Sequence[str], records: int, rounds: i
 
 
 def workunit_sizes(workload: Any, devices: Sequence[str], sizes: Sequence[int], records: int,
-                   replicates: int, texts: list[str], seed: int = 0) -> pd.DataFrame:
+                   replicates: int, texts: list[str], seed: int = 0,
+                   backend: str = "process") -> pd.DataFrame:
     """Notebook 3: queue-fed jobs on one pool over ``devices``, for each workunit size."""
     rows = []
-    with WorkerPool(workload, list(devices), progress=False) as pool, \
+    with WorkerPool(workload, list(devices), backend, progress=False) as pool, \
             tempfile.TemporaryDirectory() as tmp:
         for replicate in range(replicates):
             pairs = _sample(texts, records, seed + replicate)

@@ -85,3 +85,16 @@ def test_ctrl_c_stops_the_run_and_leaves_no_process(tmp_path):
     assert not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
     assert Path(tmp_path / "o.h5").exists()
     read_output(tmp_path / "o.h5")  # the interrupted file still opens
+
+
+def test_notebooks_with_an_unknown_parameter_set_exits_2():
+    from helpers.cli import main
+
+    assert main(["notebooks", "--params", "nosuch"]) == 2
+
+
+def test_notebooks_with_an_unknown_notebook_prefix_exits_2(capsys):
+    from helpers.cli import main
+
+    assert main(["notebooks", "--params", "smoke", "--only", "99"]) == 2
+    assert "only: no notebook matches ['99']" in capsys.readouterr().err

@@ -1,0 +1,62 @@
+"""Findings are computed from the tables: check them on hand-made numbers."""
+import pandas as pd
+import pytest
+
+from helpers import findings
+
+
+def workers_table():
+    rows = []
+    for strategy, rates in (("queue", {1: [10, 12], 2: [20, 22], 4: [18, 18]}),
+                            ("static", {1: [9, 9], 2: [15, 17], 4: [12, 14]})):
+        for workers, values in rates.items():
+            rows += [{"strategy": strategy, "workers": workers, "replicate": r,
+                      "records_per_s": v, "devices": ",".join(["cpu"] * workers)}
+                     for r, v in enumerate(values)]
+    return pd.DataFrame(rows)
+
+
+def test_mean_sd_orders_best_first():
+    stats = findings.mean_sd(workers_table(), ["strategy", "workers"])
+    assert stats.iloc[0][["strategy", "workers", "mean", "count"]].tolist() == ["queue", 2, 21, 2]
+    assert stats.iloc[0]["std"] == pytest.approx(1.4142, abs=1e-3)
+
+
+def test_workers_finding_names_the_best_count_its_gain_and_the_days():
+    text = findings.workers_per_device(workers_table(), 21 * 86_400)
+    assert "queue-fed: 2 workers best at 21.0 ± 1.4 records/s (1: 0.52×, 4: 0.86×)" in text
+    assert "static split: 2 workers best at 16.0 ± 1.4 records/s (1: 0.56×, 4: 0.81×)" in text
+    assert "1.0 days at the best rate" in text
+
+
+def test_days():
+    assert findings.days(86_400 * 10, 5.0) == pytest.approx(2.0)
+    assert findings.days(10, 0.0) == float("inf")
+
+
+def test_layouts_and_backends_compare_the_right_rows():
+    layouts = pd.DataFrame({"strategy": ["queue", "static"] * 2, "records_per_s": [17, 10, 17, 10],
+                            "efficiency": [0.95, 0.6, 0.95, 0.6]})
+    assert "queue-fed 17.0 records/s vs static split 10.0 (1.70×); workers busy 95% vs 60%" in \
+        findings.layouts(layouts, "sim")
+    backends = pd.DataFrame({"backend": ["thread", "process"] * 2, "workers": [1, 1, 2, 2],
+                             "records_per_s": [10, 10, 12, 18], "peak_rss_mb": [500, 500, 520, 900]})
+    text = findings.backends(backends)
+    assert text.startswith("at 2 workers: processes reach 18.0 records/s at 900 MiB")
+    assert "(1.50× the throughput for 1.73× the memory)" in text
+
+
+def test_best_configurations_per_experiment_and_device_set():
+    best = findings.best_configurations({"workers": workers_table()}, 86_400)
+    assert len(best) == 3  # one per device set: cpu, cpu,cpu, cpu x4
+    top = best.iloc[0]
+    assert (top["devices"], top["configuration"], top["records_per_s"]) == \
+        ("cpu,cpu", "strategy=queue, workers=2", 21)
+    assert top["estimated_days"] == pytest.approx(1 / 21)
+
+
+def test_workunit_size_finding_ranks_sizes():
+    table = pd.DataFrame({"workunit_size": [1, 1, 10, 10, 100, 100], "devices": ["cpu"] * 6,
+                          "records_per_s": [5, 5, 20, 20, 10, 10]})
+    assert findings.workunit_sizes(table) == \
+        "on cpu: workunit size 10 best at 20.0 ± 0.0 records/s (1: 0.25×, 100: 0.50×)"

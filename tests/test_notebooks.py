@@ -1,0 +1,138 @@
+"""The notebook suite: committed clean, defaults equal cpu.yaml, runs headless, rejects bad input."""
+import ast
+import json
+
+import nbformat
+import papermill
+import pytest
+from papermill.exceptions import PapermillExecutionError
+
+from helpers.notebooks import declared, run_notebooks, suite
+from helpers.parameters import load_parameters, parameter_sets
+
+pytestmark = pytest.mark.timeout(600)  # reached only on deadlock: the smoke suite takes ~1.5 min
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TABLES = {  # table -> columns it must have
+    "workers_per_device": {"strategy", "workers", "replicate", "records", "wall_s",
+                           "records_per_s", "efficiency", "spinup_s", "devices"},
+    "one_worker_per_device": {"round", "workload", "records_per_s", "efficiency", "wall_s"},
+    "one_worker_per_device_timeline": {"round", "worker", "device", "start_s", "end_s"},
+    "workunit_sizes": {"workunit_size", "replicate", "records_per_s", "wall_s", "devices"},
+    "layouts_heterogeneous": {"strategy", "replicate", "records_per_s", "efficiency"},
+    "layouts_heterogeneous_timeline": {"strategy", "worker", "start_s", "end_s"},
+    "threads_vs_processes": {"backend", "workers", "replicate", "records_per_s", "peak_rss_mb",
+                             "peak_gpu_mb", "wall_s"},
+    "best_configurations": {"experiment", "devices", "configuration", "records_per_s",
+                            "estimated_days"},
+}
+FIGURES = ["01_workers_per_device/records_per_s-vs-workers",
+           "02_one_worker_per_device/timeline-real", "02_one_worker_per_device/timeline-synthetic",
+           "03_queue_and_workunit_size/records_per_s-vs-workunit_size",
+           "03_queue_and_workunit_size/timeline-static-vs-queue",
+           "03_queue_and_workunit_size/records_per_s-vs-layout",
+           "04_threads_vs_processes/throughput_and_memory-vs-workers",
+           "05_summary/best-records_per_s-by-experiment"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """The whole suite run once with smoke.yaml, writing into a temporary folder."""
+    out = tmp_path_factory.mktemp("smoke")
+    overrides = {"results_dir": str(out / "results"), "figures_dir": str(out / "figures")}
+    executed = run_notebooks("smoke", executed_dir=out / "executed", overrides=overrides,
+                             log=lambda *_: None)
+    return out, executed
+
+
+def test_there_are_five_notebooks_in_order():
+    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05"]
+
+
+@pytest.mark.parametrize("notebook", suite(), ids=lambda p: p.stem)
+def test_committed_without_outputs_and_parameters_cell_first(notebook):
+    book = nbformat.read(notebook, as_version=4)
+    code = [cell for cell in book.cells if cell.cell_type == "code"]
+    assert all(not cell.outputs and cell.execution_count is None for cell in code)
+    assert code[0].metadata.get("tags") == ["parameters"]
+    assert sum("parameters" in cell.metadata.get("tags", []) for cell in code) == 1
+    assert not any(line.lstrip().startswith(("def ", "class ")) for cell in code
+                   for line in cell.source.splitlines()), "thin notebooks: no def or class"
+
+
+@pytest.mark.parametrize("notebook", suite(), ids=lambda p: p.stem)
+def test_parameters_are_typed_commented_literals_equal_to_cpu_yaml(notebook):
+    found = papermill.inspect_notebook(str(notebook))
+    source = nbformat.read(notebook, as_version=4).cells[1].source
+    assert len(found) == len([line for line in source.splitlines() if line.strip()])
+    defaults = {}
+    for name, info in found.items():
+        assert info["inferred_type_name"] != "None", f"{name}: no type annotation"
+        assert info["help"], f"{name}: no comment"
+        defaults[name] = ast.literal_eval(info["default"])  # a literal, nothing derived
+    common = set(load_parameters("cpu", "common"))
+    assert declared(notebook, load_parameters("cpu", notebook.stem), common) == defaults
+
+
+@pytest.mark.parametrize("params", parameter_sets())
+def test_every_set_names_only_declared_parameters(params):
+    assert set(parameter_sets()) >= {"smoke", "cpu", "gpu"}
+    common = set(load_parameters(params, "common"))
+    for notebook in suite():
+        declared(notebook, load_parameters(params, notebook.stem), common)
+
+
+def test_smoke_run_saves_every_table_with_its_columns_and_sidecar(smoke):
+    out, _ = smoke
+    for table, columns in TABLES.items():
+        header = (out / "results" / f"{table}.csv").read_text().splitlines()[0].split(",")
+        assert columns <= set(header), f"{table}: missing {columns - set(header)}"
+        sidecar = json.loads((out / "results" / f"{table}.json").read_text())
+        assert {"commit", "machine", "packages", "parameters", "notebook"} <= set(sidecar)
+        assert sidecar["machine"]["cores"] >= 1 and sidecar["packages"]["torch"] != "missing"
+        if sidecar["notebook"] != "05_summary":  # the summary runs no workload
+            assert sidecar["parameters"]["workload"] == "synthetic"  # the smoke set was injected
+
+
+def test_smoke_run_saves_every_figure_and_lists_it_with_a_finding(smoke):
+    out, _ = smoke
+    readme = (out / "figures" / "README.md").read_text()
+    for name in FIGURES:
+        png = (out / "figures" / name).with_suffix(".png")
+        data = png.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f"{png}: not a real PNG"
+        assert png.with_suffix(".svg").stat().st_size > 1000
+        meta = json.loads(png.with_suffix(".json").read_text())
+        assert meta["finding"] and meta["finding"] in readme and meta["machine"] in readme
+        assert f"({name}.png)" in readme
+
+
+def test_smoke_run_keeps_executed_copies_apart(smoke):
+    out, executed = smoke
+    assert [p.parent for p in executed] == [out / "executed"] * len(suite())
+    book = nbformat.read(executed[0], as_version=4)
+    assert any(cell.get("outputs") for cell in book.cells if cell.cell_type == "code")
+
+
+@pytest.mark.parametrize("notebook, bad, message", [
+    ("03", {"devices": ["cpu", "gpu0"]}, "devices: unknown device 'gpu0'"),
+    ("03", {"workunit_sizes": [10, 0]}, "workunit_sizes: expected an integer >= 1, got 0"),
+    ("01", {"device": "tpu"}, "device: unknown device 'tpu'"),
+])
+def test_a_bad_parameter_stops_the_notebook_with_a_message_naming_it(tmp_path, notebook, bad,
+                                                                     message):
+    overrides = {"results_dir": str(tmp_path / "r"), "figures_dir": str(tmp_path / "f"), **bad}
+    with pytest.raises(PapermillExecutionError) as failure:
+        run_notebooks("smoke", only=[notebook], executed_dir=tmp_path, overrides=overrides,
+                      log=lambda *_: None)
+    assert failure.value.ename == "ValueError" and message in failure.value.evalue
+    assert "check_parameters(" in failure.value.source  # the first cell after the parameters
+    assert failure.value.exec_count == 3  # parameters, injected parameters, then the check
+    assert not (tmp_path / "r").exists()  # no worker ran, no table was written
+
+
+def test_an_unknown_parameter_set_or_name_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no parameter set 'nosuch'"):
+        run_notebooks("nosuch", executed_dir=tmp_path)
+    with pytest.raises(ValueError, match="no parameter named replicate"):
+        run_notebooks("smoke", only=["01"], executed_dir=tmp_path, overrides={"replicate": 3})

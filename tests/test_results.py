@@ -1,0 +1,38 @@
+"""Result tables and their provenance sidecars."""
+import json
+
+import pandas as pd
+import pytest
+
+from helpers.results import load_sidecar, load_table, resolve, save_table
+
+
+def test_a_table_round_trips_with_its_sidecar(tmp_path):
+    frame = pd.DataFrame({"workers": [1, 2], "replicate": [0, 0], "records_per_s": [10.5, 19.25]})
+    path = save_table(frame, "demo", tmp_path / "r", "01_demo", {"records": 300})
+    assert path == tmp_path / "r" / "demo.csv"
+    pd.testing.assert_frame_equal(load_table("demo", tmp_path / "r"), frame)
+    sidecar = load_sidecar("demo", tmp_path / "r")
+    assert sidecar["parameters"] == {"records": 300} and sidecar["notebook"] == "01_demo"
+    assert sidecar["columns"] == ["workers", "replicate", "records_per_s"] and sidecar["rows"] == 2
+    assert len(sidecar["commit"].split("-")[0]) in (40, 7) or sidecar["commit"] == "unknown"
+    assert {"cpu", "cores", "memory_gib", "gpus"} <= set(sidecar["machine"])
+    assert sidecar["packages"]["python"] and "torch" in sidecar["packages"]
+    json.dumps(sidecar)
+
+
+def test_an_empty_table_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="table 'none' is empty"):
+        save_table(pd.DataFrame(), "none", tmp_path, "nb", {})
+
+
+def test_a_missing_table_says_which_to_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run the notebook that writes 'absent'"):
+        load_table("absent", tmp_path)
+
+
+def test_relative_folders_are_relative_to_the_checkout(tmp_path):
+    from helpers.paths import ROOT
+
+    assert resolve("data/results/cpu") == ROOT / "data" / "results" / "cpu"
+    assert resolve(tmp_path) == tmp_path
