@@ -1,4 +1,5 @@
 """``python -m helpers run ...``: the pipeline from the shell; the stats are the last line, as JSON.
+``python -m helpers run --workload binning --input images/ --output out.h5``: also writes out.csv.
 ``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.notebooks).
 
 Exit status: 0 done, 1 failed (a worker error or an unreadable input), 2 bad arguments,
@@ -12,9 +13,15 @@ import json
 import sys
 from collections.abc import Sequence
 
-from helpers.pipeline import PipelineError, run_pipeline
-from helpers.sources import SourceError
+from dataclasses import asdict
+from typing import Any
+
+from helpers.binning import Thresholds, write_csv
+from helpers.images import ImageFolderSource
+from helpers.pipeline import STRATEGIES, PipelineError, run_pipeline
+from helpers.sources import JSONLSource, SourceError
 from helpers.workloads import EmbeddingWorkload, SyntheticWorkload
+from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload
 
 EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
@@ -31,10 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run a workload over an input file")
-    run.add_argument("--input", required=True, help=".h5 (batches/0, 1, ...) or .jsonl file")
-    run.add_argument("--output", required=True, help="HDF5 file to write")
-    run.add_argument("--workload", choices=("embedding", "synthetic"), default="embedding")
+    run.add_argument("--input", required=True,
+                     help=".h5 (batches/0, 1, ...) or .jsonl file; a folder of images for binning")
+    run.add_argument("--output", required=True, help="HDF5 file to write (binning: a CSV beside it)")
+    run.add_argument("--workload", choices=("embedding", "synthetic", "binning"), default="embedding")
     run.add_argument("--devices", default="cpu", help="one entry per worker, e.g. cuda:0,cuda:0,cpu")
+    run.add_argument("--strategy", choices=STRATEGIES, default="queue",
+                     help="queue: workers pull workunits; static: one even slice per worker")
     run.add_argument("--workunit-size", type=int, default=100, help="records per workunit")
     run.add_argument("--backend", choices=("process", "thread"), default="process")
     run.add_argument("--limit", type=int, help="stop after this many records")
@@ -44,13 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     emb = run.add_argument_group("embedding workload")
     emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
-                                     "all-MiniLM-L6-v2, offline)")
+                                     "all-MiniLM-L6-v2, offline); binning: its similarity model")
     emb.add_argument("--batch-size", type=int, default=32)
     emb.add_argument("--normalize", action="store_true", help="unit-length embeddings")
     syn = run.add_argument_group("synthetic workload")
     syn.add_argument("--seconds-per-record", type=float, default=0.001)
     syn.add_argument("--speed", type=_speeds, default={}, help="e.g. cuda:0=1,cuda:1=0.35")
     syn.add_argument("--mode", choices=("sleep", "busy"), default="sleep")
+    img = run.add_argument_group("binning workload (A: text-rich, B: object-rich scenes, C: rest)")
+    img.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
+                     help="similarity prompt (repeat for several; default: a page of text, a chart)")
+    for name, default in asdict(Thresholds()).items():
+        img.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    img.add_argument("--model-threads", type=int, default=1, help="intra-op threads per model")
+    img.add_argument("--clip-model", help="transformers CLIP id: score the image, not the text")
+    img.add_argument("--caption-model", help="transformers image-to-text id instead of the template")
     books = commands.add_parser("notebooks", help="run the notebook suite with papermill")
     books.add_argument("--params", default="cpu",
                        help="parameter set: smoke, cpu, gpu (notebooks/params/) or a .yaml path")
@@ -81,18 +99,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "notebooks":
         return notebooks(args)
     try:
-        if args.workload == "embedding":
-            workload = EmbeddingWorkload(args.model, args.batch_size, args.normalize)
-        else:
-            workload = SyntheticWorkload(args.seconds_per_record, args.speed, args.mode)
+        workload = make_workload(args)
         options = {"queue_depth": args.queue_depth, "threads_per_worker": args.threads_per_worker,
                    "limit": args.limit, "progress": not args.no_progress}
         source = args.input
-        if args.text_field != "text":
-            from helpers.sources import JSONLSource
+        if args.workload == "binning":
+            source = ImageFolderSource(args.input)
+        elif args.text_field != "text":
             source = JSONLSource(args.input, text_field=args.text_field)
         stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
-                             args.backend, **options)
+                             args.backend, args.strategy, **options)
+        if args.workload == "binning":
+            print(f"table: {write_csv(args.output, paths=dict(source))}", file=sys.stderr)
     except (ValueError, RuntimeError) as exc:  # SourceError and PipelineError among them
         print(f"error: {exc}", file=sys.stderr)
         if isinstance(exc, PipelineError) and exc.__cause__ is not None:
@@ -105,6 +123,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(stats.summary(), file=sys.stderr)
     print(json.dumps(stats.to_dict()))
     return EXIT_PARTIAL if stats.partial else 0
+
+
+def make_workload(args: argparse.Namespace) -> Any:
+    if args.workload == "embedding":
+        return EmbeddingWorkload(args.model, args.batch_size, args.normalize)
+    if args.workload == "synthetic":
+        return SyntheticWorkload(args.seconds_per_record, args.speed, args.mode)
+    thresholds = Thresholds(**{name: getattr(args, name) for name in asdict(Thresholds())})
+    return BinningWorkload(thresholds, tuple(args.prompts or DEFAULT_PROMPTS), args.model_threads,
+                           similarity_model=args.model, clip_model=args.clip_model,
+                           caption_model=args.caption_model)
 
 
 def _is_usage(exc: Exception) -> bool:

@@ -30,7 +30,7 @@ def parse_devices(devices: str | Iterable[str]) -> tuple[str, ...]:
             raise ValueError(f"devices: unknown device {entry!r}; expected {ACCEPTED}")
         parsed.append("cuda:0" if device == "cuda" else device)
     if not parsed:
-        raise ValueError(f"devices is empty; name at least one worker's device, e.g. ['cpu']")
+        raise ValueError("devices is empty; name at least one worker's device, e.g. ['cpu']")
     return tuple(parsed)
 
 

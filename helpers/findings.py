@@ -115,3 +115,30 @@ def summary(best: pd.DataFrame, total_records: int) -> str:
     return (f"fastest measured: {top['configuration']} on {top['devices']} "
             f"({top['experiment']}) at {top['records_per_s']:.1f} records/s: {total_records:,} "
             f"chunks in {top['estimated_days']:.1f} days")
+
+
+def binning_layouts(table: pd.DataFrame) -> str:
+    """Queue-fed against static split for each worker count of the binning workload."""
+    parts = []
+    for workers, rows in table.groupby("workers"):
+        rates = rows.groupby("strategy")["records_per_s"].mean()
+        parts.append(f"{workers} worker{'s' if workers > 1 else ''}: queue-fed "
+                     f"{rates['queue']:.2f} images/s vs static {rates['static']:.2f} "
+                     f"({rates['queue'] / rates['static']:.2f}×)")
+    return f"on {table['device'].iloc[0]}: " + "; ".join(parts)
+
+
+def model_time(times: pd.DataFrame) -> str:
+    """Where an image's time goes: each model's share of the summed per-image seconds."""
+    per_model = times.groupby("model")["seconds"].sum().sort_values(ascending=False)
+    per_image = times.groupby("id")["seconds"].sum().mean()
+    shares = ", ".join(f"{name} {s / per_model.sum():.0%}" for name, s in per_model.items())
+    return f"{per_image:.2f} s per image on average: {shares}"
+
+
+def bin_counts(table: pd.DataFrame) -> str:
+    """How many images landed in each bin, and how many failed."""
+    counts = table[table["error"] == ""]["bin"].value_counts()
+    failed = int((table["error"] != "").sum())
+    bins = ", ".join(f"{b}: {int(counts.get(b, 0))}" for b in ("A", "B", "C"))
+    return f"{len(table)} images: {bins}" + (f"; {failed} failed" if failed else "")

@@ -24,7 +24,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from helpers.workloads.base import OutputSpec
+from helpers.workloads.base import TEXT, OutputSpec
 
 CHUNK_RECORDS = 1024  # rows per HDF5 chunk and per buffered write
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full
@@ -44,7 +44,8 @@ class HDF5Sink:
         self._file = h5py.File(self.path, "w")
         self._datasets = {"ids": _resizable(self._file, "ids", (), "int64")}
         for name, spec in self.outputs.items():
-            self._datasets[name] = _resizable(self._file, name, spec.shape, spec.dtype)
+            dtype = _STR if spec.dtype == TEXT else spec.dtype
+            self._datasets[name] = _resizable(self._file, name, spec.shape, dtype)
         errors = self._file.create_group("errors")
         self._errors = {"ids": _resizable(errors, "ids", (), "int64"),
                         "type": _resizable(errors, "type", (), _STR),
@@ -85,8 +86,9 @@ class HDF5Sink:
         """Write buffered rows and flush the file."""
         if self._buffer:
             _extend(self._datasets["ids"], np.concatenate([ids for ids, _ in self._buffer]))
-            for name in self.outputs:
-                _extend(self._datasets[name], np.concatenate([a[name] for _, a in self._buffer]))
+            for name, spec in self.outputs.items():
+                rows = np.concatenate([a[name] for _, a in self._buffer])
+                _extend(self._datasets[name], rows.astype(object) if spec.dtype == TEXT else rows)
             self.records_written += self._buffered
             self._buffer, self._buffered = [], 0
         self._file.flush()
@@ -131,7 +133,7 @@ def read_output(path: str | os.PathLike) -> dict[str, Any]:
     """
     with h5py.File(path, "r") as f:
         order = np.argsort(f["ids"][...], kind="stable")
-        data = {name: f[name][...][order] for name in f if isinstance(f[name], h5py.Dataset)}
+        data = {name: _values(f[name])[order] for name in f if isinstance(f[name], h5py.Dataset)}
         errors = f["errors"]
         data["errors"] = [
             {"id": int(i), "type": t, "message": m, "time": float(s)}
@@ -139,6 +141,13 @@ def read_output(path: str | os.PathLike) -> dict[str, Any]:
                                   errors["message"].asstr()[...], errors["time"][...])]
         data["attrs"] = {k: _plain(v) for k, v in f.attrs.items()}
     return data
+
+
+def _values(dataset: h5py.Dataset) -> np.ndarray:
+    """A dataset's rows; strings as ``str`` objects, not bytes."""
+    if h5py.check_string_dtype(dataset.dtype) is not None:
+        return dataset.asstr()[...]
+    return dataset[...]
 
 
 def _plain(value: Any) -> Any:

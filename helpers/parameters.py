@@ -7,10 +7,12 @@ notebook: a bad value stops it there with a message naming the parameter, before
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from helpers.backends import BACKENDS
+from helpers.binning import Thresholds
 from helpers.config import positive_int
 from helpers.devices import parse_devices
 from helpers.paths import NOTEBOOKS
@@ -87,6 +89,18 @@ def _text(name: str, value: Any) -> None:
         raise ValueError(f"{name}: expected a non-empty string, got {value!r}")
 
 
+def _texts(name: str, value: Any) -> None:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{name}: expected a non-empty list of non-empty strings, got {value!r}")
+
+
+THRESHOLDS = tuple(f.name for f in fields(Thresholds))
+
+
+def _threshold(name: str, value: Any) -> None:
+    Thresholds(**{name: value})  # its ValueError names the threshold and the accepted values
+
+
 def _model(name: str, value: Any) -> None:
     if not isinstance(value, str):
         raise ValueError(f"{name}: expected a model name or path, or '' for the embedded default, "
@@ -101,7 +115,9 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "estimated_total_chunks": positive_int, "seed": lambda n, v: positive_int(n, v, True),
     "seconds_per_record": _seconds, "workload": _choice(("embedding", "synthetic")),
     "backends": _subset(BACKENDS), "model": _model, "results_dir": _text,
-    "figures_dir": _text,
+    "figures_dir": _text, "image_folder": _text, "images": positive_int, "pass_images": positive_int,
+    "gallery_per_bin": positive_int, "model_threads": positive_int, "prompts": _texts,
+    **{name: _threshold for name in THRESHOLDS},
 }
 
 

@@ -24,9 +24,10 @@ message or a worker process that died ends the run with a PipelineError naming t
 device, the workunit and the remote traceback; then every worker is stopped. A job is done when the
 reader has finished and every workunit it cut has come back.
 
-Static split (``WorkerPool.static_round``): the layout queue-fed workers replace. Each worker gets
-one slice, put on the same queue but held: a worker that finishes its slice waits for the round's
-release instead of taking another's, and the round lasts as long as its slowest worker.
+Static split (``WorkerPool.static_round``, ``WorkerPool.run_static``): the layout queue-fed workers
+replace. Each worker gets one slice, put on the same queue but held: a worker that finishes its
+slice waits for the round's release instead of taking another's, and the round lasts as long as its
+slowest worker.
 
 Timing: spin-up (spawning, imports, model loads) runs until every worker is Ready; the clock for
 throughput starts when the reader starts and stops when the writer has written the last record.
@@ -53,6 +54,10 @@ from helpers.sources import open_source, source_length
 from helpers.stats import PipelineStats, RoundStats, WorkerStats, WorkunitSpan
 from helpers.worker import POLL_SECONDS, Failed, Ready, Result, Workunit, peak_memory
 from helpers.workloads.base import Workload
+
+STRATEGIES = ("queue", "static")
+MIN_STATIC_SLICE = 4  # records per worker below which a static split runs on one worker
+
 
 class PipelineError(RuntimeError):
     """A worker failed or died; the message names it, its device and its workunit."""
@@ -113,17 +118,7 @@ class WorkerPool:
 
         ``job``: workunit_size, limit, sort_window, progress (default: the pool's).
         """
-        fixed = sorted(set(job) & set(POOL_FIELDS))
-        if fixed:
-            raise ValueError(f"{', '.join(fixed)}: fixed when the pool starts; start another pool")
-        config = replace(self.config, **job)
-        records = source if hasattr(source, "describe") else open_source(source)
-        total = source_length(records)
-        described = records.describe()
-        if config.limit is not None:
-            records = itertools.islice(records, config.limit)
-            total = config.limit if total is None else min(total, config.limit)
-        attrs = {**self.workload.attrs(), **_run_attrs(config, described)}
+        config, records, total, attrs = self._job(source, job)
         with self._guard(), HDF5Sink(output, self.outputs, attrs) as sink:
             stop = threading.Event()
             cost = getattr(self.workload, "record_cost", None) if config.window else None
@@ -138,12 +133,36 @@ class WorkerPool:
                 reader.join()
             sink.flush()
             wall = time.monotonic() - clock
-        return self._stats(config, output, results, clock, wall, reader, sink, write_seconds)
+        return self._stats(config, output, results, clock, wall, sink,
+                           (reader.read_seconds, reader.blocked_seconds, write_seconds))
+
+    def run_static(self, source: Any, output: str | os.PathLike, **job: Any) -> PipelineStats:
+        """The data-parallel layout as one job: read every record, give worker i the i-th of
+        even contiguous slices, merge the results into ``output``; as slow as the slowest slice.
+
+        ``job``: limit (the others do not apply: a worker's slice is its one workunit).
+        """
+        config, records, _, attrs = self._job(source, job)
+        started = time.monotonic()
+        pairs = list(records)
+        read_seconds = time.monotonic() - started
+        bounds = np.linspace(0, len(pairs), len(self.workers) + 1).round().astype(int)
+        slices = [pairs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        with HDF5Sink(output, self.outputs, attrs) as sink:
+            results, clock, wall = self._round(slices, sink)
+            sink.flush()
+        config = replace(config, workunit_size=max(1, max(len(s) for s in slices)))
+        return self._stats(config, output, results, clock, wall, sink, (read_seconds, 0.0, 0.0))
 
     def static_round(self, slices: Sequence[Sequence[tuple[int, Any]]],
                      sink: HDF5Sink | None = None) -> RoundStats:
         """Worker i processes ``slices[i]`` (``(id, record)`` pairs) as one workunit; the round
         ends when the last worker is done. Results go to ``sink`` if given, else are dropped."""
+        results, clock, wall = self._round(slices, sink)
+        return RoundStats(wall, tuple(self._span(r, clock) for r in results))
+
+    def _round(self, slices: Sequence[Sequence[tuple[int, Any]]],
+               sink: HDF5Sink | None) -> tuple[list[Result], float, float]:
         if len(slices) != len(self.workers):
             raise ValueError(f"slices: expected one per worker ({len(self.workers)}), "
                              f"got {len(slices)}")
@@ -163,7 +182,22 @@ class WorkerPool:
                         _write(sink, message)
             wall = time.monotonic() - clock
             self._backend.release(self._rounds)
-        return RoundStats(wall, tuple(self._span(r, clock) for r in results))
+        return results, clock, wall
+
+    def _job(self, source: Any, job: dict[str, Any]) -> tuple[PipelineConfig, Any, int | None,
+                                                              dict[str, Any]]:
+        """A job's config, its (limited) records, their number if known, and the file's attrs."""
+        fixed = sorted(set(job) & set(POOL_FIELDS))
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)}: fixed when the pool starts; start another pool")
+        config = replace(self.config, **job)
+        records = source if hasattr(source, "describe") else open_source(source)
+        total = source_length(records)
+        described = records.describe()
+        if config.limit is not None:
+            records = itertools.islice(records, config.limit)
+            total = config.limit if total is None else min(total, config.limit)
+        return config, records, total, {**self.workload.attrs(), **_run_attrs(config, described)}
 
     def _collect(self, reader: Reader, sink: HDF5Sink, total: int | None,
                  progress: bool) -> tuple[list[Result], float]:
@@ -204,7 +238,8 @@ class WorkerPool:
                             result.ended - clock)
 
     def _stats(self, config: PipelineConfig, output: Any, results: list[Result], clock: float,
-               wall: float, reader: Reader, sink: HDF5Sink, write_seconds: float) -> PipelineStats:
+               wall: float, sink: HDF5Sink, io: tuple[float, float, float]) -> PipelineStats:
+        read_seconds, blocked_seconds, write_seconds = io
         workers = []
         for info in self.workers:
             mine = [r for r in results if r.worker == info.index]
@@ -215,7 +250,7 @@ class WorkerPool:
                 self._ready[info.index].load_seconds, sum(len(r.ids) + len(r.failures) for r in mine),
                 len(mine), busy, max(0.0, wall - busy), max((r.peak_rss_mb for r in mine),
                                                             default=0.0), max(gpu, default=None)))
-        stages = {"read": reader.read_seconds, "reader_blocked": reader.blocked_seconds,
+        stages = {"read": read_seconds, "reader_blocked": blocked_seconds,
                   "wait": sum(w.wait_seconds for w in workers),
                   "compute": sum(w.busy_seconds for w in workers), "write": write_seconds}
         settings = {k: v for k, v in asdict(config).items()
@@ -242,19 +277,34 @@ class _Guard:
 
 def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str = ("cpu",),
                  workunit_size: int = 100, output: str | os.PathLike = "out.h5",
-                 backend: str = "process", **options: Any) -> PipelineStats:
+                 backend: str = "process", strategy: str = "queue", **options: Any
+                 ) -> PipelineStats:
     """Run ``workload`` over every record of ``source`` and write the results to ``output``.
 
-    ``source``: an ``.h5`` file (``batches/0, 1, ...``), a ``.jsonl`` file, or an iterable of
-    ``(id, record)`` pairs. ``devices``: one entry per worker. ``options``: the other fields of
-    PipelineConfig (queue_depth, threads_per_worker, limit, sort_window, load_timeout, progress).
-    Raises PipelineError if a worker fails; returns the run's PipelineStats.
+    ``source``: an ``.h5`` file (``batches/0, 1, ...``), a ``.jsonl`` file, an ImageFolderSource or
+    an iterable of ``(id, record)`` pairs. ``devices``: one entry per worker. ``strategy``:
+    "queue" (workers pull workunits) or "static" (one even slice per worker; with fewer than
+    MIN_STATIC_SLICE records per worker it falls back to one worker). ``options``: the other
+    fields of PipelineConfig (queue_depth, threads_per_worker, limit, sort_window, load_timeout,
+    progress). Raises PipelineError if a worker fails; returns the run's PipelineStats.
     """
-    PipelineConfig(parse_devices(devices), workunit_size, backend, **options)  # fail before spawning
+    devices = parse_devices(devices)
+    PipelineConfig(devices, workunit_size, backend, **options)  # fail before spawning
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
     records = open_source(source)
     pool_options = {k: v for k, v in options.items() if k in POOL_FIELDS}
     job = {k: v for k, v in options.items() if k not in POOL_FIELDS}
+    if strategy == "static":
+        known = source_length(records)
+        if job.get("limit") is not None:
+            known = job["limit"] if known is None else min(known, job["limit"])
+        if known is not None and known < MIN_STATIC_SLICE * len(devices):
+            devices = devices[:1]  # slices this small cost more in model loads than they save
+        job = {k: v for k, v in job.items() if k == "limit"}
     with WorkerPool(workload, devices, backend, **pool_options) as pool:
+        if strategy == "static":
+            return pool.run_static(records, output, **job)
         return pool.run(records, output, workunit_size=workunit_size, **job)
 
 

@@ -112,3 +112,51 @@ def ranking(best: pd.DataFrame, title: str, total_records: int) -> Any:
     ax.set_xlim(right=best["records_per_s"].max() * 1.3)
     ax.set(title=title, xlabel=f"throughput [records/s] (labels: days for {total_records:,} chunks)")
     return fig
+
+
+def stacked_counts(frame: pd.DataFrame, x: str, stack: str, title: str, xlabel: str) -> Any:
+    """How many rows per ``x``, each bar split by ``stack`` (e.g. images per bin, by kind)."""
+    fig, axes = _figure()
+    counts = frame.groupby([x, stack]).size().unstack(fill_value=0)
+    counts.plot.bar(stacked=True, ax=axes[0, 0], rot=0)
+    axes[0, 0].set(title=title, xlabel=xlabel, ylabel="images")
+    axes[0, 0].legend(title=stack)
+    return fig
+
+
+def time_breakdown(times: pd.DataFrame, title: str) -> Any:
+    """Mean seconds per image spent in each model, by kind of image, stacked."""
+    fig, axes = _figure()
+    means = times.groupby(["kind", "model"])["seconds"].mean().unstack(fill_value=0)
+    means = means[means.sum().sort_values(ascending=False).index]
+    means.plot.barh(stacked=True, ax=axes[0, 0])
+    axes[0, 0].set(title=title, xlabel="seconds per image (lower is better)", ylabel="kind of image")
+    axes[0, 0].legend(title="model")
+    return fig
+
+
+def gallery(table: pd.DataFrame, boxes: dict[int, list], per_bin: int, seed: int = 0) -> Any:
+    """A few images of each bin, with the detector's boxes and the features that decided it."""
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    use_style()
+    done = table[table["error"] == ""]
+    bins = [b for b in ("A", "B", "C") if (done["bin"] == b).any()]
+    fig, axes = plt.subplots(len(bins), per_bin, figsize=(3.2 * per_bin, 3.4 * len(bins)),
+                             squeeze=False)
+    for row, name in zip(axes, bins):
+        members = done[done["bin"] == name]
+        picks = members.sample(min(per_bin, len(members)), random_state=seed)
+        for ax, image in zip(row, picks.itertuples()):
+            ax.imshow(Image.open(image.path).convert("RGB"))
+            for x0, y0, x1, y1, label, _ in boxes.get(image.id, []):
+                ax.add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, color="yellow",
+                                           linewidth=1.2))
+                ax.text(x0, y0, label, color="black", backgroundcolor="yellow", fontsize=6)
+            ax.set_title(f"{name}: {image.file}\n{image.text_boxes} text boxes, area "
+                         f"{image.text_area:.2f}; {image.objects} objects", fontsize=7)
+        for ax in row:
+            ax.axis("off")
+    fig.suptitle("Bins A (text-rich), B (object-rich scenes), C (the rest), with detected boxes")
+    return fig

@@ -5,6 +5,7 @@
 - ``JSONLSource``: one JSON object per line with a text field; the id is the object's id field if it
   has one, else the 0-based line number.
 - ``IterableSource``: any Python iterable of ``(id, record)`` pairs.
+- ``helpers.images.ImageFolderSource``: the image files of a folder, as paths.
 
 A record that cannot be decoded (invalid UTF-8, a line that is not JSON) is yielded as a
 ``BadRecord`` under its id, so it is reported as failed without costing the records around it.
@@ -157,16 +158,20 @@ def _short(value: Any) -> str:
 
 
 def open_source(source: Any, *, text_field: str = "text", id_field: str = "id"):
-    """The right source for a path (``.h5``/``.hdf5`` or ``.jsonl``) or an iterable of pairs."""
+    """The right source for a path (``.h5``/``.hdf5``, ``.jsonl``, a folder of images) or pairs."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
+        if path.is_dir():
+            from helpers.images import ImageFolderSource
+
+            return ImageFolderSource(path)
         if path.suffix.lower() in HDF5_SUFFIXES:
             return HDF5BatchesSource(path)
         if path.suffix.lower() in JSONL_SUFFIXES:
             return JSONLSource(path, text_field, id_field)
         raise SourceError(f"input {str(path)!r}: unknown format; expected one of "
                           f"{HDF5_SUFFIXES + JSONL_SUFFIXES} or an iterable of (id, record) pairs")
-    if isinstance(source, (HDF5BatchesSource, JSONLSource, IterableSource)):
+    if hasattr(source, "describe"):  # already a source: ours, ImageFolderSource, or a user's
         return source
     if isinstance(source, Iterable):
         return IterableSource(source)

@@ -96,21 +96,25 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
                  worker: int) -> Result:
     """Process one workunit; records the workload rejects become failures, not exceptions."""
     started = time.monotonic()
-    keep, failures = [], []
+    prepare = getattr(workload, "prepare", None)
+    keep, ready, failures = [], [], []
     for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), unit.records)):
         if isinstance(record, BadRecord):
             failures.append((record_id, record.error_type, record.message, time.time()))
             continue
         try:
             workload.check_record(record)
-        except (TypeError, ValueError) as exc:
+            if prepare is not None:
+                record = prepare(record)
+        except Exception as exc:  # this record's fault alone: check_record or decoding said so
             failures.append((record_id, type(exc).__name__, str(exc), time.time()))
             continue
         keep.append(position)
+        ready.append(record)
     ids = unit.ids[keep]
     arrays = {}
     if keep:
-        arrays = workload.process(model, [unit.records[p] for p in keep])
+        arrays = workload.process(model, ready)
         for name, spec in specs.items():
             if name not in arrays:
                 raise ValueError(f"workload {workload.name!r} returned no output {name!r}")

@@ -98,3 +98,36 @@ def test_notebooks_with_an_unknown_notebook_prefix_exits_2(capsys):
 
     assert main(["notebooks", "--params", "smoke", "--only", "99"]) == 2
     assert "only: no notebook matches ['99']" in capsys.readouterr().err
+
+
+def test_binning_bad_images_get_error_rows_and_the_rest_is_binned(tmp_path):
+    """Corrupt, truncated, non-image, 1×1 and 12,000×12,000 files among good ones, through the CLI."""
+    import csv
+    import shutil
+
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("page_000.png", "photo_coffee.jpg", "collage_000.jpg"):
+        shutil.copy(ROOT / "data" / "images" / name, folder / name)
+    (folder / "corrupt.jpg").write_bytes(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)
+    data = (folder / "photo_coffee.jpg").read_bytes()
+    (folder / "truncated.jpg").write_bytes(data[:len(data) // 3])
+    (folder / "notes.png").write_text("a text file with an image's name\n")
+    Image.new("RGB", (1, 1)).save(folder / "dot.png")
+    Image.new("RGB", (12000, 12000), "white").save(folder / "huge.png")
+    done = cli("--workload", "binning", "--input", str(folder), "--output", str(tmp_path / "out.h5"),
+               "--devices", "cpu,cpu", "--workunit-size", "2", "--no-progress")
+    assert done.returncode == 3, done.stderr  # partial: some records are in errors/
+    out = read_output(tmp_path / "out.h5")
+    failed = {e["id"]: e for e in out["errors"]}
+    assert len(out["ids"]) == 5 and len(failed) == 3
+    table = {row["path"].split("/")[-1]: row for row in csv.DictReader(open(tmp_path / "out.csv"))}
+    assert len(table) == 8
+    assert table["corrupt.jpg"]["error"].startswith("ValueError: corrupt.jpg: not an image")
+    assert table["notes.png"]["error"].startswith("ValueError: notes.png: not an image")
+    assert table["truncated.jpg"]["error"].startswith("OSError: truncated.jpg: cannot decode")
+    assert table["page_000.png"]["bin"] == "A" and table["collage_000.jpg"]["bin"] == "B"
+    assert table["dot.png"]["bin"] == table["huge.png"]["bin"] == "C"
+    assert json.loads(done.stdout.splitlines()[-1])["failed_records"] == 3

@@ -25,6 +25,10 @@ TABLES = {  # table -> columns it must have
                              "peak_gpu_mb", "wall_s"},
     "best_configurations": {"experiment", "devices", "configuration", "records_per_s",
                             "estimated_days"},
+    "binning_layouts": {"strategy", "workers", "replicate", "records_per_s", "wall_s", "device"},
+    "binning_images": {"id", "path", "bin", "text_boxes", "text_area", "objects", "unique_classes",
+                       "classes", "dispersion", "similarity", "caption", "ocr_s", "detector_s",
+                       "error"},
 }
 FIGURES = ["01_workers_per_device/records_per_s-vs-workers",
            "02_one_worker_per_device/timeline-real", "02_one_worker_per_device/timeline-synthetic",
@@ -32,7 +36,9 @@ FIGURES = ["01_workers_per_device/records_per_s-vs-workers",
            "03_queue_and_workunit_size/timeline-static-vs-queue",
            "03_queue_and_workunit_size/records_per_s-vs-layout",
            "04_threads_vs_processes/throughput_and_memory-vs-workers",
-           "05_summary/best-records_per_s-by-experiment"]
+           "05_summary/best-records_per_s-by-experiment",
+           "06_binning/images_per_s-vs-workers", "06_binning/images-per-bin",
+           "06_binning/seconds_per_image-by-model", "06_binning/gallery-by-bin"]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +51,8 @@ def smoke(tmp_path_factory):
     return out, executed
 
 
-def test_there_are_five_notebooks_in_order():
-    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05"]
+def test_there_are_six_notebooks_in_order():
+    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05", "06"]
 
 
 @pytest.mark.parametrize("notebook", suite(), ids=lambda p: p.stem)
@@ -90,7 +96,7 @@ def test_smoke_run_saves_every_table_with_its_columns_and_sidecar(smoke):
         sidecar = json.loads((out / "results" / f"{table}.json").read_text())
         assert {"commit", "machine", "packages", "parameters", "notebook"} <= set(sidecar)
         assert sidecar["machine"]["cores"] >= 1 and sidecar["packages"]["torch"] != "missing"
-        if sidecar["notebook"] != "05_summary":  # the summary runs no workload
+        if sidecar["notebook"] not in ("05_summary", "06_binning"):  # no workload parameter
             assert sidecar["parameters"]["workload"] == "synthetic"  # the smoke set was injected
 
 
@@ -118,6 +124,7 @@ def test_smoke_run_keeps_executed_copies_apart(smoke):
     ("03", {"devices": ["cpu", "gpu0"]}, "devices: unknown device 'gpu0'"),
     ("03", {"workunit_sizes": [10, 0]}, "workunit_sizes: expected an integer >= 1, got 0"),
     ("01", {"device": "tpu"}, "device: unknown device 'tpu'"),
+    ("06", {"text_area_threshold": 1.5}, "text_area_threshold: expected a fraction in [0, 1]"),
 ])
 def test_a_bad_parameter_stops_the_notebook_with_a_message_naming_it(tmp_path, notebook, bad,
                                                                      message):

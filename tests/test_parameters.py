@@ -49,3 +49,16 @@ def test_an_unknown_set_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"no parameter set 'huge'; expected one of \['cpu'"):
         load_parameters("huge", "01_workers_per_device")
     assert {"smoke", "cpu", "gpu"} <= set(parameter_sets())
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"prompts": []}, "prompts: expected a non-empty list"),
+    ({"prompts": ["a page", ""]}, "prompts: expected a non-empty list"),
+    ({"spatial_dispersion_threshold": 2}, "spatial_dispersion_threshold: expected a fraction"),
+    ({"object_count_threshold": -1}, "object_count_threshold: expected a number >= 0"),
+    ({"pass_images": 0}, "pass_images"),
+])
+def test_binning_parameters_are_checked(bad, message):
+    with pytest.raises(ValueError, match=message):
+        check_parameters(**bad)
+    check_parameters(prompts=["a page of text"], spatial_dispersion_threshold=0.3, pass_images=5)

@@ -208,3 +208,35 @@ def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
             pool.run([(i, i) for i in range(10)], tmp_path / "a.h5", workunit_size=2)
         with pytest.raises(PipelineError, match="stopped after a failed job"):
             pool.run([(0, 0)], tmp_path / "b.h5")
+
+
+def test_static_and_queue_fed_give_identical_binning_results(tmp_path):
+    """The study's static split and the queue-fed pipeline on the same images and workers."""
+    from helpers.hdf5_sink import read_output
+    from helpers.images import ImageFolderSource
+    from helpers.paths import DATA
+    from helpers.workloads.binning import BinningWorkload
+
+    source = ImageFolderSource(DATA / "images")
+    pairs = [pair for pair in source if "page_00" not in pair[1]][::25]  # 8 images, cheap to OCR
+    with WorkerPool(BinningWorkload(), ["cpu", "cpu"], "process") as pool:
+        queued = pool.run(pairs, tmp_path / "queue.h5", workunit_size=1, progress=False)
+        static = pool.run_static(pairs, tmp_path / "static.h5")
+    assert queued.records == static.records == len(pairs)
+    assert sorted(s.worker for s in static.timeline) == [0, 1]  # one slice each
+    a, b = read_output(tmp_path / "queue.h5"), read_output(tmp_path / "static.h5")
+    np.testing.assert_array_equal(a["ids"], b["ids"])
+    for name in ("bin", "classes", "text_boxes", "objects", "path"):
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_static_strategy_falls_back_to_one_worker_for_tiny_inputs(tmp_path):
+    pairs = [(i, f"r{i}") for i in range(7)]  # fewer than 4 per worker on two workers
+    stats = run_pipeline(pairs, SyntheticWorkload(), ["cpu", "cpu"], 2, tmp_path / "o.h5",
+                         "thread", "static", progress=False)
+    assert stats.devices == ("cpu",) and stats.records == 7
+    stats = run_pipeline(pairs + [(7, "r7")], SyntheticWorkload(), ["cpu", "cpu"], 2,
+                         tmp_path / "p.h5", "thread", "static", progress=False)
+    assert stats.devices == ("cpu", "cpu") and stats.workunit_size == 4
+    with pytest.raises(ValueError, match="strategy"):
+        run_pipeline(pairs, SyntheticWorkload(), "cpu", 2, tmp_path / "q.h5", strategy="round")

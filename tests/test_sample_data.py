@@ -32,3 +32,27 @@ def test_markup_is_stripped():
         == "Use len and x per PEP 8, see docs:"
     text = "A paragraph of prose::\n\n    code = 1\n\nAfter the code.\n"
     assert module.paragraphs(text) == ["A paragraph of prose:", "After the code."]
+
+
+def test_image_sample_has_200_images_each_with_source_and_licence():
+    import csv
+
+    from helpers.images import ImageFolderSource
+
+    rows = list(csv.DictReader(open(DATA / "images" / "manifest.csv")))
+    files = {path.split("/")[-1] for _, path in ImageFolderSource(DATA / "images")}
+    assert len(files) >= 200 and {r["file"] for r in rows} == files
+    assert all(r["source"] and r["licence"] for r in rows)
+    kinds = {r["kind"] for r in rows}
+    assert kinds == {"photo", "collage", "chart", "page"}
+    assert sum(r["kind"] == "photo" for r in rows) >= 20
+
+
+def test_detector_weights_are_the_documented_file():
+    import hashlib
+
+    from helpers.detector import DEFAULT_WEIGHTS
+
+    digest = hashlib.sha256(DEFAULT_WEIGHTS.read_bytes()).hexdigest()
+    assert digest == "5c0cef08cd9f3dcf83b2d54fb4a59935207ca5af594cd56ec36f61e6716a1b26"
+    assert digest in (DEFAULT_WEIGHTS.parent / "README.md").read_text()

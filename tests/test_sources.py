@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers.reader import Reader
-from helpers.sources import (HDF5BatchesSource, IterableSource, JSONLSource, SourceError,
+from helpers.sources import (IterableSource, JSONLSource, SourceError,
                              open_source)
 from helpers.workloads.base import BadRecord
 

@@ -60,3 +60,60 @@ def test_synthetic_failure_injection():
     assert workload.process(model, ["ok", "fine"])["values"].shape == (2, 8)
     with pytest.raises(InjectedFailure, match="'bad'"):
         workload.process(model, ["ok", "bad"])
+
+
+# --- binning --------------------------------------------------------------------------------------
+
+BINNING_SAMPLE = ("page_000.png", "chart_003.png", "collage_000.jpg", "photo_coffee.jpg",
+                  "photo_object_detection_input.jpg", "photo_grass.jpg")
+
+
+@pytest.fixture(scope="module")
+def binning_model():
+    from helpers.workloads.binning import BinningWorkload
+
+    workload = BinningWorkload()
+    return workload, workload.load("cpu", 1)
+
+
+def test_binning_follows_the_protocol_and_rejects_bad_settings():
+    from helpers.workloads.binning import BinningWorkload
+
+    workload = BinningWorkload(thresholds={"object_count_threshold": 7})
+    assert isinstance(workload, Workload) and workload.thresholds.object_count_threshold == 7
+    assert pickle.loads(pickle.dumps(workload)) == workload
+    for kwargs, message in (({"prompts": ()}, "prompts"), ({"threads": 0}, "threads"),
+                            ({"score_threshold": 1.5}, "score_threshold")):
+        with pytest.raises(ValueError, match=message):
+            BinningWorkload(**kwargs)
+
+
+def test_binning_known_images_land_where_expected(binning_model):
+    from helpers.paths import DATA
+
+    workload, model = binning_model
+    images = [workload.prepare(str(DATA / "images" / name)) for name in BINNING_SAMPLE]
+    out = workload.process(model, images)
+    specs = workload.outputs(model)
+    for name, spec in specs.items():
+        spec.check(name, out[name], len(images))
+    by_name = dict(zip(BINNING_SAMPLE, range(len(BINNING_SAMPLE))))
+    page = by_name["page_000.png"]
+    assert out["bin"][page] == "A" and out["text_boxes"][page] >= 10 and out["text_area"][page] > 0.2
+    assert "documentation" in out["text"][page].lower()
+    photo = by_name["photo_object_detection_input.jpg"]
+    assert {"person", "horse", "dog"} <= set(out["classes"][photo].split())
+    assert out["caption"][photo].startswith("a photo of a person")
+    assert out["bin"][by_name["collage_000.jpg"]] == "B"
+    assert out["bin"][by_name["photo_grass.jpg"]] == "C" and out["similarity"][by_name["photo_grass.jpg"]] == 0
+    assert (out["ocr_s"] > 0).all() and (out["detector_s"] > 0).all()
+
+
+def test_binning_a_one_pixel_image_is_valid(binning_model, tmp_path):
+    from PIL import Image
+
+    workload, model = binning_model
+    Image.new("RGB", (1, 1), "white").save(tmp_path / "dot.png")
+    out = workload.process(model, [workload.prepare(str(tmp_path / "dot.png"))])
+    assert out["bin"].tolist() == ["C"] and out["objects"].tolist() == [0]
+    assert out["text_boxes"].tolist() == [0] and out["caption"].tolist() == ["a photo"]

@@ -7,6 +7,7 @@ then calls, in order::
     model = workload.load(device, threads)       # once, on the worker's device
     specs = workload.outputs(model)              # the datasets the writer creates
     workload.check_record(record)                # per record; raise to reject that record alone
+    record = workload.prepare(record)            # optional, per record: decode; raise to reject
     arrays = workload.process(model, records)    # per workunit; one row per record in each array
 
 A workload may also define ``record_cost(record) -> float`` (a text's length, say): the reader then
@@ -23,9 +24,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 
+TEXT = "str"  # OutputSpec dtype of a UTF-8 string column (a path, a caption, a class list)
+
+
 @dataclass(frozen=True)
 class OutputSpec:
-    """One output dataset: each record contributes one row of ``shape`` and ``dtype``."""
+    """One output dataset: each record contributes one row of ``shape`` and ``dtype``.
+
+    ``dtype`` is a NumPy dtype name, or TEXT for variable-length UTF-8 strings.
+    """
 
     shape: tuple[int, ...]
     dtype: str
@@ -33,9 +40,14 @@ class OutputSpec:
     def check(self, name: str, array: np.ndarray, rows: int) -> None:
         """Raise ValueError if ``array`` is not ``rows`` rows of this spec."""
         expected = (rows, *self.shape)
-        if array.shape != expected or array.dtype != np.dtype(self.dtype):
+        if self.dtype == TEXT:
+            ok = array.dtype.kind in "OU" and all(isinstance(v, str) for v in array.flat)
+        else:
+            ok = array.dtype == np.dtype(self.dtype)
+        if array.shape != expected or not ok:
+            declared = "str" if self.dtype == TEXT else np.dtype(self.dtype)
             raise ValueError(f"output {name!r}: got shape {array.shape} dtype {array.dtype}, "
-                             f"declared {expected} {np.dtype(self.dtype)}")
+                             f"declared {expected} {declared}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,10 @@ class Workload(Protocol):
 
     def check_record(self, record: Any) -> None:
         """Raise TypeError or ValueError if ``record`` cannot be processed."""
+
+    # Optional: ``prepare(record) -> Any`` runs in the worker after check_record and turns a record
+    # into what ``process`` takes (an image path into pixels); any exception it raises rejects
+    # that record alone.
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
         """Run the model over ``records``; each array has one row per record, in order."""
