@@ -1,150 +1,189 @@
 """Where workers run: spawned processes (one model each) or threads (one model per device).
 
-Both give the pipeline the same surface: ``work`` (the bounded queue of workunits), ``get`` (the next
-message from any worker, or None after a timeout), ``casualties`` (workers that died without a word),
-``release`` (let the workers of a static round go on) and ``shutdown``. A backend is a context manager: leaving it by an exception, Ctrl-C included, stops
-every worker before the exception goes on, so no child process outlives a run.
+Every worker has its own channels: an inbox only the parent writes and an outbox only that worker
+writes. Nothing is shared between workers, so a worker killed at any instant (SIGKILL, a segfault,
+``os._exit``) can leave a half-written message or a held lock only in its own pipes, which die with
+it; a queue shared by every worker would stay locked or corrupt for the survivors.
+
+Both backends give the pool the same surface: ``spawn(info)`` starts a worker in a slot (a
+replacement reuses the slot), ``send(slot, unit)`` never blocks, ``events`` is one thread-safe
+queue of ``(slot, message)`` in arrival order (Ready, Result, Failed, and the backend's own Died when a
+worker ends without a word), ``kill(slot)`` and ``shutdown(clean)``.
+
+Process backend, per worker: a sender thread writes its inbox pipe (a full pipe blocks that thread,
+never the pool), a listener thread reads its outbox pipe and posts each message; end of file on the
+outbox means the process is gone, and the listener posts Died with its exit code. Detection is as
+fast as the kernel closes the pipe: milliseconds.
+
+Thread backend: threads on one device share one model. A thread cannot be killed; ``kill``
+abandons it (it is told to stop at its next workunit, and whatever it says later is ignored) and
+posts Died at once, so that the pool can put a fresh thread in its slot.
 """
 from __future__ import annotations
 
 import multiprocessing
 import queue
 import threading
-import time
 from typing import Any
 
-from helpers.worker import END_OF_WORK, POLL_SECONDS, SharedModels, WorkerInfo, process_main, \
-    thread_main
+from helpers.worker import END_OF_WORK, Died, SharedModels, WorkerInfo, process_main, thread_main
 
 BACKENDS = ("process", "thread")
 JOIN_SECONDS = 5.0  # a terminated worker gets this long before it is killed
 
 
-class _Backend:
-    """What both backends share: start the runners, read results, stop on leaving the block."""
-
-    _runners: list  # processes or threads, one per worker
-    _results: Any
-    work: Any
-    released: Any  # .value: the last static round the workers may leave
-
-    def release(self, round_number: int) -> None:
-        self.released.value = round_number
-
-    def start(self) -> None:
-        for runner in self._runners:
-            runner.start()
-
-    def get(self, timeout: float) -> Any:
-        """The next message from any worker, or None after ``timeout`` seconds."""
-        try:
-            return self._results.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
-    def shutdown(self, clean: bool) -> None:
-        raise NotImplementedError
-
-    def _send_end_of_work(self) -> None:
-        """One sentinel per live worker; gives up after JOIN_SECONDS (shutdown then terminates)."""
-        deadline = time.monotonic() + JOIN_SECONDS
-        for _ in self._runners:
-            while time.monotonic() < deadline:
-                try:
-                    self.work.put(END_OF_WORK, timeout=POLL_SECONDS)
-                    break
-                except queue.Full:
-                    pass
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.shutdown(clean=exc_type is None)
-
-
-class ProcessBackend(_Backend):
+class ProcessBackend:
     """One spawned process per worker; each loads its own copy of the model."""
 
     name = "process"
 
-    def __init__(self, workload: Any, workers: list[WorkerInfo], queue_depth: int) -> None:
-        ctx = multiprocessing.get_context("spawn")  # fork is unsafe once torch or CUDA has started
-        self.work = ctx.Queue(queue_depth)
-        self._results = ctx.Queue(queue_depth + len(workers))
-        self.released = ctx.Value("q", 0)
-        self._runners = [
-            ctx.Process(target=process_main,
-                        args=(info, workload, self.work, self._results, self.released),
-                        name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
-            for info in workers]
-        self._workers = workers
+    def __init__(self, workload: Any) -> None:
+        self._ctx = multiprocessing.get_context("spawn")  # fork is unsafe once torch/CUDA started
+        self._workload = workload
+        self.events: queue.Queue = queue.Queue()
+        self._workers: dict[int, _Process] = {}
 
-    def casualties(self) -> list[tuple[WorkerInfo, int]]:
-        """Workers whose process ended with a non-zero exit code (a signal, a crash)."""
-        return [(info, process.exitcode) for info, process in zip(self._workers, self._runners)
-                if process.exitcode not in (None, 0)]
+    def spawn(self, info: WorkerInfo) -> None:
+        self._workers[info.index] = _Process(self._ctx, info, self._workload, self.events)
+
+    def send(self, slot: int, unit: Any) -> None:
+        self._workers[slot].outgoing.put(unit)
+
+    def kill(self, slot: int) -> None:
+        self._workers[slot].process.kill()
+
+    def pid(self, slot: int) -> int | None:
+        return self._workers[slot].process.pid
 
     def shutdown(self, clean: bool) -> None:
-        """End the workers (cleanly: END_OF_WORK, else terminate); kill any left after JOIN_SECONDS."""
-        if clean:
-            self._send_end_of_work()
-        else:
-            for process in self._runners:
-                if process.is_alive():
-                    process.terminate()
-        for process in self._runners:
-            process.join(JOIN_SECONDS)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        for q in (self.work, self._results):
-            q.cancel_join_thread()  # items left unread must not block interpreter exit
-            q.close()
+        """End every worker (cleanly: END_OF_WORK, else terminate); kill any left after
+        JOIN_SECONDS. Returns once no worker process is left."""
+        workers = list(self._workers.values())
+        for worker in workers:
+            if clean:
+                worker.outgoing.put(END_OF_WORK)
+            elif worker.process.is_alive():
+                worker.process.terminate()
+        for worker in workers:
+            worker.stop(JOIN_SECONDS)
+        self._workers.clear()
 
 
-class ThreadBackend(_Backend):
+class _Process:
+    """One worker process with its two pipes and the parent's two threads that serve them."""
+
+    def __init__(self, ctx: Any, info: WorkerInfo, workload: Any, events: queue.Queue) -> None:
+        self.info, self._events = info, events
+        inbox_read, inbox_write = ctx.Pipe(duplex=False)
+        outbox_read, outbox_write = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=process_main, args=(info, workload, inbox_read,
+                                                              outbox_write),
+                                   name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
+        self.process.start()
+        inbox_read.close()  # the child holds its own copies: our closing them lets EOF through
+        outbox_write.close()
+        self._inbox, self._outbox = inbox_write, outbox_read
+        self.outgoing: queue.Queue = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._send_loop, daemon=True,
+                             name=f"gpufeed-send-{info.index}"),
+            threading.Thread(target=self._listen_loop, daemon=True,
+                             name=f"gpufeed-listen-{info.index}")]
+        for thread in self._threads:
+            thread.start()
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self.outgoing.get()
+            if item is None:
+                return
+            try:
+                self._inbox.send(item)
+            except (OSError, ValueError):  # the worker is gone (its listener reports that)
+                return
+            if item == END_OF_WORK:
+                return
+
+    def _listen_loop(self) -> None:
+        while True:
+            try:
+                message = self._outbox.recv()
+            except (EOFError, OSError):  # every writer closed: the process has ended
+                break
+            except Exception:  # a message cut short by the worker's death does not unpickle
+                break
+            self._events.put((self.info.index, message))
+        self.process.join(JOIN_SECONDS)
+        if self.process.exitcode is None:  # closed its pipe but lives on: make it a death
+            self.process.kill()
+            self.process.join()
+        self.outgoing.put(None)  # the sender thread ends with its worker
+        self._events.put((self.info.index, Died(self.info.index, self.process.exitcode)))
+
+    def stop(self, timeout: float) -> None:
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.outgoing.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+        for conn in (self._inbox, self._outbox):
+            conn.close()
+
+
+class ThreadBackend:
     """One thread per worker; threads on the same device share one model."""
 
     name = "thread"
 
-    def __init__(self, workload: Any, workers: list[WorkerInfo], queue_depth: int) -> None:
-        self.work: queue.Queue = queue.Queue(queue_depth)
-        self._results: queue.Queue = queue.Queue(queue_depth + len(workers))
-        self._stop = threading.Event()
-        self.released = _Counter()
-        models = SharedModels()
-        self._runners = [
-            threading.Thread(target=thread_main, name=f"gpufeed-worker-{info.index}-{info.device}",
-                             args=(info, workload, models, self.work, self._results,
-                                   self.released, self._stop),
-                             daemon=True)
-            for info in workers]
+    def __init__(self, workload: Any) -> None:
+        self._workload = workload
+        self.events: queue.Queue = queue.Queue()
+        self._models = SharedModels()
+        self._workers: dict[int, tuple[threading.Thread, queue.Queue, threading.Event]] = {}
 
-    def casualties(self) -> list[tuple[WorkerInfo, int]]:
-        return []  # a thread cannot die without its Failed message (see worker.thread_main)
+    def spawn(self, info: WorkerInfo) -> None:
+        inbox: queue.Queue = queue.Queue()
+        abandoned = threading.Event()
+
+        def post(message: Any, slot: int = info.index) -> None:
+            self.events.put((slot, message))
+
+        thread = threading.Thread(target=thread_main, daemon=True,
+                                  name=f"gpufeed-worker-{info.index}-{info.device}",
+                                  args=(info, self._workload, self._models, inbox, post, abandoned))
+        self._workers[info.index] = (thread, inbox, abandoned)
+        thread.start()
+
+    def send(self, slot: int, unit: Any) -> None:
+        self._workers[slot][1].put(unit)
+
+    def kill(self, slot: int) -> None:
+        _, _, abandoned = self._workers[slot]
+        abandoned.set()
+        self.events.put((slot, Died(slot, None)))
+
+    def pid(self, slot: int) -> int | None:
+        return None
 
     def shutdown(self, clean: bool) -> None:
         """Stop and join the threads; one busy with a workunit finishes it first (daemon threads
         that outlive JOIN_SECONDS do not block interpreter exit)."""
-        if clean:
-            self._send_end_of_work()
-        self._stop.set()
-        for thread in self._runners:
+        for thread, inbox, abandoned in self._workers.values():
+            if clean:
+                inbox.put(END_OF_WORK)
+            else:
+                abandoned.set()
+        for thread, _, _ in self._workers.values():
             thread.join(None if clean else JOIN_SECONDS)
+        self._workers.clear()
 
 
-class _Counter:
-    """The thread backend's stand-in for a shared ``multiprocessing.Value``."""
-
-    value = 0
-
-
-def make_backend(name: str, workload: Any, workers: list[WorkerInfo], queue_depth: int):
-    """The backend called ``name`` (one of BACKENDS), not yet started."""
+def make_backend(name: str, workload: Any):
+    """The backend called ``name`` (one of BACKENDS), with no worker started yet."""
     if name == "process":
-        return ProcessBackend(workload, workers, queue_depth)
+        return ProcessBackend(workload)
     if name == "thread":
-        return ThreadBackend(workload, workers, queue_depth)
+        return ThreadBackend(workload)
     raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")

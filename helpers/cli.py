@@ -2,14 +2,18 @@
 ``python -m helpers run --workload binning --input images/ --output out.h5``: also writes out.csv.
 ``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.notebooks).
 
-Exit status: 0 done, 1 failed (a worker error or an unreadable input), 2 bad arguments,
-3 partial (the run finished but some records are in the output's ``errors`` table),
-130 interrupted (Ctrl-C: every worker is stopped; the output holds the records written so far).
+Exit status: 0 done, 1 failed (a model that does not load, every worker gone, an unreadable
+input), 2 bad arguments, 3 partial (the run finished but some records are in the output's ``errors``
+table), 130 interrupted (Ctrl-C or SIGTERM: every worker is stopped; the output holds the records
+written so far, and ``--resume`` finishes the run). Workers that die or hang are replaced and their
+workunits retried; what happened is logged to stderr.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -52,6 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
     run.add_argument("--text-field", default="text", help="JSONL field holding the text")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    safe = run.add_argument_group("failures and resuming")
+    safe.add_argument("--resume", action="store_true",
+                      help="keep what OUTPUT holds (a killed or interrupted run) and do the rest")
+    safe.add_argument("--workunit-timeout", type=float,
+                      help="seconds a workunit may run before its worker is killed and replaced")
+    safe.add_argument("--retries", type=int, default=1,
+                      help="times a failed workunit is retried before it is split")
+    safe.add_argument("--max-restarts", type=int, default=10, help="replacements per worker")
+    safe.add_argument("--in-place", action="store_true",
+                      help="append to OUTPUT in place instead of crash-safe parts (a little "
+                           "faster; a killed run may leave OUTPUT unreadable)")
+    safe.add_argument("--adaptive", action="store_true",
+                      help="grow workers per device one at a time while memory allows")
+    safe.add_argument("--max-workers-per-device", type=int, default=8)
     emb = run.add_argument_group("embedding workload")
     emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
                                      "all-MiniLM-L6-v2, offline); binning: its similarity model")
@@ -98,10 +116,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "notebooks":
         return notebooks(args)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("gpufeed").setLevel(logging.INFO)
+    # Ctrl-C and a scheduler's SIGTERM both stop the run cleanly; SIGINT explicitly too, since a
+    # shell starts background jobs with it ignored
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         workload = make_workload(args)
         options = {"queue_depth": args.queue_depth, "threads_per_worker": args.threads_per_worker,
-                   "limit": args.limit, "progress": not args.no_progress}
+                   "limit": args.limit, "progress": not args.no_progress, "resume": args.resume,
+                   "workunit_timeout": args.workunit_timeout, "retries": args.retries,
+                   "max_restarts": args.max_restarts, "durable": not args.in_place,
+                   "adaptive": args.adaptive, "max_workers_per_device": args.max_workers_per_device}
         source = args.input
         if args.workload == "binning":
             source = ImageFolderSource(args.input)
@@ -117,12 +143,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"remote traceback:{exc.__cause__}", file=sys.stderr)
         return EXIT_USAGE if _is_usage(exc) else EXIT_FAILED
     except KeyboardInterrupt:
-        print(f"interrupted: workers stopped; records written so far are in {args.output}",
-              file=sys.stderr)
+        print(f"interrupted: workers stopped; records written so far are in {args.output} "
+              f"(--resume finishes the run)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     print(stats.summary(), file=sys.stderr)
+    if stats.partial:
+        print(f"partial: {stats.failed_records} records failed; their ids, error types and "
+              f"messages are in {args.output} under errors/", file=sys.stderr)
     print(json.dumps(stats.to_dict()))
     return EXIT_PARTIAL if stats.partial else 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def make_workload(args: argparse.Namespace) -> Any:

@@ -9,12 +9,17 @@ Layout::
     errors/message      str     [m]
     errors/time         float64 [m]            unix time of the failure
 
-Every dataset is resizable and chunked. Rows are buffered and written in chunk-sized blocks (or when
-the buffer is older than ``FLUSH_SECONDS``), so a run of one-record workunits does not pay one resize
-per record. File attributes carry the provenance given at creation.
+Rows are buffered and written in blocks of CHUNK_RECORDS (or when the buffer is older than
+FLUSH_SECONDS), so a run of one-record workunits does not pay one write per record.
+
+``durable=True`` (the default) writes each block as a part file and keeps the output an index over
+the parts until the run ends (helpers.checkpoint): whatever kills the run, the output opens and
+holds every block flushed before, and ``resume=True`` carries on from there. ``durable=False``
+appends to the file in place: a little faster, but a run killed mid-write may leave it unreadable.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -24,38 +29,60 @@ from typing import Any
 import h5py
 import numpy as np
 
+from helpers.checkpoint import CHUNK_RECORDS, STR, Parts, _set_attrs, columns, is_index
 from helpers.workloads.base import TEXT, OutputSpec
 
-CHUNK_RECORDS = 1024  # rows per HDF5 chunk and per buffered write
-FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full
-_STR = h5py.string_dtype("utf-8")
+FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
 
 
 class HDF5Sink:
     """Append-only writer of ids, workload outputs and per-record errors."""
 
     def __init__(self, path: str | os.PathLike, outputs: Mapping[str, OutputSpec],
-                 attrs: Mapping[str, Any] | None = None) -> None:
+                 attrs: Mapping[str, Any] | None = None, durable: bool = True,
+                 resume: bool = False) -> None:
         reserved = {"ids", "errors"} & set(outputs)
         if reserved:
             raise ValueError(f"outputs: {sorted(reserved)} are reserved dataset names")
+        if resume and not durable:
+            raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
         self.path, self.outputs = Path(path), dict(outputs)
+        self.attrs = dict(attrs or {})
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = h5py.File(self.path, "w")
-        self._datasets = {"ids": _resizable(self._file, "ids", (), "int64")}
-        for name, spec in self.outputs.items():
-            dtype = _STR if spec.dtype == TEXT else spec.dtype
-            self._datasets[name] = _resizable(self._file, name, spec.shape, dtype)
-        errors = self._file.create_group("errors")
-        self._errors = {"ids": _resizable(errors, "ids", (), "int64"),
-                        "type": _resizable(errors, "type", (), _STR),
-                        "message": _resizable(errors, "message", (), _STR),
-                        "time": _resizable(errors, "time", (), "float64")}
-        for key, value in (attrs or {}).items():
-            self._file.attrs[key] = _attr(value)
-        self._buffer: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+        self.columns = columns(self.outputs)
+        self._blocks: list[dict[str, np.ndarray]] = []
         self._buffered, self._buffer_since = 0, time.monotonic()
         self.records_written = self.errors_written = 0
+        self.done_ids = np.empty(0, np.int64)  # resume: ids a previous run wrote or gave up on
+        self._parts: Parts | None = None
+        self._file: h5py.File | None = None
+        if durable:
+            self._open_parts(resume)
+        else:
+            self._open_in_place()
+
+    def _open_parts(self, resume: bool) -> None:
+        parts = self._parts = Parts(self.path, self.outputs)
+        if not resume and parts.folder.exists():
+            import shutil
+
+            shutil.rmtree(parts.folder)  # a new run: what an older one left is not ours
+        if resume and self.path.exists() and not is_index(self.path):
+            parts.adopt(self.path)  # a finished (or in-place) file: build on it
+        parts.scan()
+        self.done_ids = parts.done_ids()
+        if resume:
+            self.attrs["resumed_after"] = len(self.done_ids)
+            logging.getLogger("gpufeed").info("resume: %s holds %d ids (written or failed); "
+                                              "they are skipped", self.path, len(self.done_ids))
+        parts.write_index(self.attrs)  # from now on the output is this run's, even if it dies
+
+    def _open_in_place(self) -> None:
+        self._file = f = h5py.File(self.path, "w")
+        for name, (shape, dtype) in self.columns.items():
+            f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
+                             chunks=(CHUNK_RECORDS, *shape))
+        _set_attrs(f, self.attrs)
 
     def append(self, ids: np.ndarray, arrays: Mapping[str, np.ndarray]) -> None:
         """Queue rows for writing; ValueError if they do not match the declared outputs."""
@@ -64,72 +91,75 @@ class HDF5Sink:
             raise ValueError(f"outputs: got {sorted(arrays)}, declared {sorted(self.outputs)}")
         for name, spec in self.outputs.items():
             spec.check(name, arrays[name], len(ids))
-        if not self._buffer:
-            self._buffer_since = time.monotonic()
-        self._buffer.append((ids, dict(arrays)))
-        self._buffered += len(ids)
-        if self._buffered >= CHUNK_RECORDS or time.monotonic() - self._buffer_since > FLUSH_SECONDS:
-            self.flush()
+        block = {"ids": ids, **{n: (a.astype(object) if self.outputs[n].dtype == TEXT else a)
+                                for n, a in arrays.items()}}
+        self._add(block, len(ids))
 
     def append_errors(self, failures: list[tuple[int, str, str, float]]) -> None:
-        """Write ``(record id, error type, message, unix time)`` rows to ``errors/``."""
+        """Queue ``(record id, error type, message, unix time)`` rows for ``errors/``."""
         if not failures:
             return
         ids, types, messages, times = zip(*failures)
-        _extend(self._errors["ids"], np.asarray(ids, dtype=np.int64))
-        _extend(self._errors["type"], np.asarray(types, dtype=object))
-        _extend(self._errors["message"], np.asarray(messages, dtype=object))
-        _extend(self._errors["time"], np.asarray(times, dtype=np.float64))
-        self.errors_written += len(failures)
+        self._add({"errors/ids": np.asarray(ids, dtype=np.int64),
+                   "errors/type": np.asarray(types, dtype=object),
+                   "errors/message": np.asarray(messages, dtype=object),
+                   "errors/time": np.asarray(times, dtype=np.float64)}, len(failures))
+
+    def _add(self, block: dict[str, np.ndarray], rows: int) -> None:
+        if not self._blocks:
+            self._buffer_since = time.monotonic()
+        self._blocks.append(block)
+        self._buffered += rows
+        if self._buffered >= CHUNK_RECORDS or time.monotonic() - self._buffer_since > FLUSH_SECONDS:
+            self.flush()
 
     def flush(self) -> None:
-        """Write buffered rows and flush the file."""
-        if self._buffer:
-            _extend(self._datasets["ids"], np.concatenate([ids for ids, _ in self._buffer]))
-            for name, spec in self.outputs.items():
-                rows = np.concatenate([a[name] for _, a in self._buffer])
-                _extend(self._datasets[name], rows.astype(object) if spec.dtype == TEXT else rows)
-            self.records_written += self._buffered
-            self._buffer, self._buffered = [], 0
-        self._file.flush()
+        """Write the buffered rows: a new part (durable) or appended in place; then flush."""
+        if not self._blocks:
+            return
+        data = {}
+        for name, (shape, dtype) in self.columns.items():
+            pieces = [b[name] for b in self._blocks if name in b]
+            data[name] = np.concatenate(pieces) if pieces else \
+                np.empty((0, *shape), dtype=object if dtype is STR else dtype)
+        if self._parts is not None:
+            self._parts.write(data)
+            self._parts.write_index({})
+        else:
+            for name, rows in data.items():
+                dataset = self._file[name]
+                start = dataset.shape[0]
+                dataset.resize(start + len(rows), axis=0)
+                dataset[start:] = rows
+            self._file.flush()
+        self.records_written += len(data["ids"])
+        self.errors_written += len(data["errors/ids"])
+        self._blocks, self._buffered = [], 0
 
-    def close(self) -> None:
-        if self._file.id.valid:
+    def close(self, complete: bool = True) -> None:
+        """Flush; a complete durable run is merged into one file, an incomplete one keeps its
+        index (and parts) for ``resume``."""
+        if self._parts is not None:
+            self.flush()
+            parts, self._parts = self._parts, None
+            if complete:
+                parts.finish(self.attrs)
+        elif self._file is not None and self._file.id.valid:
             self.flush()
             self._file.close()
 
     def __enter__(self) -> "HDF5Sink":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _resizable(group: h5py.Group, name: str, shape: tuple[int, ...], dtype: Any) -> h5py.Dataset:
-    return group.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
-                                chunks=(CHUNK_RECORDS, *shape))
-
-
-def _extend(dataset: h5py.Dataset, rows: np.ndarray) -> None:
-    start = dataset.shape[0]
-    dataset.resize(start + len(rows), axis=0)
-    dataset[start:] = rows
-
-
-def _attr(value: Any) -> Any:
-    if value is None:
-        return "None"
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return np.asarray(value, dtype=_STR)
-    if isinstance(value, (str, int, float, bool, np.generic, np.ndarray)):
-        return value
-    return str(value)
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(complete=exc_type is None)
 
 
 def read_output(path: str | os.PathLike) -> dict[str, Any]:
     """Load an output file sorted by id: ``{"ids", <outputs>..., "errors", "attrs"}``.
 
-    For inspection and tests; a 20-million-row file is better read in slices with h5py.
+    Reads a finished file and the index of an unfinished run alike. For inspection and tests; a
+    20-million-row file is better read in slices with h5py.
     """
     with h5py.File(path, "r") as f:
         order = np.argsort(f["ids"][...], kind="stable")

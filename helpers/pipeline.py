@@ -2,31 +2,35 @@
 
 Data flow::
 
-    source ──► Reader thread ──► work queue (bounded) ──► worker 0 (cpu)    ──► result queue ──► writer
-    (HDF5,     groups records    workunits of             worker 1 (cuda:0)     (bounded)        (main thread:
-     JSONL,    into workunits    workunit_size records,   worker 2 (cuda:0)                      HDF5Sink,
-     pairs)    of (ids, records) then END_OF_WORK ×n      ...                                    progress bar)
+    source ──► Reader thread ──► work queue ──► scheduler ──► inbox 0 ─► worker 0 (cpu)    ─► outbox 0 ─┐
+    (HDF5,     groups records    (bounded)      (main         inbox 1 ─► worker 1 (cuda:0) ─► outbox 1 ─┤
+     JSONL,    into workunits                    thread)      inbox 2 ─► worker 2 (cuda:0) ─► outbox 2 ─┤
+     images,                                       ▲                                                    │
+     pairs)                                        └──── events (Ready, Result, Failed, Died) ◄─────────┘
+                                                   │
+                                                   └──► writer (main thread): HDF5Sink, errors/, progress bar
 
 Reader: a thread of the parent process. It pulls ``(id, record)`` pairs lazily from the source, cuts
 them into workunits and puts them on the bounded work queue, so memory stays flat whatever the input
-size; when the source ends it puts one END_OF_WORK sentinel per worker.
+size; it wakes the scheduler after each one.
 
-Workers: one per entry of ``devices``, started by a WorkerPool. Each loads the workload's model once
-on its device (the ``process`` backend spawns a process per worker, each with its own model and an
-even share of the CPU cores; the ``thread`` backend shares one model per device between threads),
-says Ready, then pulls workunits until the pool closes. Workers outlive a job, so one pool can run
-many jobs (different inputs, workunit sizes, static rounds) on models loaded once. Records the
-workload rejects become failures in the result, not errors.
+Scheduler (helpers.scheduler): the parent's main thread. It keeps every ready worker supplied with
+up to two workunits (one running, one waiting), retried ones first; it is the only owner of a
+workunit between the reader and the writer, so each is written once. It replaces workers that die
+or hang and retries, splits or gives up on workunits that fail, until only the bad records are left.
 
-Writer: the parent's main thread. It takes Results in whatever order they come, appends ids and
-outputs to the HDF5 file, writes failed records to ``errors/``, and watches the workers: a Failed
-message or a worker process that died ends the run with a PipelineError naming the worker, its
-device, the workunit and the remote traceback; then every worker is stopped. A job is done when the
-reader has finished and every workunit it cut has come back.
+Workers: one per entry of ``devices`` (or as many per device as fit: ``adaptive``), started by a
+WorkerPool through a backend (helpers.backends: a spawned process with its own pipes per worker, or
+a thread sharing its device's model). Each loads the workload's model once on its device, says
+Ready, then runs workunits until the pool closes, answering each with a Result or a Failed message.
+Workers outlive a job, so one pool runs many jobs on models loaded once.
+
+Writer: the parent's main thread too. It appends each Result's rows to the output, and records the
+workload rejected, or that the scheduler gave up on, to ``errors/``. With ``durable`` (the default)
+the output survives any crash (helpers.checkpoint) and ``resume`` finishes an interrupted run.
 
 Static split (``WorkerPool.static_round``, ``WorkerPool.run_static``): the layout queue-fed workers
-replace. Each worker gets one slice, put on the same queue but held: a worker that finishes its
-slice waits for the round's release instead of taking another's, and the round lasts as long as its
+replace. Worker i gets slice i, pinned to it, as one workunit; the round lasts as long as its
 slowest worker.
 
 Timing: spin-up (spawning, imports, model loads) runs until every worker is Ready; the clock for
@@ -35,10 +39,13 @@ throughput starts when the reader starts and stops when the writer has written t
 from __future__ import annotations
 
 import itertools
+import logging
 import os
+import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -50,25 +57,21 @@ from helpers.devices import check_available, parse_devices
 from helpers.hdf5_sink import HDF5Sink
 from helpers.provenance import package_versions
 from helpers.reader import Reader
-from helpers.sources import open_source, source_length
+from helpers.scheduler import Events, PipelineError, RemoteTraceback, Recovery, Scheduler
+from helpers.sources import open_source, skip_ids, source_length
 from helpers.stats import PipelineStats, RoundStats, WorkerStats, WorkunitSpan
-from helpers.worker import POLL_SECONDS, Failed, Ready, Result, Workunit, peak_memory
+from helpers.worker import POLL_SECONDS, Result, WorkerInfo, Workunit, peak_memory
 from helpers.workloads.base import Workload
+
+__all__ = ["MIN_STATIC_SLICE", "STRATEGIES", "PipelineError", "RemoteTraceback", "WorkerPool",
+           "run_pipeline"]
+
+log = logging.getLogger("gpufeed")
 
 STRATEGIES = ("queue", "static")
 MIN_STATIC_SLICE = 4  # records per worker below which a static split runs on one worker
-
-
-class PipelineError(RuntimeError):
-    """A worker failed or died; the message names it, its device and its workunit."""
-
-
-class RemoteTraceback(Exception):
-    """Carries a worker's formatted traceback as the ``__cause__`` of a PipelineError."""
-
-    def __str__(self) -> str:
-        return "\n\n" + self.args[0]
-
+ADAPTIVE_HEADROOM = 1.2  # adaptive: another copy only if free memory exceeds this × one copy
+WAKE = "WAKE"  # the reader's nudge to the scheduler: a workunit is waiting
 
 
 class WorkerPool:
@@ -78,6 +81,8 @@ class WorkerPool:
     each has loaded its model; ``pool.run(source, output)`` is one queue-fed job;
     ``pool.static_round(slices)`` gives slice i to worker i. Leaving the block stops every worker.
     ``options``: the other fields of PipelineConfig; those outside POOL_FIELDS are defaults for jobs.
+    With ``adaptive=True`` each distinct device of ``devices`` gets workers one at a time while it
+    has memory for another model copy (``stable_workers`` reports how many stayed).
     """
 
     def __init__(self, workload: Workload, devices: Iterable[str] | str = ("cpu",),
@@ -90,49 +95,94 @@ class WorkerPool:
             check_available(self.config.devices)
         self.workload, self.workers = workload, self.config.workers()
         self.spinup_seconds = 0.0
-        self._ready: dict[int, Ready] = {}
-        self._rounds, self._broken = 0, False
+        self.stable_workers: dict[str, int] = {}
+        self._broken = False
 
     def __enter__(self) -> "WorkerPool":
         started = time.monotonic()
-        self._backend = make_backend(self.config.backend, self.workload, self.workers,
-                                     self.config.depth)
-        self._backend.__enter__()
+        config = self.config
+        self._backend = make_backend(config.backend, self.workload)
+        recovery = Recovery(config.retries, config.max_restarts, config.workunit_timeout,
+                            config.load_timeout)
+        self._scheduler = Scheduler(self._backend, [] if config.adaptive else self.workers,
+                                    recovery)
         try:
-            self._ready = _await_ready(self._backend, self.workers, self.config.load_timeout)
-        except BaseException as exc:  # Ctrl-C during spin-up included: stop what started
-            self._backend.__exit__(type(exc), exc, exc.__traceback__)
+            if config.adaptive:
+                self._grow()
+            else:
+                self._scheduler.start(config.load_timeout)
+        except BaseException:  # Ctrl-C during spin-up included: stop what started
+            self._backend.shutdown(clean=False)
             raise
+        self.stable_workers = dict(Counter(info.device for info in self.workers))
         self.spinup_seconds = time.monotonic() - started
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._backend.shutdown(clean=exc_type is None and not self._broken)
 
+    def _grow(self) -> None:
+        """Adaptive spawning: per device, add one worker at a time until one fails to load or
+        the device lacks memory for another copy (ADAPTIVE_HEADROOM), or max_workers_per_device."""
+        workers: list[WorkerInfo] = []
+        threads = self.config.threads_per_worker or 1
+        for device in dict.fromkeys(self.config.devices):
+            for copy in range(self.config.max_workers_per_device):
+                info = WorkerInfo(len(workers), device, threads if device == "cpu" else 1, copy)
+                self._scheduler.spawn(info)
+                try:
+                    ready = self._scheduler.await_ready([info.index], self.config.load_timeout)
+                except PipelineError as exc:
+                    if copy == 0:
+                        raise
+                    self._scheduler.discard(info.index)
+                    log.warning("adaptive: worker %d on %s failed to start (%s); keeping %d",
+                                copy + 1, device, exc, copy)
+                    break
+                workers.append(info)
+                free, used = ready[info.index].free_mb, ready[info.index].model_mb
+                if free is not None and used is not None and free < ADAPTIVE_HEADROOM * used:
+                    log.info("adaptive: %s has %.0f MiB free after %d copies of %.0f MiB; "
+                             "stopping there", device, free, copy + 1, used)
+                    break
+        self.workers = workers
+        log.info("adaptive: stable workers per device: %s",
+                 dict(Counter(info.device for info in workers)))
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """The process id of each worker, by slot (the parent's for threads)."""
+        return {i: s.ready.pid for i, s in self._scheduler.slots.items() if s.ready}
+
     @property
     def outputs(self) -> dict:
-        return next(iter(self._ready.values())).outputs
+        return next(s.ready for s in self._scheduler.slots.values() if s.ready).outputs
 
     def run(self, source: Any, output: str | os.PathLike, **job: Any) -> PipelineStats:
         """One queue-fed job: every record of ``source`` through the workers into ``output``.
 
-        ``job``: workunit_size, limit, sort_window, progress (default: the pool's).
+        ``job``: workunit_size, limit, sort_window, progress, durable, resume (default: the pool's).
         """
         config, records, total, attrs = self._job(source, job)
-        with self._guard(), HDF5Sink(output, self.outputs, attrs) as sink:
+        clock = time.monotonic()
+        with self._guard(), HDF5Sink(output, self.outputs, attrs, config.durable,
+                                     config.resume) as sink:
+            records, total = skip_ids(records, total, sink.done_ids)
+            work: queue.Queue = queue.Queue(config.depth)
             stop = threading.Event()
             cost = getattr(self.workload, "record_cost", None) if config.window else None
-            reader = Reader(records, self._backend.work, config.workunit_size, stop,
-                            config.window, cost)
+            reader = Reader(records, work, config.workunit_size, stop, config.window, cost,
+                            notify=lambda: self._backend.events.put((None, WAKE)))
             clock = time.monotonic()
             reader.start()
             try:
-                results, write_seconds = self._collect(reader, sink, total, config.progress)
+                results, write_seconds = self._drive(
+                    sink, _taker(work), lambda: reader.done and work.empty(), reader, total,
+                    config.progress)
             finally:
                 stop.set()
                 reader.join()
-            sink.flush()
-            wall = time.monotonic() - clock
+        wall = time.monotonic() - clock
         return self._stats(config, output, results, clock, wall, sink,
                            (reader.read_seconds, reader.blocked_seconds, write_seconds))
 
@@ -140,17 +190,17 @@ class WorkerPool:
         """The data-parallel layout as one job: read every record, give worker i the i-th of
         even contiguous slices, merge the results into ``output``; as slow as the slowest slice.
 
-        ``job``: limit (the others do not apply: a worker's slice is its one workunit).
+        ``job``: limit, durable, resume (the others do not apply: a slice is one workunit).
         """
-        config, records, _, attrs = self._job(source, job)
-        started = time.monotonic()
-        pairs = list(records)
-        read_seconds = time.monotonic() - started
-        bounds = np.linspace(0, len(pairs), len(self.workers) + 1).round().astype(int)
-        slices = [pairs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        with HDF5Sink(output, self.outputs, attrs) as sink:
-            results, clock, wall = self._round(slices, sink)
-            sink.flush()
+        config, records, total, attrs = self._job(source, job)
+        with HDF5Sink(output, self.outputs, attrs, config.durable, config.resume) as sink:
+            started = time.monotonic()
+            pairs = list(skip_ids(records, total, sink.done_ids)[0])
+            read_seconds = time.monotonic() - started
+            bounds = np.linspace(0, len(pairs), len(self.workers) + 1).round().astype(int)
+            slices = [pairs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            results, clock, _ = self._round(slices, sink)
+        wall = time.monotonic() - clock
         config = replace(config, workunit_size=max(1, max(len(s) for s in slices)))
         return self._stats(config, output, results, clock, wall, sink, (read_seconds, 0.0, 0.0))
 
@@ -166,23 +216,50 @@ class WorkerPool:
         if len(slices) != len(self.workers):
             raise ValueError(f"slices: expected one per worker ({len(self.workers)}), "
                              f"got {len(slices)}")
-        self._rounds += 1
-        units = [Workunit(i, np.array([p[0] for p in s], dtype=np.int64), [p[1] for p in s],
-                          hold=self._rounds) for i, s in enumerate(slices)]
+        scheduler = self._scheduler
         with self._guard():
             clock = time.monotonic()
-            for unit in units:
-                self._backend.work.put(unit)
-            results = []
-            while len(results) < len(units):
-                message = self._next_message("in a static round")
-                if isinstance(message, Result):
-                    results.append(message)
-                    if sink is not None:
-                        _write(sink, message)
+            for info, pairs in zip(self.workers, slices):
+                unit = Workunit(0, np.array([p[0] for p in pairs], dtype=np.int64),
+                                [p[1] for p in pairs], pinned=info.index)
+                scheduler.pending.append(scheduler.number(unit))
+            results, _ = self._drive(sink, lambda: None, lambda: True)
             wall = time.monotonic() - clock
-            self._backend.release(self._rounds)
         return results, clock, wall
+
+    def _drive(self, sink: HDF5Sink | None, take: Callable[[], Workunit | None],
+               finished: Callable[[], bool], reader: Reader | None = None,
+               total: int | None = None, progress: bool = False) -> tuple[list[Result], float]:
+        """The main loop: feed the workers, write what comes back, until ``finished()`` and no
+        workunit is left anywhere. Returns the results and the seconds spent writing."""
+        from tqdm.auto import tqdm
+
+        scheduler = self._scheduler
+        results: list[Result] = []
+        write_seconds = 0.0
+        with tqdm(total=total, unit="rec", desc="records written", disable=not progress,
+                  dynamic_ncols=True) as bar:
+            while True:
+                if reader is not None and reader.error is not None:
+                    raise reader.error
+                scheduler.dispatch(take)
+                if finished() and scheduler.idle:
+                    return results, write_seconds
+                for slot, message in scheduler.next_messages(POLL_SECONDS):
+                    if slot is None:
+                        continue  # WAKE: the next dispatch takes the new workunit
+                    written, given_up = scheduler.handle(slot, message)
+                    started = time.monotonic()
+                    for result in written:
+                        if sink is not None:
+                            _write(sink, result)
+                        results.append(result)
+                        bar.update(len(result.ids) + len(result.failures))
+                    if given_up and sink is not None:
+                        sink.append_errors(given_up)
+                    bar.update(len(given_up))
+                    write_seconds += time.monotonic() - started
+                scheduler.check_timeouts()
 
     def _job(self, source: Any, job: dict[str, Any]) -> tuple[PipelineConfig, Any, int | None,
                                                               dict[str, Any]]:
@@ -199,41 +276,14 @@ class WorkerPool:
             total = config.limit if total is None else min(total, config.limit)
         return config, records, total, {**self.workload.attrs(), **_run_attrs(config, described)}
 
-    def _collect(self, reader: Reader, sink: HDF5Sink, total: int | None,
-                 progress: bool) -> tuple[list[Result], float]:
-        from tqdm.auto import tqdm
-
-        results: list[Result] = []
-        write_seconds = 0.0
-        with tqdm(total=total, unit="rec", desc="records written", disable=not progress,
-                  dynamic_ncols=True) as bar:
-            while not (reader.done and len(results) == reader.units_put):
-                if reader.error is not None:
-                    raise reader.error
-                message = self._next_message("mid-run; its workunit was not written")
-                if isinstance(message, Result):
-                    started = time.monotonic()
-                    _write(sink, message)
-                    write_seconds += time.monotonic() - started
-                    results.append(message)
-                    bar.update(len(message.ids) + len(message.failures))
-        return results, write_seconds
-
-    def _next_message(self, when: str) -> Result | None:
-        message = self._backend.get(POLL_SECONDS)
-        if isinstance(message, Failed):
-            raise _error(message)
-        if message is None:
-            _check_alive(self._backend, when)
-        return message
-
     def _guard(self) -> "_Guard":
         if self._broken:
             raise PipelineError("this pool stopped after a failed job; start another pool")
         return _Guard(self)
 
     def _span(self, result: Result, clock: float) -> WorkunitSpan:
-        return WorkunitSpan(result.worker, self.config.devices[result.worker], result.workunit,
+        device = self._scheduler.slots[result.worker].info.device
+        return WorkunitSpan(result.worker, device, result.workunit,
                             len(result.ids) + len(result.failures), result.started - clock,
                             result.ended - clock)
 
@@ -241,15 +291,17 @@ class WorkerPool:
                wall: float, sink: HDF5Sink, io: tuple[float, float, float]) -> PipelineStats:
         read_seconds, blocked_seconds, write_seconds = io
         workers = []
-        for info in self.workers:
-            mine = [r for r in results if r.worker == info.index]
+        for slot in self._scheduler.slots.values():
+            mine = [r for r in results if r.worker == slot.info.index]
             busy = sum(r.compute_seconds for r in mine)
             gpu = [r.peak_gpu_mb for r in mine if r.peak_gpu_mb is not None]
+            ready = slot.ready
             workers.append(WorkerStats(
-                info.index, info.device, self._ready[info.index].pid,
-                self._ready[info.index].load_seconds, sum(len(r.ids) + len(r.failures) for r in mine),
-                len(mine), busy, max(0.0, wall - busy), max((r.peak_rss_mb for r in mine),
-                                                            default=0.0), max(gpu, default=None)))
+                slot.info.index, slot.info.device, ready.pid if ready else 0,
+                ready.load_seconds if ready else 0.0,
+                sum(len(r.ids) + len(r.failures) for r in mine), len(mine), busy,
+                max(0.0, wall - busy), max((r.peak_rss_mb for r in mine), default=0.0),
+                max(gpu, default=None), slot.restarts))
         stages = {"read": read_seconds, "reader_blocked": blocked_seconds,
                   "wait": sum(w.wait_seconds for w in workers),
                   "compute": sum(w.busy_seconds for w in workers), "write": write_seconds}
@@ -258,11 +310,17 @@ class WorkerPool:
         return PipelineStats(sink.records_written, sink.errors_written, wall, self.spinup_seconds,
                              tuple(workers), stages, config.devices, config.workunit_size,
                              config.backend, str(output), settings,
-                             tuple(self._span(r, clock) for r in results), _peak_rss(workers))
+                             tuple(self._span(r, clock) for r in results), _peak_rss(workers),
+                             self._incidents(), len(sink.done_ids))
+
+    def _incidents(self) -> dict[str, Any]:
+        """What the scheduler recovered from since the last report (the first includes spin-up)."""
+        events, self._scheduler.events = self._scheduler.events, Events()
+        return events.as_dict()
 
 
 class _Guard:
-    """Marks the pool broken if a job fails half-way (its queues may still hold that job's work)."""
+    """Marks the pool broken if a job fails half-way (its workunits may still be in flight)."""
 
     def __init__(self, pool: WorkerPool) -> None:
         self._pool = pool
@@ -286,7 +344,9 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     "queue" (workers pull workunits) or "static" (one even slice per worker; with fewer than
     MIN_STATIC_SLICE records per worker it falls back to one worker). ``options``: the other
     fields of PipelineConfig (queue_depth, threads_per_worker, limit, sort_window, load_timeout,
-    progress). Raises PipelineError if a worker fails; returns the run's PipelineStats.
+    progress, retries, max_restarts, workunit_timeout, durable, resume, adaptive,
+    max_workers_per_device). Workers that die or hang are replaced and bad records end up in the
+    output's ``errors`` table (``stats.partial``); PipelineError if the run cannot go on.
     """
     devices = parse_devices(devices)
     PipelineConfig(devices, workunit_size, backend, **options)  # fail before spawning
@@ -301,51 +361,28 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
             known = job["limit"] if known is None else min(known, job["limit"])
         if known is not None and known < MIN_STATIC_SLICE * len(devices):
             devices = devices[:1]  # slices this small cost more in model loads than they save
-        job = {k: v for k, v in job.items() if k == "limit"}
+        job = {k: v for k, v in job.items() if k in ("limit", "durable", "resume")}
     with WorkerPool(workload, devices, backend, **pool_options) as pool:
         if strategy == "static":
             return pool.run_static(records, output, **job)
         return pool.run(records, output, workunit_size=workunit_size, **job)
 
 
+def _taker(work: queue.Queue) -> Callable[[], Workunit | None]:
+    def take() -> Workunit | None:
+        try:
+            return work.get_nowait()
+        except queue.Empty:
+            return None
+    return take
+
+
 def _write(sink: HDF5Sink, result: Result) -> None:
     if len(result.ids):
         sink.append(result.ids, result.arrays)
+    for record_id, error_type, message, _ in result.failures:
+        log.warning("record %d failed: %s: %s", record_id, error_type, message)
     sink.append_errors(result.failures)
-
-
-def _await_ready(pool: Any, workers: list, timeout: float) -> dict[int, Ready]:
-    ready: dict[int, Ready] = {}
-    deadline = time.monotonic() + timeout
-    while len(ready) < len(workers):
-        message = pool.get(POLL_SECONDS)
-        if isinstance(message, Ready):
-            ready[message.worker] = message
-        elif isinstance(message, Failed):
-            raise _error(message)
-        _check_alive(pool, "while starting or loading its model")
-        if time.monotonic() > deadline:
-            waiting = [str(w) for w in workers if w.index not in ready]
-            raise PipelineError(f"{', '.join(waiting)} not ready after {timeout:.0f} s "
-                                f"(load_timeout): model load hung or is too slow")
-    return ready
-
-
-def _check_alive(pool: Any, when: str) -> None:
-    dead = pool.casualties()
-    if dead:
-        info, code = dead[0]
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        raise PipelineError(f"{info} died unexpectedly ({how}) {when}")
-
-
-def _error(message: Failed) -> PipelineError:
-    where = message.workunit or "loading the model"
-    error = PipelineError(f"worker {message.worker} on {message.device} failed in {where}: "
-                          f"{message.error_type}: {message.message}")
-    error.__cause__ = RemoteTraceback(message.traceback)
-    error.worker, error.device, error.workunit = message.worker, message.device, message.workunit
-    return error
 
 
 def _run_attrs(config: PipelineConfig, source: str) -> dict[str, Any]:

@@ -82,12 +82,17 @@ def _nvidia_driver() -> str | None:
 
 
 def git_commit(root: Path) -> str:
-    """The checkout's commit, with ``-dirty`` if tracked files differ from it; 'unknown' outside git."""
+    """The checkout's commit, with ``-dirty`` if tracked files differ from it; 'unknown' outside git.
+
+    The suite's own outputs (``figures/``, ``data/results/``) do not count: a notebook run
+    rewrites them before it writes its last table.
+    """
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               check=False)
     head = git("rev-parse", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!figures",
+                ":!data/results").stdout.strip()
     return head.stdout.strip() + ("-dirty" if dirty else "")

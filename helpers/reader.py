@@ -23,8 +23,8 @@ def _safe_cost(cost: Callable[[Any], float], record: Any) -> float:
 class Reader(threading.Thread):
     """Cuts the source into workunits and feeds the bounded work queue.
 
-    ``units_put`` counts the workunits on the queue; ``done`` turns True after the last one, so the
-    writer knows the job is complete when that many results have come back.
+    ``units_put`` counts the workunits on the queue; ``done`` turns True after the last one.
+    ``notify`` is called after each put (and at the end) so that the consumer need not poll.
 
     With a ``cost`` function it reads ``window`` records ahead and orders them by cost before
     cutting, so a workunit holds records of similar size (texts of similar length pad less).
@@ -32,11 +32,13 @@ class Reader(threading.Thread):
 
     def __init__(self, records: Iterable[tuple[int, Any]], work: Any, workunit_size: int,
                  stop: threading.Event, window: int = 0,
-                 cost: Callable[[Any], float] | None = None) -> None:
+                 cost: Callable[[Any], float] | None = None,
+                 notify: Callable[[], None] | None = None) -> None:
         super().__init__(name="gpufeed-reader", daemon=True)
         self._records, self._work, self._size = records, work, workunit_size
         self._halt = stop
         self._window, self._cost = max(window, workunit_size), cost
+        self._notify = notify or (lambda: None)
         self.error: BaseException | None = None
         self.read_seconds = self.blocked_seconds = 0.0
         self.records_read = self.units_put = 0
@@ -48,7 +50,9 @@ class Reader(threading.Thread):
                 if not self._put(unit):
                     return
                 self.units_put += 1
+                self._notify()
             self.done = True
+            self._notify()
         except BaseException as exc:  # the writer re-raises it in the main thread
             self.error = exc
 

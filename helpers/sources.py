@@ -185,3 +185,18 @@ def source_length(source: Any) -> int | None:
         return len(source)
     except TypeError:
         return None
+
+
+def skip_ids(records: Iterable[tuple[int, Any]], total: int | None, done: np.ndarray
+               ) -> tuple[Iterable[tuple[int, Any]], int | None]:
+    """``records`` without the ids in ``done`` (sorted): what a resumed run has left to do."""
+    if not len(done):
+        return records, total
+
+    def left() -> Iterator[tuple[int, Any]]:
+        for record_id, record in records:
+            at = int(np.searchsorted(done, record_id))
+            if at == len(done) or done[at] != record_id:
+                yield record_id, record
+
+    return left(), None if total is None else max(0, total - len(done))

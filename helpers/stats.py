@@ -18,6 +18,7 @@ class WorkerStats:
     wait_seconds: float  # the rest of the job's wall time: starved, messaging, or idle at the end
     peak_rss_mb: float = 0.0  # the worker's process (threads share their parent's)
     peak_gpu_mb: float | None = None  # torch's peak allocation on its CUDA device
+    restarts: int = 0  # replacements started in this slot since the pool started
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class PipelineStats:
     config: dict[str, Any] = field(default_factory=dict)
     timeline: tuple[WorkunitSpan, ...] = ()  # one span per workunit, in the order written
     peak_rss_mb: float = 0.0  # the parent's high-water mark plus each worker process's
+    recovery: dict[str, Any] = field(default_factory=dict)  # deaths, timeouts, retries, splits...
+    resumed_after: int = 0  # ids already in the output (written or failed) that this run skipped
 
     @property
     def records_per_second(self) -> float:
@@ -96,11 +99,15 @@ class PipelineStats:
         lines = [f"{self.records} records in {self.wall_seconds:.2f} s = "
                  f"{self.records_per_second:.1f} records/s after {self.spinup_seconds:.2f} s spin-up"
                  f" ({self.backend}, workunit {self.workunit_size}"
-                 f"{f', {self.failed_records} failed' if self.failed_records else ''}; "
+                 f"{f', {self.failed_records} failed' if self.failed_records else ''}"
+                 f"{f', {self.resumed_after} done before' if self.resumed_after else ''}; "
                  f"peak RSS {self.peak_rss_mb:.0f} MiB)"]
         for w in self.workers:
             lines.append(f"  worker {w.worker} {w.device:>7}: {w.records:>7} records "
                          f"{w.workunits:>5} units  busy {w.busy_seconds:7.2f} s  "
                          f"waiting {w.wait_seconds:6.2f} s  load {w.load_seconds:5.2f} s")
         lines.append("  stages: " + "  ".join(f"{k} {v:.2f} s" for k, v in self.stages.items()))
+        incidents = {k: v for k, v in self.recovery.items() if v and k != "restart_seconds"}
+        if incidents:
+            lines.append("  recovered from: " + "  ".join(f"{k} {v}" for k, v in incidents.items()))
         return "\n".join(lines)

@@ -1,21 +1,20 @@
-"""The worker side: load the model once, say ready, pull workunits until the end-of-work sentinel.
+"""The worker side: load the model once, say Ready, run workunits until the END_OF_WORK sentinel.
 
-Workers outlive a job: a pool runs several jobs (queue-fed runs, static-split rounds) on the same
-loaded models, and only END_OF_WORK ends a worker. A workunit with ``hold`` set belongs to a static
-round: after it, the worker waits until the parent releases that round, so that each worker of the
-round takes exactly one workunit (its slice) however fast it is.
+A worker reads workunits from its own inbox and answers each with a Result or a Failed message on
+its own outbox (see helpers.backends: per-worker channels, so that a killed worker can corrupt or
+block nothing but its own). A workunit that raises does not end the worker: the Failed message
+carries the workunit's index, the exception's type, message and traceback, and whether it was an
+out-of-memory error, and the worker takes the next one. Only END_OF_WORK, the parent's death, or a
+failed model load end a worker.
 
 Both backends run the same ``serve`` loop; they differ only in how a worker starts (a spawned process
-with its own model, or a thread sharing its device's model) and in what "should I give up?" means
-(the parent process has died, or the run's stop event is set). Every exception goes back to the
-parent as a ``Failed`` message with its traceback; a worker never dies silently and never blocks
-forever on a queue.
+with its own model, or a thread sharing its device's model) and in how messages travel.
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
-import queue
 import resource
 import signal
 import sys
@@ -30,16 +29,18 @@ import numpy as np
 
 from helpers.workloads.base import BadRecord, OutputSpec
 
-END_OF_WORK = "END_OF_WORK"  # put once per worker when the pool closes
-POLL_SECONDS = 0.5  # how often a blocked worker checks that it still has a reason to wait
-HOLD_POLL_SECONDS = 0.005  # a held worker's check for its round's release: short, rounds are timed
+END_OF_WORK = "END_OF_WORK"  # sent once to each worker when the pool closes
+POLL_SECONDS = 0.5  # how often a waiting worker checks that its parent is still alive
+OOM_ERRORS = ("OutOfMemoryError", "MemoryError")  # torch.cuda's, and Python's own
+MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # a worker process's WorkerInfo.copy, for the workload
 
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    index: int
+    index: int  # the worker's slot in the pool; a replacement keeps its slot
     device: str
     threads: int  # CPU threads for this worker's model
+    copy: int = 0  # the n-th model copy on this device, from 0
 
     def __str__(self) -> str:
         return f"worker {self.index} on {self.device}"
@@ -50,7 +51,11 @@ class Workunit:
     index: int
     ids: np.ndarray  # int64, one per record
     records: list
-    hold: int = 0  # a static round's number: take no other workunit until it is released
+    attempts: int = 0  # times this workunit has failed already (parent side)
+    pinned: int | None = None  # only this worker may take it: a static split's slice
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
     def describe(self) -> str:
         span = f"ids {self.ids[0]}..{self.ids[-1]}" if len(self.ids) else "no ids"
@@ -63,6 +68,8 @@ class Ready:
     pid: int
     load_seconds: float
     outputs: dict[str, OutputSpec]
+    free_mb: float | None = None  # memory left on the device once this model copy is loaded
+    model_mb: float | None = None  # what this copy takes on the device
 
 
 @dataclass(frozen=True)
@@ -86,10 +93,29 @@ class Result:
 class Failed:
     worker: int
     device: str
-    workunit: str | None  # Workunit.describe(), None when loading failed
+    workunit: int | None  # the workunit's index; None when loading the model failed
+    where: str  # Workunit.describe(), or "loading the model"
     error_type: str
     message: str
     traceback: str
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.error_type in OOM_ERRORS
+
+
+@dataclass(frozen=True)
+class Died:
+    """Posted by the backend, not the worker: the worker's process ended without a word."""
+
+    worker: int
+    exitcode: int | None  # negative: killed by that signal; None: a thread abandoned by the pool
+
+    def how(self) -> str:
+        if self.exitcode is None:
+            return "abandoned"
+        return f"killed by signal {-self.exitcode}" if self.exitcode < 0 else \
+            f"exit code {self.exitcode}"
 
 
 def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: Workunit,
@@ -123,27 +149,34 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
 
 
 def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
-          work: Any, results: Any, alive: Callable[[], bool], released: Any) -> None:
-    """Pull workunits from ``work`` and put a message on ``results`` for each, until END_OF_WORK.
-
-    ``released.value`` is the last static round the parent has released (see ``hold``).
-    """
+          receive: Callable[[], Any], send: Callable[[Any], bool]) -> None:
+    """Run each workunit ``receive`` returns and ``send`` its Result or Failed message, until
+    END_OF_WORK (or None: the parent is gone, or has abandoned this worker)."""
     while True:
-        unit = _get(work, alive)
+        unit = receive()
         if unit is None or unit == END_OF_WORK:
             return
         try:
             result = run_workunit(workload, model, specs, unit, info.index)
-        except Exception as exc:
-            _put(results, failed(info, unit.describe(), exc), alive)
-            return
-        rss, gpu = peak_memory(info.device)
-        if not _put(results, replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu), alive):
-            return
-        while unit.hold and released.value < unit.hold:
-            if not alive():
+        except Exception as exc:  # the workunit's fault or the model's: the parent decides
+            message = failed(info, unit, exc)
+            del exc  # its traceback pins the failed batch's tensors
+            if message.out_of_memory:
+                release_memory(info.device)
+            if not send(message):
                 return
-            time.sleep(HOLD_POLL_SECONDS)
+            continue
+        rss, gpu = peak_memory(info.device)
+        if not send(replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu)):
+            return
+
+
+def release_memory(device: str) -> None:
+    """After an out-of-memory error: drop the failed batch and give cached blocks back."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def peak_memory(device: str) -> tuple[float, float | None]:
@@ -157,9 +190,31 @@ def peak_memory(device: str) -> tuple[float, float | None]:
     return rss_mb, gpu
 
 
-def failed(info: WorkerInfo, workunit: str | None, exc: BaseException) -> Failed:
+def device_memory(workload: Any, model: Any, device: str) -> tuple[float | None, float | None]:
+    """(free MiB on ``device``, MiB this model copy takes there), for adaptive spawning.
+
+    A workload may answer itself (``device_memory(model, device)``); otherwise CUDA devices ask
+    torch, and ``cpu`` reads the machine's available memory and this process's resident size.
+    """
+    ask = getattr(workload, "device_memory", None)
+    if ask is not None:
+        return ask(model, device)
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return free / 2**20, torch.cuda.memory_allocated(device) / 2**20
+    if device == "cpu":
+        import psutil
+
+        return psutil.virtual_memory().available / 2**20, psutil.Process().memory_info().rss / 2**20
+    return None, None
+
+
+def failed(info: WorkerInfo, unit: Workunit | None, exc: BaseException) -> Failed:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return Failed(info.index, info.device, workunit, type(exc).__name__, str(exc), tb)
+    return Failed(info.index, info.device, None if unit is None else unit.index,
+                  "loading the model" if unit is None else unit.describe(),
+                  type(exc).__name__, str(exc), tb)
 
 
 def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], float]:
@@ -168,32 +223,80 @@ def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], f
     return model, workload.outputs(model), time.perf_counter() - started
 
 
-def process_main(info: WorkerInfo, workload: Any, work: Any, results: Any, released: Any) -> None:
-    """Entry point of a spawned worker process: one model, loaded once."""
+def ready(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
+          seconds: float) -> Ready:
+    free, used = device_memory(workload, model, info.device)
+    return Ready(info.index, os.getpid(), seconds, specs, free, used)
+
+
+def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any) -> None:
+    """Entry point of a spawned worker process: one model, loaded once.
+
+    ``inbox``/``outbox``: this worker's own ends of two pipes (multiprocessing Connections).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    os.environ[MODEL_COPY_ENV] = str(info.copy)  # like torchrun's LOCAL_RANK, for the workload
     parent = multiprocessing.parent_process()
-    alive = parent.is_alive if parent is not None else (lambda: True)
+
+    def receive() -> Any:
+        while not inbox.poll(POLL_SECONDS):
+            if parent is not None and not parent.is_alive():
+                return None
+        try:
+            return inbox.recv()
+        except (EOFError, OSError):  # the parent closed our inbox: the pool is gone
+            return None
+
+    def send(message: Any) -> bool:
+        try:
+            outbox.send(message)
+            return True
+        except OSError:  # BrokenPipeError: nobody reads our outbox any more
+            return False
+
     try:
         model, specs, seconds = load(info, workload)
+        message = ready(info, workload, model, specs, seconds)
     except Exception as exc:
-        _put(results, failed(info, None, exc), alive)
+        send(failed(info, None, exc))
         return
-    _put(results, Ready(info.index, os.getpid(), seconds, specs), alive)
-    serve(info, workload, model, specs, work, results, alive, released)
+    if send(message):
+        serve(info, workload, model, specs, receive, send)
 
 
-def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", work: Any, results: Any,
-                released: Any, stop: threading.Event) -> None:
-    """Entry point of a worker thread: shares one model per device with its sibling threads."""
-    alive = lambda: not stop.is_set()  # noqa: E731
+def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", inbox: Any,
+                post: Callable[[Any], None], abandoned: threading.Event) -> None:
+    """Entry point of a worker thread: shares one model per device with its sibling threads.
+
+    ``inbox``: a queue.Queue; ``post``: hands a message to the parent; ``abandoned``: set when
+    the pool has given up on this thread (it hung), so that nothing it says later counts.
+    """
+    import queue
+
+    def receive() -> Any:
+        while not abandoned.is_set():
+            try:
+                return inbox.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                pass
+        return None
+
+    def send(message: Any) -> bool:
+        if abandoned.is_set():
+            return False
+        post(message)
+        return True
+
     try:
         model, specs, seconds = models.get(info, workload)
         if info.device == "cpu" and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(info.threads)  # per thread under OpenMP
-        _put(results, Ready(info.index, os.getpid(), seconds, specs), alive)
-        serve(info, workload, model, specs, work, results, alive, released)
+        message = ready(info, workload, model, specs, seconds)
     except BaseException as exc:  # a thread has no exit code: everything must become a message
-        _put(results, failed(info, None, exc), alive)
+        send(failed(info, None, exc))
+        return
+    if send(message):
+        serve(info, workload, model, specs, receive, send)
 
 
 class SharedModels:
@@ -211,22 +314,3 @@ class SharedModels:
             if info.device not in self._loaded:
                 self._loaded[info.device] = load(info, workload)
             return self._loaded[info.device]
-
-
-def _get(work: Any, alive: Callable[[], bool]) -> Any:
-    while True:
-        try:
-            return work.get(timeout=POLL_SECONDS)
-        except queue.Empty:
-            if not alive():
-                return None
-
-
-def _put(results: Any, message: Any, alive: Callable[[], bool]) -> bool:
-    while True:
-        try:
-            results.put(message, timeout=POLL_SECONDS)
-            return True
-        except queue.Full:
-            if not alive():
-                return False

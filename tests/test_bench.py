@@ -13,3 +13,17 @@ def test_overhead_measures_both_sides_interleaved(capsys):
     ratio = overhead.report(rows)
     assert ratio > 0
     assert "steady-state throughput ratio pipeline / bare" in capsys.readouterr().out
+
+
+def test_failure_costs_measure_durable_writes_and_a_crash(capsys):
+    from helpers.bench import failures
+
+    frame = failures.pd.DataFrame(failures.durable_rows(3000, 2, "writer")
+                                  + failures.crash_rows("synthetic", 200, 1))
+    killed = frame[(frame.experiment == "crash") & (frame.killed == True)]  # noqa: E712
+    assert len(killed) == 1 and 0 <= killed.detection_s.iloc[0] < 1.0
+    assert killed.restart_s.iloc[0] > 0
+    assert (frame[frame.experiment == "durable"].records == 3000).all()
+    summary = failures.report(frame)
+    assert summary["durable/in-place writer"] > 0
+    assert "throughput ratio durable / in place, writer" in capsys.readouterr().out

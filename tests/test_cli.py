@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -61,30 +60,63 @@ def test_missing_input_exits_1(tmp_path):
     assert done.returncode == 1 and "no such file" in done.stderr
 
 
-def test_ctrl_c_stops_the_run_and_leaves_no_process(tmp_path):
-    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(100000)))
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_path, signum):
+    from helpers.workloads.synthetic import record_vector
+
+    n = 20000
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(n)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.Popen([sys.executable, "-m", "helpers", "run", "--input",
-                            str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.h5"),
-                            "--workload", "synthetic", "--seconds-per-record", "0.001",
-                            "--devices", "cpu,cpu", "--workunit-size", "10", "--no-progress"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    command = [sys.executable, "-m", "helpers", "run", "--input", str(tmp_path / "in.jsonl"),
+               "--output", str(tmp_path / "o.h5"), "--workload", "synthetic",
+               "--seconds-per-record", "0.0005", "--devices", "cpu,cpu", "--workunit-size", "10",
+               "--no-progress"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     parent = psutil.Process(run.pid)
     deadline = time.monotonic() + 30
     while len(workers := [c for c in parent.children(recursive=True)
                           if "resource_tracker" not in " ".join(c.cmdline())]) < 2:
         assert time.monotonic() < deadline, "workers never started"
         time.sleep(0.1)
-    time.sleep(1.0)  # mid-run
-    run.send_signal(signal.SIGINT)
+    time.sleep(2.5)  # mid-run, after the first flush
+    run.send_signal(signum)
     started = time.monotonic()
     run.wait(timeout=20)
     assert time.monotonic() - started < 10
     assert run.returncode == 130, run.stderr.read().decode()
+    assert "--resume" in run.stderr.read().decode()
     time.sleep(0.5)
     assert not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
-    assert Path(tmp_path / "o.h5").exists()
-    read_output(tmp_path / "o.h5")  # the interrupted file still opens
+    partial = read_output(tmp_path / "o.h5")  # opens, and every row in it is whole
+    assert 0 < len(partial["ids"]) < n and len(set(partial["ids"].tolist())) == len(partial["ids"])
+    for i in partial["ids"][:: max(1, len(partial["ids"]) // 50)]:
+        assert partial["values"][i].tolist() == record_vector(f"r{i}", 8).tolist()
+    done = subprocess.run(command + ["--resume"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert read_output(tmp_path / "o.h5")["ids"].tolist() == list(range(n))
+
+
+def test_bad_records_through_the_cli_exit_3_with_one_error_row_each(tmp_path):
+    good = ["a sentence to embed", "another one", "and a third"]
+    lines = [json.dumps({"text": good[0]}).encode(), json.dumps({"text": ""}).encode(),
+             json.dumps({"text": None}).encode(), json.dumps({"text": 5}).encode(),
+             b'{"text": "caf\xe9 au lait"}', json.dumps({"text": "x" * 2**20}).encode(),
+             json.dumps({"text": good[1]}).encode(), json.dumps({"text": good[2]}).encode()]
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    done = cli("--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.h5"),
+               "--devices", "cpu", "--backend", "thread", "--workunit-size", "3", "--no-progress")
+    assert done.returncode == 3, done.stderr
+    assert "partial: 5 records failed" in done.stderr
+    assert "record 1 failed: ValueError: empty text" in done.stderr  # and in the log
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == [0, 6, 7] and data["embeddings"].shape == (3, 384)
+    errors = {e["id"]: e for e in data["errors"]}
+    assert {i: e["type"] for i, e in errors.items()} == {
+        1: "ValueError", 2: "TypeError", 3: "TypeError", 4: "UnicodeDecodeError", 5: "ValueError"}
+    assert "line 5" in errors[4]["message"] and "max_chars" in errors[5]["message"]
+    assert all(e["time"] > 1.7e9 for e in errors.values())
+    stats = json.loads(done.stdout.splitlines()[-1])
+    assert stats["partial"] and stats["failed_records"] == 5 and stats["records"] == 3
 
 
 def test_notebooks_with_an_unknown_parameter_set_exits_2():

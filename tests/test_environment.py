@@ -36,3 +36,27 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():
     ci = [line for line in (ROOT / ".ci/run").read_text().splitlines()
           if line and not line.startswith("#")]
     assert ci[-1] == "exec make test"
+
+
+def test_persisted_state_is_data_not_code():
+    """No pickle reaches the disk, and any torch.load refuses code (weights_only=True)."""
+    import ast
+
+    offences = []
+    for path in sorted((ROOT / "helpers").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if any(n.split(".")[0] in ("pickle", "dill", "cloudpickle", "joblib")
+                       for n in names):
+                    offences.append(f"{path.name}:{node.lineno} imports a pickler")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                keywords = {k.arg: k.value for k in node.keywords}
+                if node.func.attr == "load" and getattr(node.func.value, "id", "") == "torch":
+                    safe = keywords.get("weights_only")
+                    if not (isinstance(safe, ast.Constant) and safe.value is True):
+                        offences.append(f"{path.name}:{node.lineno} torch.load without "
+                                        f"weights_only=True")
+                if node.func.attr in ("save", "load") and "allow_pickle" in keywords:
+                    offences.append(f"{path.name}:{node.lineno} allow_pickle")
+    assert not offences

@@ -6,6 +6,7 @@ from helpers.hdf5_sink import CHUNK_RECORDS, HDF5Sink, read_output
 from helpers.workloads.base import OutputSpec
 
 SPEC = {"embeddings": OutputSpec((4,), "float32")}
+MODES = [True, False]  # durable (parts, then one file), in place
 
 
 def rows(ids):
@@ -13,8 +14,10 @@ def rows(ids):
     return ids, {"embeddings": np.repeat(ids[:, None], 4, axis=1).astype(np.float32)}
 
 
-def test_out_of_order_appends_map_back_by_id(tmp_path):
-    with HDF5Sink(tmp_path / "out.h5", SPEC, {"model": "m", "devices": ["cpu", "cpu"]}) as sink:
+@pytest.mark.parametrize("durable", MODES)
+def test_out_of_order_appends_map_back_by_id(tmp_path, durable):
+    with HDF5Sink(tmp_path / "out.h5", SPEC, {"model": "m", "devices": ["cpu", "cpu"]},
+                  durable) as sink:
         for chunk in ([5, 6], [0, 1, 2], [7], [3, 4]):
             sink.append(*rows(chunk))
     data = read_output(tmp_path / "out.h5")
@@ -22,14 +25,16 @@ def test_out_of_order_appends_map_back_by_id(tmp_path):
     assert np.array_equal(data["embeddings"][:, 0], np.arange(8, dtype=np.float32))
     assert data["attrs"]["model"] == "m" and data["attrs"]["devices"] == ["cpu", "cpu"]
     with h5py.File(tmp_path / "out.h5") as f:
-        assert f["embeddings"].maxshape == (None, 4) and f["embeddings"].chunks[0] == CHUNK_RECORDS
+        assert f["embeddings"].maxshape == (None, 4) and not f["embeddings"].is_virtual
         assert f["ids"].dtype == np.int64 and f["embeddings"].dtype == np.float32
+    assert not (tmp_path / "out.h5.parts").exists()  # a finished run is one file
 
 
-def test_buffer_is_written_in_chunk_sized_blocks(tmp_path):
-    sink = HDF5Sink(tmp_path / "out.h5", SPEC)
+@pytest.mark.parametrize("durable", MODES)
+def test_buffer_is_written_in_chunk_sized_blocks(tmp_path, durable):
+    sink = HDF5Sink(tmp_path / "out.h5", SPEC, durable=durable)
     sink.append(*rows(range(10)))
-    assert sink.records_written == 0  # buffered, not yet resized on disk
+    assert sink.records_written == 0  # buffered, not yet on disk
     sink.append(*rows(range(10, 10 + CHUNK_RECORDS)))
     assert sink.records_written == 10 + CHUNK_RECORDS
     sink.close()
@@ -43,11 +48,32 @@ def test_wrong_shape_or_missing_output_is_refused(tmp_path):
             sink.append(np.arange(2), {"other": np.zeros((2, 4), np.float32)})
     with pytest.raises(ValueError, match="reserved"):
         HDF5Sink(tmp_path / "bad.h5", {"ids": OutputSpec((), "int64")})
+    with pytest.raises(ValueError, match="resume: needs durable=True"):
+        HDF5Sink(tmp_path / "bad.h5", SPEC, durable=False, resume=True)
 
 
-def test_errors_table(tmp_path):
-    with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
+@pytest.mark.parametrize("durable", MODES)
+def test_errors_table(tmp_path, durable):
+    with HDF5Sink(tmp_path / "out.h5", SPEC, durable=durable) as sink:
         sink.append_errors([(3, "TypeError", "expected a text string, got NoneType", 1.0e9)])
     errors = read_output(tmp_path / "out.h5")["errors"]
     assert errors == [{"id": 3, "type": "TypeError",
                        "message": "expected a text string, got NoneType", "time": 1.0e9}]
+
+
+def test_an_interrupted_durable_run_leaves_an_index_that_reads_like_the_file(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with HDF5Sink(tmp_path / "out.h5", SPEC, {"model": "m"}) as sink:
+            sink.append(*rows(range(5)))
+            sink.append_errors([(9, "ValueError", "bad", 1.0)])
+            raise KeyboardInterrupt
+    data = read_output(tmp_path / "out.h5")  # everything appended before the interruption
+    assert data["ids"].tolist() == list(range(5)) and [e["id"] for e in data["errors"]] == [9]
+    assert data["attrs"]["model"] == "m"
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["ids"].is_virtual
+    with HDF5Sink(tmp_path / "out.h5", SPEC, resume=True) as sink:
+        assert sink.done_ids.tolist() == [0, 1, 2, 3, 4, 9]
+        sink.append(*rows(range(5, 9)))
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(9)) and data["attrs"]["resumed_after"] == 6

@@ -41,12 +41,15 @@ class EmbeddingWorkload:
 
     ``model``: a model name on the hub or a local path; None is the embedded all-MiniLM-L6-v2.
     ``batch_size``: texts per forward pass. ``normalize``: unit-length embeddings.
-    Output: ``embeddings`` float32 ``[n, dim]``.
+    ``max_chars``: longer texts are rejected (the model reads only its first few hundred tokens, so
+    a megabyte of text costs tokenizing time for nothing: chunk documents before embedding them).
+    Empty or blank texts are rejected too. Output: ``embeddings`` float32 ``[n, dim]``.
     """
 
     model: str | None = None
     batch_size: int = 32
     normalize: bool = False
+    max_chars: int = 100_000
     name: str = "embedding"
     requires_hardware: bool = True
 
@@ -59,6 +62,9 @@ class EmbeddingWorkload:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
                 or self.batch_size < 1:
             raise ValueError(f"batch_size: expected a positive integer, got {self.batch_size!r}")
+        if isinstance(self.max_chars, bool) or not isinstance(self.max_chars, int) \
+                or self.max_chars < 1:
+            raise ValueError(f"max_chars: expected a positive integer, got {self.max_chars!r}")
 
     def load(self, device: str, threads: int) -> Any:
         model = load_sentence_transformer(self.model, device, threads)
@@ -74,6 +80,11 @@ class EmbeddingWorkload:
     def check_record(self, record: Any) -> None:
         if not isinstance(record, str):
             raise TypeError(f"expected a text string, got {type(record).__name__}")
+        if not record.strip():
+            raise ValueError("empty text: nothing to embed")
+        if len(record) > self.max_chars:
+            raise ValueError(f"text of {len(record):,} characters is longer than max_chars="
+                             f"{self.max_chars:,}: split it into chunks first")
 
     def record_cost(self, record: str) -> float:
         """Characters: a proxy for tokens, so the reader can put texts of similar length together."""
@@ -86,4 +97,5 @@ class EmbeddingWorkload:
 
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
-                "batch_size": self.batch_size, "normalize": self.normalize}
+                "batch_size": self.batch_size, "normalize": self.normalize,
+                "max_chars": self.max_chars}

@@ -20,6 +20,7 @@ import numpy as np
 from helpers.workloads.base import OutputSpec
 
 MODES = ("sleep", "busy")
+MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # helpers.worker sets it: the n-th copy on this device
 
 
 class InjectedFailure(RuntimeError):
@@ -36,9 +37,13 @@ def record_vector(record: Any, dim: int) -> np.ndarray:
 class SyntheticWorkload:
     """A fixed cost per record, scaled by a per-device speed factor (default 1.0).
 
-    ``fail_on_load`` and ``fail_on_records`` make it raise InjectedFailure at load time or when a
-    workunit holds one of those records; ``exit_on_records`` makes the worker exit at once
-    (``os._exit``, as a segfault would): the failure paths are tested with them.
+    Faults to inject, for the failure paths' tests and demonstrations: ``fail_on_load`` and
+    ``fail_on_records`` raise InjectedFailure at load time or when a workunit holds one of those
+    records; ``exit_on_records`` makes the worker exit at once (``os._exit``, as a segfault would);
+    ``hang_on_records`` makes it sleep for an hour; ``oom_above`` raises MemoryError for a workunit
+    of more records than that. With ``transient`` (a folder) each record's fault fires only the
+    first time, like a fault that goes away on retry. ``device_memory_mb`` simulates devices of
+    that many MiB, each model copy taking ``model_mb``: a copy that does not fit fails to load.
     """
 
     seconds_per_record: float = 0.001
@@ -48,6 +53,11 @@ class SyntheticWorkload:
     fail_on_load: bool = False
     fail_on_records: frozenset = frozenset()
     exit_on_records: frozenset = frozenset()
+    hang_on_records: frozenset = frozenset()
+    oom_above: int | None = None
+    transient: str | None = None
+    device_memory_mb: Mapping[str, float] = field(default_factory=dict)
+    model_mb: float = 100.0
     name: str = "synthetic"
     requires_hardware: bool = False
 
@@ -60,13 +70,29 @@ class SyntheticWorkload:
         if bad:
             raise ValueError(f"speed: factors must be > 0, got {bad}")
         object.__setattr__(self, "speed", dict(self.speed))
-        object.__setattr__(self, "fail_on_records", frozenset(self.fail_on_records))
-        object.__setattr__(self, "exit_on_records", frozenset(self.exit_on_records))
+        for name in ("fail_on_records", "exit_on_records", "hang_on_records"):
+            object.__setattr__(self, name, frozenset(getattr(self, name)))
+        object.__setattr__(self, "device_memory_mb", dict(self.device_memory_mb))
+        if self.transient is not None:
+            object.__setattr__(self, "transient", str(self.transient))
 
     def load(self, device: str, threads: int) -> dict[str, Any]:
+        copy = int(os.environ.get(MODEL_COPY_ENV, "0"))
         if self.fail_on_load:
             raise InjectedFailure(f"fail_on_load: refusing to load on {device}")
-        return {"device": device, "cost": self.seconds_per_record / self.speed.get(device, 1.0)}
+        capacity = self.device_memory_mb.get(device)
+        if capacity is not None and (copy + 1) * self.model_mb > capacity:
+            raise MemoryError(f"simulated: copy {copy + 1} of {self.model_mb:g} MiB does not fit "
+                              f"in {device}'s {capacity:g} MiB")
+        return {"device": device, "cost": self.seconds_per_record / self.speed.get(device, 1.0),
+                "copy": copy}
+
+    def device_memory(self, model: dict[str, Any], device: str) -> tuple[float | None, float | None]:
+        """Simulated (free MiB, MiB per copy) when ``device_memory_mb`` names the device."""
+        capacity = self.device_memory_mb.get(device)
+        if capacity is None:
+            return None, None
+        return capacity - (model["copy"] + 1) * self.model_mb, self.model_mb
 
     def outputs(self, model: Any) -> dict[str, OutputSpec]:
         return {"values": OutputSpec((self.dim,), "float32")}
@@ -77,11 +103,16 @@ class SyntheticWorkload:
 
     def process(self, model: dict[str, Any], records: list[Any]) -> dict[str, np.ndarray]:
         hashable = [r for r in records if _hashable(r)]
-        if self.exit_on_records.intersection(hashable):
+        if self._fires(self.exit_on_records, hashable):
             os._exit(70)  # no cleanup, no message: what a crashed worker looks like
-        poisoned = self.fail_on_records.intersection(hashable)
+        if self._fires(self.hang_on_records, hashable):
+            time.sleep(3600)
+        poisoned = self._fires(self.fail_on_records, hashable)
         if poisoned:
             raise InjectedFailure(f"fail_on_records: workunit holds {sorted(map(repr, poisoned))}")
+        if self.oom_above is not None and len(records) > self.oom_above:
+            raise MemoryError(f"simulated: {len(records)} records do not fit "
+                              f"(oom_above={self.oom_above})")
         _spend(model["cost"] * len(records), self.mode)
         values = np.stack([record_vector(r, self.dim) for r in records]) if records else \
             np.empty((0, self.dim), np.float32)
@@ -90,6 +121,22 @@ class SyntheticWorkload:
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "seconds_per_record": self.seconds_per_record,
                 "speed": repr(self.speed), "mode": self.mode}
+
+
+    def _fires(self, faults: frozenset, records: list[Any]) -> list[Any]:
+        """The records of ``faults`` present; with ``transient``, only those not yet fired."""
+        hit = [r for r in records if r in faults]
+        if self.transient is None:
+            return hit
+        fresh = []
+        for record in hit:
+            marker = os.path.join(self.transient, f"fired-{zlib.crc32(repr(record).encode())}")
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                fresh.append(record)
+            except FileExistsError:
+                pass
+        return fresh
 
 
 def _hashable(record: Any) -> bool:

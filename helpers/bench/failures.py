@@ -1,0 +1,176 @@
+"""What failures cost: durable vs in-place writes, and the time a crash, a hang or a poison
+record takes from a run.
+
+- ``durable``: the same job written crash-safe (parts + index, merged at the end) and in place,
+  interleaved over repeats (in-place first on even repeats); the ratio is records/s durable ÷ in
+  place. ``writer`` is the worst case (a zero-cost synthetic workload with 384-d rows, so the
+  writer is all there is); ``embedding`` is the embedded model on this machine's CPU.
+- ``crash``: a worker is killed with SIGKILL mid-run; detection latency is the time from the kill
+  to the scheduler's log line, restart time is spawn to Ready of the replacement, and the run's
+  wall time is compared with the same run undisturbed just before (the kill comes 40 % of the way).
+- ``poison``: one record that kills its worker, among good ones: what isolating it costs.
+Rows are tidy (units in column names) and saved with provenance under data/results/<params>/.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from helpers.paths import sample_texts
+from helpers.pipeline import WorkerPool
+from helpers.results import save_table
+from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.synthetic import SyntheticWorkload
+
+
+def durable_rows(records: int, repeats: int, workload_name: str) -> list[dict]:
+    """records/s with durable and in-place writes, interleaved, on one pool."""
+    if workload_name == "writer":
+        workload, devices, size = SyntheticWorkload(0.0, dim=384), ["cpu", "cpu"], 100
+        pairs = [(i, f"r{i}") for i in range(records)]
+    else:
+        workload, devices, size = EmbeddingWorkload(), ["cpu"], 100
+        pairs = list(enumerate(sample_texts(records)))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, WorkerPool(workload, devices, progress=False) as pool:
+        for repeat in range(repeats):
+            for durable in (False, True) if repeat % 2 == 0 else (True, False):
+                stats = pool.run(pairs, Path(tmp) / f"out-{repeat}-{durable}.h5",
+                                 workunit_size=size, durable=durable)
+                rows.append({"experiment": "durable", "workload": workload_name,
+                             "durable": durable, "repeat": repeat, "records": stats.records,
+                             "wall_s": stats.wall_seconds,
+                             "records_per_s": stats.records_per_second,
+                             "write_s": stats.stages["write"]})
+    return rows
+
+
+class _Deaths(logging.Handler):
+    """Notes when the scheduler logs a worker's death."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if " died (" in record.getMessage():
+            self.times.append(record.created)
+
+
+def crash_rows(workload_name: str, records: int, repeats: int) -> list[dict]:
+    """Per repeat, an undisturbed run, then the same run with one worker SIGKILLed 40 % of the
+    way through: the extra wall time, detection latency and restart time."""
+    if workload_name == "embedding":
+        workload, pairs = EmbeddingWorkload(), list(enumerate(sample_texts(records)))
+    else:
+        workload, pairs = SyntheticWorkload(0.01), [(i, f"r{i}") for i in range(records)]
+    deaths = _Deaths()
+    logging.getLogger("gpufeed").addHandler(deaths)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp, \
+                WorkerPool(workload, ["cpu", "cpu"], progress=False) as pool:
+            for repeat in range(repeats):
+                calm = None
+                for killed in (False, True):
+                    deaths.times.clear()
+                    pid = list(pool.pids.values())[0]
+                    timer = threading.Timer(0.4 * calm, kill, (pid,)) if killed else None
+                    if timer:
+                        timer.start()
+                    stats = pool.run(pairs, Path(tmp) / f"crash-{repeat}-{killed}.h5",
+                                     workunit_size=10)
+                    if timer:
+                        timer.cancel()
+                    calm = calm or stats.wall_seconds
+                    restarts = stats.recovery["restart_seconds"]
+                    rows.append({"experiment": "crash", "workload": workload_name,
+                                 "killed": killed, "repeat": repeat, "records": stats.records,
+                                 "wall_s": stats.wall_seconds,
+                                 "detection_s": deaths.times[0] - KILLED_AT[0] if deaths.times
+                                 else None, "restart_s": restarts[0] if restarts else None})
+    finally:
+        logging.getLogger("gpufeed").removeHandler(deaths)
+    return rows
+
+
+KILLED_AT = [0.0]  # unix time of the last kill: log records carry unix time
+
+
+def kill(pid: int) -> None:
+    KILLED_AT[0] = time.time()
+    os.kill(pid, signal.SIGKILL)
+
+
+def poison_rows(records: int, workunit_size: int) -> list[dict]:
+    """One record that kills its worker vs none, on a synthetic workload: wall time and work."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for poisoned in (False, True):
+            workload = SyntheticWorkload(0.002, exit_on_records={f"r{records // 2}"} if poisoned
+                                         else frozenset())
+            with WorkerPool(workload, ["cpu", "cpu"], progress=False) as pool:
+                stats = pool.run([(i, f"r{i}") for i in range(records)],
+                                 Path(tmp) / f"poison-{poisoned}.h5", workunit_size=workunit_size)
+            rec = stats.recovery
+            rows.append({"experiment": "poison", "workload": "synthetic", "poisoned": poisoned,
+                         "records": stats.records, "failed_records": stats.failed_records,
+                         "wall_s": stats.wall_seconds, "deaths": rec["deaths"],
+                         "splits": rec["splits"], "restart_s": statistics.fmean(
+                             rec["restart_seconds"]) if rec["restart_seconds"] else None})
+    return rows
+
+
+def measure(records: int = 600, repeats: int = 3) -> pd.DataFrame:
+    rows = durable_rows(20000, repeats, "writer") + durable_rows(records, repeats, "embedding")
+    rows += crash_rows("synthetic", 400, repeats) + crash_rows("embedding", records, 1)
+    rows += poison_rows(2000, 100)
+    return pd.DataFrame(rows)
+
+
+def report(frame: pd.DataFrame) -> dict[str, float]:
+    """Print the rows and the ratios; return them."""
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    summary = {}
+    experiments = set(frame.experiment)
+    durable = frame[frame.experiment == "durable"]
+    durable = durable.astype({"durable": bool}) if "durable" in experiments else durable
+    for name, group in durable.groupby("workload"):
+        ratios = [g[g.durable].records_per_s.iloc[0] / g[~g.durable].records_per_s.iloc[0]
+                  for _, g in group.groupby("repeat")]
+        summary[f"durable/in-place {name}"] = statistics.median(ratios)
+        print(f"throughput ratio durable / in place, {name}: median {statistics.median(ratios):.3f}"
+              f" (min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(ratios)} repeats")
+    crash = frame[frame.experiment == "crash"]
+    crash = crash.astype({"killed": bool}) if "crash" in experiments else crash
+    for name, group in crash.groupby("workload"):
+        killed, calm = group[group.killed], group[~group.killed]
+        extra = killed.wall_s.median() - calm.wall_s.median()
+        summary[f"crash {name} detection_s"] = killed.detection_s.median()
+        print(f"one SIGKILL, {name}: detected in {killed.detection_s.median() * 1000:.1f} ms, "
+              f"replacement ready in {killed.restart_s.median():.2f} s, run {extra:+.2f} s "
+              f"({calm.wall_s.median():.2f} s undisturbed)")
+    if "poison" in experiments:
+        poison = frame[frame.experiment == "poison"].astype({"poisoned": bool}).set_index("poisoned")
+        print(f"a record that kills its worker, among {int(poison.loc[False, 'records'])}: "
+              f"{int(poison.loc[True, 'deaths'])} deaths, {int(poison.loc[True, 'splits'])} "
+              f"splits, run {poison.loc[True, 'wall_s'] - poison.loc[False, 'wall_s']:+.2f} s")
+    return summary
+
+
+def main(records: int, repeats: int, results_dir: str | None) -> None:
+    frame = measure(records, repeats)
+    report(frame)
+    if results_dir:
+        path = save_table(frame, "failure_costs", results_dir, "helpers.bench.failures",
+                          {"records": records, "repeats": repeats})
+        print(f"table: {path}")

@@ -1,0 +1,348 @@
+"""Which workunit goes to which worker, and what happens when a worker or a workunit fails.
+
+The scheduler lives in the parent's main thread and owns every workunit from the moment it leaves
+the reader until its result is written: a workunit is in exactly one place at a time (waiting in
+``pending``, or in flight on one worker), and a result counts only if its workunit is in flight on
+the worker that sent it, so nothing is written twice and nothing is dropped.
+
+Recovery, per failure::
+
+    worker dies (signal, os._exit) ─┐
+    workunit times out (killed) ────┼─► the workunit it was running failed; the rest it held
+    workunit raises ────────────────┘   go back to the front of ``pending``; a dead worker is
+                                        replaced on the same device (up to max_restarts)
+    failed workunit: retried whole up to ``retries`` times, then split in halves, and so on down
+                     to single records; a single record that still fails goes to ``errors``
+    out of memory:   split in halves at once; that worker takes at most the smaller size from
+                     then on, down to one record
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from helpers.worker import Died, Failed, Ready, Result, WorkerInfo, Workunit
+
+log = logging.getLogger("gpufeed")
+
+PREFETCH = 2  # workunits in flight per worker: one running, one waiting behind it
+
+
+class PipelineError(RuntimeError):
+    """A run cannot go on: a model failed to load, or every worker is gone."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback as the ``__cause__`` of a PipelineError."""
+
+    def __str__(self) -> str:
+        return "\n\n" + self.args[0]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What the scheduler may do about failures (see the module docstring)."""
+
+    retries: int = 1  # times a failed workunit is retried whole before it is split
+    max_restarts: int = 10  # replacements per worker slot; then the slot is retired
+    workunit_timeout: float | None = None  # seconds a workunit may run; None: no limit
+    load_timeout: float = 600.0  # seconds for a (replacement) worker to load its model
+
+
+@dataclass
+class Slot:
+    info: WorkerInfo
+    state: str = "loading"  # loading, ready, retired
+    in_flight: deque = field(default_factory=deque)  # Workunits, in the order the worker runs them
+    head_since: float = 0.0  # when the first in-flight workunit started (as near as we know)
+    since: float = 0.0  # when the current worker was spawned
+    restarts: int = 0
+    cap: int | None = None  # most records per workunit, after an out-of-memory backoff
+    kill_reason: tuple[str, str] | None = None  # (error type, message) when we killed it
+    ready: Ready | None = None
+    pids: list = field(default_factory=list)
+
+
+@dataclass
+class Events:
+    """What the scheduler saw: counts, and the seconds each failure cost."""
+
+    deaths: int = 0
+    timeouts: int = 0
+    restarts: int = 0
+    retries: int = 0
+    splits: int = 0
+    oom_backoffs: int = 0
+    failed_workunits: int = 0
+    restart_seconds: list = field(default_factory=list)  # spawn to Ready of each replacement
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "restart_seconds"} | {
+            "restart_seconds": [round(s, 3) for s in self.restart_seconds]}
+
+
+class Scheduler:
+    """Feeds workunits to the backend's workers and recovers from their failures."""
+
+    def __init__(self, backend: Any, workers: list[WorkerInfo], recovery: Recovery) -> None:
+        self.backend, self.recovery = backend, recovery
+        self.slots = {info.index: Slot(info) for info in workers}
+        self.pending: deque[Workunit] = deque()
+        self.events = Events()
+        self._numbers = itertools.count()
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def spawn(self, info: WorkerInfo) -> None:
+        slot = self.slots.setdefault(info.index, Slot(info))
+        slot.state, slot.since, slot.ready = "loading", time.monotonic(), None
+        self.backend.spawn(info)
+        slot.pids.append(self.backend.pid(info.index))
+
+    def start(self, timeout: float) -> dict[int, Ready]:
+        """Spawn every worker and wait until each is Ready; PipelineError if one fails."""
+        for slot in list(self.slots.values()):
+            self.spawn(slot.info)
+        return self.await_ready(list(self.slots), timeout)
+
+    def await_ready(self, slots: list[int], timeout: float) -> dict[int, Ready]:
+        deadline = time.monotonic() + timeout
+        while any(self.slots[s].state == "loading" for s in slots):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                waiting = [str(self.slots[s].info) for s in slots if self.slots[s].state == "loading"]
+                raise PipelineError(f"{', '.join(waiting)} not ready after {timeout:.0f} s "
+                                    f"(load_timeout): model load hung or is too slow")
+            for index, message in self.next_messages(min(remaining, 0.5)):
+                slot = self.slots.get(index)
+                if isinstance(message, Failed):
+                    raise remote_error(message)
+                if isinstance(message, Died) and slot is not None and slot.state == "loading" \
+                        and slot.restarts >= self.recovery.max_restarts:
+                    raise PipelineError(f"{slot.info} died unexpectedly ({message.how()}) while "
+                                        f"starting or loading its model")
+                if index is not None:
+                    self.handle(index, message)  # a death while loading: a replacement starts
+        return {s: self.slots[s].ready for s in slots}
+
+    def next_messages(self, timeout: float) -> list[tuple[int, Any]]:
+        """Every message waiting (at least one, unless ``timeout`` passes first)."""
+        import queue
+
+        try:
+            messages = [self.backend.events.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                messages.append(self.backend.events.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def discard(self, index: int) -> None:
+        """Stop and forget the worker in slot ``index`` (it never became part of the pool)."""
+        self.backend.kill(index)
+        del self.slots[index]
+
+    @property
+    def live(self) -> list[Slot]:
+        return [s for s in self.slots.values() if s.state != "retired"]
+
+    # -- work ----------------------------------------------------------------------------------
+
+    def number(self, unit: Workunit) -> Workunit:
+        """The same workunit under an index no other workunit of this pool has."""
+        return replace(unit, index=next(self._numbers))
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and not any(s.in_flight for s in self.slots.values())
+
+    def dispatch(self, take: Callable[[], Workunit | None]) -> None:
+        """Fill every ready worker up to PREFETCH: retried workunits first, then ``take()``."""
+        for slot in sorted(self.slots.values(), key=lambda s: len(s.in_flight)):
+            while slot.state == "ready" and len(slot.in_flight) < PREFETCH:
+                unit = self._next_for(slot, take)
+                if unit is None:
+                    break
+                if not slot.in_flight:
+                    slot.head_since = time.monotonic()
+                slot.in_flight.append(unit)
+                self.backend.send(slot.info.index, unit)
+
+    def _next_for(self, slot: Slot, take: Callable[[], Workunit | None]) -> Workunit | None:
+        unit = None
+        for candidate in self.pending:
+            if candidate.pinned in (None, slot.info.index):
+                unit = candidate
+                break
+        if unit is not None:
+            self.pending.remove(unit)
+        else:
+            unit = take()
+            if unit is None:
+                return None
+            unit = self.number(unit)
+        if slot.cap is not None and len(unit) > slot.cap:  # this worker ran out of memory before
+            first, rest = _cut(unit, slot.cap)
+            self.pending.appendleft(self.number(rest))
+            unit = self.number(first)
+        return unit
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def handle(self, index: int, message: Any) -> tuple[list[Result], list[tuple]]:
+        """Act on one message; returns (results to write, records given up on)."""
+        slot = self.slots.get(index)
+        if slot is None:  # a worker discarded while it started (adaptive spawning)
+            return [], []
+        if isinstance(message, Ready):
+            if slot.state == "loading":
+                if slot.restarts:
+                    self.events.restart_seconds.append(time.monotonic() - slot.since)
+                slot.state, slot.ready = "ready", message
+            return [], []
+        if isinstance(message, Result):
+            unit = _take(slot, message.workunit)
+            return ([message] if unit is not None else []), []
+        if isinstance(message, Failed):
+            if message.workunit is None:
+                return self._load_failed(slot, message)
+            unit = _take(slot, message.workunit)
+            if unit is None:
+                return [], []
+            return [], self._failed(slot, unit, message.error_type, message.message,
+                                    message.out_of_memory)
+        if isinstance(message, Died):
+            return [], self._died(slot, message)
+        raise TypeError(f"unexpected message from {slot.info}: {type(message).__name__}")
+
+    def check_timeouts(self) -> None:
+        """Kill workers stuck on a workunit (or a model load) for longer than allowed."""
+        now, limit = time.monotonic(), self.recovery.workunit_timeout
+        for slot in self.slots.values():
+            if slot.kill_reason is not None:
+                continue
+            if slot.state == "ready" and slot.in_flight and limit is not None \
+                    and now - slot.head_since > limit:
+                unit = slot.in_flight[0]
+                slot.kill_reason = ("WorkunitTimeout",
+                                    f"no result after {limit:g} s (workunit_timeout); "
+                                    f"{slot.info} was killed")
+                log.warning("%s: %s ran past workunit_timeout=%gs; killing the worker",
+                            slot.info, unit.describe(), limit)
+                self.events.timeouts += 1
+                self.backend.kill(slot.info.index)
+            elif slot.state == "loading" and now - slot.since > self.recovery.load_timeout:
+                slot.kill_reason = ("LoadTimeout", f"{slot.info} not ready after "
+                                    f"{self.recovery.load_timeout:g} s (load_timeout)")
+                self.backend.kill(slot.info.index)
+
+    def _died(self, slot: Slot, message: Died) -> list[tuple]:
+        if slot.state == "retired":
+            return []
+        reason = slot.kill_reason or ("WorkerDied", f"{slot.info} died ({message.how()})")
+        slot.kill_reason = None
+        self.events.deaths += 1
+        units = list(slot.in_flight)
+        slot.in_flight.clear()
+        given_up: list[tuple] = []
+        if units:
+            waiting = [replace(u, pinned=None) for u in units[1:]]  # never started: no attempt
+            self.pending.extendleft(reversed(waiting))
+            log.warning("%s during %s", reason[1], units[0].describe())
+            given_up = self._failed(slot, units[0], *reason, out_of_memory=False)
+        else:
+            log.warning("%s died (%s) %s", slot.info, message.how(),
+                        "while loading its model" if slot.state == "loading" else "between workunits")
+        self._replace(slot, message.how())
+        return given_up
+
+    def _replace(self, slot: Slot, how: str) -> None:
+        if slot.restarts >= self.recovery.max_restarts:
+            slot.state = "retired"
+            log.error("%s: no restart left (max_restarts=%d); the slot is retired",
+                      slot.info, self.recovery.max_restarts)
+            if not self.live:
+                raise PipelineError(f"every worker is gone: the last, {slot.info}, died ({how}) "
+                                    f"after {slot.restarts} restarts (max_restarts)")
+            return
+        slot.restarts += 1
+        self.events.restarts += 1
+        log.warning("%s: starting a replacement (restart %d of %d)", slot.info, slot.restarts,
+                    self.recovery.max_restarts)
+        self.spawn(slot.info)
+
+    def _load_failed(self, slot: Slot, message: Failed) -> tuple[list, list]:
+        if not slot.restarts:
+            raise remote_error(message)
+        slot.state = "retired"  # it loaded once: what changed is the device (memory), not us
+        log.error("%s: replacement failed to load (%s: %s); the slot is retired", slot.info,
+                  message.error_type, message.message)
+        self.backend.kill(slot.info.index)
+        if not self.live:
+            raise remote_error(message)
+        return [], []
+
+    def _failed(self, slot: Slot, unit: Workunit, error_type: str, message: str,
+                out_of_memory: bool) -> list[tuple]:
+        """Retry, split, or give up on a failed workunit; returns the records given up on."""
+        self.events.failed_workunits += 1
+        unit = replace(unit, pinned=None)
+        if out_of_memory and len(unit) > 1:
+            first, rest = _cut(unit, (len(unit) + 1) // 2)
+            slot.cap = min(slot.cap or len(unit), len(first))
+            self.events.oom_backoffs += 1
+            log.warning("%s: out of memory on %s (%s); retrying as %d + %d records, and this "
+                        "worker now takes at most %d records per workunit", slot.info,
+                        unit.describe(), error_type, len(first), len(rest), slot.cap)
+            self.pending.extendleft([self.number(rest), self.number(first)])
+            return []
+        if unit.attempts < self.recovery.retries:
+            self.events.retries += 1
+            log.warning("%s: %s failed (%s: %s); retry %d of %d", slot.info, unit.describe(),
+                        error_type, message, unit.attempts + 1, self.recovery.retries)
+            self.pending.appendleft(replace(unit, attempts=unit.attempts + 1))
+            return []
+        if len(unit) > 1:
+            first, rest = _cut(unit, (len(unit) + 1) // 2)
+            self.events.splits += 1
+            log.warning("%s: %s failed again (%s); splitting it into %d + %d records to find the "
+                        "bad one(s)", slot.info, unit.describe(), error_type, len(first), len(rest))
+            self.pending.extendleft([self.number(rest), self.number(first)])
+            return []
+        record_id = int(unit.ids[0])
+        log.error("record %d failed: %s: %s", record_id, error_type, message)
+        return [(record_id, error_type, message, time.time())]
+
+
+def _take(slot: Slot, index: int) -> Workunit | None:
+    """Remove workunit ``index`` from the slot's in-flight list, or None if it is not there (a
+    result from a worker we have already given up on)."""
+    for unit in slot.in_flight:
+        if unit.index == index:
+            slot.in_flight.remove(unit)
+            slot.head_since = time.monotonic()
+            return unit
+    return None
+
+
+def _cut(unit: Workunit, size: int) -> tuple[Workunit, Workunit]:
+    """The first ``size`` records and the rest, as two workunits (attempts carried over)."""
+    first = replace(unit, ids=unit.ids[:size], records=unit.records[:size])
+    rest = replace(unit, ids=unit.ids[size:], records=unit.records[size:])
+    return first, rest
+
+
+def remote_error(message: Failed) -> PipelineError:
+    """A PipelineError naming the worker, its device and the workunit, with the remote traceback."""
+    error = PipelineError(f"worker {message.worker} on {message.device} failed in {message.where}: "
+                          f"{message.error_type}: {message.message}")
+    error.__cause__ = RemoteTraceback(message.traceback)
+    error.worker, error.device, error.workunit = message.worker, message.device, message.where
+    return error

@@ -1,0 +1,193 @@
+"""Crash-safe output: a writer killed at any moment leaves a file that opens and holds whole
+blocks; a whole run killed with SIGKILL and resumed equals an uninterrupted one."""
+import os
+import random
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+
+import helpers.checkpoint
+from helpers.checkpoint import Parts
+from helpers.hdf5_sink import HDF5Sink, read_output
+from helpers.paths import ROOT
+from helpers.workloads.base import OutputSpec
+from helpers.workloads.synthetic import record_vector
+
+pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
+
+SPEC = {"values": OutputSpec((8,), "float32"), "label": OutputSpec((), "str")}
+BLOCK = 1024  # helpers.hdf5_sink.CHUNK_RECORDS: one part per block
+WRITER = """
+import sys
+import numpy as np
+import helpers.checkpoint
+from helpers.hdf5_sink import HDF5Sink
+from helpers.workloads.base import OutputSpec
+helpers.checkpoint.COMPACT_PARTS = 3  # merges (and their clean-up) happen often: kills hit them
+spec = {"values": OutputSpec((8,), "float32"), "label": OutputSpec((), "str")}
+with HDF5Sink(sys.argv[1], spec, {"run": "killed"}) as sink:
+    for start in range(0, 10**7, 1024):
+        ids = np.arange(start, start + 1024)
+        sink.append(ids, {"values": np.repeat(ids[:, None], 8, 1).astype(np.float32),
+                          "label": np.array([f"r{i}" for i in ids], dtype=object)})
+"""
+
+
+def check_blocks(path):
+    """The file opens; its rows are whole blocks 0..k*BLOCK-1 with matching values and labels."""
+    data = read_output(path)
+    n = len(data["ids"])
+    assert n % BLOCK == 0 and data["ids"].tolist() == list(range(n))
+    assert np.array_equal(data["values"][:, 3], np.arange(n, dtype=np.float32))
+    assert data["label"].tolist() == [f"r{i}" for i in range(n)]
+    return n
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_writer_killed_at_any_moment_leaves_a_readable_file(tmp_path, seed):
+    out = tmp_path / "out.h5"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(out)],
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    time.sleep(random.Random(seed).uniform(1.0, 3.0))  # imports take ~0.8 s
+    writer.kill()
+    writer.wait()
+    written = check_blocks(out)
+    assert written > 0
+    with HDF5Sink(out, SPEC, resume=True) as sink:  # carries on from what survived
+        done = len(sink.done_ids)  # the index may lag the parts by the one just renamed
+        assert sink.done_ids.tolist() == list(range(done)) and done in (written, written + BLOCK)
+        ids = np.arange(done, done + 10)
+        sink.append(ids, {"values": np.repeat(ids[:, None], 8, 1).astype(np.float32),
+                          "label": np.array([f"r{i}" for i in ids], dtype=object)})
+    data = read_output(out)
+    assert data["ids"].tolist() == list(range(done + 10))
+    assert not (tmp_path / "out.h5.parts").exists()
+
+
+def blocks(parts, n):
+    for number in range(n):
+        ids = np.arange(number * 10, number * 10 + 10)
+        parts.write({"ids": ids, "values": np.zeros((10, 8), np.float32),
+                     "label": np.array(["x"] * 10, dtype=object),
+                     "errors/ids": np.array([], np.int64), "errors/type": np.array([], object),
+                     "errors/message": np.array([], object), "errors/time": np.array([])})
+
+
+def test_parts_merge_by_level_and_a_crash_mid_merge_leaves_no_duplicate(tmp_path, monkeypatch):
+    monkeypatch.setattr(helpers.checkpoint, "COMPACT_PARTS", 3)
+    parts = Parts(tmp_path / "out.h5", SPEC)
+    parts.scan()
+    blocks(parts, 10)  # levels: 9 -> one L2 (0-8); then one L0 (9)
+    names = sorted(p.path.name for p in parts.parts)
+    assert names == ["part-L0-00000009-00000009.h5", "part-L2-00000000-00000008.h5"]
+    # a crash after a merge was renamed into place but before its sources were deleted:
+    extra = tmp_path / "out.h5.parts" / "part-L0-00000004-00000004.h5"
+    with h5py.File(extra, "w") as f:
+        for name, (shape, dtype) in helpers.checkpoint.columns(SPEC).items():
+            f.create_dataset(name, shape=(0, *shape), dtype=dtype)
+    (tmp_path / "out.h5.parts" / "part-L0-00000010-00000010.h5.tmp").write_bytes(b"half")
+    again = Parts(tmp_path / "out.h5", SPEC)
+    again.scan()
+    assert sorted(p.path.name for p in again.parts) == names  # covered and unfinished: dropped
+    assert again.done_ids().tolist() == list(range(100))
+
+
+def test_resuming_with_another_workload_is_refused_naming_the_dataset(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
+            sink.append(np.arange(3), {"values": np.zeros((3, 8), np.float32),
+                                       "label": np.array(["a"] * 3, dtype=object)})
+            raise KeyboardInterrupt
+    other = {"values": OutputSpec((16,), "float32"), "label": OutputSpec((), "str")}
+    with pytest.raises(ValueError, match=r"'values' holds \(8,\) float32, this run writes \(16,\)"):
+        HDF5Sink(tmp_path / "out.h5", other, resume=True)
+
+
+# -- a whole CLI run killed with SIGKILL, then resumed -------------------------------------------
+
+def cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    return [sys.executable, "-m", "helpers", "run", *args, "--no-progress"], env
+
+
+def kill_run_at(command, env, seconds, when=lambda: False):
+    """Start the run, SIGKILL it after ``seconds`` or once ``when()``; returns once its workers
+    are gone too."""
+    run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(run.pid)
+    workers = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and run.poll() is None and not when():
+        try:
+            workers += [c for c in parent.children() if c not in workers]
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    run.kill()
+    run.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=5)  # they notice their parent is dead
+    assert not alive, f"workers outlived the killed run: {[p.pid for p in alive]}"
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory):
+    path = tmp_path_factory.mktemp("input") / "in.jsonl"
+    path.write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(3000)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(jsonl, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "out.h5"
+    command, env = cli("--input", str(jsonl), "--output", str(out), "--workload", "synthetic",
+                       "--seconds-per-record", "0.002", "--devices", "cpu,cpu",
+                       "--workunit-size", "20")
+    assert subprocess.run(command, env=env, capture_output=True).returncode == 0
+    return read_output(out)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_run_killed_with_sigkill_then_resumed_equals_an_uninterrupted_one(
+        tmp_path, jsonl, uninterrupted, seed):
+    out = tmp_path / "out.h5"
+    command, env = cli("--input", str(jsonl), "--output", str(out), "--workload", "synthetic",
+                       "--seconds-per-record", "0.002", "--devices", "cpu,cpu",
+                       "--workunit-size", "20")
+    kill_run_at(command, env, random.Random(seed).uniform(1.0, 4.0))  # ~1 s start, ~3 s of work
+    if out.exists():
+        survived = read_output(out)  # opens, whatever moment the kill came
+        assert len(np.unique(survived["ids"])) == len(survived["ids"])
+    done = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    data = read_output(out)
+    np.testing.assert_array_equal(data["ids"], uninterrupted["ids"])
+    np.testing.assert_array_equal(data["values"], uninterrupted["values"])
+    assert data["values"][7].tolist() == record_vector("r7", 8).tolist()
+
+
+def test_an_embedding_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path,
+                                                                         reference_embeddings,
+                                                                         texts):
+    path = tmp_path / "in.jsonl"
+    import json
+
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts * 40))
+    out = tmp_path / "out.h5"
+    command, env = cli("--input", str(path), "--output", str(out), "--devices", "cpu",
+                       "--workunit-size", "8", "--backend", "thread")
+    parts = tmp_path / "out.h5.parts"
+    kill_run_at(command, env, 60.0, when=lambda: parts.exists() and any(parts.glob("*.h5")))
+    assert len(read_output(out)["ids"]) < 960  # killed after its first flush, long before the end
+    done = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert 0 < json.loads(done.stdout.splitlines()[-1])["resumed_after"] < 960
+    data = read_output(out)
+    assert data["ids"].tolist() == list(range(960))
+    expected = np.concatenate([reference_embeddings] * 40)
+    # texts batched with other neighbours pad differently: float32 noise, nothing more
+    np.testing.assert_allclose(data["embeddings"], expected, atol=1e-5, rtol=0)

@@ -1,0 +1,165 @@
+"""Recovery, chaos-style: workers killed at random, poison records, hangs, out of memory, adaptive
+spawning. Each test checks the output holds every good record exactly once, and (conftest) that no
+worker process is left behind."""
+import logging
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from helpers import PipelineError, SyntheticWorkload, WorkerPool, read_output, run_pipeline
+from helpers.workloads.synthetic import record_vector
+
+pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
+
+KILL_SEEDS = range(20)
+
+
+def records(n):
+    return [(i, f"r{i}") for i in range(n)]
+
+
+def assert_exactly_once(path, n, missing=()):
+    """Every id in range(n) but ``missing`` once, with the synthetic vector of its record."""
+    data = read_output(path)
+    expected = [i for i in range(n) if i not in set(missing)]
+    assert data["ids"].tolist() == expected
+    np.testing.assert_array_equal(data["values"], np.stack([record_vector(f"r{i}", 8)
+                                                            for i in expected]))
+    return data
+
+
+def worker_pids():
+    return [c.pid for c in psutil.Process().children()
+            if "resource_tracker" not in " ".join(c.cmdline())]
+
+
+class Killer(threading.Thread):
+    """Kills one worker process with SIGKILL ``delay`` seconds after the first one appears."""
+
+    def __init__(self, seed: int, window: float) -> None:
+        super().__init__(daemon=True)
+        self.rng, self.window, self.killed = random.Random(seed), window, None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 30
+        while not (pids := worker_pids()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(self.rng.uniform(0, self.window))
+        pids = worker_pids()
+        if pids:
+            self.killed = self.rng.choice(pids)
+            os.kill(self.killed, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("seed", KILL_SEEDS)
+def test_a_worker_killed_at_a_random_moment_costs_nothing(tmp_path, seed):
+    killer = Killer(seed, window=1.2)
+    killer.start()
+    stats = run_pipeline(records(600), SyntheticWorkload(0.004), ["cpu", "cpu"], 10,
+                         tmp_path / "out.h5", progress=False)  # 1.2 s of work after spin-up
+    killer.join()
+    assert killer.killed is not None and stats.recovery["deaths"] >= 1
+    assert stats.recovery["restarts"] == stats.recovery["deaths"]
+    assert_exactly_once(tmp_path / "out.h5", 600)
+    assert stats.records == 600 and not stats.partial
+
+
+@pytest.mark.parametrize("fault", ["fail_on_records", "exit_on_records"])
+def test_a_poison_record_among_1000_is_isolated(tmp_path, fault, caplog):
+    workload = SyntheticWorkload(0.0002, **{fault: {"r500"}})
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        stats = run_pipeline(records(1000), workload, ["cpu", "cpu"], 50, tmp_path / "out.h5",
+                             progress=False)
+    data = assert_exactly_once(tmp_path / "out.h5", 1000, missing={500})
+    assert [e["id"] for e in data["errors"]] == [500]
+    expected = "InjectedFailure" if fault == "fail_on_records" else "WorkerDied"
+    assert data["errors"][0]["type"] == expected and stats.partial
+    assert stats.records == 999 and stats.failed_records == 1
+    assert stats.recovery["splits"] >= 5  # 50 -> 25 -> 13 -> 7 -> 4 -> 2 -> 1
+    assert "splitting it" in caplog.text and "record 500 failed" in caplog.text
+
+
+def test_a_workunit_that_hangs_once_costs_one_timeout(tmp_path):
+    workload = SyntheticWorkload(0.001, hang_on_records={"r150"}, transient=str(tmp_path))
+    timeout = 2.0
+    started = time.monotonic()
+    stats = run_pipeline(records(300), workload, ["cpu", "cpu"], 10, tmp_path / "out.h5",
+                         workunit_timeout=timeout, progress=False)
+    assert time.monotonic() - started < timeout + 6  # spin-up, the timeout, one restart
+    assert stats.recovery["timeouts"] == 1 and stats.recovery["restarts"] == 1
+    assert_exactly_once(tmp_path / "out.h5", 300)
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_a_record_that_always_hangs_ends_in_errors(tmp_path, backend):
+    workload = SyntheticWorkload(0.0, hang_on_records={"r5"})
+    stats = run_pipeline(records(20), workload, ["cpu", "cpu"], 1, tmp_path / "out.h5",
+                         backend, workunit_timeout=0.5, retries=0, progress=False)
+    data = assert_exactly_once(tmp_path / "out.h5", 20, missing={5})
+    assert [(e["id"], e["type"]) for e in data["errors"]] == [(5, "WorkunitTimeout")]
+    assert "workunit_timeout" in data["errors"][0]["message"] and stats.partial
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_out_of_memory_halves_the_workunit_and_keeps_the_smaller_size(tmp_path, backend, caplog):
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        stats = run_pipeline(records(200), SyntheticWorkload(0.0, oom_above=8), ["cpu"], 32,
+                             tmp_path / "out.h5", backend, progress=False)
+    assert_exactly_once(tmp_path / "out.h5", 200)
+    assert "out of memory on workunit" in caplog.text
+    assert "at most 16 records" in caplog.text and "at most 8 records" in caplog.text
+    # 32 -> 16 -> 8; the workunit waiting behind a failed one was sent before the cap came down
+    # and fails once more, so at most two backoffs per step, then every workunit fits
+    assert 2 <= stats.recovery["oom_backoffs"] <= 4
+    assert max(s.records for s in stats.timeline) == 8
+
+
+def test_a_record_too_big_for_memory_alone_ends_in_errors(tmp_path):
+    stats = run_pipeline([(0, "r0")], SyntheticWorkload(0.0, oom_above=0), ["cpu"], 1,
+                         tmp_path / "out.h5", "thread", progress=False)
+    errors = read_output(tmp_path / "out.h5")["errors"]
+    assert [(e["id"], e["type"]) for e in errors] == [(0, "MemoryError")] and stats.partial
+
+
+def test_without_restarts_left_the_run_fails_naming_the_last_worker(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match=r"every worker is gone: the last, worker \d on cpu, "
+                                            r"died \(exit code 70\)"):
+        run_pipeline(records(100), SyntheticWorkload(0.0, exit_on_records={"r50"}),
+                     ["cpu", "cpu"], 10, tmp_path / "out.h5", max_restarts=0, progress=False)
+    assert time.monotonic() - started < 15
+
+
+def test_a_worker_killed_while_loading_is_replaced(tmp_path):
+    killer = Killer(0, window=0.0)  # at once: the worker is still importing
+    killer.start()
+    stats = run_pipeline(records(50), SyntheticWorkload(0.0), ["cpu", "cpu"], 5,
+                         tmp_path / "out.h5", progress=False)
+    killer.join()
+    assert killer.killed is not None and stats.recovery["restarts"] == 1
+    assert_exactly_once(tmp_path / "out.h5", 50)
+
+
+def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monkeypatch, caplog):
+    import helpers.pipeline
+
+    # 350 MiB devices, 100 MiB copies: after 3 copies 50 MiB are left, less than one copy
+    workload = SyntheticWorkload(0.0, device_memory_mb={"cuda:0": 350, "cuda:1": 150},
+                                 model_mb=100)
+    with WorkerPool(workload, ["cuda:0", "cuda:1"], adaptive=True, progress=False) as pool:
+        assert pool.stable_workers == {"cuda:0": 3, "cuda:1": 1}
+        stats = pool.run(records(60), tmp_path / "out.h5", workunit_size=5)
+    assert len(stats.workers) == 4
+    assert_exactly_once(tmp_path / "out.h5", 60)
+    # with no headroom asked, it adds copies until one fails to load: the 4th on cuda:0
+    monkeypatch.setattr(helpers.pipeline, "ADAPTIVE_HEADROOM", 0.0)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        with WorkerPool(workload, ["cuda:0"], adaptive=True, max_workers_per_device=6) as pool:
+            assert pool.stable_workers == {"cuda:0": 3}
+    assert "worker 4 on cuda:0 failed to start" in caplog.text and "MemoryError" in caplog.text
