@@ -164,7 +164,6 @@ class WorkerPool:
         ``job``: workunit_size, limit, sort_window, progress, durable, resume (default: the pool's).
         """
         config, records, total, attrs = self._job(source, job)
-        clock = time.monotonic()
         with self._guard(), HDF5Sink(output, self.outputs, attrs, config.durable,
                                      config.resume) as sink:
             records, total = skip_ids(records, total, sink.done_ids)
@@ -178,7 +177,7 @@ class WorkerPool:
             try:
                 results, write_seconds = self._drive(
                     sink, _taker(work), lambda: reader.done and work.empty(), reader, total,
-                    config.progress)
+                    config.progress, lambda: work.qsize() + (not reader.done))
             finally:
                 stop.set()
                 reader.join()
@@ -229,7 +228,8 @@ class WorkerPool:
 
     def _drive(self, sink: HDF5Sink | None, take: Callable[[], Workunit | None],
                finished: Callable[[], bool], reader: Reader | None = None,
-               total: int | None = None, progress: bool = False) -> tuple[list[Result], float]:
+               total: int | None = None, progress: bool = False,
+               backlog: Callable[[], int] = lambda: 0) -> tuple[list[Result], float]:
         """The main loop: feed the workers, write what comes back, until ``finished()`` and no
         workunit is left anywhere. Returns the results and the seconds spent writing."""
         from tqdm.auto import tqdm
@@ -242,7 +242,7 @@ class WorkerPool:
             while True:
                 if reader is not None and reader.error is not None:
                     raise reader.error
-                scheduler.dispatch(take)
+                scheduler.dispatch(take, backlog)
                 if finished() and scheduler.idle:
                     return results, write_seconds
                 for slot, message in scheduler.next_messages(POLL_SECONDS):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import time
 from collections import deque
 from collections.abc import Callable
@@ -65,7 +66,6 @@ class Slot:
     cap: int | None = None  # most records per workunit, after an out-of-memory backoff
     kill_reason: tuple[str, str] | None = None  # (error type, message) when we killed it
     ready: Ready | None = None
-    pids: list = field(default_factory=list)
 
 
 @dataclass
@@ -102,7 +102,6 @@ class Scheduler:
         slot = self.slots.setdefault(info.index, Slot(info))
         slot.state, slot.since, slot.ready = "loading", time.monotonic(), None
         self.backend.spawn(info)
-        slot.pids.append(self.backend.pid(info.index))
 
     def start(self, timeout: float) -> dict[int, Ready]:
         """Spawn every worker and wait until each is Ready; PipelineError if one fails."""
@@ -132,8 +131,6 @@ class Scheduler:
 
     def next_messages(self, timeout: float) -> list[tuple[int, Any]]:
         """Every message waiting (at least one, unless ``timeout`` passes first)."""
-        import queue
-
         try:
             messages = [self.backend.events.get(timeout=timeout)]
         except queue.Empty:
@@ -163,13 +160,22 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.pending and not any(s.in_flight for s in self.slots.values())
 
-    def dispatch(self, take: Callable[[], Workunit | None]) -> None:
-        """Fill every ready worker up to PREFETCH: retried workunits first, then ``take()``."""
-        for slot in sorted(self.slots.values(), key=lambda s: len(s.in_flight)):
-            while slot.state == "ready" and len(slot.in_flight) < PREFETCH:
+    def dispatch(self, take: Callable[[], Workunit | None],
+                 backlog: Callable[[], int] = lambda: 0) -> None:
+        """Give each ready worker a workunit (retried ones first, then ``take()``), the idlest
+        first; then a second, to wait behind the running one, while more work is left
+        (``backlog()``: workunits the reader has queued), so that at the end of a job no workunit
+        waits behind a busy worker while another worker has none."""
+        for depth in range(PREFETCH):
+            for slot in [s for s in self.slots.values()
+                         if s.state == "ready" and len(s.in_flight) == depth]:
+                if depth and not self.pending and backlog() <= 0:
+                    return
                 unit = self._next_for(slot, take)
                 if unit is None:
-                    break
+                    if not self.pending:
+                        return  # nothing left to give anyone
+                    continue  # what is pending is pinned to other workers
                 if not slot.in_flight:
                     slot.head_since = time.monotonic()
                 slot.in_flight.append(unit)

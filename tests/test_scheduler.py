@@ -163,3 +163,35 @@ def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monke
         with WorkerPool(workload, ["cuda:0"], adaptive=True, max_workers_per_device=6) as pool:
             assert pool.stable_workers == {"cuda:0": 3}
     assert "worker 4 on cuda:0 failed to start" in caplog.text and "MemoryError" in caplog.text
+
+
+class FakeBackend:
+    """Records what the scheduler sends; no worker runs."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, slot, unit):
+        self.sent.append((slot, unit.index))
+
+
+def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
+    from helpers.scheduler import Recovery, Scheduler
+    from helpers.worker import Workunit, WorkerInfo
+
+    backend = FakeBackend()
+    scheduler = Scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)],
+                          Recovery())
+    for slot in scheduler.slots.values():
+        slot.state = "ready"
+    for n in range(3):
+        scheduler.pending.append(scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])))
+    scheduler.dispatch(lambda: None)  # pending counts as work left: both get a second
+    assert [slot for slot, _ in backend.sent] == [0, 1, 0]
+    backend.sent.clear()
+    for slot in scheduler.slots.values():
+        slot.in_flight.clear()
+    scheduler.pending.extend(scheduler.number(Workunit(0, np.arange(1), ["x"])) for _ in range(1))
+    queued = [scheduler.number(Workunit(0, np.arange(1), ["y"]))]
+    scheduler.dispatch(lambda: queued.pop() if queued else None, backlog=lambda: 0)
+    assert sorted(slot for slot, _ in backend.sent) == [0, 1]  # one each, none waiting behind
