@@ -15,6 +15,9 @@ Recovery, per failure::
                      to single records; a single record that still fails goes to ``errors``
     out of memory:   split in halves at once; that worker takes at most the smaller size from
                      then on, down to one record
+    a worker's second failure in a row: the worker is replaced (process backend) and that
+                     workunit requeued without charge, in case the fault is the worker's own
+                     (a broken CUDA context), not its workunits'
 """
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ from helpers.worker import Died, Failed, Ready, Result, WorkerInfo, Workunit
 log = logging.getLogger("gpufeed")
 
 PREFETCH = 2  # workunits in flight per worker: one running, one waiting behind it
+RECYCLE_AFTER = 2  # failed workunits in a row after which a process worker is replaced (and the
+# last failure not charged to its workunit): a CUDA error such as a device-side assert leaves the
+# worker's context unusable, so that every later call fails, whatever the workunit
 
 
 class PipelineError(RuntimeError):
@@ -65,6 +71,7 @@ class Slot:
     restarts: int = 0
     cap: int | None = None  # most records per workunit, after an out-of-memory backoff
     kill_reason: tuple[str, str] | None = None  # (error type, message) when we killed it
+    failures_in_a_row: int = 0
     ready: Ready | None = None
 
 
@@ -79,6 +86,7 @@ class Events:
     splits: int = 0
     oom_backoffs: int = 0
     failed_workunits: int = 0
+    recycles: int = 0
     restart_seconds: list = field(default_factory=list)  # spawn to Ready of each replacement
 
     def as_dict(self) -> dict[str, Any]:
@@ -215,12 +223,20 @@ class Scheduler:
             return [], []
         if isinstance(message, Result):
             unit = _take(slot, message.workunit)
+            slot.failures_in_a_row = 0
             return ([message] if unit is not None else []), []
         if isinstance(message, Failed):
             if message.workunit is None:
                 return self._load_failed(slot, message)
             unit = _take(slot, message.workunit)
             if unit is None:
+                return [], []
+            if not message.out_of_memory:
+                slot.failures_in_a_row += 1
+            if slot.failures_in_a_row >= RECYCLE_AFTER and self.backend.name == "process" \
+                    and slot.kill_reason is None:
+                self.pending.appendleft(replace(unit, pinned=None))  # not charged: the worker is
+                self._recycle(slot)                                  # suspect, not the workunit
                 return [], []
             return [], self._failed(slot, unit, message.error_type, message.message,
                                     message.out_of_memory)
@@ -249,16 +265,25 @@ class Scheduler:
                                     f"{self.recovery.load_timeout:g} s (load_timeout)")
                 self.backend.kill(slot.info.index)
 
+    def _recycle(self, slot: Slot) -> None:
+        log.warning("%s: %d workunits failed in a row; replacing the worker in case the fault is "
+                    "its own (e.g. a CUDA context left unusable)", slot.info, slot.failures_in_a_row)
+        slot.kill_reason = ("Recycled", "")
+        self.events.recycles += 1
+        self.backend.kill(slot.info.index)
+
     def _died(self, slot: Slot, message: Died) -> list[tuple]:
         if slot.state == "retired":
             return []
         reason = slot.kill_reason or ("WorkerDied", f"{slot.info} died ({message.how()})")
-        slot.kill_reason = None
+        slot.kill_reason, slot.failures_in_a_row = None, 0
         self.events.deaths += 1
         units = list(slot.in_flight)
         slot.in_flight.clear()
         given_up: list[tuple] = []
-        if units:
+        if reason[0] == "Recycled":  # we stopped it: its workunits did nothing wrong
+            self.pending.extendleft(reversed([replace(u, pinned=None) for u in units]))
+        elif units:
             waiting = [replace(u, pinned=None) for u in units[1:]]  # never started: no attempt
             self.pending.extendleft(reversed(waiting))
             log.warning("%s during %s", reason[1], units[0].describe())

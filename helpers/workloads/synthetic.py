@@ -41,7 +41,8 @@ class SyntheticWorkload:
     ``fail_on_records`` raise InjectedFailure at load time or when a workunit holds one of those
     records; ``exit_on_records`` makes the worker exit at once (``os._exit``, as a segfault would);
     ``hang_on_records`` makes it sleep for an hour; ``oom_above`` raises MemoryError for a workunit
-    of more records than that. With ``transient`` (a folder) each record's fault fires only the
+    of more records than that; ``break_on_records`` raises and leaves the model broken, so that every
+    later workunit of that worker fails too (a CUDA device-side assert does that). With ``transient`` (a folder) each record's fault fires only the
     first time, like a fault that goes away on retry. ``device_memory_mb`` simulates devices of
     that many MiB, each model copy taking ``model_mb``: a copy that does not fit fails to load.
     """
@@ -54,6 +55,7 @@ class SyntheticWorkload:
     fail_on_records: frozenset = frozenset()
     exit_on_records: frozenset = frozenset()
     hang_on_records: frozenset = frozenset()
+    break_on_records: frozenset = frozenset()
     oom_above: int | None = None
     transient: str | None = None
     device_memory_mb: Mapping[str, float] = field(default_factory=dict)
@@ -70,7 +72,7 @@ class SyntheticWorkload:
         if bad:
             raise ValueError(f"speed: factors must be > 0, got {bad}")
         object.__setattr__(self, "speed", dict(self.speed))
-        for name in ("fail_on_records", "exit_on_records", "hang_on_records"):
+        for name in ("fail_on_records", "exit_on_records", "hang_on_records", "break_on_records"):
             object.__setattr__(self, name, frozenset(getattr(self, name)))
         object.__setattr__(self, "device_memory_mb", dict(self.device_memory_mb))
         if self.transient is not None:
@@ -107,6 +109,10 @@ class SyntheticWorkload:
             os._exit(70)  # no cleanup, no message: what a crashed worker looks like
         if self._fires(self.hang_on_records, hashable):
             time.sleep(3600)
+        if model.get("broken") or self._fires(self.break_on_records, hashable):
+            model["broken"] = True
+            raise InjectedFailure("simulated: device-side assert triggered; this worker's device "
+                                  "context is unusable")
         poisoned = self._fires(self.fail_on_records, hashable)
         if poisoned:
             raise InjectedFailure(f"fail_on_records: workunit holds {sorted(map(repr, poisoned))}")
