@@ -66,6 +66,7 @@ class Parts:
         self.folder = self.path.with_name(self.path.name + ".parts")
         self.columns = columns(outputs)
         self.parts: list[Part] = []
+        self.attrs: dict[str, Any] = {}  # written to the index and the final file
 
     def scan(self) -> None:
         """Load the parts on disk; drop unfinished (.tmp) files and parts another one covers."""
@@ -104,7 +105,7 @@ class Parts:
     def write(self, data: Mapping[str, np.ndarray]) -> Part:
         """One new level-0 part holding ``data`` (every column), then merges and a new index."""
         number = self.next_number
-        part = self._write([data], 0, number, number)
+        part = self._write(data, 0, number, number)
         self.parts.append(part)
         self._compact()
         return part
@@ -118,19 +119,14 @@ class Parts:
         _fsync_dir(self.folder)
         self.parts.append(self._describe(target, BASE_LEVEL, number, number))
 
-    def _write(self, blocks: list[Mapping[str, np.ndarray]], level: int, first: int,
-               last: int) -> Part:
+    def _write(self, data: Mapping[str, np.ndarray], level: int, first: int, last: int) -> Part:
         path = self.folder / f"part-L{level}-{first:08d}-{last:08d}.h5"
-        rows = {name: sum(len(b[name]) for b in blocks) for name in self.columns}
         with _Writing(path) as tmp, h5py.File(tmp, "w") as f:
             for name, (shape, dtype) in self.columns.items():
-                dataset = f.create_dataset(name, shape=(rows[name], *shape), dtype=dtype)
-                start = 0
-                for block in blocks:
-                    if len(block[name]):
-                        dataset[start:start + len(block[name])] = block[name]
-                        start += len(block[name])
-        return Part(path, level, first, last, rows["ids"], rows["errors/ids"])
+                dataset = f.create_dataset(name, shape=(len(data[name]), *shape), dtype=dtype)
+                if len(data[name]):
+                    dataset[...] = data[name]
+        return Part(path, level, first, last, len(data["ids"]), len(data["errors/ids"]))
 
     def _compact(self) -> None:
         while True:
@@ -152,7 +148,7 @@ class Parts:
 
     def write_index(self, attrs: Mapping[str, Any]) -> None:
         """Rewrite ``path`` as virtual datasets over every part (h5py reads it like any file)."""
-        self._attrs = {**getattr(self, "_attrs", {}), **attrs}
+        self.attrs.update(attrs)
         with _Writing(self.path) as tmp, h5py.File(tmp, "w", libver="latest") as f:
             for name, (shape, dtype) in self.columns.items():
                 sizes = [(p, p.errors if name.startswith("errors/") else p.rows) for p in self.parts]
@@ -168,13 +164,13 @@ class Parts:
                     layout[start:start + n] = h5py.VirtualSource(source, name, shape=(n, *shape))
                     start += n
                 f.create_virtual_dataset(name, layout)
-            _set_attrs(f, self._attrs)
+            set_attrs(f, self.attrs)
 
     def finish(self, attrs: Mapping[str, Any]) -> None:
         """Merge every part into ``path``, a self-contained file, and remove the parts."""
-        self._attrs = {**getattr(self, "_attrs", {}), **attrs}
+        self.attrs.update(attrs)
         with _Writing(self.path) as tmp:
-            merge(self.parts, tmp, self.columns, self._attrs)
+            merge(self.parts, tmp, self.columns, self.attrs)
         shutil.rmtree(self.folder)
 
     def done_ids(self) -> np.ndarray:
@@ -203,7 +199,7 @@ def merge(parts: list[Part], target: Path, cols: Mapping[str, tuple], attrs: Map
                         block = source[name][offset:offset + COPY_ROWS]
                         dataset[start:start + len(block)] = block
                         start += len(block)
-            _set_attrs(out, attrs or {})
+            set_attrs(out, attrs or {})
     finally:
         for source in sources:
             source.close()
@@ -246,7 +242,8 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _set_attrs(f: h5py.File, attrs: Mapping[str, Any]) -> None:
+def set_attrs(f: h5py.File, attrs: Mapping[str, Any]) -> None:
+    """File attributes from plain values (lists of strings as string arrays, None as "None")."""
     for key, value in attrs.items():
         f.attrs[key] = _attr(value)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from helpers.checkpoint import CHUNK_RECORDS, STR, Parts, _set_attrs, columns, is_index
+from helpers.checkpoint import CHUNK_RECORDS, STR, Parts, columns, is_index, set_attrs
 from helpers.workloads.base import TEXT, OutputSpec
 
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
@@ -64,8 +65,6 @@ class HDF5Sink:
     def _open_parts(self, resume: bool) -> None:
         parts = self._parts = Parts(self.path, self.outputs)
         if not resume and parts.folder.exists():
-            import shutil
-
             shutil.rmtree(parts.folder)  # a new run: what an older one left is not ours
         if resume and self.path.exists() and not is_index(self.path):
             parts.adopt(self.path)  # a finished (or in-place) file: build on it
@@ -82,7 +81,7 @@ class HDF5Sink:
         for name, (shape, dtype) in self.columns.items():
             f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
                              chunks=(CHUNK_RECORDS, *shape))
-        _set_attrs(f, self.attrs)
+        set_attrs(f, self.attrs)
 
     def append(self, ids: np.ndarray, arrays: Mapping[str, np.ndarray]) -> None:
         """Queue rows for writing; ValueError if they do not match the declared outputs."""

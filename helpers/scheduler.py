@@ -170,14 +170,14 @@ class Scheduler:
 
     def dispatch(self, take: Callable[[], Workunit | None],
                  backlog: Callable[[], int] = lambda: 0) -> None:
-        """Give each ready worker a workunit (retried ones first, then ``take()``), the idlest
-        first; then a second, to wait behind the running one, while more work is left
-        (``backlog()``: workunits the reader has queued), so that at the end of a job no workunit
-        waits behind a busy worker while another worker has none."""
+        """Give each ready worker a workunit (retried ones first, then ``take()``), then a second
+        to wait behind the running one while there is enough left for every worker
+        (``backlog()``: workunits the reader has queued), so that the last workunits of a job go
+        to whichever worker is free first, not behind a slow worker's running one."""
+        ready = [s for s in self.slots.values() if s.state == "ready"]
         for depth in range(PREFETCH):
-            for slot in [s for s in self.slots.values()
-                         if s.state == "ready" and len(s.in_flight) == depth]:
-                if depth and not self.pending and backlog() <= 0:
+            for slot in [s for s in ready if len(s.in_flight) == depth]:
+                if depth and len(self.pending) + backlog() < len(ready):
                     return
                 unit = self._next_for(slot, take)
                 if unit is None:
