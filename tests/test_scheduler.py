@@ -200,3 +200,15 @@ def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
     queued = [scheduler.number(Workunit(0, np.arange(1), ["y"])) for _ in range(3)]
     scheduler.dispatch(lambda: queued.pop() if queued else None, backlog=lambda: len(queued))
     assert [slot for slot, _ in backend.sent] == [0, 1] and len(queued) == 1
+
+
+def test_a_worker_whose_model_breaks_is_recycled_and_only_the_bad_record_is_lost(tmp_path, caplog):
+    """A record that breaks its worker for good (a CUDA device-side assert does): without
+    recycling, every later workunit of that worker would fail and end in errors."""
+    workload = SyntheticWorkload(0.001, break_on_records={"r100"})
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        stats = run_pipeline(records(300), workload, ["cpu", "cpu"], 10, tmp_path / "out.h5",
+                             progress=False)
+    data = assert_exactly_once(tmp_path / "out.h5", 300, missing={100})
+    assert [e["id"] for e in data["errors"]] == [100]
+    assert stats.recovery["recycles"] >= 1 and "failed in a row" in caplog.text
