@@ -52,9 +52,6 @@ class ProcessBackend:
     def kill(self, slot: int) -> None:
         self._workers[slot].process.kill()
 
-    def pid(self, slot: int) -> int | None:
-        return self._workers[slot].process.pid
-
     def shutdown(self, clean: bool) -> None:
         """End every worker (cleanly: END_OF_WORK, else terminate); kill any left after
         JOIN_SECONDS. Returns once no worker process is left."""
@@ -163,9 +160,6 @@ class ThreadBackend:
         _, _, abandoned = self._workers[slot]
         abandoned.set()
         self.events.put((slot, Died(slot, None)))
-
-    def pid(self, slot: int) -> int | None:
-        return None
 
     def shutdown(self, clean: bool) -> None:
         """Stop and join the threads; one busy with a workunit finishes it first (daemon threads

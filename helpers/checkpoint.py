@@ -107,7 +107,8 @@ class Parts:
         number = self.next_number
         part = self._write(data, 0, number, number)
         self.parts.append(part)
-        self._compact()
+        if not self._compact():  # a merge writes the index itself
+            self.write_index({})
         return part
 
     def adopt(self, path: Path) -> None:
@@ -128,12 +129,15 @@ class Parts:
                     dataset[...] = data[name]
         return Part(path, level, first, last, len(data["ids"]), len(data["errors/ids"]))
 
-    def _compact(self) -> None:
+    def _compact(self) -> bool:
+        """Merge every level that has COMPACT_PARTS parts; True if anything was merged."""
+        merged_any = False
         while True:
             full = [level for level in range(BASE_LEVEL)
                     if sum(p.level == level for p in self.parts) >= COMPACT_PARTS]
             if not full:
-                return
+                return merged_any
+            merged_any = True
             group = [p for p in self.parts if p.level == full[0]]
             path = self.folder / f"part-L{full[0] + 1}-{group[0].first:08d}-{group[-1].last:08d}.h5"
             with _Writing(path) as tmp:

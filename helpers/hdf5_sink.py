@@ -122,8 +122,7 @@ class HDF5Sink:
             data[name] = np.concatenate(pieces) if pieces else \
                 np.empty((0, *shape), dtype=object if dtype is STR else dtype)
         if self._parts is not None:
-            self._parts.write(data)
-            self._parts.write_index({})
+            self._parts.write(data)  # and the index over every part
         else:
             for name, rows in data.items():
                 dataset = self._file[name]

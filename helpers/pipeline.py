@@ -115,6 +115,8 @@ class WorkerPool:
             self._backend.shutdown(clean=False)
             raise
         self.stable_workers = dict(Counter(info.device for info in self.workers))
+        if config.adaptive:
+            log.info("adaptive: stable workers per device: %s", self.stable_workers)
         self.spinup_seconds = time.monotonic() - started
         return self
 
@@ -146,8 +148,6 @@ class WorkerPool:
                              "stopping there", device, free, copy + 1, used)
                     break
         self.workers = workers
-        log.info("adaptive: stable workers per device: %s",
-                 dict(Counter(info.device for info in workers)))
 
     @property
     def pids(self) -> dict[int, int]:
