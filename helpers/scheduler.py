@@ -71,6 +71,7 @@ class Slot:
     restarts: int = 0
     cap: int | None = None  # most records per workunit, after an out-of-memory backoff
     kill_reason: tuple[str, str] | None = None  # (error type, message) when we killed it
+    kill_unit: int | None = None  # the workunit a timeout kill was about
     failures_in_a_row: int = 0
     ready: Ready | None = None
 
@@ -233,10 +234,12 @@ class Scheduler:
                 return [], []
             if not message.out_of_memory:
                 slot.failures_in_a_row += 1
-            if slot.failures_in_a_row >= RECYCLE_AFTER and self.backend.name == "process" \
-                    and slot.kill_reason is None:
+            recycling = slot.kill_reason is not None and slot.kill_reason[0] == "Recycled"
+            if recycling or (slot.failures_in_a_row >= RECYCLE_AFTER
+                             and self.backend.name == "process" and slot.kill_reason is None):
                 self.pending.appendleft(replace(unit, pinned=None))  # not charged: the worker is
-                self._recycle(slot)                                  # suspect, not the workunit
+                if not recycling:                                    # suspect, not the workunit
+                    self._recycle(slot)  # (a unit queued behind may fail before the kill lands)
                 return [], []
             return [], self._failed(slot, unit, message.error_type, message.message,
                                     message.out_of_memory)
@@ -253,6 +256,7 @@ class Scheduler:
             if slot.state == "ready" and slot.in_flight and limit is not None \
                     and now - slot.head_since > limit:
                 unit = slot.in_flight[0]
+                slot.kill_unit = unit.index
                 slot.kill_reason = ("WorkunitTimeout",
                                     f"no result after {limit:g} s (workunit_timeout); "
                                     f"{slot.info} was killed")
@@ -276,12 +280,15 @@ class Scheduler:
         if slot.state == "retired":
             return []
         reason = slot.kill_reason or ("WorkerDied", f"{slot.info} died ({message.how()})")
-        slot.kill_reason, slot.failures_in_a_row = None, 0
+        culprit = slot.kill_unit
+        slot.kill_reason, slot.kill_unit, slot.failures_in_a_row = None, None, 0
         self.events.deaths += 1
         units = list(slot.in_flight)
         slot.in_flight.clear()
         given_up: list[tuple] = []
-        if reason[0] == "Recycled":  # we stopped it: its workunits did nothing wrong
+        if reason[0] == "Recycled" or (units and culprit not in (None, units[0].index)):
+            # we stopped it, or the workunit that timed out finished before the kill landed:
+            # the workunits it still held did nothing wrong
             self.pending.extendleft(reversed([replace(u, pinned=None) for u in units]))
         elif units:
             waiting = [replace(u, pinned=None) for u in units[1:]]  # never started: no attempt

@@ -91,7 +91,8 @@ def test_a_workunit_that_hangs_once_costs_one_timeout(tmp_path):
     started = time.monotonic()
     stats = run_pipeline(records(300), workload, ["cpu", "cpu"], 10, tmp_path / "out.h5",
                          workunit_timeout=timeout, progress=False)
-    assert time.monotonic() - started < timeout + 6  # spin-up, the timeout, one restart
+    assert time.monotonic() - started < timeout + 30  # spin-up, the timeout, one restart (on a
+    # loaded machine); a hang that were waited out would end only at the test's timeout
     assert stats.recovery["timeouts"] == 1 and stats.recovery["restarts"] == 1
     assert_exactly_once(tmp_path / "out.h5", 300)
 
@@ -100,7 +101,7 @@ def test_a_workunit_that_hangs_once_costs_one_timeout(tmp_path):
 def test_a_record_that_always_hangs_ends_in_errors(tmp_path, backend):
     workload = SyntheticWorkload(0.0, hang_on_records={"r5"})
     stats = run_pipeline(records(20), workload, ["cpu", "cpu"], 1, tmp_path / "out.h5",
-                         backend, workunit_timeout=0.5, retries=0, progress=False)
+                         backend, workunit_timeout=2.0, retries=0, progress=False)
     data = assert_exactly_once(tmp_path / "out.h5", 20, missing={5})
     assert [(e["id"], e["type"]) for e in data["errors"]] == [(5, "WorkunitTimeout")]
     assert "workunit_timeout" in data["errors"][0]["message"] and stats.partial
@@ -168,11 +169,19 @@ def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monke
 class FakeBackend:
     """Records what the scheduler sends; no worker runs."""
 
+    name = "process"
+
     def __init__(self):
-        self.sent = []
+        self.sent, self.killed = [], []
 
     def send(self, slot, unit):
         self.sent.append((slot, unit.index))
+
+    def kill(self, slot):
+        self.killed.append(slot)
+
+    def spawn(self, info):
+        pass
 
 
 def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
@@ -212,3 +221,49 @@ def test_a_worker_whose_model_breaks_is_recycled_and_only_the_bad_record_is_lost
     data = assert_exactly_once(tmp_path / "out.h5", 300, missing={100})
     assert [e["id"] for e in data["errors"]] == [100]
     assert stats.recovery["recycles"] >= 1 and "failed in a row" in caplog.text
+
+
+def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():
+    """The workunit queued behind the one that triggers recycling can fail before the kill lands:
+    it is requeued as it was, not retried, split or given up on (the CI flake of the test above)."""
+    from helpers.scheduler import Recovery, Scheduler
+    from helpers.worker import Failed, Workunit, WorkerInfo
+
+    backend = FakeBackend()
+    scheduler = Scheduler(backend, [WorkerInfo(0, "cuda:0", 1)], Recovery(retries=0))
+    slot = scheduler.slots[0]
+    slot.state = "ready"
+    units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(3)]
+    slot.in_flight.extend(units)
+
+    def fail(unit):
+        return scheduler.handle(0, Failed(0, "cuda:0", unit.index, "workunit", "RuntimeError",
+                                          "CUDA error: device-side assert triggered", ""))
+
+    assert fail(units[0]) == ([], [(0, "RuntimeError", "CUDA error: device-side assert triggered",
+                                    pytest.approx(time.time(), abs=60))])
+    assert fail(units[1]) == ([], []) and backend.killed == [0]  # second in a row: recycled
+    assert fail(units[2]) == ([], []) and backend.killed == [0]  # behind it: not charged
+    assert [(list(u.ids), u.attempts) for u in scheduler.pending] == [([2], 0), ([1], 0)]
+
+
+def test_a_workunit_that_finishes_before_its_timeout_kill_lands_leaves_the_next_uncharged():
+    """The kill is about the workunit that ran too long; if its result arrives first, the workunit
+    behind it had only just started and goes back as it was."""
+    from helpers.scheduler import Recovery, Scheduler
+    from helpers.worker import Died, Result, Workunit, WorkerInfo
+
+    backend = FakeBackend()
+    scheduler = Scheduler(backend, [WorkerInfo(0, "cuda:0", 1)],
+                          Recovery(retries=0, workunit_timeout=0.0))
+    slot = scheduler.slots[0]
+    slot.state = "ready"
+    units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(2)]
+    slot.in_flight.extend(units)
+    scheduler.check_timeouts()
+    assert backend.killed == [0] and scheduler.events.timeouts == 1
+    results, _ = scheduler.handle(0, Result(0, units[0].index, units[0].ids, {}, [], 0.0, 0.0))
+    assert len(results) == 1
+    assert scheduler.handle(0, Died(0, -9)) == ([], [])
+    assert [(list(u.ids), u.attempts) for u in scheduler.pending] == [([1], 0)]
+    assert scheduler.events.failed_workunits == 0 and scheduler.events.restarts == 1
