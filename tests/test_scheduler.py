@@ -91,8 +91,9 @@ def test_a_workunit_that_hangs_once_costs_one_timeout(tmp_path):
     started = time.monotonic()
     stats = run_pipeline(records(300), workload, ["cpu", "cpu"], 10, tmp_path / "out.h5",
                          workunit_timeout=timeout, progress=False)
-    assert time.monotonic() - started < timeout + 30  # spin-up, the timeout, one restart (on a
-    # loaded machine); a hang that were waited out would end only at the test's timeout
+    # the issue asks for timeout + a few seconds: here 2 workers' spin-up, the timeout, one
+    # restart, with room for a loaded CI machine (a hang waited out would end at 300 s)
+    assert time.monotonic() - started < timeout + 12
     assert stats.recovery["timeouts"] == 1 and stats.recovery["restarts"] == 1
     assert_exactly_once(tmp_path / "out.h5", 300)
 
