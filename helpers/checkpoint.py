@@ -117,7 +117,7 @@ class Parts:
         number = self.next_number
         target = self.folder / f"part-L{BASE_LEVEL}-{number:08d}-{number:08d}.h5"
         os.replace(path, target)
-        _fsync_dir(self.folder)
+        _fsync(self.folder)
         self.parts.append(self._describe(target, BASE_LEVEL, number, number))
 
     def _write(self, data: Mapping[str, np.ndarray], level: int, first: int, last: int) -> Part:
@@ -229,17 +229,14 @@ class _Writing:
         if exc_type is not None:
             self.tmp.unlink(missing_ok=True)
             return
-        fd = os.open(self.tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the data reaches the disk before the name does
-        finally:
-            os.close(fd)
+        _fsync(self.tmp)  # the data reaches the disk before the name does
         os.replace(self.tmp, self.path)
-        _fsync_dir(self.path.parent)
+        _fsync(self.path.parent)
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """fsync a file, or a folder (so that a rename in it is on disk too)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

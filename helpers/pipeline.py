@@ -45,7 +45,8 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -276,10 +277,16 @@ class WorkerPool:
             total = config.limit if total is None else min(total, config.limit)
         return config, records, total, {**self.workload.attrs(), **_run_attrs(config, described)}
 
-    def _guard(self) -> "_Guard":
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Marks the pool broken if a job fails half-way (its workunits may still be in flight)."""
         if self._broken:
             raise PipelineError("this pool stopped after a failed job; start another pool")
-        return _Guard(self)
+        try:
+            yield
+        except BaseException:
+            self._broken = True
+            raise
 
     def _span(self, result: Result, clock: float) -> WorkunitSpan:
         device = self._scheduler.slots[result.worker].info.device
@@ -317,20 +324,6 @@ class WorkerPool:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""
         events, self._scheduler.events = self._scheduler.events, Events()
         return events.as_dict()
-
-
-class _Guard:
-    """Marks the pool broken if a job fails half-way (its workunits may still be in flight)."""
-
-    def __init__(self, pool: WorkerPool) -> None:
-        self._pool = pool
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is not None:
-            self._pool._broken = True
 
 
 def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str = ("cpu",),
