@@ -11,7 +11,8 @@ queue of ``(slot, message)`` in arrival order (Ready, Result, Failed, and the ba
 worker ends without a word), ``kill(slot)`` and ``shutdown(clean)``.
 
 Process backend, per worker: a sender thread writes its inbox pipe (a full pipe blocks that thread,
-never the pool), a listener thread reads its outbox pipe and posts each message; end of file on the
+never the pool), a listener thread reads its outbox pipe (helpers.transfer: results' arrays come as
+raw bytes, read straight into their arrays) and posts each message; end of file on the
 outbox means the process is gone, and the listener posts Died with its exit code. Detection is as
 fast as the kernel closes the pipe: milliseconds.
 
@@ -26,6 +27,7 @@ import queue
 import threading
 from typing import Any
 
+from helpers import transfer
 from helpers.worker import END_OF_WORK, Died, SharedModels, WorkerInfo, process_main, thread_main
 
 BACKENDS = ("process", "thread")
@@ -79,6 +81,7 @@ class _Process:
         self.process.start()
         inbox_read.close()  # the child holds its own copies: our closing them lets EOF through
         outbox_write.close()
+        transfer.widen(outbox_read)
         self._inbox, self._outbox = inbox_write, outbox_read
         self.outgoing: queue.Queue = queue.Queue()
         self._threads = [
@@ -104,7 +107,7 @@ class _Process:
     def _listen_loop(self) -> None:
         while True:
             try:
-                message = self._outbox.recv()
+                message = transfer.receive(self._outbox)
             except (EOFError, OSError):  # every writer closed: the process has ended
                 break
             except Exception:  # a message cut short by the worker's death does not unpickle

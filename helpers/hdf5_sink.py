@@ -9,31 +9,41 @@ Layout::
     errors/message      str     [m]
     errors/time         float64 [m]            unix time of the failure
 
-Rows are buffered and written in blocks of CHUNK_RECORDS (or when the buffer is older than
-FLUSH_SECONDS), so a run of one-record workunits does not pay one write per record.
+Rows are buffered in the caller's thread and handed, a part at a time (PART_ROWS rows, PART_BYTES
+bytes, or a buffer FLUSH_SECONDS old, whichever comes first), to a writer thread behind a queue of
+at most WRITE_AHEAD_BYTES. The caller (the scheduler's thread) never waits for the disk unless the
+disk falls that far behind; HDF5 writes and fsync release the GIL, so writing overlaps the rest.
 
-``durable=True`` (the default) writes each block as a part file and keeps the output an index over
-the parts until the run ends (helpers.checkpoint): whatever kills the run, the output opens and
-holds every block flushed before, and ``resume=True`` carries on from there. ``durable=False``
-appends to the file in place: a little faster, but a run killed mid-write may leave it unreadable.
+``durable=True`` (the default) writes each part as a file and keeps the output an index over the
+parts (helpers.checkpoint): whatever kills the run, the output opens and holds the rows written
+before, and ``resume=True`` carries on from there. ``durable=False`` appends to the file in place:
+a little faster, but a run killed mid-write may leave it unreadable.
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from helpers.checkpoint import CHUNK_RECORDS, STR, Parts, columns, is_index, set_attrs
+from helpers.checkpoint import (CHUNK_RECORDS, PART_BYTES, PART_ROWS, Parts, columns, is_index,
+                                set_attrs)
+from helpers.id_ranges import IdRanges
 from helpers.workloads.base import TEXT, OutputSpec
 
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
+WRITE_AHEAD_BYTES = 128 << 20  # rows handed to the writer and not yet on disk, at most
+IDLE_SECONDS = 0.5  # an idle writer thread looks this often whether the index is due
+
+log = logging.getLogger("gpufeed")
 
 
 class HDF5Sink:
@@ -42,7 +52,7 @@ class HDF5Sink:
     def __init__(self, path: str | os.PathLike, outputs: Mapping[str, OutputSpec],
                  attrs: Mapping[str, Any] | None = None, durable: bool = True,
                  resume: bool = False) -> None:
-        reserved = {"ids", "errors"} & set(outputs)
+        reserved = {"ids", "errors", "resume"} & set(outputs)
         if reserved:
             raise ValueError(f"outputs: {sorted(reserved)} are reserved dataset names")
         if resume and not durable:
@@ -52,15 +62,19 @@ class HDF5Sink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.columns = columns(self.outputs)
         self._blocks: list[dict[str, np.ndarray]] = []
-        self._buffered, self._buffer_since = 0, time.monotonic()
-        self.records_written = self.errors_written = 0
-        self.done_ids = np.empty(0, np.int64)  # resume: ids a previous run wrote or gave up on
+        self._rows = self._bytes = 0
+        self._since = time.monotonic()
+        self.records_written = self.errors_written = 0  # on disk (counted by the writer thread)
+        self.write_seconds = 0.0  # the writer thread's time writing
+        self.done = IdRanges()  # resume: ids a previous run wrote or gave up on
         self._parts: Parts | None = None
         self._file: h5py.File | None = None
         if durable:
             self._open_parts(resume)
         else:
             self._open_in_place()
+        self._closed = False
+        self._writer = _WriterThread(self._write, self._idle)
 
     def _open_parts(self, resume: bool) -> None:
         parts = self._parts = Parts(self.path, self.outputs)
@@ -69,11 +83,12 @@ class HDF5Sink:
         if resume and self.path.exists() and not is_index(self.path):
             parts.adopt(self.path)  # a finished (or in-place) file: build on it
         parts.scan()
-        self.done_ids = parts.done_ids()
+        self.done = parts.done()
         if resume:
-            self.attrs["resumed_after"] = len(self.done_ids)
-            logging.getLogger("gpufeed").info("resume: %s holds %d ids (written or failed); "
-                                              "they are skipped", self.path, len(self.done_ids))
+            self.attrs["resumed_after"] = len(self.done)
+            log.info("resume: %s holds %d ids (written or failed, in %d ranges); they are "
+                     "skipped", self.path, len(self.done), self.done.runs)
+        self.attrs["complete"] = False
         parts.write_index(self.attrs)  # from now on the output is this run's, even if it dies
 
     def _open_in_place(self) -> None:
@@ -82,6 +97,21 @@ class HDF5Sink:
             f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
                              chunks=(CHUNK_RECORDS, *shape))
         set_attrs(f, self.attrs)
+
+    @property
+    def bytes_written(self) -> int:
+        return self._parts.bytes_written if self._parts is not None else self.output_bytes
+
+    @property
+    def output_bytes(self) -> int:
+        if self._parts is not None:
+            return self._parts.output_bytes
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Time the caller waited for room in the write-ahead queue (the disk fell behind)."""
+        return self._writer.blocked_seconds
 
     def append(self, ids: np.ndarray, arrays: Mapping[str, np.ndarray]) -> None:
         """Queue rows for writing; ValueError if they do not match the declared outputs."""
@@ -105,45 +135,75 @@ class HDF5Sink:
                    "errors/time": np.asarray(times, dtype=np.float64)}, len(failures))
 
     def _add(self, block: dict[str, np.ndarray], rows: int) -> None:
+        self._writer.check()
         if not self._blocks:
-            self._buffer_since = time.monotonic()
+            self._since = time.monotonic()
         self._blocks.append(block)
-        self._buffered += rows
-        if self._buffered >= CHUNK_RECORDS or time.monotonic() - self._buffer_since > FLUSH_SECONDS:
-            self.flush()
+        self._rows += rows
+        self._bytes += sum(a.nbytes for a in block.values())
+        if self._rows >= PART_ROWS or self._bytes >= PART_BYTES:
+            self._hand_off()
+        else:
+            self.poll()
+
+    def poll(self) -> None:
+        """Hand a buffer older than FLUSH_SECONDS to the writer; raise what the writer raised.
+        The scheduler calls this as it loops, so a slow run's rows reach the disk too."""
+        self._writer.check()
+        if self._blocks and time.monotonic() - self._since > FLUSH_SECONDS:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        if self._blocks:
+            self._writer.put(self._blocks, self._bytes)
+            self._blocks, self._rows, self._bytes = [], 0, 0
 
     def flush(self) -> None:
-        """Write the buffered rows: a new part (durable) or appended in place; then flush."""
-        if not self._blocks:
-            return
-        data = {}
-        for name, (shape, dtype) in self.columns.items():
-            pieces = [b[name] for b in self._blocks if name in b]
-            data[name] = np.concatenate(pieces) if pieces else \
-                np.empty((0, *shape), dtype=object if dtype is STR else dtype)
+        """Write everything appended so far, and wait until it is on disk."""
+        self._hand_off()
+        self._writer.drain()
+
+    def _write(self, blocks: list[dict[str, np.ndarray]]) -> None:
+        """The writer thread's work: one part (durable), or appended in place."""
+        started = time.monotonic()
         if self._parts is not None:
-            self._parts.write(data)  # and the index over every part
+            part = self._parts.write(blocks)
+            rows, errors = part.rows, part.errors
         else:
-            for name, rows in data.items():
+            for name in self.columns:
+                pieces = [b[name] for b in blocks if name in b and len(b[name])]
                 dataset = self._file[name]
-                start = dataset.shape[0]
-                dataset.resize(start + len(rows), axis=0)
-                dataset[start:] = rows
+                for piece in pieces:
+                    start = dataset.shape[0]
+                    dataset.resize(start + len(piece), axis=0)
+                    dataset[start:] = piece
             self._file.flush()
-        self.records_written += len(data["ids"])
-        self.errors_written += len(data["errors/ids"])
-        self._blocks, self._buffered = [], 0
+            rows = sum(len(b["ids"]) for b in blocks if "ids" in b)
+            errors = sum(len(b["errors/ids"]) for b in blocks if "errors/ids" in b)
+        self.records_written += rows
+        self.errors_written += errors
+        self.write_seconds += time.monotonic() - started
+
+    def _idle(self) -> None:
+        if self._parts is not None:
+            self._parts.refresh_index()
 
     def close(self, complete: bool = True) -> None:
-        """Flush; a complete durable run is merged into one file, an incomplete one keeps its
-        index (and parts) for ``resume``."""
+        """Write what is left; a complete durable run is finished (one file, or the index over
+        big parts), an incomplete one keeps its index and parts for ``resume``."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._hand_off()
+        finally:
+            self._writer.close()  # waits for every handed-off part
         if self._parts is not None:
-            self.flush()
-            parts, self._parts = self._parts, None
             if complete:
-                parts.finish(self.attrs)
-        elif self._file is not None and self._file.id.valid:
-            self.flush()
+                self._parts.finish(self.attrs)
+            else:
+                self._parts.refresh_index(force=True)
+        elif self._file.id.valid:
             self._file.close()
 
     def __enter__(self) -> "HDF5Sink":
@@ -151,6 +211,85 @@ class HDF5Sink:
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.close(complete=exc_type is None)
+
+
+class _WriterThread(threading.Thread):
+    """Runs ``write(blocks)`` for each handed-off part, in order, behind a queue of at most
+    WRITE_AHEAD_BYTES; calls ``idle()`` every IDLE_SECONDS when there is nothing to write. An
+    exception stops it; the next ``put``, ``check``, ``drain`` or ``close`` raises it."""
+
+    def __init__(self, write: Callable[[list], None], idle: Callable[[], None]) -> None:
+        super().__init__(name="gpufeed-writer", daemon=True)
+        self._write, self._idle = write, idle
+        self._queue: deque[tuple[list, int]] = deque()
+        self._queued_bytes, self._busy, self._closing = 0, False, False
+        self._lock = threading.Condition()
+        self.error: BaseException | None = None
+        self.blocked_seconds = 0.0
+        self.start()
+
+    def put(self, blocks: list, nbytes: int) -> None:
+        started = time.monotonic()
+        with self._lock:
+            while self._queue and self._queued_bytes + nbytes > WRITE_AHEAD_BYTES:
+                self._raise()
+                self._lock.wait(IDLE_SECONDS)
+            self._raise()
+            self._queue.append((blocks, nbytes))
+            self._queued_bytes += nbytes
+            self._lock.notify_all()
+        self.blocked_seconds += time.monotonic() - started
+
+    def drain(self) -> None:
+        with self._lock:
+            while self._queue or self._busy:
+                self._raise()
+                self._lock.wait(IDLE_SECONDS)
+            self._raise()
+
+    def check(self) -> None:
+        if self.error is not None:
+            self._raise()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        self.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the writer thread failed: {type(self.error).__name__}: "
+                               f"{self.error}") from self.error
+
+    def run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue and not self._closing:
+                    self._lock.wait(IDLE_SECONDS)
+                if not self._queue:
+                    if self._closing:
+                        return
+                    item = None
+                else:
+                    item, self._busy = self._queue[0], True
+            try:
+                if item is None:
+                    self._idle()
+                    continue
+                self._write(item[0])
+            except BaseException as exc:  # disk full, a bad path: the caller's next call raises
+                self.error = exc
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+                return
+            with self._lock:
+                self._queue.popleft()
+                self._queued_bytes -= item[1]
+                self._busy = False
+                self._lock.notify_all()
 
 
 def read_output(path: str | os.PathLike) -> dict[str, Any]:

@@ -3,16 +3,17 @@
 Data flow::
 
     source ──► Reader thread ──► work queue ──► scheduler ──► inbox 0 ─► worker 0 (cpu)    ─► outbox 0 ─┐
-    (HDF5,     groups records    (bounded)      (main         inbox 1 ─► worker 1 (cuda:0) ─► outbox 1 ─┤
+    (HDF5,     slices of records (bounded)      (main         inbox 1 ─► worker 1 (cuda:0) ─► outbox 1 ─┤
      JSONL,    into workunits                    thread)      inbox 2 ─► worker 2 (cuda:0) ─► outbox 2 ─┤
      images,                                       ▲                                                    │
      pairs)                                        └──── events (Ready, Result, Failed, Died) ◄─────────┘
                                                    │
-                                                   └──► writer (main thread): HDF5Sink, errors/, progress bar
+                                                   └──► HDF5Sink buffer ──► write-ahead ──► writer thread
+                                                        (main thread)       (bounded)       (parts, index)
 
-Reader: a thread of the parent process. It pulls ``(id, record)`` pairs lazily from the source, cuts
-them into workunits and puts them on the bounded work queue, so memory stays flat whatever the input
-size; it wakes the scheduler after each one.
+Reader: a thread of the parent process. It pulls ``(ids, records)`` slices lazily from the source
+(helpers.sources.read_slices), cuts them into workunits and puts them on the bounded work queue, so
+memory stays flat whatever the input size; it wakes the scheduler after each one.
 
 Scheduler (helpers.scheduler): the parent's main thread. It keeps every ready worker supplied with
 up to two workunits (one running, one waiting), retried ones first; it is the only owner of a
@@ -25,9 +26,14 @@ a thread sharing its device's model). Each loads the workload's model once on it
 Ready, then runs workunits until the pool closes, answering each with a Result or a Failed message.
 Workers outlive a job, so one pool runs many jobs on models loaded once.
 
-Writer: the parent's main thread too. It appends each Result's rows to the output, and records the
-workload rejected, or that the scheduler gave up on, to ``errors/``. With ``durable`` (the default)
-the output survives any crash (helpers.checkpoint) and ``resume`` finishes an interrupted run.
+Writer (helpers.hdf5_sink): the main thread buffers each Result's rows (and the records the
+workload rejected, or that the scheduler gave up on, for ``errors/``) and hands them a part at a
+time to the writer thread, which writes them while the scheduler goes on dispatching. With
+``durable`` (the default) the output survives any crash (helpers.checkpoint) and ``resume``
+finishes an interrupted run, skipping what is written before reading it.
+
+At any scale the parent holds nothing per record once it is written: a worker's figures are
+running totals, the timeline is bounded (helpers.stats), and a resumed run's done ids are ranges.
 
 Static split (``WorkerPool.static_round``, ``WorkerPool.run_static``): the layout queue-fed workers
 replace. Worker i gets slice i, pinned to it, as one workunit; the round lasts as long as its
@@ -38,7 +44,6 @@ throughput starts when the reader starts and stops when the writer has written t
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import queue
@@ -58,9 +63,10 @@ from helpers.devices import check_available, parse_devices
 from helpers.hdf5_sink import HDF5Sink
 from helpers.provenance import package_versions
 from helpers.reader import Reader
-from helpers.scheduler import Events, PipelineError, RemoteTraceback, Recovery, Scheduler
-from helpers.sources import open_source, skip_ids, source_length
-from helpers.stats import PipelineStats, RoundStats, WorkerStats, WorkunitSpan
+from helpers.scheduler import (Dispatches, Events, PipelineError, RemoteTraceback, Recovery,
+                               Scheduler)
+from helpers.sources import open_source, read_slices, records_left, source_length
+from helpers.stats import PipelineStats, RoundStats, Tally, Timeline, WorkerStats, WorkunitSpan
 from helpers.worker import POLL_SECONDS, Result, WorkerInfo, Workunit, peak_memory
 from helpers.workloads.base import Workload
 
@@ -164,27 +170,30 @@ class WorkerPool:
 
         ``job``: workunit_size, limit, sort_window, progress, durable, resume (default: the pool's).
         """
+        started = time.monotonic()
         config, records, total, attrs = self._job(source, job)
+        self._scheduler.dispatches = Dispatches()
         with self._guard(), HDF5Sink(output, self.outputs, attrs, config.durable,
                                      config.resume) as sink:
-            records, total = skip_ids(records, total, sink.done_ids)
+            slices = read_slices(records, sink.done, config.limit)
+            total = records_left(total, config.limit, sink.done)
             work: queue.Queue = queue.Queue(config.depth)
             stop = threading.Event()
             cost = getattr(self.workload, "record_cost", None) if config.window else None
-            reader = Reader(records, work, config.workunit_size, stop, config.window, cost,
+            reader = Reader(slices, work, config.workunit_size, stop, config.window, cost,
                             notify=lambda: self._backend.events.put((None, WAKE)))
             clock = time.monotonic()
             reader.start()
             try:
-                results, write_seconds = self._drive(
-                    sink, _taker(work), lambda: reader.done and work.empty(), reader, total,
-                    config.progress, lambda: work.qsize() + (not reader.done))
+                tallies, timeline = self._drive(
+                    sink, _taker(work), lambda: reader.done and work.empty(), clock, reader,
+                    total, config.progress, lambda: work.qsize() + (not reader.done))
             finally:
                 stop.set()
                 reader.join()
         wall = time.monotonic() - clock
-        return self._stats(config, output, results, clock, wall, sink,
-                           (reader.read_seconds, reader.blocked_seconds, write_seconds))
+        return self._stats(config, output, tallies, timeline, wall, sink, started,
+                           (reader.read_seconds, reader.blocked_seconds))
 
     def run_static(self, source: Any, output: str | os.PathLike, **job: Any) -> PipelineStats:
         """The data-parallel layout as one job: read every record, give worker i the i-th of
@@ -192,27 +201,31 @@ class WorkerPool:
 
         ``job``: limit, durable, resume (the others do not apply: a slice is one workunit).
         """
+        started = time.monotonic()
         config, records, total, attrs = self._job(source, job)
+        self._scheduler.dispatches = Dispatches()
         with HDF5Sink(output, self.outputs, attrs, config.durable, config.resume) as sink:
-            started = time.monotonic()
-            pairs = list(skip_ids(records, total, sink.done_ids)[0])
-            read_seconds = time.monotonic() - started
+            reading = time.monotonic()
+            pairs = [pair for ids, chunk in read_slices(records, sink.done, config.limit)
+                     for pair in zip(ids.tolist(), chunk)]
+            read_seconds = time.monotonic() - reading
             bounds = np.linspace(0, len(pairs), len(self.workers) + 1).round().astype(int)
             slices = [pairs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-            results, clock, _ = self._round(slices, sink)
+            tallies, timeline, clock, _ = self._round(slices, sink)
         wall = time.monotonic() - clock
         config = replace(config, workunit_size=max(1, max(len(s) for s in slices)))
-        return self._stats(config, output, results, clock, wall, sink, (read_seconds, 0.0, 0.0))
+        return self._stats(config, output, tallies, timeline, wall, sink, started,
+                           (read_seconds, 0.0))
 
     def static_round(self, slices: Sequence[Sequence[tuple[int, Any]]],
                      sink: HDF5Sink | None = None) -> RoundStats:
         """Worker i processes ``slices[i]`` (``(id, record)`` pairs) as one workunit; the round
         ends when the last worker is done. Results go to ``sink`` if given, else are dropped."""
-        results, clock, wall = self._round(slices, sink)
-        return RoundStats(wall, tuple(self._span(r, clock) for r in results))
+        _, timeline, _, wall = self._round(slices, sink)
+        return RoundStats(wall, timeline.spans)
 
-    def _round(self, slices: Sequence[Sequence[tuple[int, Any]]],
-               sink: HDF5Sink | None) -> tuple[list[Result], float, float]:
+    def _round(self, slices: Sequence[Sequence[tuple[int, Any]]], sink: HDF5Sink | None
+               ) -> tuple[dict[int, Tally], Timeline, float, float]:
         if len(slices) != len(self.workers):
             raise ValueError(f"slices: expected one per worker ({len(self.workers)}), "
                              f"got {len(slices)}")
@@ -223,21 +236,22 @@ class WorkerPool:
                 unit = Workunit(0, np.array([p[0] for p in pairs], dtype=np.int64),
                                 [p[1] for p in pairs], pinned=info.index)
                 scheduler.pending.append(scheduler.number(unit))
-            results, _ = self._drive(sink, lambda: None, lambda: True)
+            tallies, timeline = self._drive(sink, lambda: None, lambda: True, clock)
             wall = time.monotonic() - clock
-        return results, clock, wall
+        return tallies, timeline, clock, wall
 
     def _drive(self, sink: HDF5Sink | None, take: Callable[[], Workunit | None],
-               finished: Callable[[], bool], reader: Reader | None = None,
+               finished: Callable[[], bool], clock: float, reader: Reader | None = None,
                total: int | None = None, progress: bool = False,
-               backlog: Callable[[], int] = lambda: 0) -> tuple[list[Result], float]:
-        """The main loop: feed the workers, write what comes back, until ``finished()`` and no
-        workunit is left anywhere. Returns the results and the seconds spent writing."""
+               backlog: Callable[[], int] = lambda: 0) -> tuple[dict[int, Tally], Timeline]:
+        """The main loop: feed the workers, hand what comes back to the writer, until
+        ``finished()`` and no workunit is left anywhere. Keeps per worker running totals and a
+        bounded timeline (times from ``clock``), nothing per record."""
         from tqdm.auto import tqdm
 
         scheduler = self._scheduler
-        results: list[Result] = []
-        write_seconds = 0.0
+        tallies = {index: Tally() for index in scheduler.slots}
+        timeline = Timeline()
         with tqdm(total=total, unit="rec", desc="records written", disable=not progress,
                   dynamic_ncols=True) as bar:
             while True:
@@ -245,21 +259,25 @@ class WorkerPool:
                     raise reader.error
                 scheduler.dispatch(take, backlog)
                 if finished() and scheduler.idle:
-                    return results, write_seconds
+                    return tallies, timeline
                 for slot, message in scheduler.next_messages(POLL_SECONDS):
                     if slot is None:
                         continue  # WAKE: the next dispatch takes the new workunit
                     written, given_up = scheduler.handle(slot, message)
-                    started = time.monotonic()
                     for result in written:
                         if sink is not None:
                             _write(sink, result)
-                        results.append(result)
-                        bar.update(len(result.ids) + len(result.failures))
+                        records = len(result.ids) + len(result.failures)
+                        tallies.setdefault(result.worker, Tally()).add(
+                            records, result.compute_seconds, result.peak_rss_mb,
+                            result.peak_gpu_mb)
+                        timeline.add(self._span(result, clock))
+                        bar.update(records)
                     if given_up and sink is not None:
                         sink.append_errors(given_up)
                     bar.update(len(given_up))
-                    write_seconds += time.monotonic() - started
+                if sink is not None:
+                    sink.poll()
                 scheduler.check_timeouts()
 
     def _job(self, source: Any, job: dict[str, Any]) -> tuple[PipelineConfig, Any, int | None,
@@ -270,12 +288,8 @@ class WorkerPool:
             raise ValueError(f"{', '.join(fixed)}: fixed when the pool starts; start another pool")
         config = replace(self.config, **job)
         records = source if hasattr(source, "describe") else open_source(source)
-        total = source_length(records)
-        described = records.describe()
-        if config.limit is not None:
-            records = itertools.islice(records, config.limit)
-            total = config.limit if total is None else min(total, config.limit)
-        return config, records, total, {**self.workload.attrs(), **_run_attrs(config, described)}
+        attrs = {**self.workload.attrs(), **_run_attrs(config, records.describe())}
+        return config, records, source_length(records), attrs
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
@@ -294,31 +308,31 @@ class WorkerPool:
                             len(result.ids) + len(result.failures), result.started - clock,
                             result.ended - clock)
 
-    def _stats(self, config: PipelineConfig, output: Any, results: list[Result], clock: float,
-               wall: float, sink: HDF5Sink, io: tuple[float, float, float]) -> PipelineStats:
-        read_seconds, blocked_seconds, write_seconds = io
+    def _stats(self, config: PipelineConfig, output: Any, tallies: dict[int, Tally],
+               timeline: Timeline, wall: float, sink: HDF5Sink, started: float,
+               reading: tuple[float, float]) -> PipelineStats:
         workers = []
         for slot in self._scheduler.slots.values():
-            mine = [r for r in results if r.worker == slot.info.index]
-            busy = sum(r.compute_seconds for r in mine)
-            gpu = [r.peak_gpu_mb for r in mine if r.peak_gpu_mb is not None]
-            ready = slot.ready
+            tally, ready = tallies.get(slot.info.index, Tally()), slot.ready
             workers.append(WorkerStats(
                 slot.info.index, slot.info.device, ready.pid if ready else 0,
-                ready.load_seconds if ready else 0.0,
-                sum(len(r.ids) + len(r.failures) for r in mine), len(mine), busy,
-                max(0.0, wall - busy), max((r.peak_rss_mb for r in mine), default=0.0),
-                max(gpu, default=None), slot.restarts))
-        stages = {"read": read_seconds, "reader_blocked": blocked_seconds,
+                ready.load_seconds if ready else 0.0, tally.records, tally.workunits,
+                tally.busy_seconds, max(0.0, wall - tally.busy_seconds), tally.peak_rss_mb,
+                tally.peak_gpu_mb, slot.restarts))
+        stages = {"read": reading[0], "reader_blocked": reading[1],
                   "wait": sum(w.wait_seconds for w in workers),
-                  "compute": sum(w.busy_seconds for w in workers), "write": write_seconds}
+                  "compute": sum(w.busy_seconds for w in workers), "write": sink.write_seconds,
+                  "write_blocked": sink.blocked_seconds}
         settings = {k: v for k, v in asdict(config).items()
                     if k not in ("devices", "workunit_size", "backend")}
-        return PipelineStats(sink.records_written, sink.errors_written, wall, self.spinup_seconds,
-                             tuple(workers), stages, config.devices, config.workunit_size,
-                             config.backend, str(output), settings,
-                             tuple(self._span(r, clock) for r in results), _peak_rss(workers),
-                             self._incidents(), len(sink.done_ids))
+        dispatches = self._scheduler.dispatches
+        return PipelineStats(
+            sink.records_written, sink.errors_written, wall, self.spinup_seconds, tuple(workers),
+            stages, config.devices, config.workunit_size, config.backend, str(output), settings,
+            timeline.spans, _peak_rss(workers), self._incidents(), len(sink.done),
+            peak_memory("cpu")[0],
+            (dispatches.first - started) if dispatches.first is not None else 0.0,
+            dispatches.longest_gap, sink.bytes_written, sink.output_bytes)
 
     def _incidents(self) -> dict[str, Any]:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""

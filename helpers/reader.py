@@ -13,29 +13,24 @@ import numpy as np
 from helpers.worker import POLL_SECONDS, Workunit
 
 
-def _safe_cost(cost: Callable[[Any], float], record: Any) -> float:
-    try:
-        return float(cost(record))
-    except Exception:  # a bad record sorts first; its worker reports it
-        return 0.0
-
-
 class Reader(threading.Thread):
     """Cuts the source into workunits and feeds the bounded work queue.
 
+    ``slices``: ``(ids, records)`` pairs of an int64 array and a list (helpers.sources.read_slices).
     ``units_put`` counts the workunits on the queue; ``done`` turns True after the last one.
     ``notify`` is called after each put (and at the end) so that the consumer need not poll.
 
     With a ``cost`` function it reads ``window`` records ahead and orders them by cost before
-    cutting, so a workunit holds records of similar size (texts of similar length pad less).
+    cutting, so a workunit holds records of similar size (texts of similar length pad less). Work
+    is done a window at a time: costs through one ``map``, one argsort, array slices for the ids.
     """
 
-    def __init__(self, records: Iterable[tuple[int, Any]], work: Any, workunit_size: int,
+    def __init__(self, slices: Iterable[tuple[np.ndarray, list]], work: Any, workunit_size: int,
                  stop: threading.Event, window: int = 0,
                  cost: Callable[[Any], float] | None = None,
                  notify: Callable[[], None] | None = None) -> None:
         super().__init__(name="gpufeed-reader", daemon=True)
-        self._records, self._work, self._size = records, work, workunit_size
+        self._slices, self._work, self._size = slices, work, workunit_size
         self._halt = stop
         self._window, self._cost = max(window, workunit_size), cost
         self._notify = notify or (lambda: None)
@@ -43,6 +38,7 @@ class Reader(threading.Thread):
         self.read_seconds = self.blocked_seconds = 0.0
         self.records_read = self.units_put = 0
         self.done = False
+        self._rest: tuple[np.ndarray, list] = (np.empty(0, np.int64), [])  # read, not yet cut
 
     def run(self) -> None:
         try:
@@ -57,20 +53,34 @@ class Reader(threading.Thread):
             self.error = exc
 
     def _workunits(self) -> Iterator[Workunit]:
-        records, index = iter(self._records), itertools.count()
+        slices, index = iter(self._slices), itertools.count()
         while True:
             started = time.perf_counter()
-            window = list(itertools.islice(records, self._window))
-            if self._cost is not None:  # similar records together: less padding in a batch
-                window.sort(key=lambda pair: _safe_cost(self._cost, pair[1]))
+            ids, records = self._next_window(slices)
+            if self._cost is not None and len(records) > 1:  # similar records together
+                order = np.argsort(_costs(self._cost, records), kind="stable")
+                ids, records = ids[order], [records[i] for i in order.tolist()]
             self.read_seconds += time.perf_counter() - started
-            if not window:
+            if not len(records):
                 return
-            self.records_read += len(window)
-            for start in range(0, len(window), self._size):
-                chunk = window[start:start + self._size]
-                ids = np.fromiter((i for i, _ in chunk), dtype=np.int64, count=len(chunk))
-                yield Workunit(next(index), ids, [record for _, record in chunk])
+            self.records_read += len(records)
+            for start in range(0, len(records), self._size):
+                yield Workunit(next(index), ids[start:start + self._size],
+                               records[start:start + self._size])
+
+    def _next_window(self, slices: Iterator[tuple[np.ndarray, list]]) -> tuple[np.ndarray, list]:
+        """The next ``window`` records (fewer only at the end); what a slice holds beyond them
+        waits for the next window."""
+        id_parts, records = [self._rest[0]], self._rest[1]
+        while len(records) < self._window:
+            piece = next(slices, None)
+            if piece is None:
+                break
+            id_parts.append(piece[0])
+            records.extend(piece[1])
+        ids = np.concatenate(id_parts)
+        self._rest = (ids[self._window:], records[self._window:])
+        return ids[:self._window], records[:self._window]
 
     def _put(self, item: Any) -> bool:
         started = time.perf_counter()
@@ -84,3 +94,19 @@ class Reader(threading.Thread):
             return False
         finally:
             self.blocked_seconds += time.perf_counter() - started
+
+
+def _costs(cost: Callable[[Any], float], records: list) -> np.ndarray:
+    """``cost`` of every record; a record it fails on (a bad one) sorts first, and its worker
+    reports it."""
+    try:
+        return np.fromiter(map(cost, records), dtype=np.float64, count=len(records))
+    except Exception:
+        return np.array([_safe_cost(cost, record) for record in records], dtype=np.float64)
+
+
+def _safe_cost(cost: Callable[[Any], float], record: Any) -> float:
+    try:
+        return float(cost(record))
+    except Exception:
+        return 0.0

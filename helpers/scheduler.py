@@ -95,6 +95,23 @@ class Events:
             "restart_seconds": [round(s, 3) for s in self.restart_seconds]}
 
 
+@dataclass
+class Dispatches:
+    """When workunits were sent in a job: the first, the last, and the longest gap between two
+    (the worst stall: nothing dispatched for that long)."""
+
+    first: float | None = None
+    last: float = 0.0
+    longest_gap: float = 0.0
+
+    def note(self, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        else:
+            self.longest_gap = max(self.longest_gap, now - self.last)
+        self.last = now
+
+
 class Scheduler:
     """Feeds workunits to the backend's workers and recovers from their failures."""
 
@@ -103,6 +120,7 @@ class Scheduler:
         self.slots = {info.index: Slot(info) for info in workers}
         self.pending: deque[Workunit] = deque()
         self.events = Events()
+        self.dispatches = Dispatches()
         self._numbers = itertools.count()
 
     # -- workers -------------------------------------------------------------------------------
@@ -185,10 +203,12 @@ class Scheduler:
                     if not self.pending:
                         return  # nothing left to give anyone
                     continue  # what is pending is pinned to other workers
+                now = time.monotonic()
                 if not slot.in_flight:
-                    slot.head_since = time.monotonic()
+                    slot.head_since = now
                 slot.in_flight.append(unit)
                 self.backend.send(slot.info.index, unit)
+                self.dispatches.note(now)
 
     def _next_for(self, slot: Slot, take: Callable[[], Workunit | None]) -> Workunit | None:
         unit = None

@@ -14,6 +14,7 @@ any worker is started.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from helpers.id_ranges import IdRanges
 from helpers.workloads.base import BadRecord
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
@@ -52,16 +54,32 @@ class HDF5BatchesSource:
         return self._length
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
+        for ids, records in self.slices(IdRanges(), None):
+            yield from zip(ids.tolist(), records)
+
+    def slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, list]]:
+        """(ids, records) READ_SLICE at a time, the first ``limit`` ids only; a slice whose ids
+        are all in ``skip`` is neither read nor decoded, and only the others of a slice are."""
         import h5py
 
-        next_id = 0
+        end = self._length if limit is None else min(limit, self._length)
+        offset = 0
         with h5py.File(self.path, "r") as f:
             for name in self._names:
                 dataset = f[self.group][name]
-                for start in range(0, len(dataset), READ_SLICE):
-                    for raw in dataset[start:start + READ_SLICE]:
-                        yield next_id, _decode(raw)
-                        next_id += 1
+                for start in range(0, min(len(dataset), end - offset), READ_SLICE):
+                    stop = min(start + READ_SLICE, len(dataset), end - offset)
+                    ids = np.arange(offset + start, offset + stop, dtype=np.int64)
+                    if skip.runs and skip.covers(offset + start, offset + stop):
+                        continue
+                    raw = dataset[start:stop]
+                    if skip.runs:
+                        keep = ~skip.contains(ids)
+                        ids, raw = ids[keep], raw[keep]
+                    yield ids, [_decode(value) for value in raw]
+                offset += len(dataset)
+                if offset >= end:
+                    return
 
     def describe(self) -> str:
         return f"hdf5:{self.path}#{self.group}"
@@ -187,16 +205,31 @@ def source_length(source: Any) -> int | None:
         return None
 
 
-def skip_ids(records: Iterable[tuple[int, Any]], total: int | None, done: np.ndarray
-               ) -> tuple[Iterable[tuple[int, Any]], int | None]:
-    """``records`` without the ids in ``done`` (sorted): what a resumed run has left to do."""
-    if not len(done):
-        return records, total
+def read_slices(source: Any, skip: IdRanges, limit: int | None = None
+                ) -> Iterator[tuple[np.ndarray, list]]:
+    """The first ``limit`` records of ``source`` as ``(ids, records)`` slices, less the ids in
+    ``skip`` (what a resumed run has done). A source with a ``slices(skip, limit)`` method (HDF5
+    batches, whose ids are positions) skips what is done before reading it; any other is read
+    READ_SLICE pairs at a time and filtered with one vectorised look-up per slice."""
+    own = getattr(source, "slices", None)
+    if own is not None:
+        yield from own(skip, limit)
+        return
+    pairs = iter(source) if limit is None else itertools.islice(source, limit)
+    while chunk := list(itertools.islice(pairs, READ_SLICE)):
+        ids_, records = zip(*chunk)
+        ids, records = np.array(ids_, dtype=np.int64), list(records)
+        if skip.runs:
+            keep = ~skip.contains(ids)
+            if not keep.all():
+                ids, records = ids[keep], list(itertools.compress(records, keep))
+        if len(ids):
+            yield ids, records
 
-    def left() -> Iterator[tuple[int, Any]]:
-        for record_id, record in records:
-            at = int(np.searchsorted(done, record_id))
-            if at == len(done) or done[at] != record_id:
-                yield record_id, record
 
-    return left(), None if total is None else max(0, total - len(done))
+def records_left(total: int | None, limit: int | None, skip: IdRanges) -> int | None:
+    """Records a (resumed) run has to do, if the source's length is known."""
+    if total is None:
+        return None
+    total = total if limit is None else min(total, limit)
+    return max(0, total - len(skip))

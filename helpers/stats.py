@@ -1,9 +1,15 @@
 """What a run measured: throughput after spin-up, per-worker load and memory, time per stage, and
-a timeline of which worker ran which workunit when."""
+a timeline of which worker ran which workunit when.
+
+Nothing here grows with the records of a run: a worker's figures are running totals (``Tally``)
+and the timeline keeps at most TIMELINE_SPANS spans, coarser as a run goes on (``Timeline``).
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+TIMELINE_SPANS = 20_000  # spans kept per job: a figure's worth; past it, neighbours are merged
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,77 @@ class WorkunitSpan:
     records: int
     start_s: float
     end_s: float
+    workunits: int = 1  # >1: consecutive workunits of this worker merged (a long run's timeline)
+
+
+@dataclass
+class Tally:
+    """One worker's running totals over a job."""
+
+    records: int = 0
+    workunits: int = 0
+    busy_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    peak_gpu_mb: float | None = None
+
+    def add(self, records: int, busy_seconds: float, rss_mb: float, gpu_mb: float | None) -> None:
+        self.records += records
+        self.workunits += 1
+        self.busy_seconds += busy_seconds
+        self.peak_rss_mb = max(self.peak_rss_mb, rss_mb)
+        if gpu_mb is not None:
+            self.peak_gpu_mb = max(self.peak_gpu_mb or 0.0, gpu_mb)
+
+
+class Timeline:
+    """Workunit spans in bounded memory: one span per workunit until ``limit`` are kept; then
+    every two consecutive spans of a worker become one (first start to second end, records
+    summed), and from then on each new span stands for 2, 4, 8 ... workunits. A day-long run keeps
+    its whole shape, at a coarser grain; the idle gaps inside a merged span are lost."""
+
+    def __init__(self, limit: int = TIMELINE_SPANS) -> None:
+        self.limit, self.grain = limit, 1
+        self._spans: list[WorkunitSpan] = []
+        self._open: dict[int, WorkunitSpan] = {}  # per worker: a span still gathering workunits
+
+    def add(self, span: WorkunitSpan) -> None:
+        held = self._open.pop(span.worker, None)
+        if held is not None:
+            span = _joined(held, span)
+        if span.workunits < self.grain:
+            self._open[span.worker] = span
+            return
+        self._spans.append(span)
+        if len(self._spans) >= self.limit:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        self.grain *= 2
+        merged: list[WorkunitSpan] = []
+        pending: dict[int, WorkunitSpan] = {}
+        for span in self._spans:
+            held = pending.pop(span.worker, None)
+            if held is None:
+                pending[span.worker] = span
+            else:
+                merged.append(_joined(held, span))
+        self._spans = merged
+        for worker, span in pending.items():  # an odd one out joins the worker's open span
+            held = self._open.pop(worker, None)
+            span = span if held is None else _joined(span, held)
+            if span.workunits >= self.grain:
+                self._spans.append(span)
+            else:
+                self._open[worker] = span
+
+    @property
+    def spans(self) -> tuple[WorkunitSpan, ...]:
+        return tuple(self._spans) + tuple(self._open.values())
+
+
+def _joined(first: WorkunitSpan, second: WorkunitSpan) -> WorkunitSpan:
+    return replace(first, records=first.records + second.records, end_s=second.end_s,
+                   workunits=first.workunits + second.workunits)
 
 
 @dataclass(frozen=True)
@@ -71,10 +148,20 @@ class PipelineStats:
     backend: str
     output: str
     config: dict[str, Any] = field(default_factory=dict)
-    timeline: tuple[WorkunitSpan, ...] = ()  # one span per workunit, in the order written
+    timeline: tuple[WorkunitSpan, ...] = ()  # per workunit (merged past TIMELINE_SPANS)
     peak_rss_mb: float = 0.0  # the parent's high-water mark plus each worker process's
     recovery: dict[str, Any] = field(default_factory=dict)  # deaths, timeouts, retries, splits...
     resumed_after: int = 0  # ids already in the output (written or failed) that this run skipped
+    parent_rss_mb: float = 0.0  # the parent process's own high-water mark
+    first_dispatch_seconds: float = 0.0  # from the job's start (output opened, resume scanned)
+    longest_dispatch_gap_seconds: float = 0.0  # the worst stall: no workunit sent for this long
+    bytes_written: int = 0  # every byte the writer wrote: parts, merges, indexes, the final file
+    output_bytes: int = 0  # the finished output's size (its parts too, if it is an index)
+
+    @property
+    def write_amplification(self) -> float:
+        """Bytes written ÷ bytes of the finished output (1.0: each byte written once)."""
+        return self.bytes_written / self.output_bytes if self.output_bytes else 0.0
 
     @property
     def records_per_second(self) -> float:
@@ -92,6 +179,7 @@ class PipelineStats:
         del data["timeline"]
         data["records_per_second"] = self.records_per_second
         data["partial"] = self.partial
+        data["write_amplification"] = self.write_amplification
         return data
 
     def summary(self) -> str:

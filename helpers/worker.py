@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from helpers import transfer
 from helpers.workloads.base import BadRecord, OutputSpec
 
 END_OF_WORK = "END_OF_WORK"  # sent once to each worker when the pool closes
@@ -249,7 +250,7 @@ def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any) -> No
 
     def send(message: Any) -> bool:
         try:
-            outbox.send(message)
+            transfer.send(outbox, message)  # arrays as raw bytes after a small pickle
             return True
         except OSError:  # BrokenPipeError: nobody reads our outbox any more
             return False

@@ -1,8 +1,13 @@
+import time
+
 import h5py
 import numpy as np
 import pytest
 
-from helpers.hdf5_sink import CHUNK_RECORDS, HDF5Sink, read_output
+import helpers.checkpoint
+import helpers.hdf5_sink
+from helpers.hdf5_sink import HDF5Sink, read_output
+from helpers.id_ranges import IdRanges
 from helpers.workloads.base import OutputSpec
 
 SPEC = {"embeddings": OutputSpec((4,), "float32")}
@@ -30,14 +35,49 @@ def test_out_of_order_appends_map_back_by_id(tmp_path, durable):
     assert not (tmp_path / "out.h5.parts").exists()  # a finished run is one file
 
 
+def wait_for(condition, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
 @pytest.mark.parametrize("durable", MODES)
-def test_buffer_is_written_in_chunk_sized_blocks(tmp_path, durable):
+def test_a_full_part_goes_to_the_writer_thread_and_a_partial_one_waits(tmp_path, durable,
+                                                                        monkeypatch):
+    monkeypatch.setattr(helpers.hdf5_sink, "PART_ROWS", 100)
     sink = HDF5Sink(tmp_path / "out.h5", SPEC, durable=durable)
     sink.append(*rows(range(10)))
-    assert sink.records_written == 0  # buffered, not yet on disk
-    sink.append(*rows(range(10, 10 + CHUNK_RECORDS)))
-    assert sink.records_written == 10 + CHUNK_RECORDS
+    assert not wait_for(lambda: sink.records_written > 0, 0.3)  # buffered, not yet on disk
+    sink.append(*rows(range(10, 100)))  # a full part: written without anyone waiting for it
+    assert wait_for(lambda: sink.records_written == 100)
+    sink.append(*rows(range(100, 105)))
+    sink.flush()  # hands over the rest and waits
+    assert sink.records_written == 105
     sink.close()
+    assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(105))
+
+
+def test_a_buffer_older_than_flush_seconds_is_written_on_poll(tmp_path, monkeypatch):
+    monkeypatch.setattr(helpers.hdf5_sink, "FLUSH_SECONDS", 0.1)
+    with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
+        sink.append(*rows(range(3)))
+        time.sleep(0.2)
+        sink.poll()
+        assert wait_for(lambda: sink.records_written == 3)
+
+
+def test_a_failing_writer_thread_fails_the_next_call_naming_the_error(tmp_path, monkeypatch):
+    def broken(self, blocks):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(helpers.checkpoint.Parts, "write", broken)
+    sink = HDF5Sink(tmp_path / "out.h5", SPEC)
+    sink.append(*rows(range(3)))
+    with pytest.raises(RuntimeError, match="writer thread failed: OSError.*No space left"):
+        sink.flush()
+    with pytest.raises(RuntimeError, match="writer thread failed"):
+        sink.close(complete=False)
 
 
 def test_wrong_shape_or_missing_output_is_refused(tmp_path):
@@ -73,7 +113,7 @@ def test_an_interrupted_durable_run_leaves_an_index_that_reads_like_the_file(tmp
     with h5py.File(tmp_path / "out.h5") as f:
         assert f["ids"].is_virtual
     with HDF5Sink(tmp_path / "out.h5", SPEC, resume=True) as sink:
-        assert sink.done_ids.tolist() == [0, 1, 2, 3, 4, 9]
+        assert sink.done == IdRanges(np.array([0, 9]), np.array([5, 10]))  # [0, 5) and [9, 10)
         sink.append(*rows(range(5, 9)))
     data = read_output(tmp_path / "out.h5")
     assert data["ids"].tolist() == list(range(9)) and data["attrs"]["resumed_after"] == 6

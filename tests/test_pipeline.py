@@ -127,7 +127,8 @@ def test_stats_separate_spinup_from_steady_state(tmp_path):
     assert stats.spinup_seconds > 0 and stats.wall_seconds > 0
     assert stats.records_per_second == pytest.approx(200 / stats.wall_seconds)
     assert stats.wall_seconds >= 200 * 0.002 / 2  # two sleeping workers cannot beat this
-    assert set(stats.stages) == {"read", "reader_blocked", "wait", "compute", "write"}
+    assert set(stats.stages) == {"read", "reader_blocked", "wait", "compute", "write",
+                                 "write_blocked"}
     assert stats.stages["compute"] == pytest.approx(sum(w.busy_seconds for w in stats.workers))
     assert sum(w.workunits for w in stats.workers) == 20
     assert json.loads(json.dumps(stats.to_dict()))["records_per_second"] > 0

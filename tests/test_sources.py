@@ -7,8 +7,9 @@ import h5py
 import numpy as np
 import pytest
 
+from helpers.id_ranges import IdRanges
 from helpers.reader import Reader
-from helpers.sources import (IterableSource, JSONLSource, SourceError,
+from helpers.sources import (READ_SLICE, IterableSource, JSONLSource, SourceError, read_slices,
                              open_source)
 from helpers.workloads.base import BadRecord
 
@@ -92,19 +93,20 @@ def test_reader_memory_is_bounded_by_the_queue():
             yield i, "text"
 
     work, stop = queue.Queue(maxsize=2), threading.Event()
-    reader = Reader(endless(), work, workunit_size=10, stop=stop)
+    reader = Reader(read_slices(endless(), IdRanges()), work, workunit_size=10, stop=stop)
     reader.start()
     time.sleep(0.5)
     stop.set()
     reader.join(timeout=5)
     assert not reader.is_alive()
-    assert pulled <= 3 * 10 + 1  # two queued workunits + the one waiting to be put
+    assert pulled <= 2 * READ_SLICE  # the slice being cut, and the one read ahead at most
 
 
 def test_reader_sorts_a_window_by_cost_keeping_ids_with_records():
     work, stop = queue.Queue(), threading.Event()
     pairs = [(i, "x" * n) for i, n in enumerate([5, 1, 4, 2, 3, 9, 8])]
-    reader = Reader(pairs, work, workunit_size=2, stop=stop, window=4, cost=len)
+    reader = Reader(read_slices(pairs, IdRanges()), work, workunit_size=2, stop=stop, window=4,
+                    cost=len)
     reader.run()
     units = [work.get_nowait() for _ in range(work.qsize())]
     assert reader.done and reader.units_put == len(units) == 4

@@ -1,10 +1,12 @@
-"""``python -m helpers.bench overhead|failures [--records N] [--repeats N] ...``"""
+"""``python -m helpers.bench overhead|failures|scale [--records N] ...``"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
-from helpers.bench import failures, overhead
+from helpers.bench import failures, overhead, scale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,9 +23,35 @@ def main(argv: list[str] | None = None) -> int:
     cost.add_argument("--repeats", type=int, default=3)
     cost.add_argument("--results-dir", default="data/results/cpu",
                       help="where failure_costs.csv goes ('' to save nothing)")
+    big = commands.add_parser("scale", help=scale.__doc__.splitlines()[0])
+    big.add_argument("--records", type=int, default=scale.CORPUS)
+    big.add_argument("--baseline-records", type=int, default=100_000,
+                     help="the run whose parent RSS the full run is compared with (0: none)")
+    big.add_argument("--kill-at", type=float, default=0.9,
+                     help="SIGKILL a second run at this fraction, then resume it (0: no kill)")
+    big.add_argument("--folder", help="where outputs are written (default: the temp folder)")
+    big.add_argument("--results-dir", default="data/results/cpu",
+                     help="where scale.csv goes ('' to save nothing)")
+    one = commands.add_parser("scale-run", help="one run of `scale`, in this process")
+    one.add_argument("--records", type=int, required=True)
+    one.add_argument("--output", required=True)
+    one.add_argument("--resume", action="store_true")
+    for command in (big, one):
+        command.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2),
+                             help="zero-cost workers (default: one per core, at least 2)")
+        command.add_argument("--workunit-size", type=int, default=4096)
+        command.add_argument("--dim", type=int, default=384)
     args = parser.parse_args(argv)
     if args.command == "failures":
         failures.main(args.records, args.repeats, args.results_dir)
+        return 0
+    if args.command == "scale":
+        scale.main(args.records, args.workers, args.workunit_size, args.dim,
+                   args.baseline_records, args.kill_at or None, args.folder, args.results_dir)
+        return 0
+    if args.command == "scale-run":
+        print(json.dumps(scale.run_once(args.records, args.output, args.workers,
+                                        args.workunit_size, args.dim, args.resume)))
         return 0
     rows = overhead.measure(args.records, args.repeats, args.batch_size, args.workunit_size,
                             args.threads)

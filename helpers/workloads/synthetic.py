@@ -5,6 +5,11 @@ It lets tests and CPU-only machines reproduce a heterogeneous GPU layout determi
 costs ``seconds_per_record / speed`` on each device. Device strings are only labels here
 (``requires_hardware`` is False), so the layout runs on any machine. ``mode="sleep"`` costs wall time
 but no CPU, like a GPU kernel; ``mode="busy"`` spins a core, like CPU inference.
+
+``values="zeros"`` with ``seconds_per_record=0`` is a model that costs nothing: rows of zeros,
+no per-record work, so a benchmark measures the pipeline's machinery alone (helpers.bench.scale).
+The default, ``values="record"``, derives each row from its record (``record_vector``), so that a
+test can check every row landed under its own id.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import numpy as np
 from helpers.workloads.base import OutputSpec
 
 MODES = ("sleep", "busy")
+VALUES = ("record", "zeros")  # a vector per record (tests check the id -> row mapping), or zeros
 MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # helpers.worker sets it: the n-th copy on this device
 
 
@@ -51,6 +57,7 @@ class SyntheticWorkload:
     speed: Mapping[str, float] = field(default_factory=dict)
     mode: str = "sleep"
     dim: int = 8
+    values: str = "record"
     fail_on_load: bool = False
     fail_on_records: frozenset = frozenset()
     exit_on_records: frozenset = frozenset()
@@ -68,6 +75,8 @@ class SyntheticWorkload:
             raise ValueError(f"seconds_per_record: expected >= 0, got {self.seconds_per_record!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
+        if self.values not in VALUES:
+            raise ValueError(f"values: expected one of {VALUES}, got {self.values!r}")
         bad = {d: s for d, s in dict(self.speed).items() if not s > 0}
         if bad:
             raise ValueError(f"speed: factors must be > 0, got {bad}")
@@ -104,6 +113,19 @@ class SyntheticWorkload:
             raise TypeError("expected a record, got None")
 
     def process(self, model: dict[str, Any], records: list[Any]) -> dict[str, np.ndarray]:
+        if self.exit_on_records or self.hang_on_records or self.break_on_records \
+                or self.fail_on_records or model.get("broken"):
+            self._inject_faults(model, records)
+        if self.oom_above is not None and len(records) > self.oom_above:
+            raise MemoryError(f"simulated: {len(records)} records do not fit "
+                              f"(oom_above={self.oom_above})")
+        if model["cost"]:
+            _spend(model["cost"] * len(records), self.mode)
+        if self.values == "zeros" or not records:
+            return {"values": np.zeros((len(records), self.dim), np.float32)}
+        return {"values": np.stack([record_vector(r, self.dim) for r in records])}
+
+    def _inject_faults(self, model: dict[str, Any], records: list[Any]) -> None:
         hashable = [r for r in records if _hashable(r)]
         if self._fires(self.exit_on_records, hashable):
             os._exit(70)  # no cleanup, no message: what a crashed worker looks like
@@ -116,18 +138,10 @@ class SyntheticWorkload:
         poisoned = self._fires(self.fail_on_records, hashable)
         if poisoned:
             raise InjectedFailure(f"fail_on_records: workunit holds {sorted(map(repr, poisoned))}")
-        if self.oom_above is not None and len(records) > self.oom_above:
-            raise MemoryError(f"simulated: {len(records)} records do not fit "
-                              f"(oom_above={self.oom_above})")
-        _spend(model["cost"] * len(records), self.mode)
-        values = np.stack([record_vector(r, self.dim) for r in records]) if records else \
-            np.empty((0, self.dim), np.float32)
-        return {"values": values}
 
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "seconds_per_record": self.seconds_per_record,
-                "speed": repr(self.speed), "mode": self.mode}
-
+                "speed": repr(self.speed), "mode": self.mode, "values": self.values}
 
     def _fires(self, faults: frozenset, records: list[Any]) -> list[Any]:
         """The records of ``faults`` present; with ``transient``, only those not yet fired."""

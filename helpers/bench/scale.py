@@ -1,0 +1,226 @@
+"""The pipeline at its users' scale: the study's 20,648,877 records, 384-d float32, models free.
+
+A model that costs nothing (``SyntheticWorkload(0, values="zeros")``) leaves only the machinery:
+reader -> workers -> writer, with durable (crash-safe) writes. Each run is a fresh process, so its
+peak RSS is its own and the kill is a real SIGKILL of the whole run (workers included):
+
+- ``baseline``: ``baseline_records`` records: the parent's peak RSS to compare with;
+- ``full``: every record: records/s, the parent's peak RSS, bytes written and write amplification,
+  the longest time no workunit was dispatched (the worst stall);
+- ``killed``: the same run, SIGKILLed once its output holds ``kill_at`` of the records;
+- ``resumed``: ``resume=True`` on what the kill left: seconds until the first new workunit, and
+  whether the final output holds every id exactly once.
+
+Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time.
+Rows are tidy (units in column names) and saved with provenance like the other benchmarks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pandas as pd
+
+from helpers.id_ranges import IdRanges
+from helpers.sources import READ_SLICE
+
+CORPUS = 20_648_877  # chunks in the study's corpus (notebook 01's days-for-the-corpus estimate)
+GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "longest_gap_s": 1.0,
+         "write_amplification": 2.0, "resume_first_workunit_s": 10.0}
+COLUMNS = ["records", "wall_s", "records_per_s", "parent_rss_mb", "longest_dispatch_gap_s",
+           "first_dispatch_s", "spinup_s", "bytes_written", "output_bytes", "write_amplification",
+           "resumed_after", "write_s", "write_blocked_s"]
+
+
+class CycledTexts:
+    """``n`` records, ids 0..n-1, the sample paragraphs over and over: a corpus of any size that
+    costs nothing to read. ``slices`` skips done ranges before touching them, like HDF5 batches."""
+
+    def __init__(self, n: int, texts: list[str]) -> None:
+        if len(texts) < READ_SLICE:
+            raise ValueError(f"texts: need at least {READ_SLICE}, got {len(texts)}")
+        self.n, self._texts, self._twice = n, texts, texts + texts
+
+    def __len__(self) -> int:
+        return self.n
+
+    def describe(self) -> str:
+        return f"cycled:{len(self._texts)}-texts:{self.n}"
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        for ids, records in self.slices(IdRanges(), None):
+            yield from zip(ids.tolist(), records)
+
+    def slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, list]]:
+        end = self.n if limit is None else min(self.n, limit)
+        for start in range(0, end, READ_SLICE):
+            stop = min(start + READ_SLICE, end)
+            if skip.runs and skip.covers(start, stop):
+                continue
+            at = start % len(self._texts)
+            ids, records = np.arange(start, stop, dtype=np.int64), self._twice[at:at + stop - start]
+            if skip.runs:
+                keep = ~skip.contains(ids)
+                ids, records = ids[keep], [r for r, k in zip(records, keep) if k]
+            yield ids, records
+
+
+def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,
+             resume: bool) -> dict[str, Any]:
+    """One run in this process (``python -m helpers.bench scale-run``): its measurements."""
+    from helpers.paths import sample_texts
+    from helpers.pipeline import run_pipeline
+    from helpers.workloads.synthetic import SyntheticWorkload
+
+    source = CycledTexts(records, sample_texts())
+    stats = run_pipeline(source, SyntheticWorkload(0.0, dim=dim, values="zeros"),
+                         ["cpu"] * workers, workunit_size, output, progress=False, resume=resume)
+    return {"records": stats.records, "wall_s": stats.wall_seconds,
+            "records_per_s": stats.records_per_second, "parent_rss_mb": stats.parent_rss_mb,
+            "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
+            "first_dispatch_s": stats.first_dispatch_seconds, "spinup_s": stats.spinup_seconds,
+            "bytes_written": stats.bytes_written, "output_bytes": stats.output_bytes,
+            "write_amplification": stats.write_amplification,
+            "resumed_after": stats.resumed_after, "write_s": stats.stages["write"],
+            "write_blocked_s": stats.stages["write_blocked"]}
+
+
+def _command(records: int, output: Path, workers: int, workunit_size: int, dim: int,
+             resume: bool = False) -> list[str]:
+    return [sys.executable, "-m", "helpers.bench", "scale-run", "--records", str(records),
+            "--output", str(output), "--workers", str(workers), "--workunit-size",
+            str(workunit_size), "--dim", str(dim)] + (["--resume"] if resume else [])
+
+
+def _child(command: list[str]) -> dict[str, Any]:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _rows_in(output: Path) -> int:
+    try:
+        with h5py.File(output, "r") as f:
+            return len(f["ids"])
+    except (OSError, KeyError):  # not there yet
+        return 0
+
+
+def _kill_when(command: list[str], output: Path, rows: int) -> float:
+    """Start the run in its own process group; SIGKILL the group once ``output``'s index holds
+    ``rows`` rows. Returns the seconds it ran; RuntimeError if it finished first."""
+    started = time.monotonic()
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    while run.poll() is None and _rows_in(output) < rows:
+        time.sleep(0.05)
+    if run.poll() is not None:
+        raise RuntimeError(f"the run ended (exit {run.returncode}) before its output held {rows} "
+                           f"rows: nothing to kill")
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    return time.monotonic() - started
+
+
+def exactly_once(output: Path, records: int) -> bool:
+    """True if ``output`` holds ids 0..records-1, each once (read a million at a time)."""
+    with h5py.File(output, "r") as f:
+        ids = f["ids"]
+        if len(ids) != records:
+            return False
+        seen = np.zeros(records, dtype=bool)
+        for start in range(0, records, 1 << 20):
+            chunk = ids[start:start + (1 << 20)]
+            if chunk.min() < 0 or chunk.max() >= records or seen[chunk].any():
+                return False
+            seen[chunk] = True
+        return bool(seen.all())
+
+
+def _remove(output: Path) -> None:
+    output.unlink(missing_ok=True)
+    shutil.rmtree(output.with_name(output.name + ".parts"), ignore_errors=True)
+
+
+def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, dim: int = 384,
+            baseline_records: int = 100_000, kill_at: float | None = 0.9,
+            folder: str | None = None) -> pd.DataFrame:
+    """The runs described in the module docstring; one tidy row per run. ``baseline_records=0``
+    or ``kill_at=None`` leaves those runs out."""
+    need = records * (dim * 4 + 8) * 1.1
+    rows = []
+    with tempfile.TemporaryDirectory(dir=folder, prefix="gpufeed-scale-") as tmp:
+        free = shutil.disk_usage(tmp).free
+        if free < need:
+            raise RuntimeError(f"{tmp}: {free / 1e9:.1f} GB free, a run of {records:,} records of "
+                               f"{dim}-d float32 needs {need / 1e9:.1f} GB (--folder elsewhere?)")
+        output = Path(tmp) / "out.h5"
+        setting = dict(workers=workers, workunit_size=workunit_size, dim=dim)
+        runs = ([("baseline", baseline_records)] if baseline_records else []) + [("full", records)]
+        for name, n in runs:
+            row = _child(_command(n, output, **setting))
+            rows.append({"run": name, **row, "exactly_once": exactly_once(output, n)})
+            _remove(output)
+        if kill_at is not None:
+            ran = _kill_when(_command(records, output, **setting), output, int(kill_at * records))
+            rows.append({"run": "killed", "records": _rows_in(output), "wall_s": ran})
+            row = _child(_command(records, output, resume=True, **setting))
+            rows.append({"run": "resumed", **row, "exactly_once": exactly_once(output, records)})
+            _remove(output)
+    table = pd.DataFrame(rows).assign(workers=workers, workunit_size=workunit_size, dim=dim,
+                                      total_records=records)
+    table["resume_first_workunit_s"] = np.where(table["run"] == "resumed",
+                                                table["spinup_s"] + table["first_dispatch_s"],
+                                                np.nan)
+    return table
+
+
+def report(table: pd.DataFrame) -> dict[str, float]:
+    """Print the table and each goal with its verdict; return the figures compared."""
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(table.drop(columns=["workers", "workunit_size", "dim"]).to_string(
+            index=False, float_format=lambda v: f"{v:.3f}"))
+    runs = table.set_index("run")
+    figures: dict[str, float] = {}
+    full = runs.loc["full"]
+    figures["records_per_s"] = full["records_per_s"]
+    figures["longest_gap_s"] = full["longest_dispatch_gap_s"]
+    figures["write_amplification"] = full["write_amplification"]
+    if "baseline" in runs.index:
+        figures["rss_growth_mb"] = full["parent_rss_mb"] - runs.loc["baseline", "parent_rss_mb"]
+    if "resumed" in runs.index:
+        figures["resume_first_workunit_s"] = runs.loc["resumed", "resume_first_workunit_s"]
+    at_most = {"rss_growth_mb", "longest_gap_s", "write_amplification", "resume_first_workunit_s"}
+    for name, value in figures.items():
+        goal = GOALS[name]
+        met = value <= goal if name in at_most else value >= goal
+        print(f"{name}: {value:,.3f} ({'<=' if name in at_most else '>='} {goal:,}: "
+              f"{'met' if met else 'NOT met'})")
+    once = table["exactly_once"].dropna()
+    print(f"every id exactly once in every finished output: {bool(once.all())}")
+    return figures
+
+
+def main(records: int, workers: int, workunit_size: int, dim: int, baseline_records: int,
+         kill_at: float | None, folder: str | None, results_dir: str | None) -> None:
+    from helpers.results import save_table
+
+    table = measure(records, workers, workunit_size, dim, baseline_records, kill_at, folder)
+    report(table)
+    if results_dir:
+        path = save_table(table, "scale", results_dir, "helpers.bench.scale",
+                          {"records": records, "workers": workers, "workunit_size": workunit_size,
+                           "dim": dim, "baseline_records": baseline_records, "kill_at": kill_at})
+        print(f"table: {path}")
