@@ -1,6 +1,7 @@
 """``python -m helpers run ...``: the pipeline from the shell; the stats are the last line, as JSON.
 ``python -m helpers run --workload binning --input images/ --output out.h5``: also writes out.csv.
 ``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.notebooks).
+``python -m helpers compact out.h5``: a big run's output (an index over its parts) as one file.
 
 Exit status: 0 done, 1 failed (a model that does not load, every worker gone, an unreadable
 input), 2 bad arguments, 3 partial (the run finished but some records are in the output's ``errors``
@@ -15,6 +16,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 from dataclasses import asdict
@@ -87,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     img.add_argument("--model-threads", type=int, default=1, help="intra-op threads per model")
     img.add_argument("--clip-model", help="transformers CLIP id: score the image, not the text")
     img.add_argument("--caption-model", help="transformers image-to-text id instead of the template")
+    pack = commands.add_parser("compact", help="copy a run's index and its parts into one file")
+    pack.add_argument("output", help="the output of a run: an index beside OUTPUT.parts/")
     books = commands.add_parser("notebooks", help="run the notebook suite with papermill")
     books.add_argument("--params", default="cpu",
                        help="parameter set: smoke, cpu, gpu (notebooks/params/) or a .yaml path")
@@ -116,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "notebooks":
         return notebooks(args)
+    if args.command == "compact":
+        return compact_output(args.output)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("gpufeed").setLevel(logging.INFO)
     # Ctrl-C and a scheduler's SIGTERM both stop the run cleanly; SIGINT explicitly too, since a
@@ -155,6 +161,20 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"messages are in {args.output} under errors/", file=sys.stderr)
     print(json.dumps(stats.to_dict()))
     return EXIT_PARTIAL if stats.partial else 0
+
+
+def compact_output(output: str) -> int:
+    from helpers.checkpoint import compact
+
+    started = time.monotonic()
+    try:
+        size = compact(output)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{output}: one file of {size / 1e9:.2f} GB ({time.monotonic() - started:.1f} s); its "
+          f"parts are removed", file=sys.stderr)
+    return 0
 
 
 def _interrupt(signum: int, frame: Any) -> None:

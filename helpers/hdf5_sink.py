@@ -155,8 +155,11 @@ class HDF5Sink:
 
     def _hand_off(self) -> None:
         if self._blocks:
-            self._writer.put(self._blocks, self._bytes)
+            # emptied first: an interrupt inside put() may lose these rows (a resumed run redoes
+            # them), never write them twice
+            blocks, nbytes = self._blocks, self._bytes
             self._blocks, self._rows, self._bytes = [], 0, 0
+            self._writer.put(blocks, nbytes)
 
     def flush(self) -> None:
         """Write everything appended so far, and wait until it is on disk."""

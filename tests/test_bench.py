@@ -27,3 +27,33 @@ def test_failure_costs_measure_durable_writes_and_a_crash(capsys):
     summary = failures.report(frame)
     assert summary["durable/in-place writer"] > 0
     assert "throughput ratio durable / in place, writer" in capsys.readouterr().out
+
+
+def test_the_parents_memory_does_not_grow_with_the_records(tmp_path):
+    """50 k vs 1 M records of 384-d float32 (1.5 GB written): were results kept until the end,
+    the parent would grow by ~1.4 GB; it may grow by its buffers, not by the records."""
+    from helpers.bench import scale
+
+    table = scale.measure(1_000_000, workers=2, baseline_records=50_000, kill_at=None,
+                          folder=str(tmp_path))
+    runs = table.set_index("run")
+    growth = runs.loc["full", "parent_rss_mb"] - runs.loc["baseline", "parent_rss_mb"]
+    assert growth < 200, f"parent peak RSS grew by {growth:.0f} MiB"
+    assert runs["exactly_once"].all() and runs.loc["full", "records"] == 1_000_000
+    assert 0.99 < runs.loc["full", "write_amplification"] < 1.05  # full parts: written once
+
+
+def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
+    from helpers.bench import scale
+
+    table = scale.measure(400_000, workers=2, workunit_size=2048, baseline_records=0,
+                          kill_at=0.5, folder=str(tmp_path))
+    runs = table.set_index("run")
+    assert 0 < runs.loc["killed", "records"] < 400_000
+    resumed = runs.loc["resumed"]
+    assert resumed["exactly_once"] and resumed["resumed_after"] >= runs.loc["killed", "records"]
+    assert resumed["records"] == 400_000 - resumed["resumed_after"]
+    assert 0 < resumed["resume_first_workunit_s"] < 10
+    figures = scale.report(table)
+    assert figures["records_per_s"] > 0 and figures["longest_gap_s"] > 0
+    assert "resume_first_workunit_s" in capsys.readouterr().out

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import helpers.checkpoint
+import helpers.hdf5_sink
 from helpers.checkpoint import Parts
 from helpers.hdf5_sink import HDF5Sink, read_output
 from helpers.id_ranges import IdRanges
@@ -191,3 +192,34 @@ def test_an_embedding_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_pat
     expected = np.concatenate([reference_embeddings] * 40)
     # texts batched with other neighbours pad differently: float32 noise, nothing more
     np.testing.assert_allclose(data["embeddings"], expected, atol=1e-5, rtol=0)
+
+
+def test_a_big_output_stays_an_index_of_parts_written_once_and_compacts_to_one_file(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(helpers.checkpoint, "MERGE_AT_END_BYTES", 0)  # every output is "big"
+    monkeypatch.setattr(helpers.checkpoint, "PART_ROWS", 64)  # 64-row parts are full ones
+    monkeypatch.setattr(helpers.checkpoint, "COMPACT_PARTS", 3)
+    monkeypatch.setattr(helpers.hdf5_sink, "PART_ROWS", 64)
+    out = tmp_path / "out.h5"
+    with HDF5Sink(out, SPEC, {"run": "big"}) as sink:
+        for start in range(0, 640, 32):
+            ids = np.arange(start, start + 32)
+            sink.append(ids, {"values": np.repeat(ids[:, None], 8, 1).astype(np.float32),
+                              "label": np.array([f"r{i}" for i in ids], dtype=object)})
+    names = sorted(p.name for p in (tmp_path / "out.h5.parts").iterdir())
+    assert len(names) == 10 and all(n.startswith("part-L0-") for n in names)  # none merged
+    before = read_output(out)
+    assert before["attrs"]["complete"] and before["ids"].tolist() == list(range(640))
+    command, env = cli()
+    done = subprocess.run([sys.executable, "-m", "helpers", "compact", str(out)], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "out.h5.parts").exists()
+    with h5py.File(out) as f:
+        assert not f["ids"].is_virtual and "resume/id_ranges" in f
+    after = read_output(out)
+    np.testing.assert_array_equal(after["values"], before["values"])
+    assert after["label"].tolist() == before["label"].tolist() and after["attrs"]["run"] == "big"
+    again = subprocess.run([sys.executable, "-m", "helpers", "compact", str(out)], env=env,
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "not the index of a run" in again.stderr

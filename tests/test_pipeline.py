@@ -233,3 +233,56 @@ def test_static_strategy_falls_back_to_one_worker_for_tiny_inputs(tmp_path):
     assert stats.devices == ("cpu", "cpu") and stats.workunit_size == 4
     with pytest.raises(ValueError, match="strategy"):
         run_pipeline(pairs, SyntheticWorkload(), "cpu", 2, tmp_path / "q.h5", strategy="round")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, backend,
+                                                                     monkeypatch):
+    import helpers.checkpoint
+    import helpers.hdf5_sink
+
+    write, slow = helpers.checkpoint.Parts.write, []
+
+    def slow_first_write(self, blocks):
+        if not slow:
+            slow.append(time.monotonic())
+            time.sleep(1.5)  # a disk that stalls: the workers must not notice
+            slow.append(time.monotonic())
+        return write(self, blocks)
+
+    monkeypatch.setattr(helpers.checkpoint.Parts, "write", slow_first_write)
+    monkeypatch.setattr(helpers.hdf5_sink, "PART_ROWS", 20)  # parts from the first results on
+    stats = run([(i, f"r{i}") for i in range(600)], SyntheticWorkload(0.002), tmp_path,
+                devices=["cpu", "cpu"], workunit_size=5, backend=backend)
+    assert len(slow) == 2 and slow[1] - slow[0] >= 1.5
+    assert stats.records == 600 and read_output(tmp_path / "out.h5")["ids"].tolist() == \
+        list(range(600))
+    # 5 records of 2 ms: a dispatch every ~5 ms; writing on the scheduler's thread made it 1.5 s
+    assert stats.longest_dispatch_gap_seconds < 0.5, stats.longest_dispatch_gap_seconds
+    assert stats.stages["write"] >= 1.5 and stats.stages["write_blocked"] < 0.5
+
+
+def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch):
+    import h5py
+
+    import helpers.sources
+
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        for n in range(3):  # 3 batches of 1,000: slices straddle what the first run wrote
+            f.create_dataset(f"batches/{n}", dtype=h5py.string_dtype("utf-8"),
+                             data=np.array([f"r{n * 1000 + i}" for i in range(1000)], dtype=object))
+    workload = SyntheticWorkload(0.0)
+    first = run(tmp_path / "in.h5", workload, tmp_path, devices=["cpu"], workunit_size=50,
+                backend="thread", limit=1700)
+    assert first.records == 1700
+    decoded = []
+    decode = helpers.sources._decode
+    monkeypatch.setattr(helpers.sources, "_decode",
+                        lambda raw: decoded.append(raw) or decode(raw))
+    stats = run(tmp_path / "in.h5", workload, tmp_path, devices=["cpu"], workunit_size=50,
+                backend="thread", resume=True)
+    assert stats.resumed_after == 1700 and stats.records == 1300
+    assert len(decoded) == 1300 and decoded[0] == b"r1700"  # only what was left was decoded
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(3000))
+    np.testing.assert_array_equal(data["values"][2500], record_vector("r2500", 8))

@@ -1,0 +1,53 @@
+"""Messages over a worker's pipe: arrays travel as raw bytes after a small pickle, intact."""
+import multiprocessing
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from helpers import transfer
+from helpers.worker import Result
+
+pytestmark = pytest.mark.timeout(60)  # reached only on deadlock
+
+
+def pipe():
+    read, write = multiprocessing.Pipe(duplex=False)
+    transfer.widen(read)
+    return read, write
+
+
+def test_a_result_with_large_float_and_text_arrays_arrives_equal():
+    read, write = pipe()
+    values = np.random.default_rng(0).random((4096, 384), dtype=np.float32)
+    result = Result(3, 17, np.arange(4096, dtype=np.int64),
+                    {"embeddings": values, "caption": np.array(["a", "b é"] * 2048, dtype=object)},
+                    [(5, "ValueError", "bad", 1.0)], 1.0, 2.0, 123.0, None)
+    sender = threading.Thread(target=transfer.send, args=(write, result))  # 6 MB > the pipe
+    sender.start()
+    got = transfer.receive(read)
+    sender.join()
+    assert got.worker == 3 and got.workunit == 17 and got.failures == result.failures
+    np.testing.assert_array_equal(got.ids, result.ids)
+    np.testing.assert_array_equal(got.arrays["embeddings"], values)
+    assert got.arrays["embeddings"].flags.writeable  # built on our own buffer, not a bytes copy
+    assert got.arrays["caption"].tolist() == result.arrays["caption"].tolist()
+    transfer.send(write, "END_OF_WORK")  # plain messages travel the same way
+    assert transfer.receive(read) == "END_OF_WORK"
+
+
+def test_a_message_cut_short_raises_eof():
+    read, write = pipe()
+    values = np.ones((1000, 100), np.float32)
+
+    def send_and_die():
+        header_only = transfer.pickle.dumps((1,), protocol=5)
+        write.send_bytes(transfer._COUNT.pack(1) + transfer.struct.pack("<Q", values.nbytes)
+                         + header_only)
+        os.write(write.fileno(), values.tobytes()[:1000])  # a worker killed mid-message
+        write.close()
+
+    send_and_die()
+    with pytest.raises(EOFError, match="pipe closed after 1000 of 400000 bytes"):
+        transfer.receive(read)
