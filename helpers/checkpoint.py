@@ -96,12 +96,13 @@ class Parts:
         self.parts: list[Part] = []
         self.attrs: dict[str, Any] = {}  # written to the index and the final file
         self.bytes_written = 0
+        self._done = IdRanges()  # the ids of the parts found on disk (scan, adopt)
         self._index_at, self._index_cost, self._index_stale = 0.0, 0.0, False
 
     def scan(self) -> None:
         """Load the parts on disk; drop unfinished (.tmp) files and parts another one covers."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        found = []
+        self._done, found = IdRanges(), []
         for path in self.folder.iterdir():
             match = _NAME.match(path.name)
             if match is None:
@@ -128,6 +129,7 @@ class Parts:
                                      f"{dtype if dtype is not STR else 'str'}: a different "
                                      f"workload or model wrote it")
             rows, errors = len(f["ids"]), len(f["errors/ids"])
+            self._done = self._done.union(_ranges(f))  # one open per part: resume at scale
         return Part(path, level, first, last, rows, errors, path.stat().st_size)
 
     @property
@@ -243,24 +245,25 @@ class Parts:
         return index + sum(p.size for p in self.parts)
 
     def done(self) -> IdRanges:
-        """The ids already written or recorded as failed in any part, as ranges."""
-        done = IdRanges()
-        for part in self.parts:
-            done = done.union(read_ranges(part.path))
-        return done
+        """The ids written or recorded as failed in the parts found on disk, as ranges."""
+        return self._done
 
 
 def read_ranges(path: Path) -> IdRanges:
-    """The ids of a part (or of a finished output taken over) as ranges: its ``id_ranges`` if it
-    has them, else its ids read COPY_ROWS at a time."""
+    """The ids of a part (or of a finished output taken over) as ranges."""
     with h5py.File(path, "r") as f:
-        if RANGES in f:
-            return IdRanges.from_pairs(f[RANGES][...])
-        done = IdRanges()
-        for name in ("ids", "errors/ids"):
-            for start in range(0, len(f[name]), COPY_ROWS):
-                done = done.union(IdRanges.from_ids(f[name][start:start + COPY_ROWS]))
-        return done
+        return _ranges(f)
+
+
+def _ranges(f: h5py.File) -> IdRanges:
+    """A file's ``id_ranges`` if it has them, else its ids read COPY_ROWS at a time."""
+    if RANGES in f:
+        return IdRanges.from_pairs(f[RANGES][...])
+    done = IdRanges()
+    for name in ("ids", "errors/ids"):
+        for start in range(0, len(f[name]), COPY_ROWS):
+            done = done.union(IdRanges.from_ids(f[name][start:start + COPY_ROWS]))
+    return done
 
 
 def compact(path: str | os.PathLike) -> int:

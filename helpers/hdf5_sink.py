@@ -81,7 +81,10 @@ class HDF5Sink:
         if not resume and parts.folder.exists():
             shutil.rmtree(parts.folder)  # a new run: what an older one left is not ours
         if resume and self.path.exists() and not is_index(self.path):
-            parts.adopt(self.path)  # a finished (or in-place) file: build on it
+            # a finished (or in-place) file: build on it. Parts beside it were merged into it by
+            # a run killed before it removed them: counted again, they would be duplicates
+            shutil.rmtree(parts.folder, ignore_errors=True)
+            parts.adopt(self.path)
         parts.scan()
         self.done = parts.done()
         if resume:

@@ -4,7 +4,7 @@ A Result of 4,096 rows of 384-d float32 is 6 MB. Sent as one ordinary pickle it 
 times in the parent (64 KB reads into a growing buffer, the buffer into the unpickled array, and
 again at the writer), each under the GIL. Here instead::
 
-    worker:  pickle.dumps(message, protocol=5, buffer_callback=...)   arrays stay out of band
+    worker:  pickle protocol 5 with a buffer_callback                  arrays stay out of band
              conn.send_bytes(sizes + pickle)                           one small framed message
              os.write(fd, array memory) for each buffer                no copy on this side
     parent:  conn.recv_bytes() -> sizes, pickle
@@ -13,7 +13,8 @@ again at the writer), each under the GIL. Here instead::
 
 Only the worker writes its outbox and only one parent thread reads it (helpers.backends), so
 the raw bytes always follow their header. A worker killed mid-message leaves a short read: EOFError,
-which the listener takes for the worker's death.
+which the listener takes for the worker's death. Messages are pickled in memory between our own
+processes, as the Connection did before; this module never touches a file.
 """
 from __future__ import annotations
 
@@ -42,13 +43,19 @@ def widen(conn: Any) -> None:
         pass
 
 
-def send(conn: Any, message: Any) -> None:
-    """Write ``message`` to ``conn``; its contiguous arrays go as raw bytes after the header."""
+def frame(message: Any) -> tuple[bytes, list[memoryview]]:
+    """The header (buffer count, their sizes, the pickle) and the out-of-band buffers' memory."""
     buffers: list[pickle.PickleBuffer] = []
     payload = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
     views = [buffer.raw() for buffer in buffers]
     sizes = struct.pack(f"<{len(views)}Q", *(view.nbytes for view in views))
-    conn.send_bytes(_COUNT.pack(len(views)) + sizes + payload)
+    return _COUNT.pack(len(views)) + sizes + payload, views
+
+
+def send(conn: Any, message: Any) -> None:
+    """Write ``message`` to ``conn``; its contiguous arrays go as raw bytes after the header."""
+    header, views = frame(message)
+    conn.send_bytes(header)
     fd = conn.fileno()
     for view in views:
         sent = 0

@@ -223,3 +223,22 @@ def test_a_big_output_stays_an_index_of_parts_written_once_and_compacts_to_one_f
     again = subprocess.run([sys.executable, "-m", "helpers", "compact", str(out)], env=env,
                            capture_output=True, text=True)
     assert again.returncode == 2 and "not the index of a run" in again.stderr
+
+
+def test_a_run_killed_after_its_final_merge_but_before_removing_its_parts_resumes_without_duplicates(
+        tmp_path, monkeypatch):
+    out = tmp_path / "out.h5"
+    with monkeypatch.context() as patch:
+        patch.setattr(helpers.checkpoint.shutil, "rmtree", lambda *a, **k: None)  # killed there
+        with HDF5Sink(out, SPEC) as sink:
+            for start in (0, 10):
+                ids = np.arange(start, start + 10)
+                sink.append(ids, {"values": np.zeros((10, 8), np.float32),
+                                  "label": np.array(["x"] * 10, dtype=object)})
+            sink.flush()  # a part on disk, then the rest at close; both merged into out.h5
+    assert any((tmp_path / "out.h5.parts").glob("part-*.h5"))  # left behind by the "kill"
+    with HDF5Sink(out, SPEC, resume=True) as sink:
+        assert len(sink.done) == 20
+        sink.append(np.arange(20, 25), {"values": np.zeros((5, 8), np.float32),
+                                        "label": np.array(["y"] * 5, dtype=object)})
+    assert read_output(out)["ids"].tolist() == list(range(25))  # each id once

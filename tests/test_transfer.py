@@ -42,10 +42,9 @@ def test_a_message_cut_short_raises_eof():
     values = np.ones((1000, 100), np.float32)
 
     def send_and_die():
-        header_only = transfer.pickle.dumps((1,), protocol=5)
-        write.send_bytes(transfer._COUNT.pack(1) + transfer.struct.pack("<Q", values.nbytes)
-                         + header_only)
-        os.write(write.fileno(), values.tobytes()[:1000])  # a worker killed mid-message
+        header, views = transfer.frame(values)
+        write.send_bytes(header)
+        os.write(write.fileno(), views[0][:1000])  # a worker killed mid-message
         write.close()
 
     send_and_die()
