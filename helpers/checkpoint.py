@@ -50,6 +50,7 @@ COMPACT_PARTS = 32  # small parts in a row at the end that are merged into one
 MERGE_AT_END_BYTES = 256 << 20  # a finished output up to this size becomes one file
 INDEX_EVERY = 10.0  # the index is rewritten once its last rewrite is this many times its cost old
 BASE_LEVEL = 9  # a finished file taken over by a resumed run: never merged until the end
+INDEX_MARK = "index_of_parts"  # attribute of an index: the folder of the parts it reads
 RANGES = "resume/id_ranges"  # a part's [n, 2] (start, stop) of its ids, rows and errors alike
 STR = h5py.string_dtype("utf-8")
 ERRORS = {"ids": ((), "int64"), "type": ((), STR), "message": ((), STR), "time": ((), "float64")}
@@ -219,7 +220,7 @@ class Parts:
                     layout[start:start + n] = h5py.VirtualSource(source, name, shape=(n, *shape))
                     start += n
                 f.create_virtual_dataset(name, layout)
-            set_attrs(f, self.attrs)
+            set_attrs(f, {**self.attrs, INDEX_MARK: self.folder.name})
         self.bytes_written += self.path.stat().st_size
         self._index_at = time.monotonic()
         self._index_cost, self._index_stale = self._index_at - started, False
@@ -275,7 +276,7 @@ def compact(path: str | os.PathLike) -> int:
         raise ValueError(f"{str(path)!r}: not the index of a run (already one file, or missing)")
     with h5py.File(path, "r") as index:
         cols = {name: (index[name].shape[1:], index[name].dtype) for name in _datasets(index)}
-        attrs = dict(index.attrs)
+        attrs = {k: v for k, v in index.attrs.items() if k != INDEX_MARK}
     with _Writing(path) as tmp:
         merge([Part(path, 0, 0, 0, 0, 0)], tmp, cols, attrs)
     shutil.rmtree(path.with_name(path.name + ".parts"), ignore_errors=True)
@@ -317,9 +318,10 @@ def merge(parts: list[Part], target: Path, cols: Mapping[str, tuple], attrs: Map
 
 
 def is_index(path: Path) -> bool:
-    """True if ``path`` is an index of virtual datasets (a run that has not finished)."""
+    """True if ``path`` is an index over parts (an unfinished run, or a big finished one); an
+    index over no parts yet has no virtual dataset, hence the mark."""
     with h5py.File(path, "r") as f:
-        return "ids" in f and f["ids"].is_virtual
+        return INDEX_MARK in f.attrs or ("ids" in f and f["ids"].is_virtual)
 
 
 class _Writing:
