@@ -72,11 +72,6 @@ class IdRanges:
         at = int(np.searchsorted(self.starts, start, side="right")) - 1
         return at >= 0 and stop <= self.stops[at]
 
-    def count_below(self, stop: int) -> int:
-        """How many ids of the set are < ``stop``."""
-        clipped = np.minimum(self.stops, stop) - self.starts
-        return int(clipped[clipped > 0].sum())
-
     def __eq__(self, other: object) -> bool:
         return isinstance(other, IdRanges) and np.array_equal(self.starts, other.starts) \
             and np.array_equal(self.stops, other.stops)
