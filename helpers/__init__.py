@@ -1,14 +1,40 @@
 """gpufeed: keep GPUs fed when running a model over a big dataset.
 
-The queue-fed pipeline (``run_pipeline``), its workloads, and the tools around them.
+The queue-fed pipeline (``run_pipeline``), its workloads, and the tools around them. The public
+names are imported on first use (PEP 562), so that a worker process, which imports this package
+on its way to ``helpers.worker``, loads the worker loop and its workload only: not h5py, the
+scheduler or the writer it never runs.
 """
-from helpers.config import PipelineConfig
-from helpers.hdf5_sink import read_output
-from helpers.pipeline import PipelineError, WorkerPool, run_pipeline
-from helpers.stats import PipelineStats, WorkerStats
-from helpers.images import ImageFolderSource
-from helpers.workloads import BinningWorkload, EmbeddingWorkload, SyntheticWorkload, Workload
+from __future__ import annotations
 
-__all__ = ["BinningWorkload", "EmbeddingWorkload", "ImageFolderSource", "PipelineConfig", "PipelineError", "PipelineStats",
-           "SyntheticWorkload", "WorkerPool", "WorkerStats", "Workload", "read_output",
-           "run_pipeline"]
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "BinningWorkload": "helpers.workloads.binning",
+    "EmbeddingWorkload": "helpers.workloads.embedding",
+    "ImageFolderSource": "helpers.sources",
+    "PipelineConfig": "helpers.config",
+    "PipelineError": "helpers.scheduler",
+    "PipelineStats": "helpers.stats",
+    "SyntheticWorkload": "helpers.workloads.synthetic",
+    "WorkerPool": "helpers.pipeline",
+    "WorkerStats": "helpers.stats",
+    "Workload": "helpers.workloads.base",
+    "read_output": "helpers.hdf5_sink",
+    "run_pipeline": "helpers.pipeline",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'helpers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -1,7 +1,10 @@
-"""``python -m helpers``: see helpers.cli."""
+"""``python -m helpers``: see helpers.cli.
+
+A spawned worker of a CLI run imports this module again (as ``__mp_main__``): the CLI, and with it
+the whole parent side, is imported only when this runs as the program."""
 import sys
 
-from helpers.cli import main
-
 if __name__ == "__main__":
+    from helpers.cli import main
+
     sys.exit(main())

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from helpers.hdf5_sink import read_output
-from helpers.images import ImageFolderSource
+from helpers.sources import ImageFolderSource
 from helpers.paths import DATA
 from helpers.pipeline import WorkerPool
 from helpers.stats import PipelineStats

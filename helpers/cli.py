@@ -23,7 +23,7 @@ from dataclasses import asdict
 from typing import Any
 
 from helpers.binning import Thresholds, write_csv
-from helpers.images import ImageFolderSource
+from helpers.sources import ImageFolderSource
 from helpers.pipeline import STRATEGIES, PipelineError, run_pipeline
 from helpers.sources import JSONLSource, SourceError
 from helpers.workloads import EmbeddingWorkload, SyntheticWorkload

@@ -1,9 +1,4 @@
-"""Image inputs: a folder of image files as a record source, and a careful decoder.
-
-``ImageFolderSource(folder)`` yields ``(id, path)`` for every file under ``folder`` whose suffix is
-an image format, in sorted relative-path order (ids 0, 1, ... in that order, so a rerun over the same
-folder gives the same ids). Paths travel through the queues; workers decode them, so the reader
-stays cheap and a bad file only ever costs its own record.
+"""Image decoding for the binning workload; the folder source itself lives in helpers.sources.
 
 ``load_image(path)`` returns an RGB uint8 array, or raises an exception whose message names the
 problem: not an image, truncated, too many pixels. Large images are decoded at reduced size where
@@ -13,41 +8,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from helpers.sources import SourceError
+from helpers.sources import ImageFolderSource  # noqa: F401  (its old home: users import it here)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 MAX_PIXELS = 250_000_000  # refuse to decode beyond this (a 12,000 × 12,000 image is 144 M)
 MAX_SIDE = 2048  # longer sides are shrunk to this before any model sees them
-
-
-class ImageFolderSource:
-    """Every image file under ``folder`` (recursively), by sorted relative path."""
-
-    def __init__(self, folder: str | os.PathLike, suffixes: tuple[str, ...] = IMAGE_SUFFIXES) -> None:
-        self.folder, self.suffixes = Path(folder), tuple(s.lower() for s in suffixes)
-        if not self.folder.is_dir():
-            raise SourceError(f"input {str(self.folder)!r}: not a folder of images")
-        self._paths = sorted(p for p in self.folder.rglob("*")
-                             if p.is_file() and p.suffix.lower() in self.suffixes
-                             and not p.name.startswith("."))
-        if not self._paths:
-            raise SourceError(f"input {str(self.folder)!r}: no image files "
-                              f"({', '.join(self.suffixes)})")
-
-    def __len__(self) -> int:
-        return len(self._paths)
-
-    def __iter__(self) -> Iterator[tuple[int, str]]:
-        for record_id, path in enumerate(self._paths):
-            yield record_id, str(path)
-
-    def describe(self) -> str:
-        return f"images:{self.folder}"
 
 
 def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS,

@@ -5,7 +5,9 @@
 - ``JSONLSource``: one JSON object per line with a text field; the id is the object's id field if it
   has one, else the 0-based line number.
 - ``IterableSource``: any Python iterable of ``(id, record)`` pairs.
-- ``helpers.images.ImageFolderSource``: the image files of a folder, as paths.
+- ``ImageFolderSource``: the image files of a folder, as paths, in sorted relative-path order (ids
+  0, 1, ... in that order, so a rerun over the same folder gives the same ids). Workers decode them
+  (helpers.images), so the reader stays cheap and a bad file only ever costs its own record.
 
 A record that cannot be decoded (invalid UTF-8, a line that is not JSON) is yielded as a
 ``BadRecord`` under its id, so it is reported as failed without costing the records around it.
@@ -28,6 +30,7 @@ from helpers.workloads.base import BadRecord
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 READ_SLICE = 1024  # strings read from an HDF5 batch at a time: bounded memory for huge batches
 
 
@@ -170,6 +173,31 @@ class IterableSource:
         return f"iterable:{type(self.pairs).__name__}"
 
 
+class ImageFolderSource:
+    """Every image file under ``folder`` (recursively), by sorted relative path."""
+
+    def __init__(self, folder: str | os.PathLike, suffixes: tuple[str, ...] = IMAGE_SUFFIXES) -> None:
+        self.folder, self.suffixes = Path(folder), tuple(s.lower() for s in suffixes)
+        if not self.folder.is_dir():
+            raise SourceError(f"input {str(self.folder)!r}: not a folder of images")
+        self._paths = sorted(p for p in self.folder.rglob("*")
+                             if p.is_file() and p.suffix.lower() in self.suffixes
+                             and not p.name.startswith("."))
+        if not self._paths:
+            raise SourceError(f"input {str(self.folder)!r}: no image files "
+                              f"({', '.join(self.suffixes)})")
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        for record_id, path in enumerate(self._paths):
+            yield record_id, str(path)
+
+    def describe(self) -> str:
+        return f"images:{self.folder}"
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -180,8 +208,6 @@ def open_source(source: Any, *, text_field: str = "text", id_field: str = "id"):
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
-            from helpers.images import ImageFolderSource
-
             return ImageFolderSource(path)
         if path.suffix.lower() in HDF5_SUFFIXES:
             return HDF5BatchesSource(path)

@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 
 from helpers import transfer
-from helpers.workloads.base import BadRecord, OutputSpec
+from helpers.workloads.base import MODEL_COPY_ENV, BadRecord, OutputSpec
 
 END_OF_WORK = "END_OF_WORK"  # sent once to each worker when the pool closes
 POLL_SECONDS = 0.5  # how often a waiting worker checks that its parent is still alive
 OOM_ERRORS = ("OutOfMemoryError", "MemoryError")  # torch.cuda's, and Python's own
-MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # a worker process's WorkerInfo.copy, for the workload
 
 
 @dataclass(frozen=True)

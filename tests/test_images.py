@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.images import ImageFolderSource, load_image
+from helpers.images import load_image
+from helpers.sources import ImageFolderSource
 from helpers.sources import SourceError, open_source
 
 

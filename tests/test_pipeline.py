@@ -206,7 +206,7 @@ def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
 def test_static_and_queue_fed_give_identical_binning_results(tmp_path):
     """The study's static split and the queue-fed pipeline on the same images and workers."""
     from helpers.hdf5_sink import read_output
-    from helpers.images import ImageFolderSource
+    from helpers.sources import ImageFolderSource
     from helpers.paths import DATA
     from helpers.workloads.binning import BinningWorkload
 

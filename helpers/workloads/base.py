@@ -24,6 +24,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 
+MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # set in each worker process: the n-th model copy on its
+# device, from 0 (like torchrun's LOCAL_RANK), for a workload that places copies itself
 TEXT = "str"  # OutputSpec dtype of a UTF-8 string column (a path, a caption, a class list)
 
 

@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from helpers.workloads.base import OutputSpec
+from helpers.workloads.base import MODEL_COPY_ENV, OutputSpec
 
 MODES = ("sleep", "busy")
 VALUES = ("record", "zeros")  # a vector per record (tests check the id -> row mapping), or zeros
-MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # helpers.worker sets it: the n-th copy on this device
 
 
 class InjectedFailure(RuntimeError):
