@@ -23,9 +23,9 @@ from dataclasses import asdict
 from typing import Any
 
 from helpers.binning import Thresholds, write_csv
-from helpers.sources import ImageFolderSource
+from helpers.config import PipelineConfig
 from helpers.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.sources import JSONLSource, SourceError
+from helpers.sources import ImageFolderSource, JSONLSource, SourceError
 from helpers.workloads import EmbeddingWorkload, SyntheticWorkload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload
 
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--devices", default="cpu", help="one entry per worker, e.g. cuda:0,cuda:0,cpu")
     run.add_argument("--strategy", choices=STRATEGIES, default="queue",
                      help="queue: workers pull workunits; static: one even slice per worker")
-    run.add_argument("--workunit-size", type=int, default=100, help="records per workunit")
+    run.add_argument("--workunit-size", type=int, default=PipelineConfig.workunit_size, help="records per workunit")
     run.add_argument("--backend", choices=("process", "thread"), default="process")
     run.add_argument("--limit", type=int, help="stop after this many records")
     run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker)")
@@ -63,15 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep what OUTPUT holds (a killed or interrupted run) and do the rest")
     safe.add_argument("--workunit-timeout", type=float,
                       help="seconds a workunit may run before its worker is killed and replaced")
-    safe.add_argument("--retries", type=int, default=1,
+    safe.add_argument("--retries", type=int, default=PipelineConfig.retries,
                       help="times a failed workunit is retried before it is split")
-    safe.add_argument("--max-restarts", type=int, default=10, help="replacements per worker")
+    safe.add_argument("--max-restarts", type=int, default=PipelineConfig.max_restarts, help="replacements per worker")
     safe.add_argument("--in-place", action="store_true",
                       help="append to OUTPUT in place instead of crash-safe parts (a little "
                            "faster; a killed run may leave OUTPUT unreadable)")
     safe.add_argument("--adaptive", action="store_true",
                       help="grow workers per device one at a time while memory allows")
-    safe.add_argument("--max-workers-per-device", type=int, default=8)
+    safe.add_argument("--max-workers-per-device", type=int,
+                      default=PipelineConfig.max_workers_per_device)
     emb = run.add_argument_group("embedding workload")
     emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
                                      "all-MiniLM-L6-v2, offline); binning: its similarity model")

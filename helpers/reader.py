@@ -36,7 +36,7 @@ class Reader(threading.Thread):
         self._notify = notify or (lambda: None)
         self.error: BaseException | None = None
         self.read_seconds = self.blocked_seconds = 0.0
-        self.records_read = self.units_put = 0
+        self.units_put = 0
         self.done = False
         self._rest: tuple[np.ndarray, list] = (np.empty(0, np.int64), [])  # read, not yet cut
 
@@ -63,7 +63,6 @@ class Reader(threading.Thread):
             self.read_seconds += time.perf_counter() - started
             if not len(records):
                 return
-            self.records_read += len(records)
             for start in range(0, len(records), self._size):
                 yield Workunit(next(index), ids[start:start + self._size],
                                records[start:start + self._size])

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from helpers.worker import Died, Failed, Ready, Result, WorkerInfo, Workunit
+from helpers.worker import POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo, Workunit
 
 log = logging.getLogger("gpufeed")
 
@@ -144,7 +144,7 @@ class Scheduler:
                 waiting = [str(self.slots[s].info) for s in slots if self.slots[s].state == "loading"]
                 raise PipelineError(f"{', '.join(waiting)} not ready after {timeout:.0f} s "
                                     f"(load_timeout): model load hung or is too slow")
-            for index, message in self.next_messages(min(remaining, 0.5)):
+            for index, message in self.next_messages(min(remaining, POLL_SECONDS)):
                 slot = self.slots.get(index)
                 if isinstance(message, Failed):
                     raise remote_error(message)

@@ -83,7 +83,7 @@ def crash_rows(workload_name: str, records: int, repeats: int) -> list[dict]:
                 for killed in (False, True):
                     deaths.times.clear()
                     pid = list(pool.pids.values())[0]
-                    timer = threading.Timer(0.4 * calm, kill, (pid,)) if killed else None
+                    timer = threading.Timer(KILL_AT * calm, kill, (pid,)) if killed else None
                     if timer:
                         timer.start()
                     stats = pool.run(pairs, Path(tmp) / f"crash-{repeat}-{killed}.h5",
@@ -102,6 +102,7 @@ def crash_rows(workload_name: str, records: int, repeats: int) -> list[dict]:
     return rows
 
 
+KILL_AT = 0.4  # of the undisturbed run's wall time: mid-run, with work on both sides of it
 KILLED_AT = [0.0]  # unix time of the last kill: log records carry unix time
 
 
