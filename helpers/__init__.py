@@ -25,16 +25,21 @@ _PUBLIC = {
     "run_pipeline": "helpers.pipeline",
 }
 
+def lazy_names(package: str, names: dict[str, str]) -> tuple[Any, Any]:
+    """A package's ``__getattr__`` and ``__dir__`` that import ``names`` (name -> module) on first use."""
+    namespace = importlib.import_module(package).__dict__
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = namespace[name] = getattr(importlib.import_module(names[name]), name)
+        return value  # looked up once
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(names))
+
+    return __getattr__, __dir__
+
+
 __all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'helpers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

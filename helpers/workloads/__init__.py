@@ -3,8 +3,7 @@
 Names are imported on first use, so a worker that runs one workload imports that one only."""
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from helpers import lazy_names
 
 _PUBLIC = {
     "BadRecord": "helpers.workloads.base",
@@ -16,15 +15,4 @@ _PUBLIC = {
 }
 
 __all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'helpers.workloads' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
