@@ -126,7 +126,7 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from helpers.paths import sample_texts
+    from helpers.study.paths import sample_texts
 
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)

@@ -1,9 +1,17 @@
 """gpufeed: keep GPUs fed when running a model over a big dataset.
 
-The queue-fed pipeline (``run_pipeline``), its workloads, and the tools around them. The public
-names are imported on first use (PEP 562), so that a worker process, which imports this package
-on its way to ``helpers.worker``, loads the worker loop and its workload only: not h5py, the
-scheduler or the writer it never runs.
+Three floors, each importing only the floors below it:
+
+- ``helpers.engine``: the queue-fed pipeline (``run_pipeline``, ``WorkerPool``) and everything it
+  runs on: the workload protocol, settings, sources, reader, workers, backends, scheduler, writer;
+- ``helpers.workloads``: what workers run (embedding, synthetic, binning); a workload imports the
+  engine's protocol and nothing else of it;
+- ``helpers.study``: what the notebooks use: experiments, findings, plots, result tables.
+
+``helpers.cli`` and ``helpers.bench`` stand on all three. The public names below are imported on
+first use (PEP 562), so that a worker process, which imports this package on its way to
+``helpers.engine.worker``, loads the worker loop and its workload only: not h5py, the scheduler or
+the writer it never runs.
 """
 from __future__ import annotations
 
@@ -13,16 +21,17 @@ from typing import Any
 _PUBLIC = {
     "BinningWorkload": "helpers.workloads.binning",
     "EmbeddingWorkload": "helpers.workloads.embedding",
-    "ImageFolderSource": "helpers.sources",
-    "PipelineConfig": "helpers.config",
-    "PipelineError": "helpers.scheduler",
-    "PipelineStats": "helpers.stats",
+    "ImageFolderSource": "helpers.engine.sources",
+    "JobSettings": "helpers.engine.settings",
+    "PipelineError": "helpers.engine.scheduler",
+    "PipelineStats": "helpers.engine.stats",
+    "PoolSettings": "helpers.engine.settings",
     "SyntheticWorkload": "helpers.workloads.synthetic",
-    "WorkerPool": "helpers.pipeline",
-    "WorkerStats": "helpers.stats",
-    "Workload": "helpers.workloads.base",
-    "read_output": "helpers.hdf5_sink",
-    "run_pipeline": "helpers.pipeline",
+    "WorkerPool": "helpers.engine.pipeline",
+    "WorkerStats": "helpers.engine.stats",
+    "Workload": "helpers.engine.protocol",
+    "read_output": "helpers.engine.hdf5_sink",
+    "run_pipeline": "helpers.engine.pipeline",
 }
 
 def lazy_names(package: str, names: dict[str, str]) -> tuple[Any, Any]:

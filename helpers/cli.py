@@ -1,6 +1,6 @@
 """``python -m helpers run ...``: the pipeline from the shell; the stats are the last line, as JSON.
 ``python -m helpers run --workload binning --input images/ --output out.h5``: also writes out.csv.
-``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.notebooks).
+``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.study.notebooks).
 ``python -m helpers compact out.h5``: a big run's output (an index over its parts) as one file.
 
 Exit status: 0 done, 1 failed (a model that does not load, every worker gone, an unreadable
@@ -18,16 +18,19 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from helpers.binning import Thresholds, write_csv
-from helpers.config import PipelineConfig
-from helpers.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.sources import ImageFolderSource, JSONLSource, SourceError
-from helpers.workloads import EmbeddingWorkload, SyntheticWorkload
-from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload
+from helpers.engine.hdf5_sink import read_output
+from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
+from helpers.engine.settings import BACKENDS, JobSettings, PoolSettings
+from helpers.engine.sources import ImageFolderSource, JSONLSource, SourceError
+from helpers.workloads import WORKLOADS, make_workload
+from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
+from helpers.workloads.binning.table import write_csv
+from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.synthetic import MODES, SyntheticWorkload
 
 EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
@@ -47,12 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--input", required=True,
                      help=".h5 (batches/0, 1, ...) or .jsonl file; a folder of images for binning")
     run.add_argument("--output", required=True, help="HDF5 file to write (binning: a CSV beside it)")
-    run.add_argument("--workload", choices=("embedding", "synthetic", "binning"), default="embedding")
-    run.add_argument("--devices", default="cpu", help="one entry per worker, e.g. cuda:0,cuda:0,cpu")
+    run.add_argument("--workload", choices=WORKLOADS, default="embedding")
+    run.add_argument("--devices", default=",".join(PoolSettings.devices),
+                     help="one entry per worker, e.g. cuda:0,cuda:0,cpu")
     run.add_argument("--strategy", choices=STRATEGIES, default="queue",
                      help="queue: workers pull workunits; static: one even slice per worker")
-    run.add_argument("--workunit-size", type=int, default=PipelineConfig.workunit_size, help="records per workunit")
-    run.add_argument("--backend", choices=("process", "thread"), default="process")
+    run.add_argument("--workunit-size", type=int, default=JobSettings.workunit_size,
+                     help="records per workunit")
+    run.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend)
     run.add_argument("--limit", type=int, help="stop after this many records")
     run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker)")
     run.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
@@ -63,31 +68,34 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep what OUTPUT holds (a killed or interrupted run) and do the rest")
     safe.add_argument("--workunit-timeout", type=float,
                       help="seconds a workunit may run before its worker is killed and replaced")
-    safe.add_argument("--retries", type=int, default=PipelineConfig.retries,
+    safe.add_argument("--retries", type=int, default=PoolSettings.retries,
                       help="times a failed workunit is retried before it is split")
-    safe.add_argument("--max-restarts", type=int, default=PipelineConfig.max_restarts, help="replacements per worker")
+    safe.add_argument("--max-restarts", type=int, default=PoolSettings.max_restarts,
+                      help="replacements per worker")
     safe.add_argument("--in-place", action="store_true",
                       help="append to OUTPUT in place instead of crash-safe parts (a little "
                            "faster; a killed run may leave OUTPUT unreadable)")
     safe.add_argument("--adaptive", action="store_true",
                       help="grow workers per device one at a time while memory allows")
     safe.add_argument("--max-workers-per-device", type=int,
-                      default=PipelineConfig.max_workers_per_device)
+                      default=PoolSettings.max_workers_per_device)
     emb = run.add_argument_group("embedding workload")
     emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
                                      "all-MiniLM-L6-v2, offline); binning: its similarity model")
-    emb.add_argument("--batch-size", type=int, default=32)
+    emb.add_argument("--batch-size", type=int, default=EmbeddingWorkload.batch_size)
     emb.add_argument("--normalize", action="store_true", help="unit-length embeddings")
     syn = run.add_argument_group("synthetic workload")
-    syn.add_argument("--seconds-per-record", type=float, default=0.001)
+    syn.add_argument("--seconds-per-record", type=float,
+                     default=SyntheticWorkload.seconds_per_record)
     syn.add_argument("--speed", type=_speeds, default={}, help="e.g. cuda:0=1,cuda:1=0.35")
-    syn.add_argument("--mode", choices=("sleep", "busy"), default="sleep")
+    syn.add_argument("--mode", choices=MODES, default=SyntheticWorkload.mode)
     img = run.add_argument_group("binning workload (A: text-rich, B: object-rich scenes, C: rest)")
     img.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
                      help="similarity prompt (repeat for several; default: a page of text, a chart)")
     for name, default in asdict(Thresholds()).items():
         img.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
-    img.add_argument("--model-threads", type=int, default=1, help="intra-op threads per model")
+    img.add_argument("--model-threads", type=int, default=BinningWorkload.threads,
+                     help="intra-op threads per model")
     img.add_argument("--clip-model", help="transformers CLIP id: score the image, not the text")
     img.add_argument("--caption-model", help="transformers image-to-text id instead of the template")
     pack = commands.add_parser("compact", help="copy a run's index and its parts into one file")
@@ -103,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 def notebooks(args: argparse.Namespace) -> int:
     from papermill.exceptions import PapermillExecutionError
 
-    from helpers.notebooks import run_notebooks
+    from helpers.study.notebooks import run_notebooks
 
     try:
         run_notebooks(args.params, args.only)
@@ -129,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # shell starts background jobs with it ignored
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        workload = make_workload(args)
+        workload = _workload(args)
         options = {"queue_depth": args.queue_depth, "threads_per_worker": args.threads_per_worker,
                    "limit": args.limit, "progress": not args.no_progress, "resume": args.resume,
                    "workunit_timeout": args.workunit_timeout, "retries": args.retries,
@@ -143,7 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
                              args.backend, args.strategy, **options)
         if args.workload == "binning":
-            print(f"table: {write_csv(args.output, paths=dict(source))}", file=sys.stderr)
+            table = write_csv(read_output(args.output), Path(args.output).with_suffix(".csv"),
+                              dict(source))
+            print(f"table: {table}", file=sys.stderr)
     except (ValueError, RuntimeError) as exc:  # SourceError and PipelineError among them
         print(f"error: {exc}", file=sys.stderr)
         if isinstance(exc, PipelineError) and exc.__cause__ is not None:
@@ -165,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def compact_output(output: str) -> int:
-    from helpers.checkpoint import compact
+    from helpers.engine.checkpoint import compact
 
     started = time.monotonic()
     try:
@@ -182,15 +192,16 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def make_workload(args: argparse.Namespace) -> Any:
-    if args.workload == "embedding":
-        return EmbeddingWorkload(args.model, args.batch_size, args.normalize)
-    if args.workload == "synthetic":
-        return SyntheticWorkload(args.seconds_per_record, args.speed, args.mode)
-    thresholds = Thresholds(**{name: getattr(args, name) for name in asdict(Thresholds())})
-    return BinningWorkload(thresholds, tuple(args.prompts or DEFAULT_PROMPTS), args.model_threads,
-                           similarity_model=args.model, clip_model=args.clip_model,
-                           caption_model=args.caption_model)
+def _workload(args: argparse.Namespace) -> Any:
+    """The workload the arguments name, with the options of its own argument group."""
+    options = {"embedding": {"normalize": args.normalize}, "synthetic": {"mode": args.mode},
+               "binning": {"thresholds": Thresholds(**{k: getattr(args, k)
+                                                       for k in asdict(Thresholds())}),
+                           "prompts": tuple(args.prompts or DEFAULT_PROMPTS),
+                           "threads": args.model_threads, "clip_model": args.clip_model,
+                           "caption_model": args.caption_model}}[args.workload]
+    return make_workload(args.workload, args.model, args.batch_size, args.seconds_per_record,
+                         args.speed, **options)
 
 
 def _is_usage(exc: Exception) -> bool:

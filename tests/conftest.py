@@ -42,7 +42,7 @@ def no_leftover_processes():
 @pytest.fixture(scope="session")
 def texts() -> list[str]:
     """24 real paragraphs from the shipped sample, the shortest of its first 400 (cheap to embed)."""
-    from helpers.paths import sample_texts
+    from helpers.study.paths import sample_texts
 
     return sorted(sample_texts(400), key=len)[:24]
 

@@ -1,13 +1,15 @@
 """The A/B/C rule at each of its boundaries, the feature helpers, and the CSV of a run."""
 import csv
+import re
 
 import numpy as np
 import pytest
 
-from helpers.binning import (Thresholds, assign_bin, caption, description, dispersion, text_area,
-                             write_csv)
-from helpers.hdf5_sink import HDF5Sink
-from helpers.workloads.base import TEXT, OutputSpec
+from helpers.engine.hdf5_sink import HDF5Sink, read_output
+from helpers.engine.protocol import TEXT, OutputSpec
+from helpers.workloads.binning.rule import (Thresholds, assign_bin, caption, description,
+                                            dispersion, text_area)
+from helpers.workloads.binning.table import write_csv
 
 T = Thresholds()
 NONE = dict(text_boxes=0, text_area=0.0, objects=0, unique_classes=0, dispersion=0.0, similarity=0.0)
@@ -17,10 +19,15 @@ def bin_of(**features):
     return assign_bin(**{**NONE, **features}, thresholds=T)
 
 
-def test_defaults_are_the_documented_ones():
-    assert (T.text_boxes_threshold, T.text_area_threshold, T.object_count_threshold,
-            T.unique_objects_threshold, T.similarity_threshold, T.spatial_dispersion_threshold) \
-        == (2, 0.2, 5, 3, 0.25, 0.3)
+def test_the_rule_s_documentation_states_every_default_threshold_as_it_is():
+    """The module docstring gives each threshold's default in brackets: it must not drift."""
+    from dataclasses import asdict
+
+    from helpers.workloads.binning import rule
+
+    documented = {name: float(value) for name, value in
+                  re.findall(r"(\w+_threshold)``\s*\[([\d.]+)\]", rule.__doc__)}
+    assert documented == {name: float(value) for name, value in asdict(T).items()}
 
 
 @pytest.mark.parametrize("boxes, area, similarity, expected", [
@@ -99,8 +106,7 @@ def test_csv_has_one_row_per_image_errors_included(tmp_path):
     with HDF5Sink(tmp_path / "out.h5", names) as sink:
         sink.append(np.array([2, 0]), arrays)
         sink.append_errors([(1, "OSError", "broken.jpg: cannot decode", 0.0)])
-    path = write_csv(tmp_path / "out.h5", paths={1: "broken.jpg"})
-    assert path == tmp_path / "out.csv"
+    path = write_csv(read_output(tmp_path / "out.h5"), tmp_path / "out.csv", {1: "broken.jpg"})
     table = list(csv.DictReader(open(path)))
     assert [r["id"] for r in table] == ["0", "1", "2"]
     assert table[0]["path"] == "a.png" and table[0]["classes"] == "cat dog" and table[0]["bin"] == "A"

@@ -11,26 +11,26 @@ import numpy as np
 import psutil
 import pytest
 
-import helpers.checkpoint
-import helpers.hdf5_sink
-from helpers.checkpoint import Parts
-from helpers.hdf5_sink import HDF5Sink, read_output
-from helpers.id_ranges import IdRanges
-from helpers.paths import ROOT
-from helpers.workloads.base import OutputSpec
+import helpers.engine.checkpoint
+import helpers.engine.hdf5_sink
+from helpers.engine.checkpoint import Parts
+from helpers.engine.hdf5_sink import HDF5Sink, read_output
+from helpers.engine.id_ranges import IdRanges
+from helpers.engine.protocol import OutputSpec
+from helpers.study.paths import ROOT
 from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
 
 SPEC = {"values": OutputSpec((8,), "float32"), "label": OutputSpec((), "str")}
-BLOCK = 1024  # helpers.hdf5_sink.CHUNK_RECORDS: one part per block
+BLOCK = 1024  # helpers.engine.hdf5_sink.CHUNK_RECORDS: one part per block
 WRITER = """
 import sys
 import numpy as np
-import helpers.checkpoint
-from helpers.hdf5_sink import HDF5Sink
-from helpers.workloads.base import OutputSpec
-helpers.checkpoint.COMPACT_PARTS = 3  # merges (and their clean-up) happen often: kills hit them
+import helpers.engine.checkpoint
+from helpers.engine.hdf5_sink import HDF5Sink
+from helpers.engine.protocol import OutputSpec
+helpers.engine.checkpoint.COMPACT_PARTS = 3  # merges (and their clean-up) happen often: kills hit them
 spec = {"values": OutputSpec((8,), "float32"), "label": OutputSpec((), "str")}
 with HDF5Sink(sys.argv[1], spec, {"run": "killed"}) as sink:
     for start in range(0, 10**7, 1024):
@@ -80,7 +80,7 @@ def blocks(parts, n):
 
 
 def test_parts_merge_by_level_and_a_crash_mid_merge_leaves_no_duplicate(tmp_path, monkeypatch):
-    monkeypatch.setattr(helpers.checkpoint, "COMPACT_PARTS", 3)
+    monkeypatch.setattr(helpers.engine.checkpoint, "COMPACT_PARTS", 3)
     parts = Parts(tmp_path / "out.h5", SPEC)
     parts.scan()
     blocks(parts, 10)  # levels: 9 -> one L2 (0-8); then one L0 (9)
@@ -89,7 +89,7 @@ def test_parts_merge_by_level_and_a_crash_mid_merge_leaves_no_duplicate(tmp_path
     # a crash after a merge was renamed into place but before its sources were deleted:
     extra = tmp_path / "out.h5.parts" / "part-L0-00000004-00000004.h5"
     with h5py.File(extra, "w") as f:
-        for name, (shape, dtype) in helpers.checkpoint.columns(SPEC).items():
+        for name, (shape, dtype) in helpers.engine.checkpoint.columns(SPEC).items():
             f.create_dataset(name, shape=(0, *shape), dtype=dtype)
     (tmp_path / "out.h5.parts" / "part-L0-00000010-00000010.h5.tmp").write_bytes(b"half")
     again = Parts(tmp_path / "out.h5", SPEC)
@@ -196,10 +196,10 @@ def test_an_embedding_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_pat
 
 def test_a_big_output_stays_an_index_of_parts_written_once_and_compacts_to_one_file(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(helpers.checkpoint, "MERGE_AT_END_BYTES", 0)  # every output is "big"
-    monkeypatch.setattr(helpers.checkpoint, "PART_ROWS", 64)  # 64-row parts are full ones
-    monkeypatch.setattr(helpers.checkpoint, "COMPACT_PARTS", 3)
-    monkeypatch.setattr(helpers.hdf5_sink, "PART_ROWS", 64)
+    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)  # every output is "big"
+    monkeypatch.setattr(helpers.engine.checkpoint, "PART_ROWS", 64)  # 64-row parts are full ones
+    monkeypatch.setattr(helpers.engine.checkpoint, "COMPACT_PARTS", 3)
+    monkeypatch.setattr(helpers.engine.hdf5_sink, "PART_ROWS", 64)
     out = tmp_path / "out.h5"
     with HDF5Sink(out, SPEC, {"run": "big"}) as sink:
         for start in range(0, 640, 32):
@@ -229,7 +229,7 @@ def test_a_run_killed_after_its_final_merge_but_before_removing_its_parts_resume
         tmp_path, monkeypatch):
     out = tmp_path / "out.h5"
     with monkeypatch.context() as patch:
-        patch.setattr(helpers.checkpoint.shutil, "rmtree", lambda *a, **k: None)  # killed there
+        patch.setattr(helpers.engine.checkpoint.shutil, "rmtree", lambda *a, **k: None)  # killed there
         with HDF5Sink(out, SPEC) as sink:
             for start in (0, 10):
                 ids = np.arange(start, start + 10)

@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-from helpers.hdf5_sink import read_output
-from helpers.paths import ROOT, SAMPLE_TEXT
+from helpers.engine.hdf5_sink import read_output
+from helpers.study.paths import ROOT, SAMPLE_TEXT
 
 pytestmark = pytest.mark.timeout(180)  # reached only on deadlock
 

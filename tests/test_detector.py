@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import detector
-from helpers.paths import DATA
+from helpers.study.paths import DATA
+from helpers.workloads.binning import detector
 
 
 def fake_outputs(cell, cls, score, sides):

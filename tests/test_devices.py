@@ -1,6 +1,6 @@
 import pytest
 
-from helpers.devices import check_available, cpu_threads_per_worker, parse_devices
+from helpers.engine.devices import check_available, cpu_threads_per_worker, parse_devices
 
 
 def test_parse_normalises_and_keeps_one_entry_per_worker():

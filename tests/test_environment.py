@@ -4,7 +4,7 @@ import tomllib
 
 import yaml
 
-from helpers.paths import ROOT
+from helpers.study.paths import ROOT
 
 TORCH_PIN = "torch==2.13.0"
 

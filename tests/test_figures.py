@@ -6,7 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from helpers.figures import save_figure, write_readme  # noqa: E402
+from helpers.study.figures import save_figure, write_readme  # noqa: E402
 
 
 def figure():

@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from helpers import findings
+from helpers.study import findings
 
 
 def workers_table():

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from helpers.id_ranges import IdRanges
+from helpers.engine.id_ranges import IdRanges
 
 
 def test_ids_become_ranges_in_any_order_with_repeats():

@@ -3,9 +3,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.images import load_image
-from helpers.sources import ImageFolderSource
-from helpers.sources import SourceError, open_source
+from helpers.engine.sources import ImageFolderSource, SourceError, open_source
+from helpers.workloads.binning.images import load_image
 
 
 def test_folder_source_sorted_ids_and_only_images(tmp_path):

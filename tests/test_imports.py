@@ -1,13 +1,18 @@
-"""What imports what: no circle among helpers' modules, and a worker process loads the worker loop
-and its workload, not the parent's engine (h5py, pandas, the scheduler, the writer)."""
+"""What imports what: three floors (engine, workloads, study), each importing only the floors below
+it; no circle among helpers' modules; a worker process loads the worker loop and its workload, not
+the parent's engine (h5py, pandas, the scheduler, the writer)."""
 import ast
 import subprocess
 import sys
 
-from helpers.paths import ROOT
+from helpers.study.paths import ROOT
 
-PARENT_ONLY = ["h5py", "pandas", "helpers.scheduler", "helpers.pipeline", "helpers.hdf5_sink",
-               "helpers.checkpoint", "helpers.reader", "helpers.cli"]
+PARENT_ONLY = ["h5py", "pandas", "helpers.engine.scheduler", "helpers.engine.pipeline",
+               "helpers.engine.hdf5_sink", "helpers.engine.checkpoint", "helpers.engine.reader",
+               "helpers.cli"]
+FLOORS = ("helpers.engine", "helpers.workloads", "helpers.study")  # bottom to top
+ON_TOP = ("helpers", "helpers.__main__", "helpers.cli", "helpers.bench")  # may import any floor
+WORKLOAD_SEES = {"helpers.engine.protocol"}  # all of the engine a workload may import
 
 
 def module_name(path):
@@ -31,6 +36,49 @@ def import_graph():
     return graph
 
 
+def floor(module):
+    """0, 1, 2 for the engine, the workloads, the study; 3 for what stands on them."""
+    for number, package in enumerate(FLOORS):
+        if module == package or module.startswith(package + "."):
+            return number
+    assert module in ON_TOP or module.startswith("helpers.bench."), \
+        f"{module} is on no floor: put it in {', '.join(FLOORS)}, or on top ({', '.join(ON_TOP)})"
+    return len(FLOORS)
+
+
+def upward(graph):
+    return sorted(f"{module} -> {dep}" for module, deps in graph.items() for dep in deps
+                  if floor(dep) > floor(module))
+
+
+def beyond_the_protocol(graph):
+    return sorted(f"{module} -> {dep}" for module, deps in graph.items() if floor(module) == 1
+                  for dep in deps if floor(dep) == 0 and dep not in WORKLOAD_SEES)
+
+
+def test_each_floor_imports_only_the_floors_below_it():
+    found = upward(import_graph())
+    assert not found, "imports that run upward:\n" + "\n".join(found)
+
+
+def test_a_workload_imports_the_engine_s_protocol_and_nothing_else_of_it():
+    found = beyond_the_protocol(import_graph())
+    assert not found, "workloads reaching into the engine:\n" + "\n".join(found)
+
+
+def test_the_floor_rules_catch_what_they_are_about():
+    graph = import_graph()
+    assert "helpers.engine.protocol" in graph["helpers.workloads.embedding"]  # the walk sees imports
+    assert "helpers.engine.scheduler" in graph["helpers.engine.pipeline"]
+    wrong = {"helpers.engine.worker": {"helpers.workloads.synthetic"},  # the engine knowing a workload
+             "helpers.workloads.embedding": {"helpers.engine.hdf5_sink"},  # a workload writing
+             "helpers.engine.detector": {"helpers.study.paths"},  # model code knowing the checkout
+             "helpers.study.plots": {"helpers.engine.stats"}}  # fine: downward
+    assert upward(wrong) == ["helpers.engine.detector -> helpers.study.paths",
+                             "helpers.engine.worker -> helpers.workloads.synthetic"]
+    assert beyond_the_protocol(wrong) == ["helpers.workloads.embedding -> helpers.engine.hdf5_sink"]
+
+
 def test_no_module_of_helpers_imports_itself_through_others():
     graph, state, circles = import_graph(), {}, []
 
@@ -47,13 +95,12 @@ def test_no_module_of_helpers_imports_itself_through_others():
         if name not in state:
             visit(name, [name])
     assert not circles
-    assert "helpers.images" not in graph["helpers.sources"]  # the circle there once was
 
 
 def test_a_worker_process_imports_the_worker_loop_and_its_workload_only():
     # what a spawned worker imports: the main module again (python -m helpers), the worker loop,
     # the workload's module when its pickle is loaded
-    code = ("import sys, helpers.__main__, helpers.worker, helpers.workloads.synthetic, "
+    code = ("import sys, helpers.__main__, helpers.engine.worker, helpers.workloads.synthetic, "
             "helpers.workloads.embedding, helpers.workloads.binning\n"
             f"print([m for m in {PARENT_ONLY!r} if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -63,10 +110,10 @@ def test_a_worker_process_imports_the_worker_loop_and_its_workload_only():
 
 def test_the_public_names_are_there_when_asked_for():
     code = ("import sys, helpers\n"
-            "assert 'helpers.pipeline' not in sys.modules\n"
+            "assert 'helpers.engine.pipeline' not in sys.modules\n"
             "from helpers import run_pipeline, WorkerPool, EmbeddingWorkload, SyntheticWorkload, "
             "read_output, ImageFolderSource\n"
-            "assert 'helpers.pipeline' in sys.modules and callable(run_pipeline)\n"
+            "assert 'helpers.engine.pipeline' in sys.modules and callable(run_pipeline)\n"
             "assert sorted(helpers.__all__) == sorted(n for n in helpers.__all__ if "
             "getattr(helpers, n) is not None)\n"
             "try:\n    helpers.nothing\nexcept AttributeError as e:\n    print(e)")

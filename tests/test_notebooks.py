@@ -7,8 +7,8 @@ import papermill
 import pytest
 from papermill.exceptions import PapermillExecutionError
 
-from helpers.notebooks import declared, run_notebooks, suite
-from helpers.parameters import load_parameters, parameter_sets
+from helpers.study.notebooks import declared, run_notebooks, suite
+from helpers.study.parameters import load_parameters, parameter_sets
 
 pytestmark = pytest.mark.timeout(600)  # reached only on deadlock: the smoke suite takes ~1.5 min
 

@@ -1,7 +1,7 @@
 """Notebook parameter sets and the check every notebook runs first."""
 import pytest
 
-from helpers.parameters import check_parameters, load_parameters, parameter_sets
+from helpers.study.parameters import check_parameters, load_parameters, parameter_sets
 
 
 @pytest.mark.parametrize("name, value", [

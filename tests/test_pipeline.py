@@ -5,9 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from helpers import (EmbeddingWorkload, PipelineError, SyntheticWorkload, WorkerPool,
-                     read_output, run_pipeline)
-from helpers.hdf5_sink import HDF5Sink
+from helpers import (EmbeddingWorkload, PipelineError, SyntheticWorkload, WorkerPool, read_output,
+                     run_pipeline)
 from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(180)  # reached only on deadlock: every run here ends in seconds
@@ -178,20 +177,28 @@ def test_timeline_has_one_span_per_workunit_inside_the_run(tmp_path, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_static_round_gives_each_worker_exactly_its_slice(tmp_path, backend):
+def test_a_static_split_gives_each_worker_exactly_its_slice(tmp_path, backend):
     # one instant worker and two slow ones: unpinned, the instant one would take others' slices
     workload = SyntheticWorkload(0.02, {"cuda:0": 1000.0})
-    slices = [[(w * 100 + i, f"r{w}-{i}") for i in range(3)] for w in range(3)]
-    with WorkerPool(workload, ["cuda:0", "cuda:1", "cuda:1"], backend) as pool:
-        with HDF5Sink(tmp_path / "out.h5", pool.outputs, {}) as sink:
-            rounds = [pool.static_round(slices, sink) for _ in range(20)]
-    for stats in rounds:
-        assert sorted(span.worker for span in stats.spans) == [0, 1, 2]
-        assert [span.records for span in stats.spans] == [3, 3, 3]
+    pairs = [(w * 100 + i, f"r{w}-{i}") for w in range(3) for i in range(3)]
+    with WorkerPool(workload, ["cuda:0", "cuda:1", "cuda:1"], backend, progress=False) as pool:
+        rounds = [pool.run_static(pairs, tmp_path / f"out-{n}.h5") for n in range(10)]
+    for n, stats in enumerate(rounds):
+        assert sorted(span.worker for span in stats.timeline) == [0, 1, 2]
+        assert [span.records for span in stats.timeline] == [3, 3, 3]
         assert stats.records == 9 and 0 < stats.efficiency < 0.8  # the fast worker idles
-        assert max(span.end_s for span in stats.spans) <= stats.wall_seconds
-    assert sorted(read_output(tmp_path / "out.h5")["ids"].tolist()) == \
-        sorted(i for _ in range(20) for s in slices for i, _ in s)
+        assert max(span.end_s for span in stats.timeline) <= stats.wall_seconds
+        assert read_output(tmp_path / f"out-{n}.h5")["ids"].tolist() == [i for i, _ in pairs]
+
+
+def test_static_split_deals_every_record_once_in_even_contiguous_slices():
+    from helpers.engine.pipeline import static_split
+
+    for records, workers in [(9, 3), (10, 3), (2, 3), (0, 2), (1_000_003, 7)]:
+        bounds = static_split(records, workers)
+        sizes = np.diff(bounds)
+        assert bounds[0] == 0 and bounds[-1] == records and len(sizes) == workers
+        assert (sizes >= 0).all() and sizes.max() - sizes.min() <= 1
 
 
 def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
@@ -205,9 +212,9 @@ def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
 
 def test_static_and_queue_fed_give_identical_binning_results(tmp_path):
     """The study's static split and the queue-fed pipeline on the same images and workers."""
-    from helpers.hdf5_sink import read_output
-    from helpers.sources import ImageFolderSource
-    from helpers.paths import DATA
+    from helpers.engine.hdf5_sink import read_output
+    from helpers.engine.sources import ImageFolderSource
+    from helpers.study.paths import DATA
     from helpers.workloads.binning import BinningWorkload
 
     source = ImageFolderSource(DATA / "images")
@@ -238,10 +245,10 @@ def test_static_strategy_falls_back_to_one_worker_for_tiny_inputs(tmp_path):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, backend,
                                                                      monkeypatch):
-    import helpers.checkpoint
-    import helpers.hdf5_sink
+    import helpers.engine.checkpoint
+    import helpers.engine.hdf5_sink
 
-    write, slow = helpers.checkpoint.Parts.write, []
+    write, slow = helpers.engine.checkpoint.Parts.write, []
 
     def slow_first_write(self, blocks):
         if not slow:
@@ -250,8 +257,8 @@ def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, ba
             slow.append(time.monotonic())
         return write(self, blocks)
 
-    monkeypatch.setattr(helpers.checkpoint.Parts, "write", slow_first_write)
-    monkeypatch.setattr(helpers.hdf5_sink, "PART_ROWS", 20)  # parts from the first results on
+    monkeypatch.setattr(helpers.engine.checkpoint.Parts, "write", slow_first_write)
+    monkeypatch.setattr(helpers.engine.hdf5_sink, "PART_ROWS", 20)  # parts from the first results on
     stats = run([(i, f"r{i}") for i in range(600)], SyntheticWorkload(0.002), tmp_path,
                 devices=["cpu", "cpu"], workunit_size=5, backend=backend)
     assert len(slow) == 2 and slow[1] - slow[0] >= 1.5
@@ -265,7 +272,7 @@ def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, ba
 def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch):
     import h5py
 
-    import helpers.sources
+    import helpers.engine.sources
 
     with h5py.File(tmp_path / "in.h5", "w") as f:
         for n in range(3):  # 3 batches of 1,000: slices straddle what the first run wrote
@@ -276,8 +283,8 @@ def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch
                 backend="thread", limit=1700)
     assert first.records == 1700
     decoded = []
-    decode = helpers.sources._decode
-    monkeypatch.setattr(helpers.sources, "_decode",
+    decode = helpers.engine.sources._decode
+    monkeypatch.setattr(helpers.engine.sources, "_decode",
                         lambda raw: decoded.append(raw) or decode(raw))
     stats = run(tmp_path / "in.h5", workload, tmp_path, devices=["cpu"], workunit_size=50,
                 backend="thread", resume=True)

@@ -4,7 +4,7 @@ import json
 import pandas as pd
 import pytest
 
-from helpers.results import load_sidecar, load_table, resolve, save_table
+from helpers.study.results import load_sidecar, load_table, resolve, save_table
 
 
 def test_a_table_round_trips_with_its_sidecar(tmp_path):
@@ -32,7 +32,7 @@ def test_a_missing_table_says_which_to_run(tmp_path):
 
 
 def test_relative_folders_are_relative_to_the_checkout(tmp_path):
-    from helpers.paths import ROOT
+    from helpers.study.paths import ROOT
 
     assert resolve("data/results/cpu") == ROOT / "data" / "results" / "cpu"
     assert resolve(tmp_path) == tmp_path

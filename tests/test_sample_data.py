@@ -1,7 +1,7 @@
 import h5py
 
-from helpers.paths import DATA, SAMPLE_TEXT
-from helpers.sources import open_source
+from helpers.engine.sources import open_source
+from helpers.study.paths import DATA, SAMPLE_TEXT
 
 
 def test_sample_corpus_has_5000_real_paragraphs_in_the_users_layout():
@@ -37,7 +37,7 @@ def test_markup_is_stripped():
 def test_image_sample_has_200_images_each_with_source_and_licence():
     import csv
 
-    from helpers.sources import ImageFolderSource
+    from helpers.engine.sources import ImageFolderSource
 
     rows = list(csv.DictReader(open(DATA / "images" / "manifest.csv")))
     files = {path.split("/")[-1] for _, path in ImageFolderSource(DATA / "images")}
@@ -51,7 +51,7 @@ def test_image_sample_has_200_images_each_with_source_and_licence():
 def test_detector_weights_are_the_documented_file():
     import hashlib
 
-    from helpers.detector import DEFAULT_WEIGHTS
+    from helpers.workloads.binning.detector import DEFAULT_WEIGHTS
 
     digest = hashlib.sha256(DEFAULT_WEIGHTS.read_bytes()).hexdigest()
     assert digest == "5c0cef08cd9f3dcf83b2d54fb4a59935207ca5af594cd56ec36f61e6716a1b26"

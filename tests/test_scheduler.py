@@ -3,6 +3,7 @@ spawning. Each test checks the output holds every good record exactly once, and 
 worker process is left behind."""
 import logging
 import os
+import queue
 import random
 import signal
 import threading
@@ -149,7 +150,7 @@ def test_a_worker_killed_while_loading_is_replaced(tmp_path):
 
 
 def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monkeypatch, caplog):
-    import helpers.pipeline
+    import helpers.engine.pipeline
 
     # 350 MiB devices, 100 MiB copies: after 3 copies 50 MiB are left, less than one copy
     workload = SyntheticWorkload(0.0, device_memory_mb={"cuda:0": 350, "cuda:1": 150},
@@ -160,7 +161,7 @@ def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monke
     assert len(stats.workers) == 4
     assert_exactly_once(tmp_path / "out.h5", 60)
     # with no headroom asked, it adds copies until one fails to load: the 4th on cuda:0
-    monkeypatch.setattr(helpers.pipeline, "ADAPTIVE_HEADROOM", 0.0)
+    monkeypatch.setattr(helpers.engine.pipeline, "ADAPTIVE_HEADROOM", 0.0)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         with WorkerPool(workload, ["cuda:0"], adaptive=True, max_workers_per_device=6) as pool:
             assert pool.stable_workers == {"cuda:0": 3}
@@ -174,6 +175,7 @@ class FakeBackend:
 
     def __init__(self):
         self.sent, self.killed = [], []
+        self.events = queue.Queue()
 
     def send(self, slot, unit):
         self.sent.append((slot, unit.index))
@@ -184,32 +186,54 @@ class FakeBackend:
     def spawn(self, info):
         pass
 
+    def shutdown(self, clean):
+        pass
+
+
+class Queued:
+    """A feed of the given workunits, taken from the end."""
+
+    def __init__(self, units=()):
+        self.units = list(units)
+
+    def take(self):
+        return self.units.pop() if self.units else None
+
+    def backlog(self):
+        return len(self.units)
+
+
+def ready_scheduler(backend, workers, **settings):
+    from helpers.engine.scheduler import Scheduler, State
+    from helpers.engine.settings import PoolSettings
+
+    scheduler = Scheduler(backend, workers, PoolSettings(**settings))
+    for slot in scheduler.slots.values():
+        slot.state = State.READY
+    return scheduler
+
 
 def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
-    from helpers.scheduler import Recovery, Scheduler
-    from helpers.worker import Workunit, WorkerInfo
+    from helpers.engine.messages import WorkerInfo, Workunit
 
     backend = FakeBackend()
-    scheduler = Scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)],
-                          Recovery())
-    for slot in scheduler.slots.values():
-        slot.state = "ready"
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)])
     for n in range(3):
         scheduler.pending.append(scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])))
-    scheduler.dispatch(lambda: None)
+    scheduler.dispatch(Queued())
     assert [slot for slot, _ in backend.sent] == [0, 1]  # one each; the third waits for the first
     assert len(scheduler.pending) == 1                      # worker free, not behind a busy one
     for n in range(4):
         scheduler.pending.append(scheduler.number(Workunit(0, np.arange(n, n + 1), [f"s{n}"])))
-    scheduler.dispatch(lambda: None)  # five left for two workers: enough to queue behind each
+    scheduler.dispatch(Queued())  # five left for two workers: enough to queue behind each
     assert [slot for slot, _ in backend.sent] == [0, 1, 0, 1]
     backend.sent.clear()
     for slot in scheduler.slots.values():
         slot.in_flight.clear()
     scheduler.pending.clear()
-    queued = [scheduler.number(Workunit(0, np.arange(1), ["y"])) for _ in range(3)]
-    scheduler.dispatch(lambda: queued.pop() if queued else None, backlog=lambda: len(queued))
-    assert [slot for slot, _ in backend.sent] == [0, 1] and len(queued) == 1
+    queued = Queued(scheduler.number(Workunit(0, np.arange(1), ["y"])) for _ in range(3))
+    scheduler.dispatch(queued)
+    assert [slot for slot, _ in backend.sent] == [0, 1] and len(queued.units) == 1
 
 
 def test_a_worker_whose_model_breaks_is_recycled_and_only_the_bad_record_is_lost(tmp_path, caplog):
@@ -227,13 +251,11 @@ def test_a_worker_whose_model_breaks_is_recycled_and_only_the_bad_record_is_lost
 def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():
     """The workunit queued behind the one that triggers recycling can fail before the kill lands:
     it is requeued as it was, not retried, split or given up on (the CI flake of the test above)."""
-    from helpers.scheduler import Recovery, Scheduler
-    from helpers.worker import Failed, Workunit, WorkerInfo
+    from helpers.engine.messages import Failed, WorkerInfo, Workunit
 
     backend = FakeBackend()
-    scheduler = Scheduler(backend, [WorkerInfo(0, "cuda:0", 1)], Recovery(retries=0))
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1)], retries=0)
     slot = scheduler.slots[0]
-    slot.state = "ready"
     units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(3)]
     slot.in_flight.extend(units)
 
@@ -251,20 +273,18 @@ def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():
 def test_a_workunit_that_finishes_before_its_timeout_kill_lands_leaves_the_next_uncharged():
     """The kill is about the workunit that ran too long; if its result arrives first, the workunit
     behind it had only just started and goes back as it was."""
-    from helpers.scheduler import Recovery, Scheduler
-    from helpers.worker import Died, Result, Workunit, WorkerInfo
+    from helpers.engine.messages import Died, Result, WorkerInfo, Workunit
 
     backend = FakeBackend()
-    scheduler = Scheduler(backend, [WorkerInfo(0, "cuda:0", 1)],
-                          Recovery(retries=0, workunit_timeout=0.0))
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1)], retries=0,
+                                workunit_timeout=0.001)
     slot = scheduler.slots[0]
-    slot.state = "ready"
     units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(2)]
     slot.in_flight.extend(units)
     scheduler.check_timeouts()
-    assert backend.killed == [0] and scheduler.events.timeouts == 1
+    assert backend.killed == [0] and scheduler.recovery.timeouts == 1
     results, _ = scheduler.handle(0, Result(0, units[0].index, units[0].ids, {}, [], 0.0, 0.0))
     assert len(results) == 1
     assert scheduler.handle(0, Died(0, -9)) == ([], [])
     assert [(list(u.ids), u.attempts) for u in scheduler.pending] == [([1], 0)]
-    assert scheduler.events.failed_workunits == 0 and scheduler.events.restarts == 1
+    assert scheduler.recovery.failed_workunits == 0 and scheduler.recovery.restarts == 1

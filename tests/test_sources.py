@@ -1,17 +1,11 @@
 import json
-import queue
-import threading
-import time
 
 import h5py
 import numpy as np
 import pytest
 
-from helpers.id_ranges import IdRanges
-from helpers.reader import Reader
-from helpers.sources import (READ_SLICE, IterableSource, JSONLSource, SourceError, read_slices,
-                             open_source)
-from helpers.workloads.base import BadRecord
+from helpers.engine.protocol import BadRecord
+from helpers.engine.sources import IterableSource, JSONLSource, SourceError, open_source
 
 
 def write_batches(path, batches):
@@ -81,35 +75,3 @@ def test_iterable_checks_pairs_as_they_stream():
         list(IterableSource([(0, "a"), "b"]))
     with pytest.raises(SourceError, match="id 'x' is not an integer"):
         list(IterableSource([("x", "a")]))
-
-
-def test_reader_memory_is_bounded_by_the_queue():
-    pulled = 0
-
-    def endless():
-        nonlocal pulled
-        for i in range(10**9):
-            pulled += 1
-            yield i, "text"
-
-    work, stop = queue.Queue(maxsize=2), threading.Event()
-    reader = Reader(read_slices(endless(), IdRanges()), work, workunit_size=10, stop=stop)
-    reader.start()
-    time.sleep(0.5)
-    stop.set()
-    reader.join(timeout=5)
-    assert not reader.is_alive()
-    assert pulled <= 2 * READ_SLICE  # the slice being cut, and the one read ahead at most
-
-
-def test_reader_sorts_a_window_by_cost_keeping_ids_with_records():
-    work, stop = queue.Queue(), threading.Event()
-    pairs = [(i, "x" * n) for i, n in enumerate([5, 1, 4, 2, 3, 9, 8])]
-    reader = Reader(read_slices(pairs, IdRanges()), work, workunit_size=2, stop=stop, window=4,
-                    cost=len)
-    reader.run()
-    units = [work.get_nowait() for _ in range(work.qsize())]
-    assert reader.done and reader.units_put == len(units) == 4
-    assert [u.records for u in units] == [["x", "xx"], ["xxxx", "xxxxx"], ["xxx", "xxxxxxxx"],
-                                          ["xxxxxxxxx"]]
-    assert all(len(r) == [5, 1, 4, 2, 3, 9, 8][i] for u in units for i, r in zip(u.ids, u.records))

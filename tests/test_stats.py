@@ -1,5 +1,5 @@
 """Stats hold nothing per record: running totals and a bounded timeline."""
-from helpers.stats import Tally, Timeline, WorkunitSpan
+from helpers.engine.stats import Tally, Timeline, WorkunitSpan
 
 
 def test_a_timeline_keeps_every_workunit_until_its_limit():

@@ -6,8 +6,8 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import transfer
-from helpers.worker import Result
+from helpers.engine import transfer
+from helpers.engine.messages import Result
 
 pytestmark = pytest.mark.timeout(60)  # reached only on deadlock
 
@@ -28,7 +28,7 @@ def test_a_result_with_large_float_and_text_arrays_arrives_equal():
     sender.start()
     got = transfer.receive(read)
     sender.join()
-    assert got.worker == 3 and got.workunit == 17 and got.failures == result.failures
+    assert got.worker == 3 and got.workunit == 17 and got.rejected == result.rejected
     np.testing.assert_array_equal(got.ids, result.ids)
     np.testing.assert_array_equal(got.arrays["embeddings"], values)
     assert got.arrays["embeddings"].flags.writeable  # built on our own buffer, not a bytes copy

@@ -89,7 +89,7 @@ def test_binning_follows_the_protocol_and_rejects_bad_settings():
 
 
 def test_binning_known_images_land_where_expected(binning_model):
-    from helpers.paths import DATA
+    from helpers.study.paths import DATA
 
     workload, model = binning_model
     images = [workload.prepare(str(DATA / "images" / name)) for name in BINNING_SAMPLE]
@@ -117,3 +117,18 @@ def test_binning_a_one_pixel_image_is_valid(binning_model, tmp_path):
     out = workload.process(model, [workload.prepare(str(tmp_path / "dot.png"))])
     assert out["bin"].tolist() == ["C"] and out["objects"].tolist() == [0]
     assert out["text_boxes"].tolist() == [0] and out["caption"].tolist() == ["a photo"]
+
+
+def test_make_workload_builds_each_by_name_with_the_knobs_that_apply_to_it():
+    from helpers.workloads import BinningWorkload, make_workload
+
+    embedding = make_workload("embedding", None, 8, seconds_per_record=0.5, normalize=True)
+    assert embedding == EmbeddingWorkload(batch_size=8, normalize=True)  # seconds: not its knob
+    synthetic = make_workload("synthetic", "some/model", None, 0.25, {"cuda:0": 2.0})
+    assert synthetic == SyntheticWorkload(0.25, {"cuda:0": 2.0})  # batch size None: its default
+    binning = make_workload("binning", "some/model", prompts=("a cat",))
+    assert isinstance(binning, BinningWorkload) and binning.similarity_model == "some/model"
+    assert binning.prompts == ("a cat",)
+    with pytest.raises(ValueError, match="workload: expected one of .'embedding', 'synthetic', "
+                                         "'binning'., got 'llm'"):
+        make_workload("llm")

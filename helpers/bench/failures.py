@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from helpers.paths import sample_texts
-from helpers.pipeline import WorkerPool
-from helpers.results import save_table
+from helpers.engine.pipeline import WorkerPool
+from helpers.study.paths import sample_texts
+from helpers.study.results import save_table
 from helpers.workloads.embedding import EmbeddingWorkload
 from helpers.workloads.synthetic import SyntheticWorkload
 

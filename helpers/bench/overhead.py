@@ -12,9 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from helpers.devices import available_cores
-from helpers.paths import sample_texts
-from helpers.pipeline import run_pipeline
+from helpers.engine.devices import available_cores
+from helpers.engine.pipeline import run_pipeline
+from helpers.study.paths import sample_texts
 from helpers.workloads.embedding import EmbeddingWorkload, load_sentence_transformer
 
 TARGET = 0.95  # pipeline ÷ bare, steady state

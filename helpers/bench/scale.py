@@ -32,8 +32,8 @@ import h5py
 import numpy as np
 import pandas as pd
 
-from helpers.id_ranges import IdRanges
-from helpers.sources import READ_SLICE
+from helpers.engine.id_ranges import IdRanges
+from helpers.engine.sources import READ_SLICE
 
 CORPUS = 20_648_877  # chunks in the study's corpus (notebook 01's days-for-the-corpus estimate)
 GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "longest_gap_s": 1.0,
@@ -79,8 +79,8 @@ class CycledTexts:
 def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,
              resume: bool) -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench scale-run``): its measurements."""
-    from helpers.paths import sample_texts
-    from helpers.pipeline import run_pipeline
+    from helpers.engine.pipeline import run_pipeline
+    from helpers.study.paths import sample_texts
     from helpers.workloads.synthetic import SyntheticWorkload
 
     source = CycledTexts(records, sample_texts())
@@ -215,7 +215,7 @@ def report(table: pd.DataFrame) -> dict[str, float]:
 
 def main(records: int, workers: int, workunit_size: int, dim: int, baseline_records: int,
          kill_at: float | None, folder: str | None, results_dir: str | None) -> None:
-    from helpers.results import save_table
+    from helpers.study.results import save_table
 
     table = measure(records, workers, workunit_size, dim, baseline_records, kill_at, folder)
     report(table)

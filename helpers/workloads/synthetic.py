@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.workloads.base import MODEL_COPY_ENV, OutputSpec
+from helpers.engine.protocol import MODEL_COPY_ENV, OutputSpec
 
 MODES = ("sleep", "busy")
 VALUES = ("record", "zeros")  # a vector per record (tests check the id -> row mapping), or zeros

@@ -1,0 +1,227 @@
+"""Where workers run: spawned processes (one model each) or threads (one model per device).
+
+Every worker has its own channels: an inbox only the parent writes and an outbox only that worker
+writes. Nothing is shared between workers, so a worker killed at any instant (SIGKILL, a segfault,
+``os._exit``) can leave a half-written message or a held lock only in its own pipes, which die with
+it; a queue shared by every worker would stay locked or corrupt for the survivors.
+
+Both backends implement the ``Backend`` protocol, all the scheduler knows of them: ``spawn(info)``
+starts a worker in a slot (a replacement reuses the slot), ``send(slot, unit)`` never blocks,
+``events`` is one thread-safe queue of ``(slot, message)`` in arrival order (Ready, Result, Failed,
+and the backend's own Died when a worker ends without a word), ``kill(slot)`` and
+``shutdown(clean)``. A ``Wakeup`` on the same queue lets another thread (the reader) end the
+scheduler's wait early, the way CPython's process pool wakes its manager thread.
+
+Process backend, per worker: a sender thread writes its inbox pipe (a full pipe blocks that thread,
+never the pool), a listener thread reads its outbox pipe (helpers.engine.transfer: results' arrays
+come as raw bytes, read straight into their arrays) and posts each message; end of file on the
+outbox means the process is gone, and the listener posts Died with its exit code. Detection is as
+fast as the kernel closes the pipe: milliseconds.
+
+Thread backend: threads on one device share one model. A thread cannot be killed; ``kill``
+abandons it (it is told to stop at its next workunit, and whatever it says later is ignored) and
+posts Died at once, so that the pool can put a fresh thread in its slot.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import threading
+from typing import Any, Protocol
+
+from helpers.engine import transfer
+from helpers.engine.messages import END_OF_WORK, Died, WorkerInfo, Workunit
+from helpers.engine.settings import BACKENDS
+from helpers.engine.worker import SharedModels, process_main, thread_main
+
+JOIN_SECONDS = 5.0  # a terminated worker gets this long before it is killed
+
+
+class Backend(Protocol):
+    """Where workers run, as the scheduler sees it (see the module docstring)."""
+
+    name: str
+    events: queue.Queue  # (slot, message) from every worker, in arrival order; thread-safe
+
+    def spawn(self, info: WorkerInfo) -> None:
+        """Start a worker in slot ``info.index``; it posts Ready once its model is loaded."""
+
+    def send(self, slot: int, unit: Workunit) -> None:
+        """Hand ``unit`` to the worker in ``slot``; never blocks."""
+
+    def kill(self, slot: int) -> None:
+        """Stop the worker in ``slot`` now; a Died for it follows on ``events``."""
+
+    def shutdown(self, clean: bool) -> None:
+        """End every worker (cleanly: after the work sent; else now); returns when none is left."""
+
+
+class Wakeup:
+    """Ends a wait on a backend's ``events`` from another thread, carrying no message.
+
+    ``wake()`` puts a token on the queue; ``Wakeup.drop`` filters the tokens out of what a wait
+    returned, so that whoever reads the queue sees only ``(slot, message)`` pairs.
+    """
+
+    TOKEN = object()
+
+    def __init__(self, events: queue.Queue) -> None:
+        self._events = events
+
+    def wake(self) -> None:
+        self._events.put(self.TOKEN)
+
+    @classmethod
+    def drop(cls, items: list) -> list:
+        return [item for item in items if item is not cls.TOKEN]
+
+
+class ProcessBackend:
+    """One spawned process per worker; each loads its own copy of the model."""
+
+    name = "process"
+
+    def __init__(self, workload: Any) -> None:
+        self._ctx = multiprocessing.get_context("spawn")  # fork is unsafe once torch/CUDA started
+        self._workload = workload
+        self.events: queue.Queue = queue.Queue()
+        self._workers: dict[int, _Process] = {}
+
+    def spawn(self, info: WorkerInfo) -> None:
+        self._workers[info.index] = _Process(self._ctx, info, self._workload, self.events)
+
+    def send(self, slot: int, unit: Workunit) -> None:
+        self._workers[slot].outgoing.put(unit)
+
+    def kill(self, slot: int) -> None:
+        self._workers[slot].process.kill()
+
+    def shutdown(self, clean: bool) -> None:
+        """End every worker (cleanly: END_OF_WORK, else terminate); kill any left after
+        JOIN_SECONDS. Returns once no worker process is left."""
+        workers = list(self._workers.values())
+        for worker in workers:
+            if clean:
+                worker.outgoing.put(END_OF_WORK)
+            elif worker.process.is_alive():
+                worker.process.terminate()
+        for worker in workers:
+            worker.stop(JOIN_SECONDS)
+        self._workers.clear()
+
+
+class _Process:
+    """One worker process with its two pipes and the parent's two threads that serve them."""
+
+    def __init__(self, ctx: Any, info: WorkerInfo, workload: Any, events: queue.Queue) -> None:
+        self.info, self._events = info, events
+        inbox_read, inbox_write = ctx.Pipe(duplex=False)
+        outbox_read, outbox_write = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=process_main, args=(info, workload, inbox_read,
+                                                              outbox_write),
+                                   name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
+        self.process.start()
+        inbox_read.close()  # the child holds its own copies: our closing them lets EOF through
+        outbox_write.close()
+        transfer.widen(outbox_read)
+        self._inbox, self._outbox = inbox_write, outbox_read
+        self.outgoing: queue.Queue = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._send_loop, daemon=True,
+                             name=f"gpufeed-send-{info.index}"),
+            threading.Thread(target=self._listen_loop, daemon=True,
+                             name=f"gpufeed-listen-{info.index}")]
+        for thread in self._threads:
+            thread.start()
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self.outgoing.get()
+            if item is None:
+                return
+            try:
+                self._inbox.send(item)
+            except (OSError, ValueError):  # the worker is gone (its listener reports that)
+                return
+            if item == END_OF_WORK:
+                return
+
+    def _listen_loop(self) -> None:
+        while True:
+            try:
+                message = transfer.receive(self._outbox)
+            except (EOFError, OSError):  # every writer closed: the process has ended
+                break
+            except Exception:  # a message cut short by the worker's death does not unpickle
+                break
+            self._events.put((self.info.index, message))
+        self.process.join(JOIN_SECONDS)
+        if self.process.exitcode is None:  # closed its pipe but lives on: make it a death
+            self.process.kill()
+            self.process.join()
+        self.outgoing.put(None)  # the sender thread ends with its worker
+        self._events.put((self.info.index, Died(self.info.index, self.process.exitcode)))
+
+    def stop(self, timeout: float) -> None:
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.outgoing.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+        for conn in (self._inbox, self._outbox):
+            conn.close()
+
+
+class ThreadBackend:
+    """One thread per worker; threads on the same device share one model."""
+
+    name = "thread"
+
+    def __init__(self, workload: Any) -> None:
+        self._workload = workload
+        self.events: queue.Queue = queue.Queue()
+        self._models = SharedModels()
+        self._workers: dict[int, tuple[threading.Thread, queue.Queue, threading.Event]] = {}
+
+    def spawn(self, info: WorkerInfo) -> None:
+        inbox: queue.Queue = queue.Queue()
+        abandoned = threading.Event()
+
+        def post(message: Any, slot: int = info.index) -> None:
+            self.events.put((slot, message))
+
+        thread = threading.Thread(target=thread_main, daemon=True,
+                                  name=f"gpufeed-worker-{info.index}-{info.device}",
+                                  args=(info, self._workload, self._models, inbox, post, abandoned))
+        self._workers[info.index] = (thread, inbox, abandoned)
+        thread.start()
+
+    def send(self, slot: int, unit: Workunit) -> None:
+        self._workers[slot][1].put(unit)
+
+    def kill(self, slot: int) -> None:
+        _, _, abandoned = self._workers[slot]
+        abandoned.set()
+        self.events.put((slot, Died(slot, None)))
+
+    def shutdown(self, clean: bool) -> None:
+        """Stop and join the threads; one busy with a workunit finishes it first (daemon threads
+        that outlive JOIN_SECONDS do not block interpreter exit)."""
+        for thread, inbox, abandoned in self._workers.values():
+            if clean:
+                inbox.put(END_OF_WORK)
+            else:
+                abandoned.set()
+        for thread, _, _ in self._workers.values():
+            thread.join(None if clean else JOIN_SECONDS)
+        self._workers.clear()
+
+
+def make_backend(name: str, workload: Any) -> Backend:
+    """The backend called ``name`` (one of BACKENDS), with no worker started yet."""
+    kinds = {"process": ProcessBackend, "thread": ThreadBackend}
+    if name not in kinds:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
+    return kinds[name](workload)

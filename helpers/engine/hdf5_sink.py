@@ -1,0 +1,329 @@
+"""The single writer: appends results to one HDF5 file as they arrive, in any order.
+
+Layout::
+
+    ids                 int64   [n]            record ids, in arrival order
+    <output>            <dtype> [n, *shape]    one dataset per workload output, row i is ids[i]
+    errors/ids          int64   [m]            records that failed, with why and when
+    errors/type         str     [m]
+    errors/message      str     [m]
+    errors/time         float64 [m]            unix time of the failure
+
+Rows are buffered in the caller's thread and handed, a part at a time (PART_ROWS rows, PART_BYTES
+bytes, or a buffer FLUSH_SECONDS old, whichever comes first), to a writer thread behind a queue of
+at most WRITE_AHEAD_BYTES. The caller (the scheduler's thread) never waits for the disk unless the
+disk falls that far behind; HDF5 writes and fsync release the GIL, so writing overlaps the rest.
+
+``durable=True`` (the default) writes each part as a file and keeps the output an index over the
+parts (helpers.engine.checkpoint): whatever kills the run, the output opens and holds the rows written
+before, and ``resume=True`` carries on from there. ``durable=False`` appends to the file in place:
+a little faster, but a run killed mid-write may leave it unreadable.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from helpers.engine.checkpoint import (CHUNK_RECORDS, PART_BYTES, PART_ROWS, Parts, columns,
+                                       is_index, set_attrs)
+from helpers.engine.id_ranges import IdRanges
+from helpers.engine.protocol import TEXT, OutputSpec
+
+FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
+WRITE_AHEAD_BYTES = 128 << 20  # rows handed to the writer and not yet on disk, at most
+IDLE_SECONDS = 0.5  # an idle writer thread looks this often whether the index is due
+
+log = logging.getLogger("gpufeed")
+
+
+class HDF5Sink:
+    """Append-only writer of ids, workload outputs and per-record errors."""
+
+    def __init__(self, path: str | os.PathLike, outputs: Mapping[str, OutputSpec],
+                 attrs: Mapping[str, Any] | None = None, durable: bool = True,
+                 resume: bool = False) -> None:
+        reserved = {"ids", "errors", "resume"} & set(outputs)
+        if reserved:
+            raise ValueError(f"outputs: {sorted(reserved)} are reserved dataset names")
+        if resume and not durable:
+            raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
+        self.path, self.outputs = Path(path), dict(outputs)
+        self.attrs = dict(attrs or {})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.columns = columns(self.outputs)
+        self._blocks: list[dict[str, np.ndarray]] = []
+        self._rows = self._bytes = 0
+        self._since = time.monotonic()
+        self.records_written = self.errors_written = 0  # on disk (counted by the writer thread)
+        self.write_seconds = 0.0  # the writer thread's time writing
+        self.done = IdRanges()  # resume: ids a previous run wrote or gave up on
+        self._parts: Parts | None = None
+        self._file: h5py.File | None = None
+        if durable:
+            self._open_parts(resume)
+        else:
+            self._open_in_place()
+        self._closed = False
+        self._writer = _WriterThread(self._write, self._idle)
+
+    def _open_parts(self, resume: bool) -> None:
+        parts = self._parts = Parts(self.path, self.outputs)
+        if not resume and parts.folder.exists():
+            shutil.rmtree(parts.folder)  # a new run: what an older one left is not ours
+        if resume and self.path.exists() and not is_index(self.path):
+            # a finished (or in-place) file: build on it. Parts beside it were merged into it by
+            # a run killed before it removed them: counted again, they would be duplicates
+            shutil.rmtree(parts.folder, ignore_errors=True)
+            parts.adopt(self.path)
+        parts.scan()
+        self.done = parts.done()
+        if resume:
+            self.attrs["resumed_after"] = len(self.done)
+            log.info("resume: %s holds %d ids (written or failed, in %d ranges); they are "
+                     "skipped", self.path, len(self.done), self.done.runs)
+        self.attrs["complete"] = False
+        parts.write_index(self.attrs)  # from now on the output is this run's, even if it dies
+
+    def _open_in_place(self) -> None:
+        self._file = f = h5py.File(self.path, "w")
+        for name, (shape, dtype) in self.columns.items():
+            f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
+                             chunks=(CHUNK_RECORDS, *shape))
+        set_attrs(f, self.attrs)
+
+    @property
+    def bytes_written(self) -> int:
+        return self._parts.bytes_written if self._parts is not None else self.output_bytes
+
+    @property
+    def output_bytes(self) -> int:
+        if self._parts is not None:
+            return self._parts.output_bytes
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Time the caller waited for room in the write-ahead queue (the disk fell behind)."""
+        return self._writer.blocked_seconds
+
+    def append(self, ids: np.ndarray, arrays: Mapping[str, np.ndarray]) -> None:
+        """Queue rows for writing; ValueError if they do not match the declared outputs."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if set(arrays) != set(self.outputs):
+            raise ValueError(f"outputs: got {sorted(arrays)}, declared {sorted(self.outputs)}")
+        for name, spec in self.outputs.items():
+            spec.check(name, arrays[name], len(ids))
+        block = {"ids": ids, **{n: (a.astype(object) if self.outputs[n].dtype == TEXT else a)
+                                for n, a in arrays.items()}}
+        self._add(block, len(ids))
+
+    def append_errors(self, records: list[tuple[int, str, str, float]]) -> None:
+        """Queue ``(record id, error type, message, unix time)`` rows for ``errors/``."""
+        if not records:
+            return
+        ids, types, messages, times = zip(*records)
+        self._add({"errors/ids": np.asarray(ids, dtype=np.int64),
+                   "errors/type": np.asarray(types, dtype=object),
+                   "errors/message": np.asarray(messages, dtype=object),
+                   "errors/time": np.asarray(times, dtype=np.float64)}, len(records))
+
+    def _add(self, block: dict[str, np.ndarray], rows: int) -> None:
+        self._writer.check()
+        if not self._blocks:
+            self._since = time.monotonic()
+        self._blocks.append(block)
+        self._rows += rows
+        self._bytes += sum(a.nbytes for a in block.values())
+        if self._rows >= PART_ROWS or self._bytes >= PART_BYTES:
+            self._hand_off()
+        else:
+            self.poll()
+
+    def poll(self) -> None:
+        """Hand a buffer older than FLUSH_SECONDS to the writer; raise what the writer raised.
+        The scheduler calls this as it loops, so a slow run's rows reach the disk too."""
+        self._writer.check()
+        if self._blocks and time.monotonic() - self._since > FLUSH_SECONDS:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        if self._blocks:
+            # emptied first: an interrupt inside put() may lose these rows (a resumed run redoes
+            # them), never write them twice
+            blocks, nbytes = self._blocks, self._bytes
+            self._blocks, self._rows, self._bytes = [], 0, 0
+            self._writer.put(blocks, nbytes)
+
+    def flush(self) -> None:
+        """Write everything appended so far, and wait until it is on disk."""
+        self._hand_off()
+        self._writer.drain()
+
+    def _write(self, blocks: list[dict[str, np.ndarray]]) -> None:
+        """The writer thread's work: one part (durable), or appended in place."""
+        started = time.monotonic()
+        if self._parts is not None:
+            part = self._parts.write(blocks)
+            rows, errors = part.rows, part.errors
+        else:
+            for name in self.columns:
+                pieces = [b[name] for b in blocks if name in b and len(b[name])]
+                dataset = self._file[name]
+                for piece in pieces:
+                    start = dataset.shape[0]
+                    dataset.resize(start + len(piece), axis=0)
+                    dataset[start:] = piece
+            self._file.flush()
+            rows = sum(len(b["ids"]) for b in blocks if "ids" in b)
+            errors = sum(len(b["errors/ids"]) for b in blocks if "errors/ids" in b)
+        self.records_written += rows
+        self.errors_written += errors
+        self.write_seconds += time.monotonic() - started
+
+    def _idle(self) -> None:
+        if self._parts is not None:
+            self._parts.refresh_index()
+
+    def close(self, complete: bool = True) -> None:
+        """Write what is left; a complete durable run is finished (one file, or the index over
+        big parts), an incomplete one keeps its index and parts for ``resume``."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._hand_off()
+        finally:
+            self._writer.close()  # waits for every handed-off part
+        if self._parts is not None:
+            if complete:
+                self._parts.finish(self.attrs)
+            else:
+                self._parts.refresh_index(force=True)
+        elif self._file.id.valid:
+            self._file.close()
+
+    def __enter__(self) -> "HDF5Sink":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(complete=exc_type is None)
+
+
+class _WriterThread(threading.Thread):
+    """Runs ``write(blocks)`` for each handed-off part, in order, behind a queue of at most
+    WRITE_AHEAD_BYTES; calls ``idle()`` every IDLE_SECONDS when there is nothing to write. An
+    exception stops it; the next ``put``, ``check``, ``drain`` or ``close`` raises it."""
+
+    def __init__(self, write: Callable[[list], None], idle: Callable[[], None]) -> None:
+        super().__init__(name="gpufeed-writer", daemon=True)
+        self._write, self._idle = write, idle
+        self._queue: deque[tuple[list, int]] = deque()
+        self._queued_bytes, self._busy, self._closing = 0, False, False
+        self._lock = threading.Condition()
+        self.error: BaseException | None = None
+        self.blocked_seconds = 0.0
+        self.start()
+
+    def put(self, blocks: list, nbytes: int) -> None:
+        started = time.monotonic()
+        with self._lock:
+            while self._queue and self._queued_bytes + nbytes > WRITE_AHEAD_BYTES:
+                self._raise()
+                self._lock.wait(IDLE_SECONDS)
+            self._raise()
+            self._queue.append((blocks, nbytes))
+            self._queued_bytes += nbytes
+            self._lock.notify_all()
+        self.blocked_seconds += time.monotonic() - started
+
+    def drain(self) -> None:
+        with self._lock:
+            while self._queue or self._busy:
+                self._raise()
+                self._lock.wait(IDLE_SECONDS)
+            self._raise()
+
+    def check(self) -> None:
+        if self.error is not None:
+            self._raise()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        self.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the writer thread failed: {type(self.error).__name__}: "
+                               f"{self.error}") from self.error
+
+    def run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue and not self._closing:
+                    self._lock.wait(IDLE_SECONDS)
+                if not self._queue:
+                    if self._closing:
+                        return
+                    item = None
+                else:
+                    item, self._busy = self._queue[0], True
+            try:
+                if item is None:
+                    self._idle()
+                    continue
+                self._write(item[0])
+            except BaseException as exc:  # disk full, a bad path: the caller's next call raises
+                self.error = exc
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+                return
+            with self._lock:
+                self._queue.popleft()
+                self._queued_bytes -= item[1]
+                self._busy = False
+                self._lock.notify_all()
+
+
+def read_output(path: str | os.PathLike) -> dict[str, Any]:
+    """Load an output file sorted by id: ``{"ids", <outputs>..., "errors", "attrs"}``.
+
+    Reads a finished file and the index of an unfinished run alike. For inspection and tests; a
+    20-million-row file is better read in slices with h5py.
+    """
+    with h5py.File(path, "r") as f:
+        order = np.argsort(f["ids"][...], kind="stable")
+        data = {name: _values(f[name])[order] for name in f if isinstance(f[name], h5py.Dataset)}
+        errors = f["errors"]
+        data["errors"] = [
+            {"id": int(i), "type": t, "message": m, "time": float(s)}
+            for i, t, m, s in zip(errors["ids"][...], errors["type"].asstr()[...],
+                                  errors["message"].asstr()[...], errors["time"][...])]
+        data["attrs"] = {k: _plain(v) for k, v in f.attrs.items()}
+    return data
+
+
+def _values(dataset: h5py.Dataset) -> np.ndarray:
+    """A dataset's rows; strings as ``str`` objects, not bytes."""
+    if h5py.check_string_dtype(dataset.dtype) is not None:
+        return dataset.asstr()[...]
+    return dataset[...]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return [v.decode() if isinstance(v, bytes) else v for v in value.tolist()]
+    return value.item() if isinstance(value, np.generic) else value

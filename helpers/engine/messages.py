@@ -1,0 +1,110 @@
+"""What travels between the parent and its workers, in both directions.
+
+Parent to worker: a ``Workunit`` (ids and records), then END_OF_WORK when the pool closes.
+Worker to parent: ``Ready`` once its model is loaded, then a ``Result`` or ``Failed`` per workunit.
+From the backend itself: ``Died``, when a worker ends without a word. ``WorkerInfo`` names a
+worker: its slot, device, CPU threads and which model copy it is on that device.
+
+Words used for what goes wrong, each for one thing only:
+
+- *rejected*: records the workload refused (``check_record``/``prepare`` raised, or the reader
+  could not decode them); they come back in ``Result.rejected`` and are written to ``errors/``;
+- *Failed*: a worker's report that a whole workunit (or its model load) raised;
+- *given up*: records the scheduler stopped retrying after every split (``errors/`` too);
+- *died*: a worker that ended, or was killed, without reporting.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from helpers.engine.protocol import OutputSpec
+
+END_OF_WORK = "END_OF_WORK"  # sent once to each worker when the pool closes
+POLL_SECONDS = 0.5  # longest a waiting loop blocks before it checks on the world: a worker
+# that its parent lives, the scheduler its timeouts, the reader that its job is not stopped
+OOM_ERRORS = ("OutOfMemoryError", "MemoryError")  # torch.cuda's, and Python's own
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    index: int  # the worker's slot in the pool; a replacement keeps its slot
+    device: str
+    threads: int  # CPU threads for this worker's model
+    copy: int = 0  # the n-th model copy on this device, from 0
+
+    def __str__(self) -> str:
+        return f"worker {self.index} on {self.device}"
+
+
+@dataclass(frozen=True)
+class Workunit:
+    index: int
+    ids: np.ndarray  # int64, one per record
+    records: list
+    attempts: int = 0  # times this workunit has failed already (parent side)
+    pinned: int | None = None  # only this worker may take it: a static split's slice
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def describe(self) -> str:
+        span = f"ids {self.ids[0]}..{self.ids[-1]}" if len(self.ids) else "no ids"
+        return f"workunit {self.index} ({len(self.ids)} records, {span})"
+
+
+@dataclass(frozen=True)
+class Ready:
+    worker: int
+    pid: int
+    load_seconds: float
+    outputs: dict[str, OutputSpec]
+    free_mb: float | None = None  # memory left on the device once this model copy is loaded
+    model_mb: float | None = None  # what this copy takes on the device
+
+
+@dataclass(frozen=True)
+class Result:
+    worker: int
+    workunit: int
+    ids: np.ndarray
+    arrays: dict[str, np.ndarray]
+    rejected: list[tuple[int, str, str, float]]  # (record id, error type, message, unix time)
+    started: float  # time.monotonic() (system-wide on Linux, macOS, Windows): a shared timeline
+    ended: float
+    peak_rss_mb: float = 0.0  # this worker's process, high-water mark
+    peak_gpu_mb: float | None = None  # torch's peak allocation on the worker's CUDA device
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.ended - self.started
+
+
+@dataclass(frozen=True)
+class Failed:
+    worker: int
+    device: str
+    workunit: int | None  # the workunit's index; None when loading the model failed
+    where: str  # Workunit.describe(), or "loading the model"
+    error_type: str
+    message: str
+    traceback: str
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.error_type in OOM_ERRORS
+
+
+@dataclass(frozen=True)
+class Died:
+    """Posted by the backend, not the worker: the worker's process ended without a word."""
+
+    worker: int
+    exitcode: int | None  # negative: killed by that signal; None: a thread abandoned by the pool
+
+    def how(self) -> str:
+        if self.exitcode is None:
+            return "abandoned"
+        return f"killed by signal {-self.exitcode}" if self.exitcode < 0 else \
+            f"exit code {self.exitcode}"

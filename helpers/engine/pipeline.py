@@ -1,0 +1,409 @@
+"""The queue-fed pipeline: one reader, persistent workers on devices, one writer.
+
+Data flow::
+
+    source ──► Reader thread ──► work queue ──► scheduler ──► inbox 0 ─► worker 0 (cpu)    ─► outbox 0 ─┐
+    (HDF5,     slices of records (bounded)      (main         inbox 1 ─► worker 1 (cuda:0) ─► outbox 1 ─┤
+     JSONL,    into workunits                    thread)      inbox 2 ─► worker 2 (cuda:0) ─► outbox 2 ─┤
+     images,                                       ▲                                                    │
+     pairs)                                        └──── events (Ready, Result, Failed, Died) ◄─────────┘
+                                                   │
+                                                   └──► HDF5Sink buffer ──► write-ahead ──► writer thread
+                                                        (main thread)       (bounded)       (parts, index)
+
+Reader (helpers.engine.reader): a thread of the parent process. It pulls ``(ids, records)`` slices
+lazily from the source (helpers.engine.sources.read_slices), cuts them into workunits and puts them
+on its bounded work queue, so memory stays flat whatever the input size; it wakes the scheduler
+after each one.
+
+Scheduler (helpers.engine.scheduler): the parent's main thread. It keeps every ready worker supplied with
+up to two workunits (one running, one waiting), retried ones first; it is the only owner of a
+workunit between the reader and the writer, so each is written once. It replaces workers that die
+or hang and retries, splits or gives up on workunits that fail, until only the bad records are left.
+
+Workers: one per entry of ``devices`` (or as many per device as fit: ``adaptive``), started by a
+WorkerPool through a backend (helpers.engine.backends: a spawned process with its own pipes per worker, or
+a thread sharing its device's model). Each loads the workload's model once on its device, says
+Ready, then runs workunits until the pool closes, answering each with a Result or a Failed message.
+Workers outlive a job, so one pool runs many jobs on models loaded once.
+
+Writer (helpers.engine.hdf5_sink): the main thread buffers each Result's rows (and the records the
+workload rejected, or that the scheduler gave up on, for ``errors/``) and hands them a part at a
+time to the writer thread, which writes them while the scheduler goes on dispatching. With
+``durable`` (the default) the output survives any crash (helpers.engine.checkpoint) and ``resume``
+finishes an interrupted run, skipping what is written before reading it.
+
+At any scale the parent holds nothing per record once it is written: a worker's figures are
+running totals, the timeline is bounded (helpers.engine.stats), and a resumed run's done ids are ranges.
+
+Static split (``WorkerPool.run_static``): the layout queue-fed workers replace. Every record is
+read first; worker i gets the i-th of even contiguous slices (``static_split``), pinned to it, as
+one workunit; the job lasts as long as its slowest worker.
+
+Timing, the same for both layouts: spin-up (spawning, imports, model loads) runs until every worker
+is Ready and is reported apart (``spinup_seconds``); a job's ``wall_seconds`` runs from its first
+read to its output closed, every record written. Opening the output (a resume's scan) is in
+neither: ``first_dispatch_seconds`` reports it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from typing import Any
+
+import numpy as np
+
+from helpers.engine.backends import make_backend
+from helpers.engine.devices import check_available
+from helpers.engine.hdf5_sink import HDF5Sink
+from helpers.engine.id_ranges import IdRanges
+from helpers.engine.messages import POLL_SECONDS, Result, WorkerInfo, Workunit
+from helpers.engine.protocol import Workload
+from helpers.engine.reader import Reader
+from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery, RemoteTraceback,
+                                      Scheduler, Slot)
+from helpers.engine.settings import (JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
+                                     split_options)
+from helpers.engine.sources import open_source, read_slices, records_left, source_length
+from helpers.engine.stats import PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan
+from helpers.engine.versions import package_versions
+from helpers.engine.worker import peak_memory
+
+__all__ = ["MIN_STATIC_SLICE", "STRATEGIES", "PipelineError", "RemoteTraceback", "WorkerPool",
+           "run_pipeline", "static_split"]
+
+log = logging.getLogger("gpufeed")
+
+STRATEGIES = ("queue", "static")
+MIN_STATIC_SLICE = 4  # records per worker below which a static split runs on one worker
+ADAPTIVE_HEADROOM = 1.2  # adaptive: another copy only if free memory exceeds this × one copy
+
+
+class WorkerPool:
+    """Persistent workers on ``devices``: spin up once, then run jobs queue-fed or statically split.
+
+    ``with WorkerPool(workload, ["cuda:0", "cuda:1"]) as pool:`` starts every worker and waits until
+    each has loaded its model; ``pool.run(source, output)`` is one queue-fed job,
+    ``pool.run_static(source, output)`` one statically split job. Leaving the block stops every
+    worker. ``options``: PoolSettings' other fields, and JobSettings' fields as the defaults of
+    every job (a job may change those, never the pool's). With ``adaptive=True`` each distinct
+    device of ``devices`` gets workers one at a time while it has memory for another model copy
+    (``stable_workers`` reports how many stayed).
+    """
+
+    def __init__(self, workload: Workload, devices: Iterable[str] | str = ("cpu",),
+                 backend: str = "process", **options: Any) -> None:
+        pool, job = split_options(options)
+        self._configure(workload, PoolSettings(devices, backend, **pool), JobSettings(**job))
+
+    @classmethod
+    def from_settings(cls, workload: Workload, settings: PoolSettings,
+                      job: JobSettings = JobSettings()) -> WorkerPool:
+        """A pool started with ``settings``, its jobs defaulting to ``job``."""
+        pool = cls.__new__(cls)
+        pool._configure(workload, settings, job)
+        return pool
+
+    def _configure(self, workload: Workload, settings: PoolSettings, job: JobSettings) -> None:
+        if not isinstance(workload, Workload):
+            raise TypeError(f"workload: {type(workload).__name__} does not follow the Workload "
+                            f"protocol")
+        if workload.requires_hardware:
+            check_available(settings.devices)
+        self.workload, self.settings, self.job = workload, settings, job
+        self.workers = settings.workers()
+        self.spinup_seconds = 0.0
+        self.stable_workers: dict[str, int] = {}
+        self._broken = False
+
+    def __enter__(self) -> WorkerPool:
+        started = time.monotonic()
+        self._backend = make_backend(self.settings.backend, self.workload)
+        self._scheduler = Scheduler(self._backend, [] if self.settings.adaptive else self.workers,
+                                    self.settings)
+        try:
+            if self.settings.adaptive:
+                self._grow()
+            else:
+                self._scheduler.start()
+        except BaseException:  # Ctrl-C during spin-up included: stop what started
+            self._backend.shutdown(clean=False)
+            raise
+        self.stable_workers = dict(Counter(info.device for info in self.workers))
+        if self.settings.adaptive:
+            log.info("adaptive: stable workers per device: %s", self.stable_workers)
+        self.spinup_seconds = time.monotonic() - started
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self._backend.shutdown(clean=exc_type is None and not self._broken)
+
+    def _grow(self) -> None:
+        """Adaptive spawning: per device, add one worker at a time until one fails to load or
+        the device lacks memory for another copy (ADAPTIVE_HEADROOM), or max_workers_per_device."""
+        workers: list[WorkerInfo] = []
+        threads = self.settings.threads_per_worker or 1
+        for device in dict.fromkeys(self.settings.devices):
+            for copy in range(self.settings.max_workers_per_device):
+                info = WorkerInfo(len(workers), device, threads if device == "cpu" else 1, copy)
+                self._scheduler.spawn(info)
+                try:
+                    ready = self._scheduler.await_ready([info.index])
+                except PipelineError as exc:
+                    if copy == 0:
+                        raise
+                    self._scheduler.discard(info.index)
+                    log.warning("adaptive: worker %d on %s failed to start (%s); keeping %d",
+                                copy + 1, device, exc, copy)
+                    break
+                workers.append(info)
+                free, used = ready[info.index].free_mb, ready[info.index].model_mb
+                if free is not None and used is not None and free < ADAPTIVE_HEADROOM * used:
+                    log.info("adaptive: %s has %.0f MiB free after %d copies of %.0f MiB; "
+                             "stopping there", device, free, copy + 1, used)
+                    break
+        self.workers = workers
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """The process id of each worker, by slot (the parent's for threads)."""
+        return {i: s.ready.pid for i, s in self._scheduler.slots.items() if s.ready}
+
+    @property
+    def outputs(self) -> dict:
+        return next(s.ready for s in self._scheduler.slots.values() if s.ready).outputs
+
+    def run(self, source: Any, output: str | os.PathLike, **changes: Any) -> PipelineStats:
+        """One queue-fed job: every record of ``source`` through the workers into ``output``.
+
+        ``changes``: JobSettings fields for this job (default: the pool's ``job``).
+        """
+        started = time.monotonic()
+        settings, records, attrs = self._job(source, changes)
+        with self._guard(), HDF5Sink(output, self.outputs, attrs, settings.durable,
+                                     settings.resume) as sink:
+            job = _Job(self._scheduler, settings, sink, started)
+            cost = getattr(self.workload, "record_cost", None) if settings.window else None
+            reader = Reader(read_slices(records, sink.done, settings.limit),
+                            settings.workunit_size, self.settings.depth,
+                            self._scheduler.wakeup.wake, settings.window, cost)
+            job.start_clock()
+            reader.start()
+            try:
+                job.drive(reader, records_left(source_length(records), settings.limit, sink.done))
+            finally:
+                reader.stop()
+        job.stop_clock(reader.read_seconds, reader.blocked_seconds)
+        return self._stats(job, output)
+
+    def run_static(self, source: Any, output: str | os.PathLike, **changes: Any) -> PipelineStats:
+        """The data-parallel layout as one job: read every record, give worker i the i-th of
+        even contiguous slices (``static_split``), write the results into ``output``; as slow as
+        the slowest slice.
+
+        ``changes``: limit, durable, resume (the other job settings do not apply: a slice is one
+        workunit, and it is not sorted).
+        """
+        started = time.monotonic()
+        settings, records, attrs = self._job(source, changes)
+        scheduler = self._scheduler
+        with self._guard(), HDF5Sink(output, self.outputs, attrs, settings.durable,
+                                     settings.resume) as sink:
+            job = _Job(scheduler, settings, sink, started)
+            job.start_clock()
+            read = list(read_slices(records, sink.done, settings.limit))
+            ids = np.concatenate([ids for ids, _ in read]) if read else np.empty(0, np.int64)
+            items = [item for _, chunk in read for item in chunk]
+            read_seconds = time.monotonic() - job.clock
+            bounds = static_split(len(ids), len(self.workers))
+            for info, start, end in zip(self.workers, bounds[:-1], bounds[1:]):
+                unit = Workunit(0, ids[start:end], items[start:end], pinned=info.index)
+                scheduler.pending.append(scheduler.number(unit))
+            job.drive(_DEALT)
+        job.stop_clock(read_seconds, 0.0)
+        job.settings = replace(settings, workunit_size=max(1, int(np.diff(bounds).max(initial=0))))
+        return self._stats(job, output)
+
+    def _job(self, source: Any, changes: dict[str, Any]) -> tuple[JobSettings, Any, dict[str, Any]]:
+        """A job's settings, its records, and the output file's attrs; starts the job's clocks."""
+        fixed = sorted(set(changes) & set(POOL_SETTINGS))
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)}: fixed when the pool starts; start another pool")
+        unknown = sorted(set(changes) - set(JOB_SETTINGS))
+        if unknown:
+            raise TypeError(f"unknown job setting {', '.join(unknown)}; a job takes "
+                            f"{', '.join(JOB_SETTINGS)}")
+        job = replace(self.job, **changes)
+        records = source if hasattr(source, "describe") else open_source(source)
+        attrs = {**self.workload.attrs(), **self._run_attrs(job, records.describe())}
+        self._scheduler.dispatches = Dispatches()
+        return job, records, attrs
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Marks the pool broken if a job fails half-way (its workunits may still be in flight)."""
+        if self._broken:
+            raise PipelineError("this pool stopped after a failed job; start another pool")
+        try:
+            yield
+        except BaseException:
+            self._broken = True
+            raise
+
+    def _run_attrs(self, job: JobSettings, source: str) -> dict[str, Any]:
+        versions = {f"version_{k}": v for k, v in package_versions().items()}
+        return {"devices": list(self.settings.devices), "workunit_size": job.workunit_size,
+                "backend": self.settings.backend, "source": source,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions}
+
+    def _stats(self, job: _Job, output: Any) -> PipelineStats:
+        workers = [job.worker_stats(slot) for slot in self._scheduler.slots.values()]
+        stages = {"read": job.read_seconds, "reader_blocked": job.reader_blocked_seconds,
+                  "wait": sum(w.wait_seconds for w in workers),
+                  "compute": sum(w.busy_seconds for w in workers),
+                  "write": job.sink.write_seconds, "write_blocked": job.sink.blocked_seconds}
+        settings = {k: v for k, v in (asdict(self.settings) | asdict(job.settings)).items()
+                    if k not in ("devices", "workunit_size", "backend")}
+        dispatches, sink = self._scheduler.dispatches, job.sink
+        return PipelineStats(
+            sink.records_written, sink.errors_written, job.wall, self.spinup_seconds,
+            tuple(workers), stages, self.settings.devices, job.settings.workunit_size,
+            self.settings.backend, str(output), settings, job.timeline.spans, _peak_rss(workers),
+            self._recovery(), len(sink.done), peak_memory("cpu")[0],
+            (dispatches.first - job.started) if dispatches.first is not None else 0.0,
+            dispatches.longest_gap, sink.bytes_written, sink.output_bytes)
+
+    def _recovery(self) -> dict[str, Any]:
+        """What the scheduler recovered from since the last report (the first includes spin-up)."""
+        recovery, self._scheduler.recovery = self._scheduler.recovery, Recovery()
+        return recovery.as_dict()
+
+
+class _Job:
+    """One job on a pool's workers: its settings, its output, its clock, and what the workers did
+    (running totals per worker and a bounded timeline: nothing per record)."""
+
+    def __init__(self, scheduler: Scheduler, settings: JobSettings, sink: HDF5Sink,
+                 started: float) -> None:
+        self.scheduler, self.settings, self.sink, self.started = scheduler, settings, sink, started
+        self.tallies = {index: Tally() for index in scheduler.slots}
+        self.timeline = Timeline()
+        self.clock = self.wall = self.read_seconds = self.reader_blocked_seconds = 0.0
+
+    def start_clock(self) -> None:
+        self.clock = time.monotonic()
+
+    def stop_clock(self, read_seconds: float, reader_blocked_seconds: float) -> None:
+        self.wall = time.monotonic() - self.clock
+        self.read_seconds, self.reader_blocked_seconds = read_seconds, reader_blocked_seconds
+
+    def drive(self, feed: Feed, total: int | None = None) -> None:
+        """The main loop: feed the workers, hand what comes back to the writer, until ``feed``
+        is exhausted and no workunit is left anywhere."""
+        from tqdm.auto import tqdm
+
+        scheduler, sink = self.scheduler, self.sink
+        with tqdm(total=total, unit="rec", desc="records written",
+                  disable=not self.settings.progress, dynamic_ncols=True) as bar:
+            while True:
+                scheduler.dispatch(feed)
+                if feed.exhausted() and scheduler.idle:
+                    return
+                for slot, message in scheduler.next_messages(POLL_SECONDS):
+                    written, given_up = scheduler.handle(slot, message)
+                    for result in written:
+                        bar.update(self._write(result))
+                    sink.append_errors(given_up)
+                    bar.update(len(given_up))
+                sink.poll()
+                scheduler.check_timeouts()
+
+    def _write(self, result: Result) -> int:
+        """Hand a result to the writer and add it to the totals; returns its records."""
+        if len(result.ids):
+            self.sink.append(result.ids, result.arrays)
+        for record_id, error_type, message, _ in result.rejected:
+            log.warning("record %d failed: %s: %s", record_id, error_type, message)
+        self.sink.append_errors(result.rejected)
+        device = self.scheduler.slots[result.worker].info.device
+        span = WorkunitSpan(result.worker, device, result.workunit,
+                            len(result.ids) + len(result.rejected), result.started - self.clock,
+                            result.ended - self.clock)
+        self.tallies.setdefault(result.worker, Tally()).add(
+            span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb)
+        self.timeline.add(span)
+        return span.records
+
+    def worker_stats(self, slot: Slot) -> WorkerStats:
+        tally, ready = self.tallies.get(slot.info.index, Tally()), slot.ready
+        return WorkerStats(slot.info.index, slot.info.device, ready.pid if ready else 0,
+                           ready.load_seconds if ready else 0.0, tally.records, tally.workunits,
+                           tally.busy_seconds, max(0.0, self.wall - tally.busy_seconds),
+                           tally.peak_rss_mb, tally.peak_gpu_mb, slot.restarts)
+
+
+class _Dealt:
+    """A static split's feed: every workunit was dealt to its worker before the job started."""
+
+    def take(self) -> None:
+        return None
+
+    def backlog(self) -> int:
+        return 0
+
+    def exhausted(self) -> bool:
+        return True
+
+
+_DEALT = _Dealt()
+
+
+def static_split(records: int, workers: int) -> np.ndarray:
+    """Bounds of ``workers`` even contiguous slices of ``records``: slice i is
+    ``bounds[i]:bounds[i + 1]``; sizes differ by one at most, and every record is in one."""
+    return np.linspace(0, records, workers + 1).round().astype(int)
+
+
+def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str = ("cpu",),
+                 workunit_size: int = JobSettings.workunit_size,
+                 output: str | os.PathLike = "out.h5", backend: str = PoolSettings.backend,
+                 strategy: str = "queue", **options: Any) -> PipelineStats:
+    """Run ``workload`` over every record of ``source`` and write the results to ``output``.
+
+    ``source``: an ``.h5`` file (``batches/0, 1, ...``), a ``.jsonl`` file, an ImageFolderSource or
+    an iterable of ``(id, record)`` pairs. ``devices``: one entry per worker. ``strategy``:
+    "queue" (workers pull workunits) or "static" (one even slice per worker; with fewer than
+    MIN_STATIC_SLICE records per worker it falls back to one worker). ``options``: the other
+    fields of PoolSettings (threads_per_worker, queue_depth, adaptive, max_workers_per_device,
+    retries, max_restarts, workunit_timeout, load_timeout) and of JobSettings (limit,
+    sort_window, progress, durable, resume). Workers that die or hang are replaced and bad
+    records end up in the output's ``errors`` table (``stats.partial``); PipelineError if the run
+    cannot go on.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+    pool_options, job_options = split_options(options)
+    settings = PoolSettings(devices, backend, **pool_options)  # validated before anything spawns
+    job = JobSettings(workunit_size, **job_options)
+    records = open_source(source)
+    if strategy == "static":
+        known = records_left(source_length(records), job.limit, IdRanges())
+        if known is not None and known < MIN_STATIC_SLICE * len(settings.devices):
+            # slices this small cost more in model loads than they save
+            settings = replace(settings, devices=settings.devices[:1])
+    with WorkerPool.from_settings(workload, settings, job) as pool:
+        if strategy == "static":
+            return pool.run_static(records, output)
+        return pool.run(records, output)
+
+
+def _peak_rss(workers: list[WorkerStats]) -> float:
+    """The parent's peak plus each worker process's (threads live in the parent)."""
+    parent = os.getpid()
+    by_pid = {w.pid: w.peak_rss_mb for w in workers if w.pid != parent}
+    return peak_memory("cpu")[0] + sum(by_pid.values())

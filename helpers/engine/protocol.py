@@ -1,0 +1,86 @@
+"""The workload protocol: what every model-running job gives the pipeline.
+
+A workload is a small frozen, picklable description (model name, batch size, ...), never a loaded
+model, so that any backend can ship it to a worker: a spawned process, a thread, a Ray actor. A worker
+then calls, in order::
+
+    model = workload.load(device, threads)       # once, on the worker's device
+    specs = workload.outputs(model)              # the datasets the writer creates
+    workload.check_record(record)                # per record; raise to reject that record alone
+    record = workload.prepare(record)            # optional, per record: decode; raise to reject
+    arrays = workload.process(model, records)    # per workunit; one row per record in each array
+
+A workload may also define ``record_cost(record) -> float`` (a text's length, say): the reader then
+orders a window of records by it before cutting workunits, so records of similar cost share a batch.
+
+A workload imports its heavy libraries (torch, onnxruntime) inside ``load``, never at module level:
+a worker that spawns should pay for exactly what it runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # set in each worker process: the n-th model copy on its
+# device, from 0 (like torchrun's LOCAL_RANK), for a workload that places copies itself
+TEXT = "str"  # OutputSpec dtype of a UTF-8 string column (a path, a caption, a class list)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output dataset: each record contributes one row of ``shape`` and ``dtype``.
+
+    ``dtype`` is a NumPy dtype name, or TEXT for variable-length UTF-8 strings.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    def check(self, name: str, array: np.ndarray, rows: int) -> None:
+        """Raise ValueError if ``array`` is not ``rows`` rows of this spec."""
+        expected = (rows, *self.shape)
+        if self.dtype == TEXT:
+            ok = array.dtype.kind in "OU" and all(isinstance(v, str) for v in array.flat)
+        else:
+            ok = array.dtype == np.dtype(self.dtype)
+        if array.shape != expected or not ok:
+            declared = "str" if self.dtype == TEXT else np.dtype(self.dtype)
+            raise ValueError(f"output {name!r}: got shape {array.shape} dtype {array.dtype}, "
+                             f"declared {expected} {declared}")
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """Stands in for a record the reader could not decode; the worker reports it as failed."""
+
+    error_type: str
+    message: str
+
+
+@runtime_checkable
+class Workload(Protocol):
+    """What the pipeline needs of a workload (see the module docstring for the call order)."""
+
+    name: str
+    requires_hardware: bool  # False: device strings are only labels (the synthetic workload)
+
+    def load(self, device: str, threads: int) -> Any:
+        """Load the model on ``device``, using ``threads`` CPU threads; return it."""
+
+    def outputs(self, model: Any) -> dict[str, OutputSpec]:
+        """Declare the output datasets, given the loaded model."""
+
+    def check_record(self, record: Any) -> None:
+        """Raise TypeError or ValueError if ``record`` cannot be processed."""
+
+    # Optional: ``prepare(record) -> Any`` runs in the worker after check_record and turns a record
+    # into what ``process`` takes (an image path into pixels); any exception it raises rejects
+    # that record alone.
+
+    def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
+        """Run the model over ``records``; each array has one row per record, in order."""
+
+    def attrs(self) -> dict[str, Any]:
+        """Provenance written to the output file (model, batch size, ...)."""

@@ -1,0 +1,135 @@
+"""The reader: a thread that cuts a source into workunits and queues them, a bounded number ahead."""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from helpers.engine.messages import POLL_SECONDS, Workunit
+
+
+class Reader(threading.Thread):
+    """Cuts the source into workunits and puts them on its bounded work queue, ``depth`` deep.
+
+    ``slices``: ``(ids, records)`` pairs of an int64 array and a list
+    (helpers.engine.sources.read_slices). ``wake`` is called after each workunit (and at the end)
+    so that the scheduler, waiting on its workers' messages, need not poll.
+
+    The scheduler's side (helpers.engine.scheduler.Feed): ``take()`` the next workunit or None,
+    ``backlog()``, and ``exhausted()``, which re-raises in the scheduler's thread whatever stopped
+    the reader (an unreadable input). ``stop()`` ends the thread early and joins it.
+
+    With a ``cost`` function it reads ``window`` records ahead and orders them by cost before
+    cutting, so a workunit holds records of similar size (texts of similar length pad less). Work
+    is done a window at a time: costs through one ``map``, one argsort, array slices for the ids.
+    """
+
+    def __init__(self, slices: Iterable[tuple[np.ndarray, list]], workunit_size: int, depth: int,
+                 wake: Callable[[], None] = lambda: None, window: int = 0,
+                 cost: Callable[[Any], float] | None = None) -> None:
+        super().__init__(name="gpufeed-reader", daemon=True)
+        self._slices, self._size, self._wake = slices, workunit_size, wake
+        self._work: queue.Queue[Workunit] = queue.Queue(depth)
+        self._halt = threading.Event()
+        self._window, self._cost = max(window, workunit_size), cost
+        self.error: BaseException | None = None
+        self.read_seconds = self.blocked_seconds = 0.0
+        self.units_put = 0
+        self.done = False
+        self._rest: tuple[np.ndarray, list] = (np.empty(0, np.int64), [])  # read, not yet cut
+
+    def run(self) -> None:
+        try:
+            for unit in self._workunits():
+                if not self._put(unit):
+                    return
+                self.units_put += 1
+                self._wake()
+            self.done = True
+            self._wake()
+        except BaseException as exc:  # exhausted() re-raises it in the scheduler's thread
+            self.error = exc
+            self._wake()
+
+    def take(self) -> Workunit | None:
+        try:
+            return self._work.get_nowait()
+        except queue.Empty:
+            return None
+
+    def backlog(self) -> int:
+        return self._work.qsize() + (not self.done)
+
+    def exhausted(self) -> bool:
+        """True once the source is read and every workunit taken; raises the reader's error."""
+        if self.error is not None:
+            raise self.error
+        return self.done and self._work.empty()
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join()
+
+    def _workunits(self) -> Iterator[Workunit]:
+        slices, index = iter(self._slices), itertools.count()
+        while True:
+            started = time.perf_counter()
+            ids, records = self._next_window(slices)
+            if self._cost is not None and len(records) > 1:  # similar records together
+                order = np.argsort(_costs(self._cost, records), kind="stable")
+                ids, records = ids[order], [records[i] for i in order.tolist()]
+            self.read_seconds += time.perf_counter() - started
+            if not len(records):
+                return
+            for start in range(0, len(records), self._size):
+                yield Workunit(next(index), ids[start:start + self._size],
+                               records[start:start + self._size])
+
+    def _next_window(self, slices: Iterator[tuple[np.ndarray, list]]) -> tuple[np.ndarray, list]:
+        """The next ``window`` records (fewer only at the end); what a slice holds beyond them
+        waits for the next window."""
+        id_parts, records = [self._rest[0]], self._rest[1]
+        while len(records) < self._window:
+            piece = next(slices, None)
+            if piece is None:
+                break
+            id_parts.append(piece[0])
+            records.extend(piece[1])
+        ids = np.concatenate(id_parts)
+        self._rest = (ids[self._window:], records[self._window:])
+        return ids[:self._window], records[:self._window]
+
+    def _put(self, item: Any) -> bool:
+        started = time.perf_counter()
+        try:
+            while not self._halt.is_set():
+                try:
+                    self._work.put(item, timeout=POLL_SECONDS)
+                    return True
+                except queue.Full:  # checks _halt every POLL_SECONDS
+                    pass
+            return False
+        finally:
+            self.blocked_seconds += time.perf_counter() - started
+
+
+def _costs(cost: Callable[[Any], float], records: list) -> np.ndarray:
+    """``cost`` of every record; a record it fails on (a bad one) sorts first, and its worker
+    reports it."""
+    try:
+        return np.fromiter(map(cost, records), dtype=np.float64, count=len(records))
+    except Exception:
+        return np.array([_safe_cost(cost, record) for record in records], dtype=np.float64)
+
+
+def _safe_cost(cost: Callable[[Any], float], record: Any) -> float:
+    try:
+        return float(cost(record))
+    except Exception:
+        return 0.0

@@ -1,0 +1,436 @@
+"""Which workunit goes to which worker, and what happens when a worker or a workunit fails.
+
+The scheduler lives in the parent's main thread and owns every workunit from the moment it leaves
+the reader until its result is written: a workunit is in exactly one place at a time (waiting in
+``pending``, or in flight on one worker), and a result counts only if its workunit is in flight on
+the worker that sent it, so nothing is written twice and nothing is dropped.
+
+Recovery, per failure::
+
+    worker dies (signal, os._exit) ─┐
+    workunit times out (killed) ────┼─► the workunit it was running failed; the rest it held
+    workunit raises ────────────────┘   go back to the front of ``pending``; a dead worker is
+                                        replaced on the same device (up to max_restarts)
+    failed workunit: retried whole up to ``retries`` times, then split in halves, and so on down
+                     to single records; a single record that still fails goes to ``errors``
+    out of memory:   split in halves at once; that worker takes at most the smaller size from
+                     then on, down to one record
+    a worker's second failure in a row: the worker is replaced (process backend) and that
+                     workunit requeued without charge, in case the fault is the worker's own
+                     (a broken CUDA context), not its workunits'
+
+Names, each for one thing: a *slot* is a worker's place in the pool (a replacement takes the same
+slot) and is LOADING, READY or RETIRED; the scheduler *kills* a worker for a reason (a workunit
+TIMEOUT, a LOAD_TIMEOUT, or to RECYCLE it); *recovery* is the tally of what it recovered from
+(deaths, timeouts, restarts, retries, splits, ...), reported per job as ``PipelineStats.recovery``;
+the words for what goes wrong (*rejected*, *Failed*, *given up*, *died*) are helpers.engine.messages'.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import queue
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from helpers.engine.backends import Backend, Wakeup
+from helpers.engine.messages import POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo, Workunit
+from helpers.engine.settings import PoolSettings
+
+log = logging.getLogger("gpufeed")
+
+PREFETCH = 2  # workunits in flight per worker: one running, one waiting behind it
+RECYCLE_AFTER = 2  # failed workunits in a row after which a process worker is replaced (and the
+# last failure not charged to its workunit): a CUDA error such as a device-side assert leaves the
+# worker's context unusable, so that every later call fails, whatever the workunit
+
+
+class PipelineError(RuntimeError):
+    """A run cannot go on: a model failed to load, or every worker is gone."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback as the ``__cause__`` of a PipelineError."""
+
+    def __str__(self) -> str:
+        return "\n\n" + self.args[0]
+
+
+class State(enum.Enum):
+    LOADING = "loading"  # spawned, model not loaded yet
+    READY = "ready"  # takes workunits
+    RETIRED = "retired"  # out of restarts, or its replacement failed to load: takes nothing
+
+
+class Kill(enum.Enum):
+    """Why the scheduler killed a worker; the value is the error type its workunit is charged."""
+
+    TIMEOUT = "WorkunitTimeout"  # a workunit ran past workunit_timeout
+    LOAD_TIMEOUT = "LoadTimeout"  # the model did not load within load_timeout
+    RECYCLE = "Recycled"  # failures in a row: the worker may be broken (not charged)
+
+
+@dataclass
+class Slot:
+    info: WorkerInfo
+    state: State = State.LOADING
+    in_flight: deque = field(default_factory=deque)  # Workunits, in the order the worker runs them
+    head_since: float = 0.0  # when the first in-flight workunit started (as near as we know)
+    since: float = 0.0  # when the current worker was spawned
+    restarts: int = 0
+    cap: int | None = None  # most records per workunit, after an out-of-memory backoff
+    killed: Kill | None = None  # set when we killed the current worker, until its Died arrives
+    kill_message: str = ""
+    kill_unit: int | None = None  # the workunit a timeout kill was about
+    failures_in_a_row: int = 0
+    ready: Ready | None = None
+
+
+@dataclass
+class Recovery:
+    """What the scheduler recovered from: counts, and the seconds each replacement took."""
+
+    deaths: int = 0
+    timeouts: int = 0
+    restarts: int = 0
+    retries: int = 0
+    splits: int = 0
+    oom_backoffs: int = 0
+    failed_workunits: int = 0
+    recycles: int = 0
+    restart_seconds: list = field(default_factory=list)  # spawn to Ready of each replacement
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "restart_seconds"} | {
+            "restart_seconds": [round(s, 3) for s in self.restart_seconds]}
+
+
+class Feed(Protocol):
+    """Where new workunits come from (the reader; nothing more, for a static split)."""
+
+    def take(self) -> Workunit | None:
+        """The next workunit, or None if none is waiting."""
+
+    def backlog(self) -> int:
+        """Workunits waiting, or about to be (0 once the source is exhausted)."""
+
+
+@dataclass
+class Dispatches:
+    """When workunits were sent in a job: the first, the last, and the longest gap between two
+    (the worst stall: nothing dispatched for that long)."""
+
+    first: float | None = None
+    last: float = 0.0
+    longest_gap: float = 0.0
+
+    def note(self, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        else:
+            self.longest_gap = max(self.longest_gap, now - self.last)
+        self.last = now
+
+
+class Scheduler:
+    """Feeds workunits to the backend's workers and recovers from their failures."""
+
+    def __init__(self, backend: Backend, workers: list[WorkerInfo], settings: PoolSettings) -> None:
+        self.backend, self.settings = backend, settings
+        self.slots = {info.index: Slot(info) for info in workers}
+        self.pending: deque[Workunit] = deque()
+        self.recovery = Recovery()
+        self.dispatches = Dispatches()
+        self.wakeup = Wakeup(backend.events)
+        self._numbers = itertools.count()
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def spawn(self, info: WorkerInfo) -> None:
+        slot = self.slots.setdefault(info.index, Slot(info))
+        slot.state, slot.since, slot.ready = State.LOADING, time.monotonic(), None
+        self.backend.spawn(info)
+
+    def start(self) -> dict[int, Ready]:
+        """Spawn every worker and wait until each is Ready; PipelineError if one fails."""
+        for slot in list(self.slots.values()):
+            self.spawn(slot.info)
+        return self.await_ready(list(self.slots))
+
+    def await_ready(self, slots: list[int]) -> dict[int, Ready]:
+        timeout = self.settings.load_timeout
+        deadline = time.monotonic() + timeout
+        while any(self.slots[s].state is State.LOADING for s in slots):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                waiting = [str(self.slots[s].info) for s in slots
+                           if self.slots[s].state is State.LOADING]
+                raise PipelineError(f"{', '.join(waiting)} not ready after {timeout:.0f} s "
+                                    f"(load_timeout): model load hung or is too slow")
+            for index, message in self.next_messages(min(remaining, POLL_SECONDS)):
+                slot = self.slots.get(index)
+                if isinstance(message, Failed):
+                    raise remote_error(message)
+                if isinstance(message, Died) and slot is not None \
+                        and slot.state is State.LOADING \
+                        and slot.restarts >= self.settings.max_restarts:
+                    raise PipelineError(f"{slot.info} died unexpectedly ({message.how()}) while "
+                                        f"starting or loading its model")
+                self.handle(index, message)  # a death while loading: a replacement starts
+        return {s: self.slots[s].ready for s in slots}
+
+    def next_messages(self, timeout: float) -> list[tuple[int, Any]]:
+        """Every ``(slot, message)`` waiting; waits up to ``timeout`` for the first, less if
+        woken (``wakeup``: then possibly none)."""
+        try:
+            items = [self.backend.events.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                items.append(self.backend.events.get_nowait())
+            except queue.Empty:
+                return Wakeup.drop(items)
+
+    def discard(self, index: int) -> None:
+        """Stop and forget the worker in slot ``index`` (it never became part of the pool)."""
+        self.backend.kill(index)
+        del self.slots[index]
+
+    @property
+    def live(self) -> list[Slot]:
+        return [s for s in self.slots.values() if s.state is not State.RETIRED]
+
+    # -- work ----------------------------------------------------------------------------------
+
+    def number(self, unit: Workunit) -> Workunit:
+        """The same workunit under an index no other workunit of this pool has."""
+        return replace(unit, index=next(self._numbers))
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and not any(s.in_flight for s in self.slots.values())
+
+    def dispatch(self, feed: Feed) -> None:
+        """Give each ready worker a workunit (retried ones first, then the feed's), then a second
+        to wait behind the running one while there is enough left for every worker (the feed's
+        backlog), so that the last workunits of a job go to whichever worker is free first, not
+        behind a slow worker's running one."""
+        ready = [s for s in self.slots.values() if s.state is State.READY]
+        for depth in range(PREFETCH):
+            for slot in [s for s in ready if len(s.in_flight) == depth]:
+                if depth and len(self.pending) + feed.backlog() < len(ready):
+                    return
+                unit = self._next_for(slot, feed)
+                if unit is None:
+                    if not self.pending:
+                        return  # nothing left to give anyone
+                    continue  # what is pending is pinned to other workers
+                now = time.monotonic()
+                if not slot.in_flight:
+                    slot.head_since = now
+                slot.in_flight.append(unit)
+                self.backend.send(slot.info.index, unit)
+                self.dispatches.note(now)
+
+    def _next_for(self, slot: Slot, feed: Feed) -> Workunit | None:
+        unit = None
+        for candidate in self.pending:
+            if candidate.pinned in (None, slot.info.index):
+                unit = candidate
+                break
+        if unit is not None:
+            self.pending.remove(unit)
+        else:
+            unit = feed.take()
+            if unit is None:
+                return None
+            unit = self.number(unit)
+        if slot.cap is not None and len(unit) > slot.cap:  # this worker ran out of memory before
+            first, rest = _cut(unit, slot.cap)
+            self.pending.appendleft(self.number(rest))
+            unit = self.number(first)
+        return unit
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def handle(self, index: int, message: Any) -> tuple[list[Result], list[tuple]]:
+        """Act on one message; returns (results to write, records given up on)."""
+        slot = self.slots.get(index)
+        if slot is None:  # a worker discarded while it started (adaptive spawning)
+            return [], []
+        if isinstance(message, Ready):
+            if slot.state is State.LOADING:
+                if slot.restarts:
+                    self.recovery.restart_seconds.append(time.monotonic() - slot.since)
+                slot.state, slot.ready = State.READY, message
+            return [], []
+        if isinstance(message, Result):
+            unit = _take(slot, message.workunit)
+            slot.failures_in_a_row = 0
+            return ([message] if unit is not None else []), []
+        if isinstance(message, Failed):
+            return [], self._on_failed(slot, message)
+        if isinstance(message, Died):
+            return [], self._on_died(slot, message)
+        raise TypeError(f"unexpected message from {slot.info}: {type(message).__name__}")
+
+    def check_timeouts(self) -> None:
+        """Kill workers stuck on a workunit (or a model load) for longer than allowed."""
+        now, limit = time.monotonic(), self.settings.workunit_timeout
+        for slot in self.slots.values():
+            if slot.killed is not None:
+                continue
+            if slot.state is State.READY and slot.in_flight and limit is not None \
+                    and now - slot.head_since > limit:
+                unit = slot.in_flight[0]
+                slot.kill_unit = unit.index
+                log.warning("%s: %s ran past workunit_timeout=%gs; killing the worker",
+                            slot.info, unit.describe(), limit)
+                self.recovery.timeouts += 1
+                self._kill(slot, Kill.TIMEOUT, f"no result after {limit:g} s (workunit_timeout); "
+                                               f"{slot.info} was killed")
+            elif slot.state is State.LOADING and now - slot.since > self.settings.load_timeout:
+                self._kill(slot, Kill.LOAD_TIMEOUT, f"{slot.info} not ready after "
+                                                    f"{self.settings.load_timeout:g} s (load_timeout)")
+
+    def _kill(self, slot: Slot, why: Kill, message: str = "") -> None:
+        slot.killed, slot.kill_message = why, message
+        self.backend.kill(slot.info.index)
+
+    def _on_failed(self, slot: Slot, message: Failed) -> list[tuple]:
+        """A worker reports that a workunit (or its model load) raised."""
+        if message.workunit is None:
+            self._load_failed(slot, message)
+            return []
+        unit = _take(slot, message.workunit)
+        if unit is None:
+            return []
+        if not message.out_of_memory:
+            slot.failures_in_a_row += 1
+        recycling = slot.killed is Kill.RECYCLE
+        if recycling or (slot.failures_in_a_row >= RECYCLE_AFTER
+                         and self.backend.name == "process" and slot.killed is None):
+            self.pending.appendleft(replace(unit, pinned=None))  # not charged: the worker is
+            if not recycling:                                    # suspect, not the workunit
+                log.warning("%s: %d workunits failed in a row; replacing the worker in case the "
+                            "fault is its own (e.g. a CUDA context left unusable)", slot.info,
+                            slot.failures_in_a_row)
+                self.recovery.recycles += 1
+                self._kill(slot, Kill.RECYCLE)  # (a unit queued behind may fail before it lands)
+            return []
+        return self._retry_or_split(slot, unit, message.error_type, message.message,
+                                    message.out_of_memory)
+
+    def _on_died(self, slot: Slot, message: Died) -> list[tuple]:
+        if slot.state is State.RETIRED:
+            return []
+        why, culprit = slot.killed, slot.kill_unit
+        error = (why.value, slot.kill_message) if why is not None else \
+            ("WorkerDied", f"{slot.info} died ({message.how()})")
+        slot.killed, slot.kill_message, slot.kill_unit, slot.failures_in_a_row = None, "", None, 0
+        self.recovery.deaths += 1
+        units = list(slot.in_flight)
+        slot.in_flight.clear()
+        given_up: list[tuple] = []
+        if why is Kill.RECYCLE or (units and culprit not in (None, units[0].index)):
+            # we stopped it, or the workunit that timed out finished before the kill landed:
+            # the workunits it still held did nothing wrong
+            self.pending.extendleft(reversed([replace(u, pinned=None) for u in units]))
+        elif units:
+            waiting = [replace(u, pinned=None) for u in units[1:]]  # never started: no attempt
+            self.pending.extendleft(reversed(waiting))
+            log.warning("%s during %s", error[1], units[0].describe())
+            given_up = self._retry_or_split(slot, units[0], *error, out_of_memory=False)
+        else:
+            log.warning("%s died (%s) %s", slot.info, message.how(),
+                        "while loading its model" if slot.state is State.LOADING
+                        else "between workunits")
+        self._replace(slot, message.how())
+        return given_up
+
+    def _replace(self, slot: Slot, how: str) -> None:
+        if slot.restarts >= self.settings.max_restarts:
+            slot.state = State.RETIRED
+            log.error("%s: no restart left (max_restarts=%d); the slot is retired",
+                      slot.info, self.settings.max_restarts)
+            if not self.live:
+                raise PipelineError(f"every worker is gone: the last, {slot.info}, died ({how}) "
+                                    f"after {slot.restarts} restarts (max_restarts)")
+            return
+        slot.restarts += 1
+        self.recovery.restarts += 1
+        log.warning("%s: starting a replacement (restart %d of %d)", slot.info, slot.restarts,
+                    self.settings.max_restarts)
+        self.spawn(slot.info)
+
+    def _load_failed(self, slot: Slot, message: Failed) -> None:
+        if not slot.restarts:
+            raise remote_error(message)
+        slot.state = State.RETIRED  # it loaded once: what changed is the device (memory), not us
+        log.error("%s: replacement failed to load (%s: %s); the slot is retired", slot.info,
+                  message.error_type, message.message)
+        self.backend.kill(slot.info.index)
+        if not self.live:
+            raise remote_error(message)
+
+    def _retry_or_split(self, slot: Slot, unit: Workunit, error_type: str, message: str,
+                        out_of_memory: bool) -> list[tuple]:
+        """Retry, split, or give up on a failed workunit; returns the records given up on."""
+        self.recovery.failed_workunits += 1
+        unit = replace(unit, pinned=None)
+        if out_of_memory and len(unit) > 1:
+            first, rest = _cut(unit, (len(unit) + 1) // 2)
+            slot.cap = min(slot.cap or len(unit), len(first))
+            self.recovery.oom_backoffs += 1
+            log.warning("%s: out of memory on %s (%s); retrying as %d + %d records, and this "
+                        "worker now takes at most %d records per workunit", slot.info,
+                        unit.describe(), error_type, len(first), len(rest), slot.cap)
+            self.pending.extendleft([self.number(rest), self.number(first)])
+            return []
+        if unit.attempts < self.settings.retries:
+            self.recovery.retries += 1
+            log.warning("%s: %s failed (%s: %s); retry %d of %d", slot.info, unit.describe(),
+                        error_type, message, unit.attempts + 1, self.settings.retries)
+            self.pending.appendleft(replace(unit, attempts=unit.attempts + 1))
+            return []
+        if len(unit) > 1:
+            first, rest = _cut(unit, (len(unit) + 1) // 2)
+            self.recovery.splits += 1
+            log.warning("%s: %s failed again (%s); splitting it into %d + %d records to find the "
+                        "bad one(s)", slot.info, unit.describe(), error_type, len(first), len(rest))
+            self.pending.extendleft([self.number(rest), self.number(first)])
+            return []
+        record_id = int(unit.ids[0])
+        log.error("record %d failed: %s: %s", record_id, error_type, message)
+        return [(record_id, error_type, message, time.time())]
+
+
+def _take(slot: Slot, index: int) -> Workunit | None:
+    """Remove workunit ``index`` from the slot's in-flight list, or None if it is not there (a
+    result from a worker we have already given up on)."""
+    for unit in slot.in_flight:
+        if unit.index == index:
+            slot.in_flight.remove(unit)
+            slot.head_since = time.monotonic()
+            return unit
+    return None
+
+
+def _cut(unit: Workunit, size: int) -> tuple[Workunit, Workunit]:
+    """The first ``size`` records and the rest, as two workunits (attempts carried over)."""
+    first = replace(unit, ids=unit.ids[:size], records=unit.records[:size])
+    rest = replace(unit, ids=unit.ids[size:], records=unit.records[size:])
+    return first, rest
+
+
+def remote_error(message: Failed) -> PipelineError:
+    """A PipelineError naming the worker, its device and the workunit, with the remote traceback."""
+    error = PipelineError(f"worker {message.worker} on {message.device} failed in {message.where}: "
+                          f"{message.error_type}: {message.message}")
+    error.__cause__ = RemoteTraceback(message.traceback)
+    error.worker, error.device, error.workunit = message.worker, message.device, message.where
+    return error

@@ -1,0 +1,119 @@
+"""A run's settings: two frozen dataclasses, validated on construction, each default written once.
+
+- ``PoolSettings``: what a pool of workers is started with and keeps until it closes (where the
+  workers run, how many, how failures are handled, how deep the work queue is);
+- ``JobSettings``: what may change from one job to the next on the same pool (workunit size,
+  limit, sort window, progress bar, durable writes, resume).
+
+``split_options`` sorts a flat ``**options`` (the way ``run_pipeline`` and ``WorkerPool`` take them)
+into the two. A bad value raises ValueError naming the setting and what it expected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from helpers.engine.devices import cpu_threads_per_worker, parse_devices
+from helpers.engine.messages import WorkerInfo
+
+BACKENDS = ("process", "thread")  # helpers.engine.backends implements each of these
+QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
+SORT_WORKUNITS = 8  # default sort window, in workunits: most of a global sort's gain, bounded memory
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """Fixed when the workers start: to change one, start another pool."""
+
+    devices: tuple[str, ...] = ("cpu",)  # one entry per worker, e.g. ("cuda:0", "cuda:0", "cpu")
+    backend: str = "process"  # one of BACKENDS
+    threads_per_worker: int | None = None  # CPU threads per cpu worker; None = an even share
+    queue_depth: int | None = None  # workunits on the work queue; None = 2 per worker
+    adaptive: bool = False  # add workers per device one at a time while memory allows
+    max_workers_per_device: int = 8  # adaptive: the most workers tried on one device
+    retries: int = 1  # times a failed workunit is retried whole before it is split
+    max_restarts: int = 10  # replacements per worker slot after deaths and timeouts
+    workunit_timeout: float | None = None  # seconds a workunit may run before its worker is killed
+    load_timeout: float = 600.0  # seconds for every worker to load its model
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", parse_devices(self.devices))
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {BACKENDS}, got {self.backend!r}")
+        for name in ("threads_per_worker", "queue_depth"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        positive_int("max_workers_per_device", self.max_workers_per_device)
+        for name in ("retries", "max_restarts"):
+            positive_int(name, getattr(self, name), allow_zero=True)
+        if self.workunit_timeout is not None:
+            seconds("workunit_timeout", self.workunit_timeout)
+        seconds("load_timeout", self.load_timeout)
+
+    @property
+    def depth(self) -> int:
+        """Workunits the reader may queue ahead of the scheduler."""
+        return self.queue_depth or QUEUE_DEPTH_PER_WORKER * len(self.devices)
+
+    def workers(self) -> list[WorkerInfo]:
+        """One WorkerInfo per entry of ``devices``; ``copy`` counts the earlier ones on its device."""
+        cpu_threads = self.threads_per_worker or cpu_threads_per_worker(self.devices)
+        return [WorkerInfo(i, device, cpu_threads if device == "cpu" else 1,
+                           self.devices[:i].count(device))
+                for i, device in enumerate(self.devices)]
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """May change from one job to the next on the same pool."""
+
+    workunit_size: int = 100  # records per workunit
+    limit: int | None = None  # stop after this many records
+    sort_window: int | None = None  # records ordered by cost before cutting; None = 8 workunits, 0 = off
+    progress: bool = True  # a progress bar on stderr
+    durable: bool = True  # write part files + an index, so that a killed run leaves a readable file
+    resume: bool = False  # skip the ids the output already holds (or gave up on); needs durable
+
+    def __post_init__(self) -> None:
+        positive_int("workunit_size", self.workunit_size)
+        for name in ("limit", "sort_window"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name), allow_zero=True)
+        if self.resume and not self.durable:
+            raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
+
+    @property
+    def window(self) -> int:
+        """Records the reader orders by cost at a time (0: none)."""
+        return SORT_WORKUNITS * self.workunit_size if self.sort_window is None else self.sort_window
+
+
+POOL_SETTINGS = tuple(f.name for f in fields(PoolSettings))
+JOB_SETTINGS = tuple(f.name for f in fields(JobSettings))
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``options`` as (PoolSettings fields, JobSettings fields); TypeError naming any that is
+    neither."""
+    unknown = sorted(set(options) - set(POOL_SETTINGS) - set(JOB_SETTINGS))
+    if unknown:
+        raise TypeError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                        f"a pool takes {', '.join(POOL_SETTINGS)}; a job takes "
+                        f"{', '.join(JOB_SETTINGS)}")
+    return ({k: v for k, v in options.items() if k in POOL_SETTINGS},
+            {k: v for k, v in options.items() if k in JOB_SETTINGS})
+
+
+def positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is an integer >= 1 (>= 0 if allowed)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or value < (0 if allow_zero else 1):
+        raise ValueError(f"{name}: expected an integer >= {0 if allow_zero else 1}, got {value!r}")
+
+
+def seconds(name: str, value: Any) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is a number of seconds > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}: expected seconds > 0, got {value!r}")

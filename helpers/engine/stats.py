@@ -1,0 +1,187 @@
+"""What a run measured: throughput after spin-up, per-worker load and memory, time per stage, and
+a timeline of which worker ran which workunit when.
+
+Nothing here grows with the records of a run: a worker's figures are running totals (``Tally``)
+and the timeline keeps at most TIMELINE_SPANS spans, coarser as a run goes on (``Timeline``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+TIMELINE_SPANS = 20_000  # spans kept per job: a figure's worth; past it, neighbours are merged
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    worker: int
+    device: str
+    pid: int
+    load_seconds: float  # model load (and warm-up), part of spin-up
+    records: int
+    workunits: int
+    busy_seconds: float  # inside workload.process (and record checks)
+    wait_seconds: float  # the rest of the job's wall time: starved, messaging, or idle at the end
+    peak_rss_mb: float = 0.0  # the worker's process (threads share their parent's)
+    peak_gpu_mb: float | None = None  # torch's peak allocation on its CUDA device
+    restarts: int = 0  # replacements started in this slot since the pool started
+
+
+@dataclass(frozen=True)
+class WorkunitSpan:
+    """One workunit on the timeline: seconds from the job's start."""
+
+    worker: int
+    device: str
+    workunit: int
+    records: int
+    start_s: float
+    end_s: float
+    workunits: int = 1  # >1: consecutive workunits of this worker merged (a long run's timeline)
+
+
+@dataclass
+class Tally:
+    """One worker's running totals over a job."""
+
+    records: int = 0
+    workunits: int = 0
+    busy_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    peak_gpu_mb: float | None = None
+
+    def add(self, records: int, busy_seconds: float, rss_mb: float, gpu_mb: float | None) -> None:
+        self.records += records
+        self.workunits += 1
+        self.busy_seconds += busy_seconds
+        self.peak_rss_mb = max(self.peak_rss_mb, rss_mb)
+        if gpu_mb is not None:
+            self.peak_gpu_mb = max(self.peak_gpu_mb or 0.0, gpu_mb)
+
+
+class Timeline:
+    """Workunit spans in bounded memory: one span per workunit until ``limit`` are kept; then
+    every two consecutive spans of a worker become one (first start to second end, records
+    summed), and from then on each new span stands for 2, 4, 8 ... workunits. A day-long run keeps
+    its whole shape, at a coarser grain; the idle gaps inside a merged span are lost."""
+
+    def __init__(self, limit: int = TIMELINE_SPANS) -> None:
+        self.limit, self.grain = limit, 1
+        self._spans: list[WorkunitSpan] = []
+        self._open: dict[int, WorkunitSpan] = {}  # per worker: a span still gathering workunits
+
+    def add(self, span: WorkunitSpan) -> None:
+        held = self._open.pop(span.worker, None)
+        if held is not None:
+            span = _joined(held, span)
+        if span.workunits < self.grain:
+            self._open[span.worker] = span
+            return
+        self._spans.append(span)
+        if len(self._spans) >= self.limit:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        self.grain *= 2
+        merged: list[WorkunitSpan] = []
+        pending: dict[int, WorkunitSpan] = {}
+        for span in self._spans:
+            held = pending.pop(span.worker, None)
+            if held is None:
+                pending[span.worker] = span
+            else:
+                merged.append(_joined(held, span))
+        self._spans = merged
+        for worker, span in pending.items():  # an odd one out joins the worker's open span
+            held = self._open.pop(worker, None)
+            span = span if held is None else _joined(span, held)
+            if span.workunits >= self.grain:
+                self._spans.append(span)
+            else:
+                self._open[worker] = span
+
+    @property
+    def spans(self) -> tuple[WorkunitSpan, ...]:
+        return tuple(self._spans) + tuple(self._open.values())
+
+
+def _joined(first: WorkunitSpan, second: WorkunitSpan) -> WorkunitSpan:
+    return replace(first, records=first.records + second.records, end_s=second.end_s,
+                   workunits=first.workunits + second.workunits)
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """A job's measurements. ``wall_seconds`` runs from the job's first read (every worker ready)
+    to its output closed, every record written; spin-up (spawning, imports, model loads) is
+    ``spinup_seconds``, the same for every job of a pool."""
+
+    records: int  # records written to the output
+    failed_records: int  # records in the output's errors table
+    wall_seconds: float
+    spinup_seconds: float
+    workers: tuple[WorkerStats, ...]
+    stages: dict[str, float]  # seconds: read, reader_blocked, wait, compute, write, write_blocked
+    devices: tuple[str, ...]
+    workunit_size: int
+    backend: str
+    output: str
+    config: dict[str, Any] = field(default_factory=dict)
+    timeline: tuple[WorkunitSpan, ...] = ()  # per workunit (merged past TIMELINE_SPANS)
+    peak_rss_mb: float = 0.0  # the parent's high-water mark plus each worker process's
+    recovery: dict[str, Any] = field(default_factory=dict)  # deaths, timeouts, retries, splits...
+    resumed_after: int = 0  # ids already in the output (written or failed) that this run skipped
+    parent_rss_mb: float = 0.0  # the parent process's own high-water mark
+    first_dispatch_seconds: float = 0.0  # from the job's start (output opened, resume scanned)
+    longest_dispatch_gap_seconds: float = 0.0  # the worst stall: no workunit sent for this long
+    bytes_written: int = 0  # every byte the writer wrote: parts, merges, indexes, the final file
+    output_bytes: int = 0  # the finished output's size (its parts too, if it is an index)
+
+    @property
+    def write_amplification(self) -> float:
+        """Bytes written ÷ bytes of the finished output (1.0: each byte written once)."""
+        return self.bytes_written / self.output_bytes if self.output_bytes else 0.0
+
+    @property
+    def records_per_second(self) -> float:
+        """Records written (failed ones excluded) per wall second after spin-up."""
+        return self.records / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        """The workers' busy seconds ÷ (workers × wall seconds): 1.0 when no worker ever waits."""
+        busy = sum(w.busy_seconds for w in self.workers)
+        return busy / (len(self.workers) * self.wall_seconds) if self.wall_seconds > 0 else 0.0
+
+    @property
+    def partial(self) -> bool:
+        """True when some records failed and are in the errors table instead of the output."""
+        return self.failed_records > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the timeline (one entry per workunit: too long for a summary line)."""
+        data = asdict(self)
+        del data["timeline"]
+        data["records_per_second"] = self.records_per_second
+        data["partial"] = self.partial
+        data["write_amplification"] = self.write_amplification
+        data["efficiency"] = self.efficiency
+        return data
+
+    def summary(self) -> str:
+        """A few human lines: throughput, spin-up, and where each worker spent its time."""
+        lines = [f"{self.records} records in {self.wall_seconds:.2f} s = "
+                 f"{self.records_per_second:.1f} records/s after {self.spinup_seconds:.2f} s spin-up"
+                 f" ({self.backend}, workunit {self.workunit_size}"
+                 f"{f', {self.failed_records} failed' if self.failed_records else ''}"
+                 f"{f', {self.resumed_after} done before' if self.resumed_after else ''}; "
+                 f"peak RSS {self.peak_rss_mb:.0f} MiB)"]
+        for w in self.workers:
+            lines.append(f"  worker {w.worker} {w.device:>7}: {w.records:>7} records "
+                         f"{w.workunits:>5} units  busy {w.busy_seconds:7.2f} s  "
+                         f"waiting {w.wait_seconds:6.2f} s  load {w.load_seconds:5.2f} s")
+        lines.append("  stages: " + "  ".join(f"{k} {v:.2f} s" for k, v in self.stages.items()))
+        incidents = {k: v for k, v in self.recovery.items() if v and k != "restart_seconds"}
+        if incidents:
+            lines.append("  recovered from: " + "  ".join(f"{k} {v}" for k, v in incidents.items()))
+        return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""The worker side: load the model once, say Ready, run workunits until the END_OF_WORK sentinel.
+
+A worker reads workunits from its own inbox and answers each with a Result or a Failed message on
+its own outbox (see helpers.engine.backends: per-worker channels, so that a killed worker can corrupt or
+block nothing but its own). A workunit that raises does not end the worker: the Failed message
+carries the workunit's index, the exception's type, message and traceback, and whether it was an
+out-of-memory error, and the worker takes the next one. Only END_OF_WORK, the parent's death, or a
+failed model load end a worker.
+
+Both backends run the same ``serve`` loop; they differ only in how a worker starts (a spawned process
+with its own model, or a thread sharing its device's model) and in how messages travel.
+"""
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from helpers.engine import transfer
+from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, Ready, Result, WorkerInfo,
+                                     Workunit)
+from helpers.engine.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec
+
+
+def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: Workunit,
+                 worker: int) -> Result:
+    """Process one workunit; records the workload rejects come back in ``rejected``, not as exceptions."""
+    started = time.monotonic()
+    prepare = getattr(workload, "prepare", None)
+    keep, ready, rejected = [], [], []
+    for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), unit.records)):
+        if isinstance(record, BadRecord):
+            rejected.append((record_id, record.error_type, record.message, time.time()))
+            continue
+        try:
+            workload.check_record(record)
+            if prepare is not None:
+                record = prepare(record)
+        except Exception as exc:  # this record's fault alone: check_record or decoding said so
+            rejected.append((record_id, type(exc).__name__, str(exc), time.time()))
+            continue
+        keep.append(position)
+        ready.append(record)
+    ids = unit.ids[keep]
+    arrays = {}
+    if keep:
+        arrays = workload.process(model, ready)
+        for name, spec in specs.items():
+            if name not in arrays:
+                raise ValueError(f"workload {workload.name!r} returned no output {name!r}")
+            spec.check(name, arrays[name], len(keep))
+    return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic())
+
+
+def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
+          receive: Callable[[], Any], send: Callable[[Any], bool]) -> None:
+    """Run each workunit ``receive`` returns and ``send`` its Result or Failed message, until
+    END_OF_WORK (or None: the parent is gone, or has abandoned this worker)."""
+    while True:
+        unit = receive()
+        if unit is None or unit == END_OF_WORK:
+            return
+        try:
+            result = run_workunit(workload, model, specs, unit, info.index)
+        except Exception as exc:  # the workunit's fault or the model's: the parent decides
+            message = failed(info, unit, exc)
+            del exc  # its traceback pins the failed batch's tensors
+            if message.out_of_memory:
+                release_memory(info.device)
+            if not send(message):
+                return
+            continue
+        rss, gpu = peak_memory(info.device)
+        if not send(replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu)):
+            return
+
+
+def release_memory(device: str) -> None:
+    """After an out-of-memory error: drop the failed batch and give cached blocks back."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def peak_memory(device: str) -> tuple[float, float | None]:
+    """This process's peak resident memory in MiB, and torch's peak allocation on ``device``."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+    torch = sys.modules.get("torch")
+    gpu = None
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
+        gpu = torch.cuda.max_memory_allocated(device) / 2**20
+    return rss_mb, gpu
+
+
+def device_memory(workload: Any, model: Any, device: str) -> tuple[float | None, float | None]:
+    """(free MiB on ``device``, MiB this model copy takes there), for adaptive spawning.
+
+    A workload may answer itself (``device_memory(model, device)``); otherwise CUDA devices ask
+    torch, and ``cpu`` reads the machine's available memory and this process's resident size.
+    """
+    ask = getattr(workload, "device_memory", None)
+    if ask is not None:
+        return ask(model, device)
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return free / 2**20, torch.cuda.memory_allocated(device) / 2**20
+    if device == "cpu":
+        import psutil
+
+        return psutil.virtual_memory().available / 2**20, psutil.Process().memory_info().rss / 2**20
+    return None, None
+
+
+def failed(info: WorkerInfo, unit: Workunit | None, exc: BaseException) -> Failed:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return Failed(info.index, info.device, None if unit is None else unit.index,
+                  "loading the model" if unit is None else unit.describe(),
+                  type(exc).__name__, str(exc), tb)
+
+
+def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], float]:
+    started = time.perf_counter()
+    model = workload.load(info.device, info.threads)
+    return model, workload.outputs(model), time.perf_counter() - started
+
+
+def ready(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
+          seconds: float) -> Ready:
+    free, used = device_memory(workload, model, info.device)
+    return Ready(info.index, os.getpid(), seconds, specs, free, used)
+
+
+def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any) -> None:
+    """Entry point of a spawned worker process: one model, loaded once.
+
+    ``inbox``/``outbox``: this worker's own ends of two pipes (multiprocessing Connections).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    os.environ[MODEL_COPY_ENV] = str(info.copy)  # like torchrun's LOCAL_RANK, for the workload
+    parent = multiprocessing.parent_process()
+
+    def receive() -> Any:
+        while not inbox.poll(POLL_SECONDS):
+            if parent is not None and not parent.is_alive():
+                return None
+        try:
+            return inbox.recv()
+        except (EOFError, OSError):  # the parent closed our inbox: the pool is gone
+            return None
+
+    def send(message: Any) -> bool:
+        try:
+            transfer.send(outbox, message)  # arrays as raw bytes after a small pickle
+            return True
+        except OSError:  # BrokenPipeError: nobody reads our outbox any more
+            return False
+
+    try:
+        model, specs, seconds = load(info, workload)
+        message = ready(info, workload, model, specs, seconds)
+    except Exception as exc:
+        send(failed(info, None, exc))
+        return
+    if send(message):
+        serve(info, workload, model, specs, receive, send)
+
+
+def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", inbox: Any,
+                post: Callable[[Any], None], abandoned: threading.Event) -> None:
+    """Entry point of a worker thread: shares one model per device with its sibling threads.
+
+    ``inbox``: a queue.Queue; ``post``: hands a message to the parent; ``abandoned``: set when
+    the pool has given up on this thread (it hung), so that nothing it says later counts.
+    """
+    import queue
+
+    def receive() -> Any:
+        while not abandoned.is_set():
+            try:
+                return inbox.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                pass
+        return None
+
+    def send(message: Any) -> bool:
+        if abandoned.is_set():
+            return False
+        post(message)
+        return True
+
+    try:
+        model, specs, seconds = models.get(info, workload)
+        if info.device == "cpu" and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(info.threads)  # per thread under OpenMP
+        message = ready(info, workload, model, specs, seconds)
+    except BaseException as exc:  # a thread has no exit code: everything must become a message
+        send(failed(info, None, exc))
+        return
+    if send(message):
+        serve(info, workload, model, specs, receive, send)
+
+
+class SharedModels:
+    """One model per device for the thread backend, loaded by the first thread that asks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._device_locks: dict[str, threading.Lock] = {}
+        self._loaded: dict[str, tuple[Any, dict[str, OutputSpec], float]] = {}
+
+    def get(self, info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], float]:
+        with self._lock:
+            device_lock = self._device_locks.setdefault(info.device, threading.Lock())
+        with device_lock:
+            if info.device not in self._loaded:
+                self._loaded[info.device] = load(info, workload)
+            return self._loaded[info.device]

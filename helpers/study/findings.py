@@ -1,0 +1,146 @@
+"""One-line findings computed from result tables: what each figure shows, in numbers.
+
+Nothing here is written by hand about a result: every sentence is filled in from the table it
+describes, so a re-run on other hardware rewrites the findings with the figures.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+from helpers.workloads.binning.rule import BINS
+
+SECONDS_PER_DAY = 86_400
+STRATEGY_WORDS = {"static": "static split", "queue": "queue-fed"}
+
+
+def mean_sd(frame: pd.DataFrame, by: Sequence[str], metric: str = "records_per_s") -> pd.DataFrame:
+    """Mean, sd and replicate count of ``metric`` per configuration ``by``, best first."""
+    grouped = frame.groupby(list(by))[metric].agg(["mean", "std", "count"]).reset_index()
+    return grouped.fillna({"std": 0.0}).sort_values("mean", ascending=False, ignore_index=True)
+
+
+def estimate(frame: pd.DataFrame, by: Sequence[str], total_records: int) -> pd.DataFrame:
+    """``mean_sd`` per configuration plus the days ``total_records`` would take at each rate."""
+    stats = mean_sd(frame, by)
+    return stats.assign(estimated_days=[days(total_records, r) for r in stats["mean"]])
+
+
+def _rate(row: pd.Series) -> str:
+    return f"{row['mean']:.1f} ± {row['std']:.1f} records/s"
+
+
+def days(total_records: int, records_per_s: float) -> float:
+    """Days to process ``total_records`` at ``records_per_s``."""
+    return total_records / records_per_s / SECONDS_PER_DAY if records_per_s > 0 else float("inf")
+
+
+def workers_per_device(table: pd.DataFrame, total_records: int) -> str:
+    """Best worker count per strategy, the others relative to it, and the corpus estimate."""
+    parts = []
+    for strategy in ("queue", "static"):
+        stats = mean_sd(table[table["strategy"] == strategy], ["workers"])
+        if not stats.empty:
+            named = _ranked(stats, "workers", lambda n: f"{n} worker{'s' if n != 1 else ''}")
+            parts.append(f"{STRATEGY_WORDS[strategy]}: {named}")
+    best = mean_sd(table, ["strategy", "workers"]).iloc[0]
+    return "; ".join(parts) + f"; {total_records:,} chunks would take " \
+                              f"{days(total_records, best['mean']):.1f} days at the best rate"
+
+
+def _ranked(stats: pd.DataFrame, key: str, name: Callable[[int], str]) -> str:
+    """'2 workers best at 21.0 ± 1.4 records/s (1: 0.52×, 4: 0.86×)' from best-first stats."""
+    best = stats.iloc[0]
+    others = ", ".join(f"{int(r[key])}: {r['mean'] / best['mean']:.2f}×"
+                       for _, r in stats.iloc[1:].sort_values(key).iterrows())
+    return f"{name(int(best[key]))} best at {_rate(best)}" + (f" ({others})" if others else "")
+
+
+def round_efficiency(rounds: pd.DataFrame, label: str) -> str:
+    """How busy a static round keeps its workers, and where the waiting goes."""
+    efficiency = rounds["efficiency"].mean()
+    return (f"{label}: a static round keeps its workers busy {efficiency:.0%} of the time on "
+            f"average over {len(rounds)} rounds (the rest is waiting for the slowest worker); "
+            f"{rounds['records_per_s'].mean():.1f} records/s")
+
+
+def workunit_sizes(table: pd.DataFrame) -> str:
+    """The fastest workunit size and how the others compare with it."""
+    stats = mean_sd(table, ["workunit_size"])
+    return f"on {table['devices'].iloc[0]}: " + \
+        _ranked(stats, "workunit_size", lambda n: f"workunit size {n}")
+
+
+def layouts(table: pd.DataFrame, label: str) -> str:
+    """Queue-fed against static split on the same devices and records."""
+    stats = mean_sd(table, ["strategy"]).set_index("strategy")
+    queue, static = stats.loc["queue"], stats.loc["static"]
+    busy = table.groupby("strategy")["efficiency"].mean()
+    return (f"{label}: queue-fed {queue['mean']:.1f} records/s vs static split "
+            f"{static['mean']:.1f} ({queue['mean'] / static['mean']:.2f}×); workers busy "
+            f"{busy['queue']:.0%} vs {busy['static']:.0%} of the time")
+
+
+def backends(table: pd.DataFrame) -> str:
+    """Threads sharing a model against a process per model, at the largest common worker count."""
+    n = int(table["workers"].max())
+    at_n = table[table["workers"] == n].groupby("backend")[["records_per_s", "peak_rss_mb"]].mean()
+    if not {"thread", "process"} <= set(at_n.index):
+        return f"only {', '.join(at_n.index)} measured"
+    thread, process = at_n.loc["thread"], at_n.loc["process"]
+    return (f"at {n} workers: processes reach {process['records_per_s']:.1f} records/s at "
+            f"{process['peak_rss_mb']:.0f} MiB peak RSS, threads {thread['records_per_s']:.1f} "
+            f"records/s at {thread['peak_rss_mb']:.0f} MiB "
+            f"({process['records_per_s'] / thread['records_per_s']:.2f}× the throughput for "
+            f"{process['peak_rss_mb'] / thread['peak_rss_mb']:.2f}× the memory)")
+
+
+def best_configurations(tables: dict[str, pd.DataFrame], total_records: int) -> pd.DataFrame:
+    """Per experiment and device set, the configuration with the highest mean throughput and the
+    days it would take to process ``total_records`` at that rate."""
+    rows = []
+    for experiment, table in tables.items():
+        keys = [k for k in ("strategy", "backend", "workers", "workunit_size") if k in table]
+        for devices, part in table.groupby("devices"):
+            best = mean_sd(part, keys).iloc[0]
+            rows.append({"experiment": experiment, "devices": devices,
+                         "configuration": ", ".join(f"{k}={best[k]}" for k in keys),
+                         "records_per_s": best["mean"], "records_per_s_sd": best["std"],
+                         "replicates": int(best["count"]),
+                         "estimated_days": days(total_records, best["mean"])})
+    return pd.DataFrame(rows).sort_values("records_per_s", ascending=False, ignore_index=True)
+
+
+def summary(best: pd.DataFrame, total_records: int) -> str:
+    top = best.iloc[0]
+    return (f"fastest measured: {top['configuration']} on {top['devices']} "
+            f"({top['experiment']}) at {top['records_per_s']:.1f} records/s: {total_records:,} "
+            f"chunks in {top['estimated_days']:.1f} days")
+
+
+def binning_layouts(table: pd.DataFrame) -> str:
+    """Queue-fed against static split for each worker count of the binning workload."""
+    parts = []
+    for workers, rows in table.groupby("workers"):
+        rates = rows.groupby("strategy")["records_per_s"].mean()
+        parts.append(f"{workers} worker{'s' if workers > 1 else ''}: queue-fed "
+                     f"{rates['queue']:.2f} images/s vs static {rates['static']:.2f} "
+                     f"({rates['queue'] / rates['static']:.2f}×)")
+    return f"on {table['device'].iloc[0]}: " + "; ".join(parts)
+
+
+def model_time(times: pd.DataFrame) -> str:
+    """Where an image's time goes: each model's share of the summed per-image seconds."""
+    per_model = times.groupby("model")["seconds"].sum().sort_values(ascending=False)
+    per_image = times.groupby("id")["seconds"].sum().mean()
+    shares = ", ".join(f"{name} {s / per_model.sum():.0%}" for name, s in per_model.items())
+    return f"{per_image:.2f} s per image on average: {shares}"
+
+
+def bin_counts(table: pd.DataFrame) -> str:
+    """How many images landed in each bin, and how many failed."""
+    counts = table[table["error"] == ""]["bin"].value_counts()
+    failed = int((table["error"] != "").sum())
+    bins = ", ".join(f"{b}: {int(counts.get(b, 0))}" for b in BINS)
+    return f"{len(table)} images: {bins}" + (f"; {failed} failed" if failed else "")

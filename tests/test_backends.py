@@ -1,0 +1,65 @@
+"""Each backend on its own, through the Backend protocol the scheduler is typed against: a worker
+starts and says Ready, answers a workunit, dies when killed (and says so), and leaves nothing behind."""
+import queue
+import typing
+
+import numpy as np
+import psutil
+import pytest
+
+from helpers.engine.backends import Backend, ProcessBackend, ThreadBackend, Wakeup, make_backend
+from helpers.engine.messages import Died, Ready, Result, WorkerInfo, Workunit
+from helpers.engine.settings import BACKENDS
+from helpers.workloads import SyntheticWorkload
+
+pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
+
+
+def next_event(backend, seconds=60.0):
+    return backend.events.get(timeout=seconds)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_worker_starts_answers_dies_when_killed_and_leaves_nothing(name):
+    backend = make_backend(name, SyntheticWorkload(0.0))
+    assert isinstance(backend, (ProcessBackend, ThreadBackend)) and backend.name == name
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    try:
+        backend.spawn(WorkerInfo(0, "cpu", 1))
+        slot, ready = next_event(backend)
+        assert slot == 0 and isinstance(ready, Ready) and "values" in ready.outputs
+        backend.send(0, Workunit(7, np.arange(3, dtype=np.int64), ["a", "b", "c"]))
+        slot, result = next_event(backend)
+        assert isinstance(result, Result) and result.workunit == 7 and result.ids.tolist() == [0, 1, 2]
+        backend.kill(0)
+        slot, died = next_event(backend)
+        assert slot == 0 and isinstance(died, Died)
+        assert died.exitcode == (-9 if name == "process" else None)
+        backend.spawn(WorkerInfo(0, "cpu", 1))  # a replacement takes the same slot
+        assert isinstance(next_event(backend)[1], Ready)
+    finally:
+        backend.shutdown(clean=True)
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not [p for p in map(psutil.Process, left) if "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def test_both_backends_have_every_member_of_the_protocol_and_no_other_name_is_one():
+    members = set(typing.get_type_hints(Backend)) | {
+        name for name in vars(Backend) if not name.startswith("_")}
+    assert members == {"name", "events", "spawn", "send", "kill", "shutdown"}
+    for cls in (ProcessBackend, ThreadBackend):
+        backend = cls(SyntheticWorkload(0.0))
+        assert all(hasattr(backend, member) for member in members), cls.__name__
+        backend.shutdown(clean=True)
+    with pytest.raises(ValueError, match=r"backend: expected one of \('process', 'thread'\)"):
+        make_backend("ray", SyntheticWorkload(0.0))
+
+
+def test_a_wakeup_ends_a_wait_and_is_never_mistaken_for_a_message():
+    events = queue.Queue()
+    wakeup = Wakeup(events)
+    wakeup.wake()
+    events.put((0, "a message"))
+    wakeup.wake()
+    items = [events.get(timeout=1) for _ in range(3)]
+    assert Wakeup.drop(items) == [(0, "a message")]

@@ -1,0 +1,53 @@
+"""The study's experiments on the synthetic workload: tables, timelines and the layouts' ranking."""
+import pytest
+
+from helpers.study import experiments
+from helpers.workloads import make_workload
+
+pytestmark = pytest.mark.timeout(180)  # reached only on deadlock
+
+TEXTS = [f"text {i}" for i in range(500)]
+
+
+def test_on_uneven_devices_the_queue_beats_static_rounds():
+    devices, speeds = experiments.simulated_devices([1.0, 0.35, 0.35])
+    assert devices == ["cuda:0", "cuda:1", "cuda:2"] and speeds["cuda:1"] == 0.35
+    workload = make_workload("synthetic", seconds_per_record=0.004, speed=speeds)
+    table, spans = experiments.compare_layouts(workload, devices, 150, 2, TEXTS, workunit_size=5,
+                                         backend="thread")
+    assert sorted(table["strategy"]) == ["queue", "queue", "static", "static"]
+    assert (table["records"] == 150).all() and (table["spinup_s"] > 0).all()
+    rate = table.groupby("strategy")["records_per_s"].mean()
+    # ideal: static is held to 3 x 0.35 of a fast card's rate, the queue gets 1 + 0.35 + 0.35
+    assert rate["queue"] > 1.25 * rate["static"]
+    static = spans[(spans["strategy"] == "static") & (spans["replicate"] == 0)]
+    assert sorted(static["worker"]) == [0, 1, 2] and (static["records"] == 50).all()
+    queued = spans[(spans["strategy"] == "queue") & (spans["replicate"] == 0)]
+    assert queued["records"].sum() == 150 and len(queued) == 30
+    fast = queued[queued["worker"] == 0]["records"].sum()
+    assert fast > 50  # the fast card took more than its static share
+
+
+def test_static_rounds_follow_one_another_on_the_timeline():
+    workload = make_workload("synthetic", seconds_per_record=0.001)
+    rounds, spans = experiments.static_rounds(workload, ["cpu", "cpu"], 40, 3, TEXTS, backend="thread")
+    assert rounds["round"].tolist() == [0, 1, 2] and (rounds["records"] == 40).all()
+    assert len(spans) == 6 and (spans["records"] == 20).all()
+    ends = spans.groupby("round")["round_end_s"].first().tolist()
+    for number in (1, 2):
+        assert (spans[spans["round"] == number]["start_s"] >= ends[number - 1]).all()
+    assert ((0 < rounds["efficiency"]) & (rounds["efficiency"] <= 1)).all()
+
+
+def test_workunit_sizes_one_row_per_size_and_replicate():
+    workload = make_workload("synthetic", seconds_per_record=0.0)
+    table = experiments.workunit_sizes(workload, ["cpu"], [1, 10, 100], 30, 2, TEXTS, backend="thread")
+    assert sorted(zip(table["replicate"], table["workunit_size"])) == \
+        [(r, s) for r in (0, 1) for s in (1, 10, 100)]
+    assert (table["records"] == 30).all() and (table["wall_s"] > 0).all()
+
+
+def test_samples_have_unique_ids_even_beyond_the_corpus():
+    pairs = experiments._sample(TEXTS[:10], 25, seed=1)
+    assert [i for i, _ in pairs] == list(range(25)) and {t for _, t in pairs} <= set(TEXTS[:10])
+    assert experiments._sample(TEXTS, 5, seed=1) == experiments._sample(TEXTS, 5, seed=1)

@@ -1,0 +1,108 @@
+"""The reader on its own: workunits cut across slices, cost-sorted windows, a bounded queue, its
+error raised in the scheduler's thread, and a prompt stop."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from helpers.engine.reader import Reader
+
+pytestmark = pytest.mark.timeout(60)  # reached only on deadlock
+
+
+def slices(sizes, start=0):
+    """(ids, records) slices of the given sizes; record i is the text 'r<i>'."""
+    for size in sizes:
+        ids = np.arange(start, start + size, dtype=np.int64)
+        yield ids, [f"r{i}" for i in ids.tolist()]
+        start += size
+
+
+def drain(reader):
+    units = []
+    while not reader.exhausted():
+        unit = reader.take()
+        if unit is None:
+            time.sleep(0.001)
+        else:
+            units.append(unit)
+    return units
+
+
+def test_workunits_are_cut_across_slices_in_order_and_only_the_last_is_short():
+    woken = []
+    reader = Reader(slices([5, 1, 7, 3]), workunit_size=4, depth=2, wake=lambda: woken.append(1))
+    reader.start()
+    units = drain(reader)
+    reader.stop()
+    assert [len(u) for u in units] == [4, 4, 4, 4]
+    assert np.concatenate([u.ids for u in units]).tolist() == list(range(16))
+    assert all(u.records == [f"r{i}" for i in u.ids.tolist()] for u in units)
+    assert [u.index for u in units] == [0, 1, 2, 3]
+    assert len(woken) == 5 and reader.units_put == 4  # one per workunit, one at the end
+
+
+def test_with_a_cost_each_window_is_ordered_by_it_before_cutting():
+    lengths = [9, 1, 8, 2, 7, 3, 6, 4]  # record i costs lengths[i]
+    pairs = (np.arange(8, dtype=np.int64), ["x" * n for n in lengths])
+    reader = Reader([pairs], workunit_size=2, depth=8, window=4, cost=len)
+    reader.start()
+    units = drain(reader)
+    # windows of 4 records, each sorted by cost: (9 1 8 2) -> 1 2 8 9; (7 3 6 4) -> 3 4 6 7
+    assert [[len(r) for r in u.records] for u in units] == [[1, 2], [8, 9], [3, 4], [6, 7]]
+    assert [u.ids.tolist() for u in units] == [[1, 3], [2, 0], [5, 7], [6, 4]]
+
+
+def test_a_record_the_cost_function_fails_on_sorts_first_and_is_still_delivered():
+    pairs = (np.arange(3, dtype=np.int64), ["bbb", None, "a"])
+    reader = Reader([pairs], workunit_size=3, depth=1, cost=len)
+    reader.start()
+    [unit] = drain(reader)
+    assert unit.records == [None, "a", "bbb"] and unit.ids.tolist() == [1, 2, 0]
+
+
+def test_the_queue_is_bounded_and_stop_ends_a_blocked_reader():
+    reader = Reader(slices([1000]), workunit_size=10, depth=3)
+    reader.start()
+    time.sleep(0.3)
+    assert reader.units_put == 3 and reader.backlog() == 4  # three queued, more to come
+    started = time.monotonic()
+    reader.stop()
+    assert not reader.is_alive() and time.monotonic() - started < 2  # POLL_SECONDS, not forever
+    assert reader.blocked_seconds > 0.2 and not reader.done
+
+
+def test_an_error_in_the_source_is_raised_by_exhausted_in_the_caller_s_thread():
+    def broken():
+        yield from slices([4])
+        raise OSError("input.h5: truncated batch 1")
+
+    woken = threading.Event()
+    reader = Reader(broken(), workunit_size=4, depth=4, wake=woken.set)
+    reader.start()
+    reader.join(5)
+    assert woken.is_set()
+    assert reader.take() is not None  # what was read before the error is still there
+    with pytest.raises(OSError, match="truncated batch 1"):
+        reader.exhausted()
+
+
+def test_the_reader_pulls_from_the_source_no_further_than_the_queue_allows():
+    from helpers.engine.id_ranges import IdRanges
+    from helpers.engine.sources import READ_SLICE, read_slices
+
+    pulled = 0
+
+    def endless():
+        nonlocal pulled
+        for i in range(10**9):
+            pulled += 1
+            yield i, "text"
+
+    reader = Reader(read_slices(endless(), IdRanges()), workunit_size=10, depth=2)
+    reader.start()
+    time.sleep(0.5)
+    reader.stop()
+    assert not reader.is_alive()
+    assert pulled <= 2 * READ_SLICE  # the slice being cut, and the one read ahead at most

@@ -1,0 +1,68 @@
+"""The two settings classes: each field in one of them, bad values named, defaults written once."""
+import dataclasses
+
+import pytest
+
+from helpers.cli import build_parser
+from helpers.engine.settings import (JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
+                                     split_options)
+
+
+def test_every_setting_belongs_to_the_pool_or_to_the_job_never_both():
+    assert not set(POOL_SETTINGS) & set(JOB_SETTINGS)
+    pool, job = split_options({"retries": 3, "limit": 5, "adaptive": True, "resume": True})
+    assert pool == {"retries": 3, "adaptive": True} and job == {"limit": 5, "resume": True}
+    with pytest.raises(TypeError, match="unknown option workers_per_gpu; a pool takes devices"):
+        split_options({"workers_per_gpu": 2, "limit": 5})
+
+
+def test_devices_are_parsed_once_into_a_tuple_and_the_settings_are_frozen():
+    settings = PoolSettings("cuda, cpu,CUDA:1")
+    assert settings.devices == ("cuda:0", "cpu", "cuda:1")
+    assert dataclasses.replace(settings, retries=2).devices == settings.devices
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.retries = 5
+
+
+@pytest.mark.parametrize("cls, bad, message", [
+    (PoolSettings, {"devices": ["gpu0"]}, "devices: unknown device 'gpu0'"),
+    (PoolSettings, {"devices": []}, "devices is empty"),
+    (PoolSettings, {"backend": "ray"}, "backend: expected one of ('process', 'thread'), got 'ray'"),
+    (PoolSettings, {"queue_depth": 0}, "queue_depth: expected an integer >= 1, got 0"),
+    (PoolSettings, {"threads_per_worker": 1.5}, "threads_per_worker: expected an integer"),
+    (PoolSettings, {"max_workers_per_device": None}, "max_workers_per_device: expected an integer"),
+    (PoolSettings, {"retries": -1}, "retries: expected an integer >= 0, got -1"),
+    (PoolSettings, {"max_restarts": True}, "max_restarts: expected an integer"),
+    (PoolSettings, {"workunit_timeout": 0}, "workunit_timeout: expected seconds > 0, got 0"),
+    (PoolSettings, {"load_timeout": None}, "load_timeout: expected seconds > 0, got None"),
+    (JobSettings, {"workunit_size": 0}, "workunit_size: expected an integer >= 1, got 0"),
+    (JobSettings, {"limit": -5}, "limit: expected an integer >= 0, got -5"),
+    (JobSettings, {"sort_window": "big"}, "sort_window: expected an integer"),
+    (JobSettings, {"resume": True, "durable": False}, "resume: needs durable=True"),
+])
+def test_a_bad_value_raises_naming_the_setting_and_what_it_expected(cls, bad, message):
+    with pytest.raises(ValueError) as caught:
+        cls(**bad)
+    assert message in str(caught.value)
+
+
+def test_derived_settings_follow_their_rule():
+    assert PoolSettings(("cpu",) * 3).depth == 6 and PoolSettings(queue_depth=1).depth == 1
+    assert JobSettings(workunit_size=10).window == 80  # 8 workunits
+    assert JobSettings(workunit_size=10, sort_window=0).window == 0
+    workers = PoolSettings(("cuda:0", "cpu", "cuda:0", "cpu"), threads_per_worker=3).workers()
+    assert [(w.index, w.device, w.threads, w.copy) for w in workers] == [
+        (0, "cuda:0", 1, 0), (1, "cpu", 3, 0), (2, "cuda:0", 1, 1), (3, "cpu", 3, 1)]
+
+
+def test_the_command_line_takes_its_defaults_from_the_settings():
+    args = build_parser().parse_args(["run", "--input", "in.h5", "--output", "out.h5"])
+    pool, job = PoolSettings(), JobSettings()
+    assert args.devices == ",".join(pool.devices) and args.backend == pool.backend
+    assert (args.retries, args.max_restarts, args.max_workers_per_device) == \
+        (pool.retries, pool.max_restarts, pool.max_workers_per_device)
+    assert (args.workunit_timeout, args.queue_depth, args.threads_per_worker) == \
+        (pool.workunit_timeout, pool.queue_depth, pool.threads_per_worker)
+    assert (args.workunit_size, args.limit) == (job.workunit_size, job.limit)
+    assert (not args.no_progress, not args.in_place, args.resume, args.adaptive) == \
+        (job.progress, job.durable, job.resume, pool.adaptive)
