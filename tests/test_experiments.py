@@ -12,13 +12,14 @@ TEXTS = [f"text {i}" for i in range(500)]
 def test_on_uneven_devices_the_queue_beats_static_rounds():
     devices, speeds = experiments.simulated_devices([1.0, 0.35, 0.35])
     assert devices == ["cuda:0", "cuda:1", "cuda:2"] and speeds["cuda:1"] == 0.35
-    workload = make_workload("synthetic", seconds_per_record=0.004, speed=speeds)
+    workload = make_workload("synthetic", seconds_per_record=0.008, speed=speeds)
     table, spans = experiments.compare_layouts(workload, devices, 150, 2, TEXTS, workunit_size=5,
                                          backend="thread")
     assert sorted(table["strategy"]) == ["queue", "queue", "static", "static"]
     assert (table["records"] == 150).all() and (table["spinup_s"] > 0).all()
     rate = table.groupby("strategy")["records_per_s"].mean()
-    # ideal: static is held to 3 x 0.35 of a fast card's rate, the queue gets 1 + 0.35 + 0.35
+    # ideal: static is held to 3 x 0.35 of a fast card's rate, the queue gets 1 + 0.35 + 0.35 (1.62x);
+    # the cost per record keeps the fixed cost of a job (opening, writing) small beside that
     assert rate["queue"] > 1.25 * rate["static"]
     static = spans[(spans["strategy"] == "static") & (spans["replicate"] == 0)]
     assert sorted(static["worker"]) == [0, 1, 2] and (static["records"] == 50).all()
