@@ -61,7 +61,6 @@ import numpy as np
 from helpers.engine.backends import make_backend
 from helpers.engine.devices import check_available
 from helpers.engine.hdf5_sink import HDF5Sink
-from helpers.engine.id_ranges import IdRanges
 from helpers.engine.messages import POLL_SECONDS, Result, WorkerInfo, Workunit
 from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
@@ -392,7 +391,7 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     job = JobSettings(workunit_size, **job_options)
     records = open_source(source)
     if strategy == "static":
-        known = records_left(source_length(records), job.limit, IdRanges())
+        known = records_left(source_length(records), job.limit)
         if known is not None and known < MIN_STATIC_SLICE * len(settings.devices):
             # slices this small cost more in model loads than they save
             settings = replace(settings, devices=settings.devices[:1])

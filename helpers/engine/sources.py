@@ -254,9 +254,10 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None
             yield ids, records
 
 
-def records_left(total: int | None, limit: int | None, skip: IdRanges) -> int | None:
+def records_left(total: int | None, limit: int | None, skip: IdRanges | None = None
+                 ) -> int | None:
     """Records a (resumed) run has to do, if the source's length is known."""
     if total is None:
         return None
     total = total if limit is None else min(total, limit)
-    return max(0, total - len(skip))
+    return max(0, total - (len(skip) if skip is not None else 0))
