@@ -24,7 +24,7 @@ from typing import Any
 
 from helpers.engine.hdf5_sink import read_output
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.engine.settings import BACKENDS, JobSettings, PoolSettings
+from helpers.engine.settings import AUTO, BACKENDS, JobSettings, PoolSettings
 from helpers.engine.sources import ImageFolderSource, JSONLSource, SourceError
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
@@ -43,6 +43,16 @@ def _speeds(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(f"expected DEVICE=FACTOR[,DEVICE=FACTOR...], got {text!r}")
 
 
+def _count_or_auto(text: str) -> int | str:
+    """An argparse type: a whole number, or the word 'auto'."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -52,11 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", required=True, help="HDF5 file to write (binning: a CSV beside it)")
     run.add_argument("--workload", choices=WORKLOADS, default="embedding")
     run.add_argument("--devices", default=",".join(PoolSettings.devices),
-                     help="one entry per worker, e.g. cuda:0,cuda:0,cpu")
+                     help="one entry per worker, e.g. cuda:0,cuda:0,cpu or cuda:0*2,cpu; 'auto': "
+                          "every GPU here (else mps, else cpu), 'auto*2': two workers on each")
+    run.add_argument("--workers-per-device", type=_count_or_auto,
+                     default=PoolSettings.workers_per_device,
+                     help="workers on each entry of --devices; 'auto': one, then more while "
+                          "they raise the device's measured rate")
     run.add_argument("--strategy", choices=STRATEGIES, default="queue",
                      help="queue: workers pull workunits; static: one even slice per worker")
-    run.add_argument("--workunit-size", type=int, default=JobSettings.workunit_size,
-                     help="records per workunit")
+    run.add_argument("--workunit-size", type=_count_or_auto, default=JobSettings.workunit_size,
+                     help="records per workunit; 'auto': sized per worker from its measured rate")
+    run.add_argument("--workunit-seconds", type=float, default=JobSettings.workunit_seconds,
+                     help="--workunit-size auto: seconds a workunit should take on its worker")
     run.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend)
     run.add_argument("--limit", type=int, help="stop after this many records")
     run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker)")
@@ -89,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
                      default=SyntheticWorkload.seconds_per_record)
     syn.add_argument("--speed", type=_speeds, default={}, help="e.g. cuda:0=1,cuda:1=0.35")
     syn.add_argument("--mode", choices=MODES, default=SyntheticWorkload.mode)
+    syn.add_argument("--seconds-per-workunit", type=float,
+                     default=SyntheticWorkload.seconds_per_workunit,
+                     help="a fixed cost per workunit (so that the size matters)")
+    syn.add_argument("--parallelism", type=int, default=SyntheticWorkload.parallelism,
+                     help="workunits a device runs at once (where k workers saturate it)")
     img = run.add_argument_group("binning workload (A: text-rich, B: object-rich scenes, C: rest)")
     img.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
                      help="similarity prompt (repeat for several; default: a page of text, a chart)")
@@ -142,7 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "limit": args.limit, "progress": not args.no_progress, "resume": args.resume,
                    "workunit_timeout": args.workunit_timeout, "retries": args.retries,
                    "max_restarts": args.max_restarts, "durable": not args.in_place,
-                   "adaptive": args.adaptive, "max_workers_per_device": args.max_workers_per_device}
+                   "adaptive": args.adaptive, "max_workers_per_device": args.max_workers_per_device,
+                   "workers_per_device": args.workers_per_device,
+                   "workunit_seconds": args.workunit_seconds}
         source = args.input
         if args.workload == "binning":
             source = ImageFolderSource(args.input)
@@ -194,7 +218,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _workload(args: argparse.Namespace) -> Any:
     """The workload the arguments name, with the options of its own argument group."""
-    options = {"embedding": {"normalize": args.normalize}, "synthetic": {"mode": args.mode},
+    options = {"embedding": {"normalize": args.normalize}, "synthetic": {"mode": args.mode, "seconds_per_workunit": args.seconds_per_workunit,
+                                 "parallelism": args.parallelism},
                "binning": {"thresholds": Thresholds(**{k: getattr(args, k)
                                                        for k in asdict(Thresholds())}),
                            "prompts": tuple(args.prompts or DEFAULT_PROMPTS),

@@ -1,6 +1,7 @@
 import pytest
 
-from helpers.engine.devices import check_available, cpu_threads_per_worker, parse_devices
+from helpers.engine.devices import (check_available, cpu_threads_per_worker, parse_devices,
+                                    visible_devices)
 
 
 def test_parse_normalises_and_keeps_one_entry_per_worker():
@@ -8,7 +9,23 @@ def test_parse_normalises_and_keeps_one_entry_per_worker():
     assert parse_devices(["cpu", "cpu"]) == ("cpu", "cpu")
 
 
-@pytest.mark.parametrize("bad", ["gpu", "cuda:", "cuda:x", "cpu:0", ""])
+def test_a_count_repeats_an_entry_and_auto_is_every_visible_device(monkeypatch):
+    assert parse_devices("cuda:1*2,cpu") == ("cuda:1", "cuda:1", "cpu")
+    import helpers.engine.devices
+
+    monkeypatch.setattr(helpers.engine.devices, "visible_devices", lambda: ("cuda:0", "cuda:1"))
+    assert parse_devices("auto") == ("cuda:0", "cuda:1")
+    assert parse_devices(["auto*2", "cpu"]) == ("cuda:0", "cuda:0", "cuda:1", "cuda:1", "cpu")
+
+
+def test_visible_devices_here_match_what_torch_sees():
+    torch = pytest.importorskip("torch")
+    expected = tuple(f"cuda:{i}" for i in range(torch.cuda.device_count())) \
+        if torch.cuda.is_available() else ("mps",) if torch.backends.mps.is_available() else ("cpu",)
+    assert visible_devices() == expected
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:", "cuda:x", "cpu:0", "", "cpu*0", "auto*", "gpu*2"])
 def test_unknown_device_names_the_entry(bad):
     with pytest.raises(ValueError, match="devices"):
         parse_devices([bad])

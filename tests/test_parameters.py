@@ -45,6 +45,20 @@ def test_a_set_merges_common_then_the_notebook_section(tmp_path):
     assert load_parameters(path, "other") == {"records": 5, "seed": 1}
 
 
+def test_auto_devices_are_spelled_out_when_a_set_is_loaded(tmp_path, monkeypatch):
+    import helpers.engine.devices
+
+    monkeypatch.setattr(helpers.engine.devices, "visible_devices", lambda: ("cuda:0", "cuda:1"))
+    path = tmp_path / "gpus.yaml"
+    path.write_text("common:\n  devices: auto\nnb:\n  device: auto\n"
+                    "other:\n  devices: [auto*2]\n  synthetic_devices: cuda:0*2\n")
+    assert load_parameters(path, "nb") == {"devices": ["cuda:0", "cuda:1"], "device": "cuda:0"}
+    assert load_parameters(path, "other") == {
+        "devices": ["cuda:0", "cuda:0", "cuda:1", "cuda:1"], "synthetic_devices": ["cuda:0"] * 2}
+    gpu = load_parameters("gpu", "02_one_worker_per_device")  # 1 to N GPUs: whatever is here
+    assert gpu["devices"] == ["cuda:0", "cuda:1"]
+
+
 def test_an_unknown_set_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"no parameter set 'huge'; expected one of \['cpu'"):
         load_parameters("huge", "01_workers_per_device")

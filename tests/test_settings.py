@@ -35,7 +35,12 @@ def test_devices_are_parsed_once_into_a_tuple_and_the_settings_are_frozen():
     (PoolSettings, {"max_restarts": True}, "max_restarts: expected an integer"),
     (PoolSettings, {"workunit_timeout": 0}, "workunit_timeout: expected seconds > 0, got 0"),
     (PoolSettings, {"load_timeout": None}, "load_timeout: expected seconds > 0, got None"),
-    (JobSettings, {"workunit_size": 0}, "workunit_size: expected an integer >= 1, got 0"),
+    (PoolSettings, {"workers_per_device": 0}, "workers_per_device: expected an integer >= 1 or "
+                                              "'auto', got 0"),
+    (PoolSettings, {"workers_per_device": "auto", "adaptive": True}, "adaptive: choose it or"),
+    (JobSettings, {"workunit_size": 0}, "workunit_size: expected an integer >= 1 or 'auto', got 0"),
+    (JobSettings, {"workunit_size": "big"}, "workunit_size: expected an integer >= 1 or 'auto'"),
+    (JobSettings, {"workunit_seconds": 0}, "workunit_seconds: expected seconds > 0, got 0"),
     (JobSettings, {"limit": -5}, "limit: expected an integer >= 0, got -5"),
     (JobSettings, {"sort_window": "big"}, "sort_window: expected an integer"),
     (JobSettings, {"resume": True, "durable": False}, "resume: needs durable=True"),
@@ -55,6 +60,28 @@ def test_derived_settings_follow_their_rule():
         (0, "cuda:0", 1, 0), (1, "cpu", 3, 0), (2, "cuda:0", 1, 1), (3, "cpu", 3, 1)]
 
 
+def test_workers_per_device_multiplies_the_entries_or_starts_one_per_device_to_grow():
+    settings = PoolSettings(("cuda:0", "cuda:1", "cuda:0"), workers_per_device=2)
+    assert settings.worker_devices == ("cuda:0",) * 2 + ("cuda:1",) * 2 + ("cuda:0",) * 2
+    assert [w.copy for w in settings.workers()] == [0, 1, 0, 1, 2, 3] and settings.depth == 12
+    assert dataclasses.replace(settings, retries=0).worker_devices == settings.worker_devices
+    growing = PoolSettings(("cuda:0", "cuda:1", "cuda:0", "cpu"), workers_per_device="auto")
+    assert growing.growing and growing.worker_devices == ("cuda:0", "cuda:1", "cpu")
+    assert [w.threads for w in growing.workers()] == [1, 1, 1]  # a cpu worker grows one thread
+    assert JobSettings(workunit_size="auto").auto_size and JobSettings().window == 800
+    assert JobSettings(workunit_size="auto").window > 0
+
+
+def test_auto_and_counts_on_the_command_line():
+    args = build_parser().parse_args(["run", "--input", "in.h5", "--output", "out.h5",
+                                      "--workunit-size", "AUTO", "--workers-per-device", "auto",
+                                      "--devices", "auto*2"])
+    assert (args.workunit_size, args.workers_per_device, args.devices) == \
+        ("auto", "auto", "auto*2")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--input", "a", "--output", "b", "--workunit-size", "x"])
+
+
 def test_the_command_line_takes_its_defaults_from_the_settings():
     args = build_parser().parse_args(["run", "--input", "in.h5", "--output", "out.h5"])
     pool, job = PoolSettings(), JobSettings()
@@ -63,6 +90,8 @@ def test_the_command_line_takes_its_defaults_from_the_settings():
         (pool.retries, pool.max_restarts, pool.max_workers_per_device)
     assert (args.workunit_timeout, args.queue_depth, args.threads_per_worker) == \
         (pool.workunit_timeout, pool.queue_depth, pool.threads_per_worker)
-    assert (args.workunit_size, args.limit) == (job.workunit_size, job.limit)
+    assert (args.workunit_size, args.limit, args.workunit_seconds) == \
+        (job.workunit_size, job.limit, job.workunit_seconds)
+    assert args.workers_per_device == pool.workers_per_device
     assert (not args.no_progress, not args.in_place, args.resume, args.adaptive) == \
         (job.progress, job.durable, job.resume, pool.adaptive)

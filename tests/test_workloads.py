@@ -132,3 +132,37 @@ def test_make_workload_builds_each_by_name_with_the_knobs_that_apply_to_it():
     with pytest.raises(ValueError, match="workload: expected one of .'embedding', 'synthetic', "
                                          "'binning'., got 'llm'"):
         make_workload("llm")
+
+
+def _time_copies(workload, copies, units=5):
+    """Seconds for ``copies`` model copies on cuda:0, each running ``units`` workunits at once."""
+    import threading
+    import time
+
+    models = [{**workload.load("cuda:0", 1), "copy": c} for c in range(copies)]
+    threads = [threading.Thread(target=lambda m=m: [workload.process(m, ["r"])
+                                                     for _ in range(units)]) for m in models]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
+def test_synthetic_devices_saturate_at_their_parallelism_and_pay_per_workunit():
+    workload = SyntheticWorkload(0.0, seconds_per_workunit=0.04, parallelism={"cuda:0": 2})
+    assert workload.device_parallelism("cuda:0") == 2 and workload.device_parallelism("cpu") is None
+    one, two, four = (_time_copies(workload, k) for k in (1, 2, 4))
+    assert two < 1.3 * one  # two at once: the device runs both
+    assert four > 1.7 * two  # four: two wait while two run
+    free = SyntheticWorkload(0.0, seconds_per_workunit=0.04)  # no limit: every copy at once
+    assert _time_copies(free, 4) < 1.3 * one
+    assert pickle.loads(pickle.dumps(workload)).locks == workload.locks  # workers share them
+
+
+@pytest.mark.parametrize("kwargs", [{"parallelism": 0}, {"parallelism": {"cuda:0": 1.5}},
+                                    {"seconds_per_workunit": -1}])
+def test_synthetic_rejects_bad_device_models(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SyntheticWorkload(**kwargs)

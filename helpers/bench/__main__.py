@@ -1,4 +1,4 @@
-"""``python -m helpers.bench overhead|failures|scale [--records N] ...``"""
+"""``python -m helpers.bench overhead|failures|scale|autotune [--records N] ...``"""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from helpers.bench import failures, overhead, scale
+from helpers.bench import autotune, failures, overhead, scale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     big.add_argument("--folder", help="where outputs are written (default: the temp folder)")
     big.add_argument("--results-dir", default="data/results/cpu",
                      help="where scale.csv goes ('' to save nothing)")
+    tune = commands.add_parser("autotune", help=autotune.__doc__.splitlines()[0])
+    tune.add_argument("--records", type=int, default=autotune.RECORDS)
+    tune.add_argument("--repeats", type=int, default=3)
+    tune.add_argument("--results-dir", default="data/results/cpu",
+                      help="where autotune_bench.csv goes ('' to save nothing)")
     one = commands.add_parser("scale-run", help="one run of `scale`, in this process")
     one.add_argument("--records", type=int, required=True)
     one.add_argument("--output", required=True)
@@ -48,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale":
         scale.main(args.records, args.workers, args.workunit_size, args.dim,
                    args.baseline_records, args.kill_at or None, args.folder, args.results_dir)
+        return 0
+    if args.command == "autotune":
+        autotune.main(args.records, args.repeats, args.results_dir)
         return 0
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,

@@ -1,8 +1,10 @@
 """Device strings: parsing, availability, and each CPU worker's share of the cores.
 
 A run's ``devices`` lists one entry per worker: ``["cuda:0", "cuda:0", "cuda:1"]`` is two workers on
-GPU 0 and one on GPU 1; ``"cpu"`` entries likewise. torch is imported only to check a CUDA or MPS
-entry, so CPU-only runs (and the synthetic workload) never pay for it here.
+GPU 0 and one on GPU 1; ``"cpu"`` entries likewise. ``"cuda:0*2"`` is short for two entries, and
+``"auto"`` stands for every device this machine has (``visible_devices``): ``"auto*2"`` puts two
+workers on each. torch is imported only to check a CUDA or MPS entry, or to resolve ``"auto"``, so
+CPU-only runs (and the synthetic workload) never pay for it here.
 """
 from __future__ import annotations
 
@@ -11,27 +13,45 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
-ACCEPTED = "'cpu', 'cuda', 'cuda:N' or 'mps'"
+_DEVICE = re.compile(r"^(cpu|cuda(?::\d+)?|mps|auto)(?:\*(\d+))?$")
+ACCEPTED = "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', each optionally '*k' for k workers"
 
 
 def parse_devices(devices: str | Iterable[str]) -> tuple[str, ...]:
     """Normalise a device list (or a comma-separated string) to a tuple, one entry per worker.
 
-    ``"cuda"`` becomes ``"cuda:0"``. Raises ValueError naming the first entry that is not a device.
+    ``"cuda"`` becomes ``"cuda:0"``, ``"cuda:1*2"`` two entries, ``"auto"`` the visible devices.
+    Raises ValueError naming the first entry that is not a device.
     """
     entries = devices.split(",") if isinstance(devices, str) else list(devices)
-    parsed = []
+    parsed: list[str] = []
     for entry in entries:
         if not isinstance(entry, str):
             raise ValueError(f"devices: entry {entry!r} is not a string; expected {ACCEPTED}")
-        device = entry.strip().lower()
-        if not _DEVICE.match(device):
+        match = _DEVICE.match(entry.strip().lower())
+        times = int(match.group(2) or 1) if match else 0
+        if not times:
             raise ValueError(f"devices: unknown device {entry!r}; expected {ACCEPTED}")
-        parsed.append("cuda:0" if device == "cuda" else device)
+        name = match.group(1)
+        names = visible_devices() if name == "auto" else ("cuda:0" if name == "cuda" else name,)
+        parsed.extend(device for device in names for _ in range(times))
     if not parsed:
         raise ValueError("devices is empty; name at least one worker's device, e.g. ['cpu']")
     return tuple(parsed)
+
+
+def visible_devices() -> tuple[str, ...]:
+    """Every CUDA GPU this process may use (CUDA_VISIBLE_DEVICES applies), else Apple's MPS,
+    else the CPU."""
+    try:
+        import torch
+    except ImportError:
+        return ("cpu",)
+    if torch.cuda.is_available() and torch.cuda.device_count():
+        return tuple(f"cuda:{i}" for i in range(torch.cuda.device_count()))
+    if torch.backends.mps.is_available():
+        return ("mps",)
+    return ("cpu",)
 
 
 def check_available(devices: Sequence[str]) -> None:

@@ -36,6 +36,12 @@ finishes an interrupted run, skipping what is written before reading it.
 At any scale the parent holds nothing per record once it is written: a worker's figures are
 running totals, the timeline is bounded (helpers.engine.stats), and a resumed run's done ids are ranges.
 
+Self-tuning, each optional: ``workunit_size="auto"`` sizes each worker's workunits from its
+measured rate (helpers.engine.sizing: the scheduler joins the reader's workunits for a fast worker
+and cuts them for a slow one, and finer at the end); ``workers_per_device="auto"`` adds workers to
+a device while they raise its rate (helpers.engine.growth, called from the main loop); a
+telemetry thread samples each device's use twice a second (helpers.engine.telemetry).
+
 Static split (``WorkerPool.run_static``): the layout queue-fed workers replace. Every record is
 read first; worker i gets the i-th of even contiguous slices (``static_split``), pinned to it, as
 one workunit; the job lasts as long as its slowest worker.
@@ -60,16 +66,19 @@ import numpy as np
 
 from helpers.engine.backends import make_backend
 from helpers.engine.devices import check_available
+from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth
 from helpers.engine.hdf5_sink import HDF5Sink
 from helpers.engine.messages import POLL_SECONDS, Result, WorkerInfo, Workunit
 from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
 from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery, RemoteTraceback,
-                                      Scheduler, Slot)
+                                      Scheduler, Slot, State)
 from helpers.engine.settings import (JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
                                      split_options)
+from helpers.engine.sizing import Sizing
 from helpers.engine.sources import open_source, read_slices, records_left, source_length
 from helpers.engine.stats import PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan
+from helpers.engine.telemetry import Telemetry
 from helpers.engine.versions import package_versions
 from helpers.engine.worker import peak_memory
 
@@ -80,7 +89,9 @@ log = logging.getLogger("gpufeed")
 
 STRATEGIES = ("queue", "static")
 MIN_STATIC_SLICE = 4  # records per worker below which a static split runs on one worker
-ADAPTIVE_HEADROOM = 1.2  # adaptive: another copy only if free memory exceeds this × one copy
+SETTLED = 0.5  # growth measures a worker on workunits of at least this share of its target size
+ADAPTIVE_HEADROOM = MEMORY_HEADROOM  # adaptive: another copy only if free memory exceeds this ×
+# one copy
 
 
 class WorkerPool:
@@ -92,7 +103,10 @@ class WorkerPool:
     worker. ``options``: PoolSettings' other fields, and JobSettings' fields as the defaults of
     every job (a job may change those, never the pool's). With ``adaptive=True`` each distinct
     device of ``devices`` gets workers one at a time while it has memory for another model copy
-    (``stable_workers`` reports how many stayed).
+    (``stable_workers`` reports how many stayed); with ``workers_per_device="auto"`` each starts
+    with one and gets more during the jobs while they raise its measured rate
+    (helpers.engine.growth). With ``workunit_size="auto"`` each worker's workunits are sized from
+    its measured rate (helpers.engine.sizing).
     """
 
     def __init__(self, workload: Workload, devices: Iterable[str] | str = ("cpu",),
@@ -119,6 +133,9 @@ class WorkerPool:
         self.spinup_seconds = 0.0
         self.stable_workers: dict[str, int] = {}
         self._broken = False
+        self._sizing = Sizing(job.workunit_seconds)  # kept from job to job: rates carry over
+        self._growth = Growth(self.workers, settings.max_workers_per_device,
+                              settings.threads_per_worker or 1) if settings.growing else None
 
     def __enter__(self) -> WorkerPool:
         started = time.monotonic()
@@ -184,17 +201,23 @@ class WorkerPool:
         """
         started = time.monotonic()
         settings, records, attrs = self._job(source, changes)
+        scheduler = self._scheduler
+        scheduler.sizing = self._sizing if settings.auto_size else None
+        if settings.auto_size:
+            self._sizing.seconds = settings.workunit_seconds
         with self._guard(), HDF5Sink(output, self.outputs, attrs, settings.durable,
                                      settings.resume) as sink:
-            job = _Job(self._scheduler, settings, sink, started)
+            job = _Job(scheduler, settings, sink, started, self._growth)
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
-            reader = Reader(read_slices(records, sink.done, settings.limit),
-                            settings.workunit_size, self.settings.depth,
-                            self._scheduler.wakeup.wake, settings.window, cost)
+            total = records_left(source_length(records), settings.limit, sink.done)
+            size = self._sizing.largest() if settings.auto_size else settings.workunit_size
+            reader = Reader(read_slices(records, sink.done, settings.limit), size,
+                            self.settings.depth, scheduler.wakeup.wake, settings.window, cost,
+                            total)
             job.start_clock()
             reader.start()
             try:
-                job.drive(reader, records_left(source_length(records), settings.limit, sink.done))
+                job.drive(reader, total)
             finally:
                 reader.stop()
         job.stop_clock(reader.read_seconds, reader.blocked_seconds)
@@ -261,7 +284,11 @@ class WorkerPool:
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions}
 
     def _stats(self, job: _Job, output: Any) -> PipelineStats:
-        workers = [job.worker_stats(slot) for slot in self._scheduler.slots.values()]
+        if self._growth is not None:  # the workers the next job starts with
+            self.workers = [s.info for s in self._scheduler.live]
+            self.stable_workers = dict(Counter(info.device for info in self.workers))
+        workers = [job.worker_stats(slot) for slot in self._scheduler.slots.values()
+                   if slot.state is not State.RETIRED or slot.info.index in job.tallies]
         stages = {"read": job.read_seconds, "reader_blocked": job.reader_blocked_seconds,
                   "wait": sum(w.wait_seconds for w in workers),
                   "compute": sum(w.busy_seconds for w in workers),
@@ -271,11 +298,12 @@ class WorkerPool:
         dispatches, sink = self._scheduler.dispatches, job.sink
         return PipelineStats(
             sink.records_written, sink.errors_written, job.wall, self.spinup_seconds,
-            tuple(workers), stages, self.settings.devices, job.settings.workunit_size,
+            tuple(workers), stages, tuple(w.device for w in workers), job.settings.workunit_size,
             self.settings.backend, str(output), settings, job.timeline.spans, _peak_rss(workers),
             self._recovery(), len(sink.done), peak_memory("cpu")[0],
             (dispatches.first - job.started) if dispatches.first is not None else 0.0,
-            dispatches.longest_gap, sink.bytes_written, sink.output_bytes)
+            dispatches.longest_gap, sink.bytes_written, sink.output_bytes, job.decisions(),
+            job.telemetry.samples)
 
     def _recovery(self) -> dict[str, Any]:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""
@@ -288,18 +316,30 @@ class _Job:
     (running totals per worker and a bounded timeline: nothing per record)."""
 
     def __init__(self, scheduler: Scheduler, settings: JobSettings, sink: HDF5Sink,
-                 started: float) -> None:
+                 started: float, growth: Growth | None = None) -> None:
         self.scheduler, self.settings, self.sink, self.started = scheduler, settings, sink, started
-        self.tallies = {index: Tally() for index in scheduler.slots}
+        self.growth = growth
+        self._decided = len(growth.decisions) if growth is not None else 0
+        self.tallies = {index: Tally() for index in scheduler.slots
+                        if scheduler.slots[index].state is not State.RETIRED}
         self.timeline = Timeline()
         self.clock = self.wall = self.read_seconds = self.reader_blocked_seconds = 0.0
 
     def start_clock(self) -> None:
         self.clock = time.monotonic()
+        self.telemetry = Telemetry(self._at_work, self.clock)
+        self.telemetry.start()
 
     def stop_clock(self, read_seconds: float, reader_blocked_seconds: float) -> None:
         self.wall = time.monotonic() - self.clock
         self.read_seconds, self.reader_blocked_seconds = read_seconds, reader_blocked_seconds
+        self.telemetry.stop()
+
+    def _at_work(self) -> dict[int, tuple[str, int]]:
+        """``{slot: (device, pid)}`` of the workers taking workunits (the telemetry thread's)."""
+        return {s.info.index: (s.info.device, s.ready.pid)
+                for s in list(self.scheduler.slots.values())
+                if s.ready is not None and s.state in (State.READY, State.DRAINING)}
 
     def drive(self, feed: Feed, total: int | None = None) -> None:
         """The main loop: feed the workers, hand what comes back to the writer, until ``feed``
@@ -308,7 +348,8 @@ class _Job:
 
         scheduler, sink = self.scheduler, self.sink
         with tqdm(total=total, unit="rec", desc="records written",
-                  disable=not self.settings.progress, dynamic_ncols=True) as bar:
+                  disable=not self.settings.progress, dynamic_ncols=True) as bar, \
+                _stopping(self.telemetry):
             while True:
                 scheduler.dispatch(feed)
                 if feed.exhausted() and scheduler.idle:
@@ -321,6 +362,15 @@ class _Job:
                     bar.update(len(given_up))
                 sink.poll()
                 scheduler.check_timeouts()
+                if self.growth is not None and not self.growth.settled:
+                    self.growth.step(scheduler, time.monotonic(), self.clock)
+                    self._explore(not self.growth.settled)
+
+    def _explore(self, exploring: bool) -> None:
+        """Short workunits while growth decides (each decision comes sooner), then the job's."""
+        if self.scheduler.sizing is not None:
+            seconds = self.settings.workunit_seconds
+            self.scheduler.sizing.seconds = min(seconds, EXPLORE_SECONDS) if exploring else seconds
 
     def _write(self, result: Result) -> int:
         """Hand a result to the writer and add it to the totals; returns its records."""
@@ -336,7 +386,21 @@ class _Job:
         self.tallies.setdefault(result.worker, Tally()).add(
             span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb)
         self.timeline.add(span)
+        if self.growth is not None and self._settled(result.worker, span.records):
+            self.growth.observe(result.worker, device, span.records, result.started,
+                                result.ended)
         return span.records
+
+    def _settled(self, slot: int, records: int) -> bool:
+        """Whether a workunit was of its worker's settled size (auto sizes grow at first)."""
+        sizing = self.scheduler.sizing
+        return sizing is None or records >= SETTLED * sizing.targets.get(slot, 0)
+
+    def decisions(self) -> tuple[dict[str, Any], ...]:
+        """The growth decisions made during this job."""
+        if self.growth is None:
+            return ()
+        return tuple(d.as_dict() for d in self.growth.decisions[self._decided:])
 
     def worker_stats(self, slot: Slot) -> WorkerStats:
         tally, ready = self.tallies.get(slot.info.index, Tally()), slot.ready
@@ -344,6 +408,15 @@ class _Job:
                            ready.load_seconds if ready else 0.0, tally.records, tally.workunits,
                            tally.busy_seconds, max(0.0, self.wall - tally.busy_seconds),
                            tally.peak_rss_mb, tally.peak_gpu_mb, slot.restarts)
+
+
+@contextmanager
+def _stopping(telemetry: Telemetry) -> Iterator[None]:
+    """Stop the telemetry thread however the job ends."""
+    try:
+        yield
+    finally:
+        telemetry.stop()
 
 
 class _Dealt:
@@ -354,6 +427,12 @@ class _Dealt:
 
     def backlog(self) -> int:
         return 0
+
+    def remaining(self) -> int:
+        return 0
+
+    def resize(self, size: int) -> None:
+        pass
 
     def exhausted(self) -> bool:
         return True
@@ -392,9 +471,9 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     records = open_source(source)
     if strategy == "static":
         known = records_left(source_length(records), job.limit)
-        if known is not None and known < MIN_STATIC_SLICE * len(settings.devices):
+        if known is not None and known < MIN_STATIC_SLICE * len(settings.worker_devices):
             # slices this small cost more in model loads than they save
-            settings = replace(settings, devices=settings.devices[:1])
+            settings = replace(settings, devices=settings.devices[:1], workers_per_device=1)
     with WorkerPool.from_settings(workload, settings, job) as pool:
         if strategy == "static":
             return pool.run_static(records, output)

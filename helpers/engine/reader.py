@@ -21,8 +21,10 @@ class Reader(threading.Thread):
     so that the scheduler, waiting on its workers' messages, need not poll.
 
     The scheduler's side (helpers.engine.scheduler.Feed): ``take()`` the next workunit or None,
-    ``backlog()``, and ``exhausted()``, which re-raises in the scheduler's thread whatever stopped
-    the reader (an unreadable input). ``stop()`` ends the thread early and joins it.
+    ``backlog()``, ``remaining()`` records (known once the source is read, or from ``total``),
+    ``resize()`` for the workunits still to cut, and ``exhausted()``, which re-raises in the
+    scheduler's thread whatever stopped the reader (an unreadable input). ``stop()`` ends the
+    thread early and joins it.
 
     With a ``cost`` function it reads ``window`` records ahead and orders them by cost before
     cutting, so a workunit holds records of similar size (texts of similar length pad less). Work
@@ -31,12 +33,13 @@ class Reader(threading.Thread):
 
     def __init__(self, slices: Iterable[tuple[np.ndarray, list]], workunit_size: int, depth: int,
                  wake: Callable[[], None] = lambda: None, window: int = 0,
-                 cost: Callable[[Any], float] | None = None) -> None:
+                 cost: Callable[[Any], float] | None = None, total: int | None = None) -> None:
         super().__init__(name="gpufeed-reader", daemon=True)
         self._slices, self._size, self._wake = slices, workunit_size, wake
         self._work: queue.Queue[Workunit] = queue.Queue(depth)
         self._halt = threading.Event()
-        self._window, self._cost = max(window, workunit_size), cost
+        self._window, self._cost, self._total = window, cost, total
+        self._records_put = self._records_taken = 0  # each written by one thread only
         self.error: BaseException | None = None
         self.read_seconds = self.blocked_seconds = 0.0
         self.units_put = 0
@@ -49,6 +52,7 @@ class Reader(threading.Thread):
                 if not self._put(unit):
                     return
                 self.units_put += 1
+                self._records_put += len(unit)
                 self._wake()
             self.done = True
             self._wake()
@@ -58,12 +62,22 @@ class Reader(threading.Thread):
 
     def take(self) -> Workunit | None:
         try:
-            return self._work.get_nowait()
+            unit = self._work.get_nowait()
         except queue.Empty:
             return None
+        self._records_taken += len(unit)
+        return unit
 
     def backlog(self) -> int:
         return self._work.qsize() + (not self.done)
+
+    def remaining(self) -> int | None:
+        if self.done:
+            return self._records_put - self._records_taken
+        return None if self._total is None else max(0, self._total - self._records_taken)
+
+    def resize(self, size: int) -> None:
+        self._size = max(1, int(size))
 
     def exhausted(self) -> bool:
         """True once the source is read and every workunit taken; raises the reader's error."""
@@ -80,30 +94,33 @@ class Reader(threading.Thread):
         slices, index = iter(self._slices), itertools.count()
         while True:
             started = time.perf_counter()
-            ids, records = self._next_window(slices)
+            ids, records = self._next_window(slices, max(self._window, self._size))
             if self._cost is not None and len(records) > 1:  # similar records together
                 order = np.argsort(_costs(self._cost, records), kind="stable")
                 ids, records = ids[order], [records[i] for i in order.tolist()]
             self.read_seconds += time.perf_counter() - started
             if not len(records):
                 return
-            for start in range(0, len(records), self._size):
-                yield Workunit(next(index), ids[start:start + self._size],
-                               records[start:start + self._size])
+            start = 0
+            while start < len(records):
+                size = self._size  # resize() may change it between two workunits
+                yield Workunit(next(index), ids[start:start + size], records[start:start + size])
+                start += size
 
-    def _next_window(self, slices: Iterator[tuple[np.ndarray, list]]) -> tuple[np.ndarray, list]:
+    def _next_window(self, slices: Iterator[tuple[np.ndarray, list]],
+                     window: int) -> tuple[np.ndarray, list]:
         """The next ``window`` records (fewer only at the end); what a slice holds beyond them
         waits for the next window."""
         id_parts, records = [self._rest[0]], self._rest[1]
-        while len(records) < self._window:
+        while len(records) < window:
             piece = next(slices, None)
             if piece is None:
                 break
             id_parts.append(piece[0])
             records.extend(piece[1])
         ids = np.concatenate(id_parts)
-        self._rest = (ids[self._window:], records[self._window:])
-        return ids[:self._window], records[:self._window]
+        self._rest = (ids[window:], records[window:])
+        return ids[:window], records[:window]
 
     def _put(self, item: Any) -> bool:
         started = time.perf_counter()

@@ -20,8 +20,9 @@ Recovery, per failure::
                      (a broken CUDA context), not its workunits'
 
 Names, each for one thing: a *slot* is a worker's place in the pool (a replacement takes the same
-slot) and is LOADING, READY or RETIRED; the scheduler *kills* a worker for a reason (a workunit
-TIMEOUT, a LOAD_TIMEOUT, or to RECYCLE it); *recovery* is the tally of what it recovered from
+slot) and is LOADING, READY, DRAINING (retired once it has finished what it holds) or RETIRED;
+the scheduler *kills* a worker for a reason (a workunit TIMEOUT, a LOAD_TIMEOUT, or to RECYCLE
+it), and *retires* one the pool no longer wants (helpers.engine.growth); *recovery* is the tally of what it recovered from
 (deaths, timeouts, restarts, retries, splits, ...), reported per job as ``PipelineStats.recovery``;
 the words for what goes wrong (*rejected*, *Failed*, *given up*, *died*) are helpers.engine.messages'.
 """
@@ -36,9 +37,12 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import numpy as np
+
 from helpers.engine.backends import Backend, Wakeup
 from helpers.engine.messages import POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo, Workunit
 from helpers.engine.settings import PoolSettings
+from helpers.engine.sizing import Sizing
 
 log = logging.getLogger("gpufeed")
 
@@ -62,7 +66,8 @@ class RemoteTraceback(Exception):
 class State(enum.Enum):
     LOADING = "loading"  # spawned, model not loaded yet
     READY = "ready"  # takes workunits
-    RETIRED = "retired"  # out of restarts, or its replacement failed to load: takes nothing
+    DRAINING = "draining"  # being retired: finishes what it holds, takes nothing new
+    RETIRED = "retired"  # out of restarts, its replacement failed to load, or retired on purpose
 
 
 class Kill(enum.Enum):
@@ -87,6 +92,7 @@ class Slot:
     kill_unit: int | None = None  # the workunit a timeout kill was about
     failures_in_a_row: int = 0
     ready: Ready | None = None
+    optional: bool = False  # an added worker (growth): if it cannot start, the pool goes on
 
 
 @dataclass
@@ -117,6 +123,12 @@ class Feed(Protocol):
     def backlog(self) -> int:
         """Workunits waiting, or about to be (0 once the source is exhausted)."""
 
+    def remaining(self) -> int | None:
+        """Records not taken yet, or None while that is not known."""
+
+    def resize(self, size: int) -> None:
+        """Cut the workunits still to come at ``size`` records."""
+
 
 @dataclass
 class Dispatches:
@@ -145,14 +157,30 @@ class Scheduler:
         self.recovery = Recovery()
         self.dispatches = Dispatches()
         self.wakeup = Wakeup(backend.events)
+        self.sizing: Sizing | None = None  # per-worker workunit sizes (workunit_size="auto")
         self._numbers = itertools.count()
 
     # -- workers -------------------------------------------------------------------------------
 
-    def spawn(self, info: WorkerInfo) -> None:
-        slot = self.slots.setdefault(info.index, Slot(info))
+    def spawn(self, info: WorkerInfo, optional: bool = False) -> None:
+        """Start a worker in slot ``info.index``; an ``optional`` one that fails to start is
+        retired (the pool goes on without it) instead of failing the run."""
+        slot = self.slots.setdefault(info.index, Slot(info, optional=optional))
         slot.state, slot.since, slot.ready = State.LOADING, time.monotonic(), None
         self.backend.spawn(info)
+
+    def retire(self, index: int) -> None:
+        """Take the worker in slot ``index`` out of the pool once it has finished what it holds."""
+        slot = self.slots[index]
+        slot.state = State.DRAINING
+        if self.sizing is not None:
+            self.sizing.forget(index)
+        self._retire_if_drained(slot)
+
+    def _retire_if_drained(self, slot: Slot) -> None:
+        if slot.state is State.DRAINING and not slot.in_flight:
+            slot.state = State.RETIRED  # its Died is expected: not counted, not replaced
+            self.backend.kill(slot.info.index)
 
     def start(self) -> dict[int, Ready]:
         """Spawn every worker and wait until each is Ready; PipelineError if one fails."""
@@ -220,9 +248,11 @@ class Scheduler:
         backlog), so that the last workunits of a job go to whichever worker is free first, not
         behind a slow worker's running one."""
         ready = [s for s in self.slots.values() if s.state is State.READY]
+        if self.sizing is not None:
+            feed.resize(self.sizing.largest())
         for depth in range(PREFETCH):
             for slot in [s for s in ready if len(s.in_flight) == depth]:
-                if depth and len(self.pending) + feed.backlog() < len(ready):
+                if depth and not self._enough_left(feed, ready):
                     return
                 unit = self._next_for(slot, feed)
                 if unit is None:
@@ -235,6 +265,28 @@ class Scheduler:
                 slot.in_flight.append(unit)
                 self.backend.send(slot.info.index, unit)
                 self.dispatches.note(now)
+
+    def _enough_left(self, feed: Feed, ready: list[Slot]) -> bool:
+        """Whether a second workunit may wait behind a worker's running one: not at the end of
+        a job, when the last workunits should go to whichever worker is free first."""
+        if self.sizing is None:
+            return len(self.pending) + feed.backlog() >= len(ready)
+        left = self._remaining(feed)
+        return left is None or left >= sum(self._size(s, None) for s in ready)
+
+    def _remaining(self, feed: Feed) -> int | None:
+        """Records of the job not yet dispatched, or None while the feed cannot tell."""
+        left = feed.remaining()
+        return None if left is None else left + sum(len(u) for u in self.pending)
+
+    def _size(self, slot: Slot, remaining: int | None) -> int | None:
+        """The most records ``slot`` takes in one workunit (None: whatever the feed cut)."""
+        size = slot.cap
+        if self.sizing is not None:
+            ready = [s.info.index for s in self.slots.values() if s.state is State.READY]
+            target = self.sizing.size(slot.info.index, remaining, ready)
+            size = target if size is None else min(size, target)
+        return size
 
     def _next_for(self, slot: Slot, feed: Feed) -> Workunit | None:
         unit = None
@@ -249,11 +301,24 @@ class Scheduler:
             if unit is None:
                 return None
             unit = self.number(unit)
-        if slot.cap is not None and len(unit) > slot.cap:  # this worker ran out of memory before
-            first, rest = _cut(unit, slot.cap)
+        size = self._size(slot, self._remaining(feed) if self.sizing else None)
+        if self.sizing is not None and _fresh(unit):  # a fast worker's workunit: several joined
+            while len(unit) < size and (more := self._fresh_pending() or feed.take()) is not None:
+                unit = _joined(unit, more)
+        if size is not None and len(unit) > size:  # auto size, or an out-of-memory cap
+            first, rest = _cut(unit, size)
             self.pending.appendleft(self.number(rest))
             unit = self.number(first)
         return unit
+
+    def _fresh_pending(self) -> Workunit | None:
+        """A workunit waiting in ``pending`` that never failed and is nobody's (the rest of a
+        cut), or None."""
+        for unit in self.pending:
+            if _fresh(unit):
+                self.pending.remove(unit)
+                return unit
+        return None
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -266,11 +331,15 @@ class Scheduler:
             if slot.state is State.LOADING:
                 if slot.restarts:
                     self.recovery.restart_seconds.append(time.monotonic() - slot.since)
-                slot.state, slot.ready = State.READY, message
+                slot.state, slot.ready, slot.optional = State.READY, message, False
             return [], []
         if isinstance(message, Result):
             unit = _take(slot, message.workunit)
             slot.failures_in_a_row = 0
+            if unit is not None and self.sizing is not None:
+                self.sizing.observe(index, len(message.ids) + len(message.rejected),
+                                    message.compute_seconds)
+            self._retire_if_drained(slot)
             return ([message] if unit is not None else []), []
         if isinstance(message, Failed):
             return [], self._on_failed(slot, message)
@@ -284,7 +353,8 @@ class Scheduler:
         for slot in self.slots.values():
             if slot.killed is not None:
                 continue
-            if slot.state is State.READY and slot.in_flight and limit is not None \
+            if slot.state in (State.READY, State.DRAINING) and slot.in_flight \
+                    and limit is not None \
                     and now - slot.head_since > limit:
                 unit = slot.in_flight[0]
                 slot.kill_unit = unit.index
@@ -328,6 +398,11 @@ class Scheduler:
     def _on_died(self, slot: Slot, message: Died) -> list[tuple]:
         if slot.state is State.RETIRED:
             return []
+        if slot.optional and slot.state is State.LOADING:
+            log.warning("%s died (%s) while loading its model; the pool goes on without it",
+                        slot.info, message.how())
+            slot.state = State.RETIRED
+            return []
         why, culprit = slot.killed, slot.kill_unit
         error = (why.value, slot.kill_message) if why is not None else \
             ("WorkerDied", f"{slot.info} died ({message.how()})")
@@ -353,6 +428,9 @@ class Scheduler:
         return given_up
 
     def _replace(self, slot: Slot, how: str) -> None:
+        if slot.state is State.DRAINING:  # it was being retired anyway
+            slot.state = State.RETIRED
+            return
         if slot.restarts >= self.settings.max_restarts:
             slot.state = State.RETIRED
             log.error("%s: no restart left (max_restarts=%d); the slot is retired",
@@ -368,11 +446,13 @@ class Scheduler:
         self.spawn(slot.info)
 
     def _load_failed(self, slot: Slot, message: Failed) -> None:
-        if not slot.restarts:
+        if not slot.restarts and not slot.optional:
             raise remote_error(message)
         slot.state = State.RETIRED  # it loaded once: what changed is the device (memory), not us
-        log.error("%s: replacement failed to load (%s: %s); the slot is retired", slot.info,
-                  message.error_type, message.message)
+        log.log(logging.WARNING if slot.optional else logging.ERROR,
+                "%s: %s failed to load (%s: %s); the slot is retired", slot.info,
+                "an added worker" if slot.optional else "replacement", message.error_type,
+                message.message)
         self.backend.kill(slot.info.index)
         if not self.live:
             raise remote_error(message)
@@ -418,6 +498,16 @@ def _take(slot: Slot, index: int) -> Workunit | None:
             slot.head_since = time.monotonic()
             return unit
     return None
+
+
+def _fresh(unit: Workunit) -> bool:
+    return unit.attempts == 0 and unit.pinned is None
+
+
+def _joined(unit: Workunit, more: Workunit) -> Workunit:
+    """One workunit holding ``unit``'s records, then ``more``'s."""
+    return replace(unit, ids=np.concatenate([unit.ids, more.ids]),
+                   records=unit.records + more.records)
 
 
 def _cut(unit: Workunit, size: int) -> tuple[Workunit, Workunit]:

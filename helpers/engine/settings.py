@@ -5,6 +5,10 @@
 - ``JobSettings``: what may change from one job to the next on the same pool (workunit size,
   limit, sort window, progress bar, durable writes, resume).
 
+Two settings may be ``"auto"``: ``workers_per_device`` (start one worker per device and add more
+while the device's measured rate rises: helpers.engine.growth) and ``workunit_size`` (each worker's
+workunits sized from its measured rate to take about ``workunit_seconds``: helpers.engine.sizing).
+
 ``split_options`` sorts a flat ``**options`` (the way ``run_pipeline`` and ``WorkerPool`` take them)
 into the two. A bad value raises ValueError naming the setting and what it expected.
 """
@@ -21,6 +25,11 @@ from helpers.engine.messages import WorkerInfo
 BACKENDS = ("process", "thread")  # helpers.engine.backends implements each of these
 QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
 SORT_WORKUNITS = 8  # default sort window, in workunits: most of a global sort's gain, bounded memory
+AUTO = "auto"
+WORKUNIT_SECONDS = 1.0  # workunit_size="auto": a workunit takes about this long on its device;
+# long enough that a workunit's fixed costs (messages, a kernel launch) are ~1 % of it, short
+# enough that the end of a job (cut finer still) and a retried workunit cost little
+AUTO_SORT_WINDOW = 8192  # workunit_size="auto": records ordered by cost at a time
 
 
 @dataclass(frozen=True)
@@ -29,10 +38,11 @@ class PoolSettings:
 
     devices: tuple[str, ...] = ("cpu",)  # one entry per worker, e.g. ("cuda:0", "cuda:0", "cpu")
     backend: str = "process"  # one of BACKENDS
+    workers_per_device: int | str = 1  # workers on each entry of devices; "auto": grow while it helps
     threads_per_worker: int | None = None  # CPU threads per cpu worker; None = an even share
     queue_depth: int | None = None  # workunits on the work queue; None = 2 per worker
     adaptive: bool = False  # add workers per device one at a time while memory allows
-    max_workers_per_device: int = 8  # adaptive: the most workers tried on one device
+    max_workers_per_device: int = 8  # adaptive, "auto": the most workers tried on one device
     retries: int = 1  # times a failed workunit is retried whole before it is split
     max_restarts: int = 10  # replacements per worker slot after deaths and timeouts
     workunit_timeout: float | None = None  # seconds a workunit may run before its worker is killed
@@ -42,6 +52,10 @@ class PoolSettings:
         object.__setattr__(self, "devices", parse_devices(self.devices))
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {BACKENDS}, got {self.backend!r}")
+        if self.workers_per_device != AUTO:
+            positive_int("workers_per_device", self.workers_per_device, also=AUTO)
+        if self.growing and self.adaptive:
+            raise ValueError("adaptive: choose it or workers_per_device='auto', not both")
         for name in ("threads_per_worker", "queue_depth"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name))
@@ -53,23 +67,39 @@ class PoolSettings:
         seconds("load_timeout", self.load_timeout)
 
     @property
+    def growing(self) -> bool:
+        """True when workers are added while they raise a device's rate (workers_per_device="auto")."""
+        return self.workers_per_device == AUTO
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """One entry per worker the pool starts with: each entry of ``devices`` workers_per_device
+        times; one per distinct device when growing."""
+        if self.growing:
+            return tuple(dict.fromkeys(self.devices))
+        return tuple(d for d in self.devices for _ in range(self.workers_per_device))
+
+    @property
     def depth(self) -> int:
         """Workunits the reader may queue ahead of the scheduler."""
-        return self.queue_depth or QUEUE_DEPTH_PER_WORKER * len(self.devices)
+        return self.queue_depth or QUEUE_DEPTH_PER_WORKER * len(self.worker_devices)
 
     def workers(self) -> list[WorkerInfo]:
-        """One WorkerInfo per entry of ``devices``; ``copy`` counts the earlier ones on its device."""
-        cpu_threads = self.threads_per_worker or cpu_threads_per_worker(self.devices)
+        """One WorkerInfo per worker to start; ``copy`` counts the earlier ones on its device."""
+        devices = self.worker_devices
+        cpu_threads = self.threads_per_worker or \
+            (1 if self.growing else cpu_threads_per_worker(devices))
         return [WorkerInfo(i, device, cpu_threads if device == "cpu" else 1,
-                           self.devices[:i].count(device))
-                for i, device in enumerate(self.devices)]
+                           devices[:i].count(device))
+                for i, device in enumerate(devices)]
 
 
 @dataclass(frozen=True)
 class JobSettings:
     """May change from one job to the next on the same pool."""
 
-    workunit_size: int = 100  # records per workunit
+    workunit_size: int | str = 100  # records per workunit; "auto": sized per worker from its rate
+    workunit_seconds: float = WORKUNIT_SECONDS  # workunit_size="auto": seconds a workunit should take
     limit: int | None = None  # stop after this many records
     sort_window: int | None = None  # records ordered by cost before cutting; None = 8 workunits, 0 = off
     progress: bool = True  # a progress bar on stderr
@@ -77,7 +107,9 @@ class JobSettings:
     resume: bool = False  # skip the ids the output already holds (or gave up on); needs durable
 
     def __post_init__(self) -> None:
-        positive_int("workunit_size", self.workunit_size)
+        if self.workunit_size != AUTO:
+            positive_int("workunit_size", self.workunit_size, also=AUTO)
+        seconds("workunit_seconds", self.workunit_seconds)
         for name in ("limit", "sort_window"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), allow_zero=True)
@@ -85,9 +117,15 @@ class JobSettings:
             raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
 
     @property
+    def auto_size(self) -> bool:
+        return self.workunit_size == AUTO
+
+    @property
     def window(self) -> int:
         """Records the reader orders by cost at a time (0: none)."""
-        return SORT_WORKUNITS * self.workunit_size if self.sort_window is None else self.sort_window
+        if self.sort_window is not None:
+            return self.sort_window
+        return AUTO_SORT_WINDOW if self.auto_size else SORT_WORKUNITS * self.workunit_size
 
 
 POOL_SETTINGS = tuple(f.name for f in fields(PoolSettings))
@@ -106,11 +144,14 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
             {k: v for k, v in options.items() if k in JOB_SETTINGS})
 
 
-def positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
-    """Raise ValueError naming ``name`` unless ``value`` is an integer >= 1 (>= 0 if allowed)."""
+def positive_int(name: str, value: Any, allow_zero: bool = False, also: str = "") -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is an integer >= 1 (>= 0 if allowed);
+    ``also`` names a word the setting takes too, for the message."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
             or value < (0 if allow_zero else 1):
-        raise ValueError(f"{name}: expected an integer >= {0 if allow_zero else 1}, got {value!r}")
+        alternative = f" or {also!r}" if also else ""
+        raise ValueError(f"{name}: expected an integer >= {0 if allow_zero else 1}{alternative}, "
+                         f"got {value!r}")
 
 
 def seconds(name: str, value: Any) -> None:

@@ -123,7 +123,7 @@ class PipelineStats:
     workers: tuple[WorkerStats, ...]
     stages: dict[str, float]  # seconds: read, reader_blocked, wait, compute, write, write_blocked
     devices: tuple[str, ...]
-    workunit_size: int
+    workunit_size: int | str  # "auto": sized per worker (the timeline has each workunit's size)
     backend: str
     output: str
     config: dict[str, Any] = field(default_factory=dict)
@@ -136,6 +136,8 @@ class PipelineStats:
     longest_dispatch_gap_seconds: float = 0.0  # the worst stall: no workunit sent for this long
     bytes_written: int = 0  # every byte the writer wrote: parts, merges, indexes, the final file
     output_bytes: int = 0  # the finished output's size (its parts too, if it is an index)
+    decisions: tuple[dict[str, Any], ...] = ()  # workers_per_device="auto": growth's decisions
+    telemetry: tuple = ()  # helpers.engine.telemetry.Sample: each device's use, twice a second
 
     @property
     def write_amplification(self) -> float:
@@ -159,9 +161,9 @@ class PipelineStats:
         return self.failed_records > 0
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything but the timeline (one entry per workunit: too long for a summary line)."""
+        """Everything but the timeline and the telemetry (too long for a summary line)."""
         data = asdict(self)
-        del data["timeline"]
+        del data["timeline"], data["telemetry"]
         data["records_per_second"] = self.records_per_second
         data["partial"] = self.partial
         data["write_amplification"] = self.write_amplification

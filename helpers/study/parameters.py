@@ -35,7 +35,20 @@ def load_parameters(name_or_path: str | Path, notebook: str) -> dict[str, Any]:
         raise ValueError(f"params: no parameter set {str(name_or_path)!r}; "
                          f"expected one of {parameter_sets()} or a .yaml file")
     sets = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return {**(sets.get("common") or {}), **(sets.get(notebook) or {})}
+    return resolve_devices({**(sets.get("common") or {}), **(sets.get(notebook) or {})})
+
+
+def resolve_devices(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` with ``"auto"`` and ``"cuda:0*2"`` entries of ``devices`` spelled out (one
+    per worker) and ``device: auto`` the first visible device, so that a set runs on 1 to N GPUs
+    and a notebook sees the devices it runs on."""
+    resolved = dict(parameters)
+    for name in ("devices", "synthetic_devices"):
+        if isinstance(resolved.get(name), (str, list)) and resolved[name]:
+            resolved[name] = list(parse_devices(resolved[name]))
+    if resolved.get("device") == "auto":
+        resolved["device"] = parse_devices("auto")[0]
+    return resolved
 
 
 def _ints(name: str, value: Any) -> None:

@@ -10,13 +10,27 @@ but no CPU, like a GPU kernel; ``mode="busy"`` spins a core, like CPU inference.
 no per-record work, so a benchmark measures the pipeline's machinery alone (helpers.bench.scale).
 The default, ``values="record"``, derives each row from its record (``record_vector``), so that a
 test can check every row landed under its own id.
+
+What tuning needs, modelled deterministically so that CPU tests reproduce a GPU's behaviour:
+
+- ``seconds_per_workunit``: a fixed cost per workunit (a kernel launch, a transfer, a sync), so
+  that small workunits waste time and the workunit size matters;
+- ``parallelism``: a device runs at most that many workunits at once (one per lock file, worker
+  copy ``c`` taking lock ``c % parallelism``), so that k workers on it reach
+  ``min(k, parallelism) × speed`` and no more: the point where a real card saturates;
+- ``device_memory_mb`` and ``model_mb``: a copy that does not fit fails to load, and each Ready
+  reports the memory left, so that growth stops where a real card would run out.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+import weakref
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,10 +64,14 @@ class SyntheticWorkload:
     later workunit of that worker fails too (a CUDA device-side assert does that). With ``transient`` (a folder) each record's fault fires only the
     first time, like a fault that goes away on retry. ``device_memory_mb`` simulates devices of
     that many MiB, each model copy taking ``model_mb``: a copy that does not fit fails to load.
+    ``seconds_per_workunit`` and ``parallelism`` (an int for every device, or per device): see the
+    module docstring.
     """
 
     seconds_per_record: float = 0.001
     speed: Mapping[str, float] = field(default_factory=dict)
+    seconds_per_workunit: float = 0.0
+    parallelism: int | Mapping[str, int] | None = None
     mode: str = "sleep"
     dim: int = 8
     values: str = "record"
@@ -68,10 +86,12 @@ class SyntheticWorkload:
     model_mb: float = 100.0
     name: str = "synthetic"
     requires_hardware: bool = False
+    locks: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.seconds_per_record >= 0:
-            raise ValueError(f"seconds_per_record: expected >= 0, got {self.seconds_per_record!r}")
+        for name in ("seconds_per_record", "seconds_per_workunit"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
         if self.values not in VALUES:
@@ -85,6 +105,27 @@ class SyntheticWorkload:
         object.__setattr__(self, "device_memory_mb", dict(self.device_memory_mb))
         if self.transient is not None:
             object.__setattr__(self, "transient", str(self.transient))
+        if self.parallelism is not None:
+            self._check_parallelism()
+            locks = tempfile.mkdtemp(prefix="gpufeed-devices-")  # shared by every worker copy
+            object.__setattr__(self, "locks", locks)
+            weakref.finalize(self, shutil.rmtree, locks, True)
+
+    def _check_parallelism(self) -> None:
+        each = self.parallelism if isinstance(self.parallelism, Mapping) else {"*": self.parallelism}
+        bad = {d: p for d, p in each.items() if isinstance(p, bool) or not isinstance(p, int)
+               or p < 1}
+        if bad:
+            raise ValueError(f"parallelism: expected an integer >= 1 (or one per device), got "
+                             f"{self.parallelism!r}")
+        if isinstance(self.parallelism, Mapping):
+            object.__setattr__(self, "parallelism", dict(self.parallelism))
+
+    def device_parallelism(self, device: str) -> int | None:
+        """Workunits ``device`` runs at once (None: no limit)."""
+        if isinstance(self.parallelism, Mapping):
+            return self.parallelism.get(device)
+        return self.parallelism
 
     def load(self, device: str, threads: int) -> dict[str, Any]:
         copy = int(os.environ.get(MODEL_COPY_ENV, "0"))
@@ -95,7 +136,7 @@ class SyntheticWorkload:
             raise MemoryError(f"simulated: copy {copy + 1} of {self.model_mb:g} MiB does not fit "
                               f"in {device}'s {capacity:g} MiB")
         return {"device": device, "cost": self.seconds_per_record / self.speed.get(device, 1.0),
-                "copy": copy}
+                "fixed": self.seconds_per_workunit / self.speed.get(device, 1.0), "copy": copy}
 
     def device_memory(self, model: dict[str, Any], device: str) -> tuple[float | None, float | None]:
         """Simulated (free MiB, MiB per copy) when ``device_memory_mb`` names the device."""
@@ -118,11 +159,30 @@ class SyntheticWorkload:
         if self.oom_above is not None and len(records) > self.oom_above:
             raise MemoryError(f"simulated: {len(records)} records do not fit "
                               f"(oom_above={self.oom_above})")
-        if model["cost"]:
-            _spend(model["cost"] * len(records), self.mode)
+        seconds = model["cost"] * len(records) + model.get("fixed", 0.0)
+        if seconds:
+            with self._device_share(model):
+                _spend(seconds, self.mode)
         if self.values == "zeros" or not records:
             return {"values": np.zeros((len(records), self.dim), np.float32)}
         return {"values": np.stack([record_vector(r, self.dim) for r in records])}
+
+    @contextmanager
+    def _device_share(self, model: dict[str, Any]) -> Iterator[None]:
+        """Hold one of the device's ``parallelism`` locks while the work runs (none: no limit)."""
+        parallelism = self.device_parallelism(model["device"])
+        if parallelism is None or self.locks is None:
+            yield
+            return
+        import fcntl  # POSIX; imported here so that a model without limits runs anywhere
+
+        name = f"{model['device'].replace(':', '-')}-{model['copy'] % parallelism}"
+        with open(os.path.join(self.locks, name), "a") as lock:  # a new open file: threads too
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _inject_faults(self, model: dict[str, Any], records: list[Any]) -> None:
         hashable = [r for r in records if _hashable(r)]
@@ -140,7 +200,9 @@ class SyntheticWorkload:
 
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "seconds_per_record": self.seconds_per_record,
-                "speed": repr(self.speed), "mode": self.mode, "values": self.values}
+                "seconds_per_workunit": self.seconds_per_workunit,
+                "parallelism": repr(self.parallelism), "speed": repr(self.speed),
+                "mode": self.mode, "values": self.values}
 
     def _fires(self, faults: frozenset, records: list[Any]) -> list[Any]:
         """The records of ``faults`` present; with ``transient``, only those not yet fired."""

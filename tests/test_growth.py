@@ -1,0 +1,78 @@
+"""A self-tuning worker count (workers_per_device="auto") on the synthetic device model: growth
+stops where the device saturates (the worker that did not help is retired), where its memory
+runs out, and where a copy fails to load; each decision is in the stats and the log, and every
+record is written once."""
+import logging
+
+import pytest
+
+from helpers import SyntheticWorkload, WorkerPool, read_output
+from helpers.engine.growth import GROWTH_MARGIN
+
+pytestmark = pytest.mark.timeout(180)  # reached only on deadlock
+
+
+def records(n):
+    return [(i, f"r{i}") for i in range(n)]
+
+
+def run(workload, devices, n, path, **options):
+    with WorkerPool(workload, devices, workers_per_device="auto", progress=False,
+                    **options) as pool:
+        stats = pool.run(records(n), path, workunit_size="auto", workunit_seconds=0.25)
+        assert read_output(path)["ids"].tolist() == list(range(n))
+        return pool, stats
+
+
+def test_growth_stops_where_the_device_saturates(tmp_path, caplog):
+    # two workunits at a time on cuda:0: a second worker doubles its rate, a third adds nothing
+    workload = SyntheticWorkload(0.0005, seconds_per_workunit=0.005, parallelism=2, values="zeros")
+    with caplog.at_level(logging.INFO, logger="gpufeed"):
+        pool, stats = run(workload, ["cuda:0"], 30000, tmp_path / "out.h5")
+    actions = [(d["action"], d["workers"]) for d in stats.decisions]
+    assert actions == [("add", 2), ("add", 3), ("retire", 2)]
+    assert pool.stable_workers == {"cuda:0": 2}
+    retire = stats.decisions[-1]
+    assert retire["rate_after"] < (1 + GROWTH_MARGIN) * retire["rate_before"]
+    assert stats.decisions[1]["rate_after"] > 1.6 * stats.decisions[1]["rate_before"]
+    assert "growth: cuda:0 retire -> 2 workers" in caplog.text
+    assert {w.worker for w in stats.workers} == {0, 1, 2} and stats.devices == ("cuda:0",) * 3
+
+
+def test_growth_stops_where_the_memory_runs_out(tmp_path):
+    # 250 MiB, 100 MiB copies: with two loaded, 50 MiB are left, less than another copy needs
+    workload = SyntheticWorkload(0.0005, seconds_per_workunit=0.005, parallelism=8,
+                                 device_memory_mb={"cuda:0": 250}, model_mb=100, values="zeros")
+    pool, stats = run(workload, ["cuda:0"], 12000, tmp_path / "out.h5")
+    assert [(d["action"], d["workers"]) for d in stats.decisions] == [("add", 2), ("stop", 2)]
+    assert "50 MiB free" in stats.decisions[-1]["reason"]
+    assert pool.stable_workers == {"cuda:0": 2}
+
+
+def test_a_copy_that_fails_to_load_ends_growth_and_the_run_goes_on(tmp_path, monkeypatch):
+    import helpers.engine.growth
+
+    monkeypatch.setattr(helpers.engine.growth, "MEMORY_HEADROOM", 0.0)  # try until one fails
+    workload = SyntheticWorkload(0.0005, seconds_per_workunit=0.005, parallelism=8,
+                                 device_memory_mb={"cuda:0": 250}, model_mb=100, values="zeros")
+    pool, stats = run(workload, ["cuda:0"], 16000, tmp_path / "out.h5")
+    assert [(d["action"], d["workers"]) for d in stats.decisions] == \
+        [("add", 2), ("add", 3), ("stop", 2)]
+    assert stats.decisions[-1]["reason"] == "worker 3 failed to load"
+    assert pool.stable_workers == {"cuda:0": 2} and stats.recovery["deaths"] == 0
+
+
+def test_devices_grow_independently_and_the_next_job_keeps_the_count(tmp_path):
+    workload = SyntheticWorkload(0.0005, speed={"cuda:1": 0.5}, seconds_per_workunit=0.005,
+                                 parallelism={"cuda:0": 2, "cuda:1": 1}, values="zeros")
+    with WorkerPool(workload, ["cuda:0", "cuda:1"], workers_per_device="auto",
+                    progress=False) as pool:
+        first = pool.run(records(30000), tmp_path / "a.h5", workunit_size="auto",
+                         workunit_seconds=0.25)
+        second = pool.run(records(2000), tmp_path / "b.h5", workunit_size="auto",
+                          workunit_seconds=0.25)
+    final = {d["device"]: d["workers"] for d in first.decisions if d["action"] != "add"}
+    assert final == {"cuda:0": 2, "cuda:1": 1}
+    assert second.decisions == () and sorted(w.device for w in second.workers) == \
+        ["cuda:0", "cuda:0", "cuda:1"]
+    assert read_output(tmp_path / "b.h5")["ids"].tolist() == list(range(2000))

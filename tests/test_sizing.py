@@ -1,0 +1,77 @@
+"""Per-worker workunit sizes (workunit_size="auto"): from measured rates, converging where a fixed
+cost per workunit makes the rate depend on the size, cut finer at the end of a job; and in a run,
+larger for faster devices, with every record written once."""
+import math
+
+import pytest
+
+from helpers import SyntheticWorkload, read_output, run_pipeline
+from helpers.engine.sizing import FIRST_SIZE, GROWTH, MIN_SECONDS, TAIL_SHARE, Sizing
+
+pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
+
+
+def test_a_worker_starts_at_the_first_size_and_grows_at_most_by_the_growth_factor():
+    sizing = Sizing(seconds=1.0)
+    assert sizing.size(0) == FIRST_SIZE
+    sizing.observe(0, FIRST_SIZE, 0.001)  # a very fast first measurement
+    assert sizing.size(0) == GROWTH * FIRST_SIZE
+
+
+def test_sizes_follow_each_workers_rate():
+    sizing = Sizing(seconds=0.5)
+    for _ in range(20):
+        sizing.observe(0, sizing.size(0), sizing.size(0) / 1000)  # 1000 records/s
+        sizing.observe(1, sizing.size(1), sizing.size(1) / 350)  # 350 records/s
+    assert sizing.size(0) == pytest.approx(500, rel=0.01)
+    assert sizing.size(1) == pytest.approx(175, rel=0.01)
+    assert sizing.largest() == sizing.size(0)
+
+
+def test_with_a_fixed_cost_per_workunit_the_size_converges_to_the_set_seconds():
+    fixed, per_record, seconds = 0.05, 0.001, 1.0
+    sizing = Sizing(seconds)
+    for _ in range(30):
+        n = sizing.size(0)
+        sizing.observe(0, n, fixed + n * per_record)
+    assert fixed + sizing.size(0) * per_record == pytest.approx(seconds, rel=0.02)
+
+
+def test_the_tail_is_cut_by_speed_and_never_below_the_minimum():
+    sizing = Sizing(seconds=1.0)
+    for _ in range(10):
+        sizing.observe(0, sizing.size(0), sizing.size(0) / 1000)
+        sizing.observe(1, sizing.size(1), sizing.size(1) / 250)
+    assert sizing.size(0, None, [0, 1]) == sizing.size(0)  # the end is not known yet: full size
+    remaining = 1000  # fair parts: 800 and 200 records
+    assert sizing.size(0, remaining, [0, 1]) == math.ceil(TAIL_SHARE * 800)
+    assert sizing.size(1, remaining, [0, 1]) == math.ceil(TAIL_SHARE * 200)
+    assert sizing.size(1, 3, [0, 1]) == math.ceil(250 * MIN_SECONDS)
+    sizing.forget(1)  # retired: the tail is no longer shared with it
+    assert sizing.size(0, remaining, [0]) == math.ceil(TAIL_SHARE * 1000)
+
+
+def test_in_a_run_faster_devices_get_larger_workunits_and_every_record_lands_once(tmp_path):
+    workload = SyntheticWorkload(0.0005, speed={"cuda:1": 0.25}, seconds_per_workunit=0.002)
+    n = 6000
+    stats = run_pipeline([(i, f"r{i}") for i in range(n)], workload, ["cuda:0", "cuda:1"],
+                         workunit_size="auto", output=tmp_path / "out.h5", progress=False,
+                         workunit_seconds=0.2)
+    assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(n))
+    assert stats.workunit_size == "auto"
+    sizes = {d: sorted(s.records for s in stats.timeline if s.device == d)
+             for d in ("cuda:0", "cuda:1")}
+    fast, slow = (sizes[d][len(sizes[d]) // 2:] for d in ("cuda:0", "cuda:1"))  # upper halves
+    assert min(fast) > FIRST_SIZE and max(fast) > 2.5 * max(slow)
+    assert max(fast) <= 0.2 / 0.0005 * 1.1  # about workunit_seconds of work, no more
+
+
+def test_auto_sizes_keep_the_out_of_memory_cap(tmp_path):
+    workload = SyntheticWorkload(0.0001, oom_above=40)
+    stats = run_pipeline([(i, f"r{i}") for i in range(3000)], workload, ["cpu"],
+                         workunit_size="auto", output=tmp_path / "out.h5", progress=False,
+                         workunit_seconds=0.1)
+    assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(3000))
+    assert stats.recovery["oom_backoffs"] >= 1
+    later = [s.records for s in stats.timeline][-10:]
+    assert max(later) <= 40

@@ -1,0 +1,32 @@
+"""Telemetry: samples for every device of a run (psutil where NVML has no such card), bounded
+in number, and a sampler that stops with its job."""
+import os
+import threading
+
+import pytest
+
+from helpers import SyntheticWorkload, run_pipeline
+from helpers.engine.telemetry import Sample, Telemetry
+
+pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
+
+
+def test_every_device_of_a_run_has_samples(tmp_path):
+    workload = SyntheticWorkload(0.002, speed={"cuda:1": 0.5}, mode="busy")
+    stats = run_pipeline([(i, f"r{i}") for i in range(1200)], workload, ["cuda:0", "cuda:1"],
+                         workunit_size=20, output=tmp_path / "out.h5", progress=False)
+    assert {s.device for s in stats.telemetry} == {"cuda:0", "cuda:1"}
+    assert all(isinstance(s, Sample) and 0 <= s.seconds <= stats.wall_seconds + 0.5
+               for s in stats.telemetry)
+    busy = [s for s in stats.telemetry if s.source == "psutil"]  # no such cards here: processes
+    assert {s.worker for s in busy} == {0, 1} and max(s.utilization for s in busy) > 50
+    assert all(s.memory_mb > 0 for s in busy)
+    assert not [t for t in threading.enumerate() if t.name == "gpufeed-telemetry"]
+
+
+def test_samples_stay_bounded_and_the_period_grows():
+    telemetry = Telemetry(lambda: {0: ("cpu", os.getpid())}, 0.0, interval=0.01, limit=8)
+    for _ in range(40):
+        telemetry.sample()
+    assert len(telemetry.samples) < 8 and telemetry.interval > 0.01
+    assert [s.worker for s in telemetry.samples] == [None] * len(telemetry.samples)  # the parent
