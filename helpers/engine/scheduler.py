@@ -22,9 +22,10 @@ Recovery, per failure::
 Names, each for one thing: a *slot* is a worker's place in the pool (a replacement takes the same
 slot) and is LOADING, READY, DRAINING (retired once it has finished what it holds) or RETIRED;
 the scheduler *kills* a worker for a reason (a workunit TIMEOUT, a LOAD_TIMEOUT, or to RECYCLE
-it), and *retires* one the pool no longer wants (helpers.engine.growth); *recovery* is the tally of what it recovered from
-(deaths, timeouts, restarts, retries, splits, ...), reported per job as ``PipelineStats.recovery``;
-the words for what goes wrong (*rejected*, *Failed*, *given up*, *died*) are helpers.engine.messages'.
+it), and *retires* one the pool no longer wants (helpers.engine.growth); *recovery* is the tally
+of what it recovered from (deaths, timeouts, restarts, retries, splits, ...), reported per job as
+``PipelineStats.recovery``; the words for what goes wrong (*rejected*, *Failed*, *given up*,
+*died*) are helpers.engine.messages'.
 """
 from __future__ import annotations
 
