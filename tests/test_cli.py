@@ -55,6 +55,21 @@ def test_bad_arguments_exit_2_naming_the_argument(tmp_path, args, message):
     assert "Traceback" not in done.stderr
 
 
+def test_a_self_tuning_run_from_the_command_line(tmp_path):
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(3000)))
+    done = cli("--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.h5"),
+               "--workload", "synthetic", "--devices", "auto", "--workers-per-device", "auto",
+               "--workunit-size", "auto", "--workunit-seconds", "0.1", "--parallelism", "1",
+               "--seconds-per-record", "0.0005", "--seconds-per-workunit", "0.005",
+               "--no-progress")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stats["workunit_size"] == "auto" and stats["devices"][0] == "cpu"  # no GPU here
+    assert [d["action"] for d in stats["decisions"]][:1] == ["add"]
+    assert "growth: cpu add -> 2 workers" in done.stderr and ": add -> 2 workers" in done.stderr
+    assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(3000))
+
+
 def test_missing_input_exits_1(tmp_path):
     done = cli("--input", str(tmp_path / "nope.h5"), "--output", str(tmp_path / "o.h5"))
     assert done.returncode == 1 and "no such file" in done.stderr

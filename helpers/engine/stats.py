@@ -183,6 +183,9 @@ class PipelineStats:
                          f"{w.workunits:>5} units  busy {w.busy_seconds:7.2f} s  "
                          f"waiting {w.wait_seconds:6.2f} s  load {w.load_seconds:5.2f} s")
         lines.append("  stages: " + "  ".join(f"{k} {v:.2f} s" for k, v in self.stages.items()))
+        for d in self.decisions:
+            lines.append(f"  at {d['seconds']:6.1f} s {d['device']}: {d['action']} -> "
+                         f"{d['workers']} workers ({d['reason']})")
         incidents = {k: v for k, v in self.recovery.items() if v and k != "restart_seconds"}
         if incidents:
             lines.append("  recovered from: " + "  ".join(f"{k} {v}" for k, v in incidents.items()))
