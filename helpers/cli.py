@@ -1,5 +1,7 @@
 """``python -m helpers run ...``: the pipeline from the shell; the stats are the last line, as JSON.
 ``python -m helpers run --workload binning --input images/ --output out.h5``: also writes out.csv.
+``python -m helpers tune --input big.jsonl --output tuned.yaml``: the fastest configuration on a
+sample (helpers.tuner); ``python -m helpers run --config tuned.yaml ...`` runs it.
 ``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.study.notebooks).
 ``python -m helpers compact out.h5``: a big run's output (an index over its parts) as one file.
 
@@ -22,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from helpers import tuner
 from helpers.engine.hdf5_sink import read_output
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
 from helpers.engine.settings import AUTO, BACKENDS, JobSettings, PoolSettings
@@ -43,6 +46,14 @@ def _speeds(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(f"expected DEVICE=FACTOR[,DEVICE=FACTOR...], got {text!r}")
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    """An argparse type: whole numbers separated by commas."""
+    try:
+        return tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 16,32,64, got {text!r}")
+
+
 def _count_or_auto(text: str) -> int | str:
     """An argparse type: a whole number, or the word 'auto'."""
     if text.strip().lower() == AUTO:
@@ -53,17 +64,57 @@ def _count_or_auto(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _workload_arguments(devices: str) -> argparse.ArgumentParser:
+    """What run and tune share: the input, the workload and its knobs, the devices (default
+    ``devices``), the backend. Each command gets its own copy: a default set on one must not
+    change the other's."""
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--input", required=True,
+                        help=".h5 (batches/0, 1, ...) or .jsonl file; a folder of images for "
+                             "binning")
+    shared.add_argument("--workload", choices=WORKLOADS, default="embedding")
+    shared.add_argument("--devices", default=devices,
+                        help="one entry per worker, e.g. cuda:0,cuda:0,cpu or cuda:0*2,cpu; "
+                             "'auto': every GPU here (else mps, else cpu), 'auto*2': two on each")
+    shared.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend)
+    shared.add_argument("--text-field", default="text", help="JSONL field holding the text")
+    emb = shared.add_argument_group("embedding workload")
+    emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
+                                     "all-MiniLM-L6-v2, offline); binning: its similarity model")
+    emb.add_argument("--batch-size", type=int, default=EmbeddingWorkload.batch_size)
+    emb.add_argument("--normalize", action="store_true", help="unit-length embeddings")
+    syn = shared.add_argument_group("synthetic workload")
+    syn.add_argument("--seconds-per-record", type=float,
+                     default=SyntheticWorkload.seconds_per_record)
+    syn.add_argument("--speed", type=_speeds, default={}, help="e.g. cuda:0=1,cuda:1=0.35")
+    syn.add_argument("--mode", choices=MODES, default=SyntheticWorkload.mode)
+    syn.add_argument("--seconds-per-workunit", type=float,
+                     default=SyntheticWorkload.seconds_per_workunit,
+                     help="a fixed cost per workunit (so that the size matters)")
+    syn.add_argument("--parallelism", type=int, default=SyntheticWorkload.parallelism,
+                     help="workunits a device runs at once (where k workers saturate it)")
+    img = shared.add_argument_group("binning workload (A: text-rich, B: object-rich scenes, C: rest)")
+    img.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
+                     help="similarity prompt (repeat for several; default: a page of text, a chart)")
+    for name, default in asdict(Thresholds()).items():
+        img.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    img.add_argument("--model-threads", type=int, default=BinningWorkload.threads,
+                     help="intra-op threads per model")
+    img.add_argument("--clip-model", help="transformers CLIP id: score the image, not the text")
+    img.add_argument("--caption-model", help="transformers image-to-text id instead of the template")
+    return shared
+
+
+def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The command line; ``run_defaults`` (a tuned.yaml's fields) replace run's defaults, so that
+    a flag given on the command line still wins."""
     parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run a workload over an input file")
-    run.add_argument("--input", required=True,
-                     help=".h5 (batches/0, 1, ...) or .jsonl file; a folder of images for binning")
+    run = commands.add_parser("run", parents=[_workload_arguments(",".join(PoolSettings.devices))],
+                              help="run a workload over an input file")
     run.add_argument("--output", required=True, help="HDF5 file to write (binning: a CSV beside it)")
-    run.add_argument("--workload", choices=WORKLOADS, default="embedding")
-    run.add_argument("--devices", default=",".join(PoolSettings.devices),
-                     help="one entry per worker, e.g. cuda:0,cuda:0,cpu or cuda:0*2,cpu; 'auto': "
-                          "every GPU here (else mps, else cpu), 'auto*2': two workers on each")
+    run.add_argument("--config", help="a tuned.yaml (python -m helpers tune): its fields are the "
+                                      "defaults; flags given here override them")
     run.add_argument("--workers-per-device", type=_count_or_auto,
                      default=PoolSettings.workers_per_device,
                      help="workers on each entry of --devices; 'auto': one, then more while "
@@ -74,11 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="records per workunit; 'auto': sized per worker from its measured rate")
     run.add_argument("--workunit-seconds", type=float, default=JobSettings.workunit_seconds,
                      help="--workunit-size auto: seconds a workunit should take on its worker")
-    run.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend)
     run.add_argument("--limit", type=int, help="stop after this many records")
     run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker)")
     run.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
-    run.add_argument("--text-field", default="text", help="JSONL field holding the text")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     safe = run.add_argument_group("failures and resuming")
     safe.add_argument("--resume", action="store_true",
@@ -96,30 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="grow workers per device one at a time while memory allows")
     safe.add_argument("--max-workers-per-device", type=int,
                       default=PoolSettings.max_workers_per_device)
-    emb = run.add_argument_group("embedding workload")
-    emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
-                                     "all-MiniLM-L6-v2, offline); binning: its similarity model")
-    emb.add_argument("--batch-size", type=int, default=EmbeddingWorkload.batch_size)
-    emb.add_argument("--normalize", action="store_true", help="unit-length embeddings")
-    syn = run.add_argument_group("synthetic workload")
-    syn.add_argument("--seconds-per-record", type=float,
-                     default=SyntheticWorkload.seconds_per_record)
-    syn.add_argument("--speed", type=_speeds, default={}, help="e.g. cuda:0=1,cuda:1=0.35")
-    syn.add_argument("--mode", choices=MODES, default=SyntheticWorkload.mode)
-    syn.add_argument("--seconds-per-workunit", type=float,
-                     default=SyntheticWorkload.seconds_per_workunit,
-                     help="a fixed cost per workunit (so that the size matters)")
-    syn.add_argument("--parallelism", type=int, default=SyntheticWorkload.parallelism,
-                     help="workunits a device runs at once (where k workers saturate it)")
-    img = run.add_argument_group("binning workload (A: text-rich, B: object-rich scenes, C: rest)")
-    img.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
-                     help="similarity prompt (repeat for several; default: a page of text, a chart)")
-    for name, default in asdict(Thresholds()).items():
-        img.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
-    img.add_argument("--model-threads", type=int, default=BinningWorkload.threads,
-                     help="intra-op threads per model")
-    img.add_argument("--clip-model", help="transformers CLIP id: score the image, not the text")
-    img.add_argument("--caption-model", help="transformers image-to-text id instead of the template")
+    run.set_defaults(**(run_defaults or {}))
+    tune = commands.add_parser("tune", parents=[_workload_arguments("auto")],
+                               help="find the fastest configuration on a sample; write tuned.yaml")
+    tune.add_argument("--output", default="tuned.yaml", help="the YAML file to write")
+    tune.add_argument("--budget-seconds", type=float, default=tuner.BUDGET_SECONDS,
+                      help="stop starting trials after this long")
+    tune.add_argument("--sample", type=int, default=tuner.SAMPLE, help="records per trial")
+    tune.add_argument("--batch-sizes", type=_counts, default=(),
+                      help="batch sizes to try, e.g. 16,32,64 (default: the workload's own)")
+    tune.add_argument("--results-dir", default="data/results/tune",
+                      help="where tune_trials.csv goes, with its provenance ('' for nowhere)")
     pack = commands.add_parser("compact", help="copy a run's index and its parts into one file")
     pack.add_argument("output", help="the output of a run: an index beside OUTPUT.parts/")
     books = commands.add_parser("notebooks", help="run the notebook suite with papermill")
@@ -147,14 +183,21 @@ def notebooks(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "notebooks":
         return notebooks(args)
     if args.command == "compact":
         return compact_output(args.output)
+    if args.command == "run" and args.config:
+        try:
+            args = build_parser(_config_defaults(args.config)).parse_args(argv)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("gpufeed").setLevel(logging.INFO)
+    if args.command == "tune":
+        return tune(args)
     # Ctrl-C and a scheduler's SIGTERM both stop the run cleanly; SIGINT explicitly too, since a
     # shell starts background jobs with it ignored
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -167,11 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "adaptive": args.adaptive, "max_workers_per_device": args.max_workers_per_device,
                    "workers_per_device": args.workers_per_device,
                    "workunit_seconds": args.workunit_seconds}
-        source = args.input
-        if args.workload == "binning":
-            source = ImageFolderSource(args.input)
-        elif args.text_field != "text":
-            source = JSONLSource(args.input, text_field=args.text_field)
+        source = _source(args)
         stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
                              args.backend, args.strategy, **options)
         if args.workload == "binning":
@@ -212,12 +251,74 @@ def compact_output(output: str) -> int:
     return 0
 
 
+def tune(args: argparse.Namespace) -> int:
+    """``python -m helpers tune``: the search, its trials table, tuned.yaml."""
+    try:
+        source = _source(args)
+        tuned = tuner.tune(lambda batch: _workload(args, batch), source, args.devices,
+                           args.backend, args.batch_sizes, args.budget_seconds, args.sample)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE if _is_usage(exc) else EXIT_FAILED
+    import pandas as pd
+
+    from helpers.study.results import save_table
+
+    trials = pd.DataFrame(tuned.trials)
+    print(trials.to_string(index=False, float_format=lambda v: f"{v:.2f}"), file=sys.stderr)
+    if args.results_dir:
+        table = save_table(trials, "tune_trials", args.results_dir, "python -m helpers tune",
+                           {k: v for k, v in vars(args).items() if k != "speed"})
+        print(f"trials: {table}", file=sys.stderr)
+    estimate = "" if tuned.estimated_seconds is None else \
+        f"; the whole input in about {tuned.estimated_seconds / 3600:.2f} h"
+    print(f"best: {','.join(tuned.devices)}, workunits {tuned.workunit_size}"
+          f"{'' if tuned.batch_size is None else f', batch size {tuned.batch_size}'}: "
+          f"{tuned.records_per_s:.1f} records/s{estimate}", file=sys.stderr)
+    path = tuner.write_config(tuned, args.output, workload=args.workload,
+                              **({"model": args.model} if args.model else {}),
+                              input=str(args.input))
+    print(f"wrote {path}: python -m helpers run --config {path} --input ... --output ...",
+          file=sys.stderr)
+    return 0
+
+
+def _config_defaults(path: str) -> dict[str, Any]:
+    """run's defaults from a tuned.yaml: the fields that are settings (the rest informs), each
+    read as its flag would be; ValueError naming the field and the file."""
+    values = tuner.read_config(path)
+    if isinstance(values.get("devices"), list):
+        values["devices"] = ",".join(map(str, values["devices"]))
+    read = {"workload": str, "model": str, "devices": str, "backend": str, "batch_size": int,
+            "workunit_size": _count_or_auto, "workunit_seconds": float}
+    defaults = {}
+    for field, value in values.items():
+        if field in read:
+            try:
+                if read[field] is str and not isinstance(value, str):
+                    raise TypeError(value)
+                defaults[field] = read[field](str(value))  # as if it were typed after the flag
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                raise ValueError(f"config {path}: {field}: expected "
+                                 f"{tuner.CONFIG_FIELDS[field]}, got {value!r}") from None
+    return defaults
+
+
+def _source(args: argparse.Namespace) -> Any:
+    if args.workload == "binning":
+        return ImageFolderSource(args.input)
+    if args.text_field != "text":
+        return JSONLSource(args.input, text_field=args.text_field)
+    return args.input
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _workload(args: argparse.Namespace) -> Any:
-    """The workload the arguments name, with the options of its own argument group."""
+def _workload(args: argparse.Namespace, batch_size: int | None = None) -> Any:
+    """The workload the arguments name, with the options of its own argument group (and
+    ``batch_size`` instead of ``--batch-size`` if given)."""
     options = {"embedding": {"normalize": args.normalize}, "synthetic": {"mode": args.mode, "seconds_per_workunit": args.seconds_per_workunit,
                                  "parallelism": args.parallelism},
                "binning": {"thresholds": Thresholds(**{k: getattr(args, k)
@@ -225,8 +326,8 @@ def _workload(args: argparse.Namespace) -> Any:
                            "prompts": tuple(args.prompts or DEFAULT_PROMPTS),
                            "threads": args.model_threads, "clip_model": args.clip_model,
                            "caption_model": args.caption_model}}[args.workload]
-    return make_workload(args.workload, args.model, args.batch_size, args.seconds_per_record,
-                         args.speed, **options)
+    return make_workload(args.workload, args.model, batch_size or args.batch_size,
+                         args.seconds_per_record, args.speed, **options)
 
 
 def _is_usage(exc: Exception) -> bool:

@@ -28,7 +28,8 @@ from helpers.engine.scheduler import Scheduler, State
 
 log = logging.getLogger("gpufeed")
 
-GROWTH_MARGIN = 0.10  # another worker stays only if it raised its device's rate by this much
+GROWTH_MARGIN = 0.15  # another worker stays only if it raised its device's rate by this much: less
+# is within what a loaded machine's noise (and a late dispatch that a spare worker hides) gives
 GROWTH_RESULTS = 4  # workunits per worker, after a change, before a device's rate is judged
 MEMORY_HEADROOM = 1.2  # another copy only if the device's free memory exceeds this × one copy
 EXPLORE_SECONDS = 0.25  # with workunit_size="auto": workunits take at most this long while a
@@ -94,6 +95,22 @@ class Growth:
     @property
     def settled(self) -> bool:
         return all(device.done for device in self.devices.values())
+
+    def hold(self, seconds: float) -> None:
+        """Stop growing: every device keeps the workers it has (``seconds``: since the job's
+        start, for the decisions)."""
+        for device in self.devices.values():
+            if not device.done:
+                self._decide(device, seconds, "stop", len(device.slots), None,
+                             device.rates.get(len(device.slots)), "held by the caller")
+                device.done = True
+
+    def new_job(self) -> None:
+        """A job starts: what was measured before (and the idle time between the jobs) is not
+        part of the next measurement."""
+        for device in self.devices.values():
+            if not device.done and device.loading is None:
+                device.since, device.units = None, {}
 
     def observe(self, slot: int, device: str, records: int, started: float,
                 ended: float) -> None:

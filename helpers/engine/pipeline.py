@@ -186,6 +186,22 @@ class WorkerPool:
         self.workers = workers
 
     @property
+    def settled(self) -> bool:
+        """True once growth has set every device's worker count (at once without
+        workers_per_device="auto")."""
+        return self._growth is None or self._growth.settled
+
+    def hold_workers(self) -> None:
+        """Stop growing (workers_per_device="auto"): the next jobs keep today's workers."""
+        if self._growth is not None:
+            self._growth.hold(0.0)
+
+    @property
+    def sizing(self) -> Sizing:
+        """The workers' measured rates and workunit sizes (workunit_size="auto")."""
+        return self._sizing
+
+    @property
     def pids(self) -> dict[int, int]:
         """The process id of each worker, by slot (the parent's for threads)."""
         return {i: s.ready.pid for i, s in self._scheduler.slots.items() if s.ready}
@@ -320,6 +336,8 @@ class _Job:
         self.scheduler, self.settings, self.sink, self.started = scheduler, settings, sink, started
         self.growth = growth
         self._decided = len(growth.decisions) if growth is not None else 0
+        if growth is not None:
+            growth.new_job()
         self.tallies = {index: Tally() for index in scheduler.slots
                         if scheduler.slots[index].state is not State.RETIRED}
         self.timeline = Timeline()

@@ -1,0 +1,163 @@
+"""``python -m helpers tune``: a bounded search for the fastest configuration, on a sample of the
+input, written to ``tuned.yaml`` for ``python -m helpers run --config tuned.yaml``.
+
+Phases, in the order our users tune by hand, each reusing what it can::
+
+    1. batch size    one worker per device; a pool per candidate (the workload holds its batch
+                     size), one job on the sample each; workunits sized automatically
+    2. workers       one pool with the best batch size and workers_per_device="auto": jobs on
+                     the sample until growth has settled on every device (helpers.engine.growth;
+                     each job twice as long as the last, as growth measures within one job),
+                     then the count is held
+    3. workunits     the same pool, its workers loaded: one job per candidate size ("auto", and
+                     fixed sizes around what "auto" chose)
+
+The budget is checked between trials: a phase that would start past it is skipped, and the best
+configuration so far stands. Every trial is a row of a tidy table (phase, batch_size,
+workers_per_device, workunit_size, records, wall_s, records_per_s). The estimate for the whole
+input is its length ÷ the best rate (spin-up not included).
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers.engine.pipeline import WorkerPool
+from helpers.engine.protocol import Workload
+from helpers.engine.settings import AUTO, JobSettings, PoolSettings
+from helpers.engine.sources import open_source, source_length
+
+SAMPLE = 2000  # records per trial
+BUDGET_SECONDS = 300.0
+SIZE_FACTORS = (0.5, 2.0)  # phase 3 also tries fixed sizes of these × the size "auto" settled on
+CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
+    "workload": "a workload name", "model": "a model name or path", "devices": "a device list",
+    "backend": "process or thread", "batch_size": "an integer >= 1",
+    "workunit_size": "an integer >= 1 or 'auto'", "workunit_seconds": "seconds > 0",
+    "records_per_s": "the tuned rate (informative)",
+    "estimated_seconds": "the estimate for the whole input (informative)",
+    "input": "the tuned input (informative)", "created": "when (informative)"}
+
+
+@dataclass
+class Tuned:
+    """The best configuration found, and what it is expected to do."""
+
+    devices: list[str]  # one entry per worker
+    backend: str
+    batch_size: int | None
+    workunit_size: int | str
+    records_per_s: float
+    estimated_seconds: float | None  # the whole input at records_per_s
+    trials: list[dict] = field(default_factory=list)
+
+    def config(self, **extra: Any) -> dict[str, Any]:
+        """What tuned.yaml holds."""
+        keep = {"devices": self.devices, "backend": self.backend,
+                "workunit_size": self.workunit_size, "records_per_s": round(self.records_per_s, 2),
+                "estimated_seconds": None if self.estimated_seconds is None
+                else round(self.estimated_seconds, 1)}
+        if self.batch_size is not None:
+            keep["batch_size"] = self.batch_size
+        return {**extra, **keep, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def tune(make: Callable[[int | None], Workload], source: Any, devices: Any = "auto",
+         backend: str = PoolSettings.backend, batch_sizes: Sequence[int] = (),
+         budget_seconds: float = BUDGET_SECONDS, sample: int = SAMPLE) -> Tuned:
+    """Search on the first ``sample`` records of ``source``; ``make(batch_size)`` builds the
+    workload (``batch_sizes`` empty: the workload's own, and phase 1 is skipped)."""
+    deadline = time.monotonic() + budget_seconds
+    distinct = list(dict.fromkeys(PoolSettings(devices).devices))
+    trials: list[dict] = []
+    with tempfile.TemporaryDirectory() as folder:
+        job = _Trials(source, sample, Path(folder), trials)
+        batch = None
+        if batch_sizes:
+            for size in batch_sizes:
+                if time.monotonic() > deadline and trials:
+                    break
+                with WorkerPool(make(size), distinct, backend, progress=False) as pool:
+                    job.run(pool, "batch size", size, AUTO)
+            batch = max((t for t in trials if t["phase"] == "batch size"),
+                        key=lambda t: t["records_per_s"])["batch_size"]
+        with WorkerPool(make(batch), distinct, backend, workers_per_device=AUTO,
+                        progress=False) as pool:
+            records = sample
+            while True:  # growth measures within a job: a job too short for it, twice as long
+                done = job.run(pool, "workers", batch, AUTO, records)
+                if pool.settled or time.monotonic() > deadline or done < records:
+                    break  # (the whole input was too short to settle: the count so far stands)
+                records *= 2
+            pool.hold_workers()
+            for size in _sizes(pool):
+                if time.monotonic() > deadline:
+                    break
+                job.run(pool, "workunit size", batch, size)
+            workers = [info.device for info in pool.workers]
+    sized = [t for t in trials if t["phase"] == "workunit size"]  # one sample, one pool: fair
+    best = max(sized or trials, key=lambda t: t["records_per_s"])
+    total = source_length(source if hasattr(source, "describe") else open_source(source))
+    return Tuned(sorted(workers, key=distinct.index), backend, batch, best["workunit_size"],
+                 best["records_per_s"],
+                 total / best["records_per_s"] if total and best["records_per_s"] else None, trials)
+
+
+class _Trials:
+    """Runs one trial (a job on the sample) and keeps its row."""
+
+    def __init__(self, source: Any, sample: int, folder: Path, rows: list[dict]) -> None:
+        self.source, self.sample, self.folder, self.rows = source, sample, folder, rows
+
+    def run(self, pool: WorkerPool, phase: str, batch: int | None, size: int | str,
+            records: int | None = None) -> int:
+        """One job on the first ``records`` (default: the sample); returns the records written."""
+        output = self.folder / f"trial-{len(self.rows)}.h5"
+        stats = pool.run(self.source, output, limit=records or self.sample, workunit_size=size,
+                         durable=False)
+        output.unlink(missing_ok=True)
+        counts = Counter(w.device for w in stats.workers if w.records)
+        self.rows.append({"trial": len(self.rows), "phase": phase, "batch_size": batch,
+                          "workers_per_device": ",".join(f"{d}={n}" for d, n in counts.items()),
+                          "workunit_size": size, "records": stats.records,
+                          "wall_s": stats.wall_seconds, "records_per_s": stats.records_per_second,
+                          "decisions": len(stats.decisions)})
+        return stats.records
+
+
+def _sizes(pool: WorkerPool) -> list[int | str]:
+    """Phase 3's candidates: "auto", and fixed sizes around the median size "auto" chose."""
+    targets = sorted(pool.sizing.targets.values()) or [JobSettings.workunit_size]
+    middle = targets[len(targets) // 2]
+    return [AUTO] + sorted({max(1, round(middle * f)) for f in (*SIZE_FACTORS, 1.0)})
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """tuned.yaml's fields; ValueError naming a field this file may not set."""
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"config: cannot read {path}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"config: {path} should map fields to values, got {type(values).__name__}")
+    unknown = sorted(set(values) - set(CONFIG_FIELDS))
+    if unknown:
+        raise ValueError(f"config: unknown field {', '.join(map(repr, unknown))} in {path}; "
+                         f"it may set {', '.join(CONFIG_FIELDS)}")
+    return values
+
+
+def write_config(tuned: Tuned, path: str | Path, **extra: Any) -> Path:
+    path = Path(path)
+    path.write_text("# written by python -m helpers tune; run it with "
+                    "`python -m helpers run --config " + path.name + " --input ... --output ...`"
+                    "\n" + yaml.safe_dump(tuned.config(**extra), sort_keys=False),
+                    encoding="utf-8")
+    return path

@@ -1,0 +1,80 @@
+"""The tuner (python -m helpers tune): it finds the known best of a synthetic device model, its
+tuned.yaml round-trips through run --config (a flag still wins), and a bad field is named."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from helpers import read_output
+from helpers.study.paths import ROOT
+from helpers.tuner import read_config, tune, write_config
+from helpers.workloads.synthetic import SyntheticWorkload
+
+pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
+
+
+def cards(batch_size=None):
+    # cuda:0 runs two workunits at once, cuda:1 one: the best is 2 workers + 1
+    return SyntheticWorkload(0.0005, speed={"cuda:1": 0.5}, seconds_per_workunit=0.005,
+                             parallelism={"cuda:0": 2, "cuda:1": 1}, values="zeros")
+
+
+def test_the_tuner_finds_the_known_best_and_writes_it(tmp_path):
+    tuned = tune(cards, [(i, i) for i in range(40000)], ["cuda:0", "cuda:1"], sample=4000,
+                 budget_seconds=120)
+    assert tuned.devices == ["cuda:0", "cuda:0", "cuda:1"]
+    phases = [t["phase"] for t in tuned.trials]
+    assert phases[0] == "workers" and phases.count("workunit size") == 4
+    assert tuned.records_per_s > 0 and tuned.estimated_seconds == \
+        pytest.approx(40000 / tuned.records_per_s)
+    path = write_config(tuned, tmp_path / "tuned.yaml", workload="synthetic")
+    config = read_config(path)
+    assert config["devices"] == tuned.devices and config["workunit_size"] == tuned.workunit_size
+
+
+def cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "helpers", *args], capture_output=True,
+                          text=True, env=env, timeout=250)
+
+
+def test_tuned_yaml_round_trips_through_run_config_and_a_flag_wins(tmp_path):
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(600)))
+    config = tmp_path / "tuned.yaml"
+    done = cli("tune", "--input", str(tmp_path / "in.jsonl"), "--workload", "synthetic",
+               "--devices", "cpu", "--seconds-per-record", "0.0005", "--sample", "400",
+               "--output", str(config), "--results-dir", str(tmp_path / "results"))
+    assert done.returncode == 0, done.stderr
+    assert "best: cpu" in done.stderr and (tmp_path / "results" / "tune_trials.csv").is_file()
+    tuned = yaml.safe_load(config.read_text())
+    assert tuned["workload"] == "synthetic" and tuned["devices"][0] == "cpu"
+    out = tmp_path / "out.h5"
+    done = cli("run", "--config", str(config), "--input", str(tmp_path / "in.jsonl"),
+               "--output", str(out), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stats["devices"] == tuned["devices"] and stats["workunit_size"] == tuned["workunit_size"]
+    assert read_output(out)["ids"].tolist() == list(range(600))
+    done = cli("run", "--config", str(config), "--input", str(tmp_path / "in.jsonl"),
+               "--output", str(tmp_path / "again.h5"), "--no-progress", "--workunit-size", "7")
+    assert json.loads(done.stdout.strip().splitlines()[-1])["workunit_size"] == 7
+
+
+@pytest.mark.parametrize("text, message", [
+    ("devices: [cpu]\nbatchsize: 8\n", "config: unknown field 'batchsize'"),
+    ("devices: [gpu9]\n", "devices: unknown device 'gpu9'"),
+    ("workunit_size: lots\n", "workunit_size: expected an integer >= 1 or 'auto', got 'lots'"),
+    ("batch_size: big\n", "batch_size: expected an integer >= 1, got 'big'"),
+    ("- just\n- a list\n", "should map fields to values"),
+])
+def test_a_bad_field_in_the_config_is_named(tmp_path, text, message):
+    (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "bad.yaml").write_text(text)
+    done = cli("run", "--config", str(tmp_path / "bad.yaml"), "--input",
+               str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.h5"),
+               "--workload", "synthetic")
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
