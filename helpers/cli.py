@@ -270,8 +270,9 @@ def tune(args: argparse.Namespace) -> int:
         table = save_table(trials, "tune_trials", args.results_dir, "python -m helpers tune",
                            {k: v for k, v in vars(args).items() if k != "speed"})
         print(f"trials: {table}", file=sys.stderr)
-    estimate = "" if tuned.estimated_seconds is None else \
-        f"; the whole input in about {tuned.estimated_seconds / 3600:.2f} h"
+    seconds = tuned.estimated_seconds
+    estimate = "" if seconds is None else "; the whole input in about " + (
+        f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h")
     print(f"best: {','.join(tuned.devices)}, workunits {tuned.workunit_size}"
           f"{'' if tuned.batch_size is None else f', batch size {tuned.batch_size}'}: "
           f"{tuned.records_per_s:.1f} records/s{estimate}", file=sys.stderr)

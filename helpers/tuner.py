@@ -133,9 +133,11 @@ class _Trials:
 
 
 def _sizes(pool: WorkerPool) -> list[int | str]:
-    """Phase 3's candidates: "auto", and fixed sizes around the median size "auto" chose."""
-    targets = sorted(pool.sizing.targets.values()) or [JobSettings.workunit_size]
-    middle = targets[len(targets) // 2]
+    """Phase 3's candidates: "auto", and fixed sizes around what "auto" gives the median worker
+    (its rate × workunit_seconds; growth measured on shorter workunits)."""
+    rates = sorted(pool.sizing.rates.values())
+    middle = rates[len(rates) // 2] * pool.job.workunit_seconds if rates \
+        else JobSettings.workunit_size
     return [AUTO] + sorted({max(1, round(middle * f)) for f in (*SIZE_FACTORS, 1.0)})
 
 
