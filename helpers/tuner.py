@@ -104,7 +104,7 @@ def tune(make: Callable[[int | None], Workload], source: Any, devices: Any = "au
             workers = [info.device for info in pool.workers]
     sized = [t for t in trials if t["phase"] == "workunit size"]  # one sample, one pool: fair
     best = max(sized or trials, key=lambda t: t["records_per_s"])
-    total = source_length(source if hasattr(source, "describe") else open_source(source))
+    total = source_length(open_source(source))
     return Tuned(sorted(workers, key=distinct.index), backend, batch, best["workunit_size"],
                  best["records_per_s"],
                  total / best["records_per_s"] if total and best["records_per_s"] else None, trials)

@@ -8,10 +8,10 @@ waiting for a shared device) does not matter, only when workunits finish. The ra
 
     k = 1, or the rate with k rose by GROWTH_MARGIN over the rate with k - 1
         ├─ memory for another copy (free > MEMORY_HEADROOM × one copy, when the device reports it)
-        │  and k < max_workers_per_device ............................. add worker k + 1
-        └─ otherwise ................................................. stop at k
-    the rate with k did not rise by GROWTH_MARGIN .................... retire worker k, stop at k - 1
-    worker k + 1 failed to load (out of memory) ...................... stop at k
+        │  and k < max_workers_per_device ........................ add worker k + 1
+        └─ otherwise ............................................ stop at k
+    the rate with k did not rise by GROWTH_MARGIN ............... retire worker k, stop at k - 1
+    worker k + 1 failed to load (out of memory) ................. stop at k
 
 Every decision is logged and kept (``Decision``: when, which device, what, how many workers, the
 rate before and after, why); a job's ``PipelineStats.decisions`` holds those made while it ran.
@@ -23,7 +23,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from helpers.engine.messages import WorkerInfo
+from helpers.engine.messages import Ready, WorkerInfo
 from helpers.engine.scheduler import Scheduler, State
 
 log = logging.getLogger("gpufeed")
@@ -34,6 +34,14 @@ GROWTH_RESULTS = 4  # workunits per worker, after a change, before a device's ra
 MEMORY_HEADROOM = 1.2  # another copy only if the device's free memory exceeds this × one copy
 EXPLORE_SECONDS = 0.25  # with workunit_size="auto": workunits take at most this long while a
 # device's count is being decided, so that each decision comes within seconds
+
+
+def short_of_memory(ready: Ready | None, headroom: float) -> bool:
+    """Whether the device a worker has just loaded on lacks room for another copy (free memory
+    below ``headroom`` × one copy); False where the device does not report its memory."""
+    if ready is None or ready.free_mb is None or ready.model_mb is None:
+        return False
+    return ready.free_mb < headroom * ready.model_mb
 
 
 @dataclass(frozen=True)
@@ -164,14 +172,14 @@ class Growth:
         why = "first measurement" if before is None else \
             f"worker {k} raised the rate by {rate / before - 1:+.0%}"
         ready = scheduler.slots[device.slots[-1]].ready
-        free, copy = (ready.free_mb, ready.model_mb) if ready is not None else (None, None)
         if k >= self.max_workers:
             self._decide(device, seconds, "stop", k, before, rate,
                          f"{why}; max_workers_per_device={self.max_workers}")
             device.done = True
-        elif free is not None and copy is not None and free < MEMORY_HEADROOM * copy:
+        elif short_of_memory(ready, MEMORY_HEADROOM):
             self._decide(device, seconds, "stop", k, before, rate,
-                         f"{why}; {free:.0f} MiB free, a copy takes {copy:.0f} MiB")
+                         f"{why}; {ready.free_mb:.0f} MiB free, a copy takes "
+                         f"{ready.model_mb:.0f} MiB")
             device.done = True
         else:
             index = max(scheduler.slots) + 1

@@ -66,7 +66,7 @@ import numpy as np
 
 from helpers.engine.backends import make_backend
 from helpers.engine.devices import check_available
-from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth
+from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
 from helpers.engine.hdf5_sink import HDF5Sink
 from helpers.engine.messages import POLL_SECONDS, Result, WorkerInfo, Workunit
 from helpers.engine.protocol import Workload
@@ -178,10 +178,10 @@ class WorkerPool:
                                 copy + 1, device, exc, copy)
                     break
                 workers.append(info)
-                free, used = ready[info.index].free_mb, ready[info.index].model_mb
-                if free is not None and used is not None and free < ADAPTIVE_HEADROOM * used:
+                if short_of_memory(ready[info.index], ADAPTIVE_HEADROOM):
                     log.info("adaptive: %s has %.0f MiB free after %d copies of %.0f MiB; "
-                             "stopping there", device, free, copy + 1, used)
+                             "stopping there", device, ready[info.index].free_mb, copy + 1,
+                             ready[info.index].model_mb)
                     break
         self.workers = workers
 
@@ -219,8 +219,7 @@ class WorkerPool:
         settings, records, attrs = self._job(source, changes)
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
-        if settings.auto_size:
-            self._sizing.seconds = settings.workunit_seconds
+        self._sizing.seconds = settings.workunit_seconds
         with self._guard(), HDF5Sink(output, self.outputs, attrs, settings.durable,
                                      settings.resume) as sink:
             job = _Job(scheduler, settings, sink, started, self._growth)
@@ -277,7 +276,7 @@ class WorkerPool:
             raise TypeError(f"unknown job setting {', '.join(unknown)}; a job takes "
                             f"{', '.join(JOB_SETTINGS)}")
         job = replace(self.job, **changes)
-        records = source if hasattr(source, "describe") else open_source(source)
+        records = open_source(source)  # (a source already opened comes back as it is)
         attrs = {**self.workload.attrs(), **self._run_attrs(job, records.describe())}
         self._scheduler.dispatches = Dispatches()
         return job, records, attrs

@@ -284,8 +284,9 @@ class Scheduler:
         """The most records ``slot`` takes in one workunit (None: whatever the feed cut)."""
         size = slot.cap
         if self.sizing is not None:
-            ready = [s.info.index for s in self.slots.values() if s.state is State.READY]
-            target = self.sizing.size(slot.info.index, remaining, ready)
+            ready = None if remaining is None else \
+                [s.info.index for s in self.slots.values() if s.state is State.READY]
+            target = self.sizing.size(slot.info.index, remaining, ready)  # (shared only at the end)
             size = target if size is None else min(size, target)
         return size
 
