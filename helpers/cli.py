@@ -291,7 +291,8 @@ def _config_defaults(path: str) -> dict[str, Any]:
     if isinstance(values.get("devices"), list):
         values["devices"] = ",".join(map(str, values["devices"]))
     read = {"workload": str, "model": str, "devices": str, "backend": str, "batch_size": int,
-            "workunit_size": _count_or_auto, "workunit_seconds": float}
+            "workunit_size": _count_or_auto, "workunit_seconds": float,
+            "threads_per_worker": int}
     defaults = {}
     for field, value in values.items():
         if field in read:

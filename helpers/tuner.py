@@ -9,13 +9,18 @@ Phases, in the order our users tune by hand, each reusing what it can::
                      the sample until growth has settled on every device (helpers.engine.growth;
                      each job twice as long as the last, as growth measures within one job),
                      then the count is held
-    3. workunits     the same pool, its workers loaded: one job per candidate size ("auto", and
-                     fixed sizes around what "auto" chose)
+    3. workunits     the same pool, its workers loaded: one job per candidate size ("auto",
+                     then fixed sizes around what "auto" chose); on a CPU, whose growing
+                     workers run one thread each, again on a fresh pool sharing the cores
+                     (threads_per_worker is then part of the pick)
 
 The budget is checked between trials: a phase that would start past it is skipped, and the best
 configuration so far stands. Every trial is a row of a tidy table (phase, batch_size,
-workers_per_device, workunit_size, records, wall_s, records_per_s). The estimate for the whole
-input is its length ÷ the best rate (spin-up not included).
+workers_per_device, devices, threads_per_worker, workunit_size, records, wall_s, records_per_s).
+The pick is the fastest trial of phases 1 and 3, all on the same sample (phase 2's jobs change
+their worker count midway, so none is a configuration to run): where growth added a worker that
+did not pay, one worker per device with the best batch size still wins. The estimate for the
+whole input is its length ÷ the pick's rate (spin-up not included).
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
     "workload": "a workload name", "model": "a model name or path", "devices": "a device list",
     "backend": "process or thread", "batch_size": "an integer >= 1",
     "workunit_size": "an integer >= 1 or 'auto'", "workunit_seconds": "seconds > 0",
+    "threads_per_worker": "an integer >= 1",
     "records_per_s": "the tuned rate (informative)",
     "estimated_seconds": "the estimate for the whole input (informative)",
     "input": "the tuned input (informative)", "created": "when (informative)"}
@@ -57,6 +63,8 @@ class Tuned:
     records_per_s: float
     estimated_seconds: float | None  # the whole input at records_per_s
     trials: list[dict] = field(default_factory=list)
+    trial: int | None = None  # the trial it comes from
+    threads_per_worker: int | None = None  # CPU workers' threads (None: no CPU worker)
 
     def config(self, **extra: Any) -> dict[str, Any]:
         """What tuned.yaml holds."""
@@ -66,6 +74,8 @@ class Tuned:
                 else round(self.estimated_seconds, 1)}
         if self.batch_size is not None:
             keep["batch_size"] = self.batch_size
+        if self.threads_per_worker is not None:
+            keep["threads_per_worker"] = int(self.threads_per_worker)
         return {**extra, **keep, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
@@ -78,7 +88,7 @@ def tune(make: Callable[[int | None], Workload], source: Any, devices: Any = "au
     distinct = list(dict.fromkeys(PoolSettings(devices).devices))
     trials: list[dict] = []
     with tempfile.TemporaryDirectory() as folder:
-        job = _Trials(source, sample, Path(folder), trials)
+        job = _Trials(source, sample, Path(folder), trials, distinct)
         batch = None
         if batch_sizes:
             for size in batch_sizes:
@@ -97,24 +107,33 @@ def tune(make: Callable[[int | None], Workload], source: Any, devices: Any = "au
                     break  # (the whole input was too short to settle: the count so far stands)
                 records *= 2
             pool.hold_workers()
-            for size in _sizes(pool):
-                if time.monotonic() > deadline:
-                    break
-                job.run(pool, "workunit size", batch, size)
-            workers = [info.device for info in pool.workers]
-    sized = [t for t in trials if t["phase"] == "workunit size"]  # one sample, one pool: fair
-    best = max(sized or trials, key=lambda t: t["records_per_s"])
+            workers = sorted((info.device for info in pool.workers), key=distinct.index)
+            _workunit_sizes(pool, job, batch, deadline)
+        if any(device.startswith("cpu") for device in workers) and time.monotonic() < deadline:
+            # growing CPU workers run a thread each (helpers.engine.settings): also try the cores
+            # shared among them, as a run of that layout would by default
+            with WorkerPool(make(batch), workers, backend, progress=False) as pool:
+                _workunit_sizes(pool, job, batch, deadline)
+    # every trial ran the same sample, spin-up apart; growth's own jobs changed their worker
+    # count midway, so they are no configuration to run (unless there is nothing else)
+    fixed = [t for t in trials if t["phase"] != "workers"]
+    best = max(fixed or trials, key=lambda t: t["records_per_s"])
     total = source_length(open_source(source))
-    return Tuned(sorted(workers, key=distinct.index), backend, batch, best["workunit_size"],
+    devices = best["devices"].split(",")
+    threads = best["threads_per_worker"] if "cpu" in devices else None
+    return Tuned(devices, backend, best["batch_size"], best["workunit_size"],
                  best["records_per_s"],
-                 total / best["records_per_s"] if total and best["records_per_s"] else None, trials)
+                 total / best["records_per_s"] if total and best["records_per_s"] else None, trials,
+                 best["trial"], threads)
 
 
 class _Trials:
     """Runs one trial (a job on the sample) and keeps its row."""
 
-    def __init__(self, source: Any, sample: int, folder: Path, rows: list[dict]) -> None:
+    def __init__(self, source: Any, sample: int, folder: Path, rows: list[dict],
+                 order: list[str]) -> None:
         self.source, self.sample, self.folder, self.rows = source, sample, folder, rows
+        self.order = order  # the devices as given: a trial's worker devices in that order
 
     def run(self, pool: WorkerPool, phase: str, batch: int | None, size: int | str,
             records: int | None = None) -> int:
@@ -124,21 +143,29 @@ class _Trials:
                          durable=False)
         output.unlink(missing_ok=True)
         counts = Counter(w.device for w in stats.workers if w.records)
+        devices = sorted((info.device for info in pool.workers), key=self.order.index)
         self.rows.append({"trial": len(self.rows), "phase": phase, "batch_size": batch,
                           "workers_per_device": ",".join(f"{d}={n}" for d, n in counts.items()),
+                          "devices": ",".join(devices),
+                          "threads_per_worker": max(info.threads for info in pool.workers),
                           "workunit_size": size, "records": stats.records,
                           "wall_s": stats.wall_seconds, "records_per_s": stats.records_per_second,
                           "decisions": len(stats.decisions)})
         return stats.records
 
 
-def _sizes(pool: WorkerPool) -> list[int | str]:
-    """Phase 3's candidates: "auto", and fixed sizes around what "auto" gives the median worker
-    (its rate × workunit_seconds; growth measured on shorter workunits)."""
+def _workunit_sizes(pool: WorkerPool, job: _Trials, batch: int | None,
+                    deadline: float) -> None:
+    """Phase 3: "auto", then fixed sizes of SIZE_FACTORS and 1× what "auto" gave the median
+    worker (its rate × workunit_seconds)."""
+    job.run(pool, "workunit size", batch, AUTO)
     rates = sorted(pool.sizing.rates.values())
     middle = rates[len(rates) // 2] * pool.job.workunit_seconds if rates \
         else JobSettings.workunit_size
-    return [AUTO] + sorted({max(1, round(middle * f)) for f in (*SIZE_FACTORS, 1.0)})
+    for size in sorted({max(1, round(middle * f)) for f in (*SIZE_FACTORS, 1.0)}):
+        if time.monotonic() > deadline:
+            break
+        job.run(pool, "workunit size", batch, size)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:

@@ -57,3 +57,16 @@ def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
     figures = scale.report(table)
     assert figures["records_per_s"] > 0 and figures["longest_gap_s"] > 0
     assert "resume_first_workunit_s" in capsys.readouterr().out
+
+
+def test_autotune_bench_compares_self_tuning_with_the_sweep_s_best(monkeypatch, capsys):
+    from helpers.bench import autotune
+
+    monkeypatch.setattr(autotune, "WORKERS", (1,))
+    monkeypatch.setattr(autotune, "SIZES", (500,))
+    frame = autotune.measure(records=3000, repeats=1)
+    assert frame.groupby("job")["layout"].apply(sorted).to_dict() == \
+        {"longer": ["fixed", "self-tuning"], "sweep": ["fixed", "self-tuning"]}
+    summary = autotune.report(frame)
+    assert 0 < summary["sweep self_tuning_vs_best_fixed"] and summary["longer makespan_vs_ideal"] > 1
+    assert "self-tuning ÷ best fixed" in capsys.readouterr().out

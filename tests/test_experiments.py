@@ -49,6 +49,20 @@ def test_workunit_sizes_one_row_per_size_and_replicate():
 
 
 def test_samples_have_unique_ids_even_beyond_the_corpus():
-    pairs = experiments._sample(TEXTS[:10], 25, seed=1)
+    pairs = experiments.sample_records(TEXTS[:10], 25, seed=1)
     assert [i for i, _ in pairs] == list(range(25)) and {t for _, t in pairs} <= set(TEXTS[:10])
-    assert experiments._sample(TEXTS, 5, seed=1) == experiments._sample(TEXTS, 5, seed=1)
+    assert experiments.sample_records(TEXTS, 5, seed=1) == experiments.sample_records(TEXTS, 5, seed=1)
+
+
+def test_fair_workunit_size_gives_every_worker_eight_workunits():
+    assert experiments.fair_workunit_size(100, 300, 2) == 18  # 300 / (8 x 2) = 18.75
+    assert experiments.fair_workunit_size(10, 300, 2) == 10  # already small enough
+    assert experiments.fair_workunit_size(100, 10, 4) == 1  # never below one record
+
+
+def test_workers_per_device_gives_each_count_its_fair_workunit_size():
+    workload = make_workload("synthetic", seconds_per_record=0.0)
+    table = experiments.workers_per_device(workload, "cpu", [1, 2], 48, 1, TEXTS, workunit_size=100)
+    sizes = table.groupby("workers")["workunit_size"].first().to_dict()
+    assert sizes == {1: 6, 2: 3}  # 48 records: 8 workunits for 1 worker, 16 for 2
+    assert (table["records"] == 48).all()

@@ -29,6 +29,24 @@ def test_workers_finding_names_the_best_count_its_gain_and_the_days():
     assert "1.0 days at the best rate" in text
 
 
+def test_workers_finding_names_the_workunit_sizes_and_warns_of_too_few():
+    table = workers_table().assign(records=80, workunit_size=lambda t: 80 // (8 * t["workers"]))
+    text = findings.workers_per_device(table, 86_400)
+    assert "queue-fed workunits of 10, 5, 2 records for 1, 2, 4 workers" in text
+    assert "fewer than" not in text  # 80 / 2 / 4 = 10 workunits each
+    few = table.assign(workunit_size=20)
+    assert findings.few_workunits(few) == ("; fewer than 8 workunits per worker, so the job's end "
+                                           "weighs on the rate: 1 worker × 20 records: 4.0, "
+                                           "2 workers × 20 records: 2.0, 4 workers × 20 records: 1.0")
+
+
+def test_few_workunits_ignores_static_rows_and_tables_without_sizes():
+    table = pd.DataFrame({"strategy": ["static", "queue"], "records": [100, 100],
+                          "workunit_size": [50, 5], "workers": [2, 2]})
+    assert findings.few_workunits(table) == ""  # the static row's "2 workunits" is not one
+    assert findings.few_workunits(table.drop(columns="workunit_size")) == ""
+
+
 def test_days():
     assert findings.days(86_400 * 10, 5.0) == pytest.approx(2.0)
     assert findings.days(10, 0.0) == float("inf")

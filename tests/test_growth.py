@@ -76,3 +76,21 @@ def test_devices_grow_independently_and_the_next_job_keeps_the_count(tmp_path):
     assert second.decisions == () and sorted(w.device for w in second.workers) == \
         ["cuda:0", "cuda:0", "cuda:1"]
     assert read_output(tmp_path / "b.h5")["ids"].tolist() == list(range(2000))
+
+
+def test_only_the_workers_of_devices_still_deciding_get_short_workunits():
+    from helpers.engine.growth import Growth
+    from helpers.engine.messages import WorkerInfo
+    from helpers.engine.sizing import Sizing
+
+    growth = Growth([WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)], 4, 1)
+    assert growth.deciding() == {0, 1}
+    growth.devices["cuda:0"].done = True  # cuda:0's count decided
+    assert growth.deciding() == {1}
+    sizing = Sizing(seconds=1.0)
+    sizing.capped = dict.fromkeys(growth.deciding(), 0.25)
+    for slot in (0, 1):
+        sizing.observe(slot, 100, 0.1)  # both run 1,000 records/s
+    assert (sizing.size(0), sizing.size(1)) == (400, 250)  # 400: at most 4x per result
+    growth.hold(1.0)
+    assert growth.deciding() == set()

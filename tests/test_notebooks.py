@@ -26,6 +26,15 @@ TABLES = {  # table -> columns it must have
     "best_configurations": {"experiment", "devices", "configuration", "records_per_s",
                             "estimated_days"},
     "binning_layouts": {"strategy", "workers", "replicate", "records_per_s", "wall_s", "device"},
+    "tune_trials": {"trial", "phase", "batch_size", "workers_per_device", "workunit_size",
+                    "records_per_s", "configuration"},
+    "self_tuning": {"job", "layout", "configuration", "replicate", "records_per_s", "wall_s",
+                    "ideal_s", "makespan_vs_ideal", "finish_spread_s", "final_workers"},
+    "self_tuning_timeline": {"worker", "device", "records", "start_s", "end_s"},
+    "self_tuning_decisions": {"seconds", "device", "action", "workers", "rate_before",
+                              "rate_after", "reason"},
+    "tuned_vs_notebook3": {"configuration", "replicate", "records_per_s", "devices",
+                           "workunit_size", "batch_size"},
     "binning_images": {"id", "path", "bin", "text_boxes", "text_area", "objects", "unique_classes",
                        "classes", "dispersion", "similarity", "caption", "ocr_s", "detector_s",
                        "error"},
@@ -38,7 +47,10 @@ FIGURES = ["01_workers_per_device/records_per_s-vs-workers",
            "04_threads_vs_processes/throughput_and_memory-vs-workers",
            "05_summary/best-records_per_s-by-experiment",
            "06_binning/images_per_s-vs-workers", "06_binning/images-per-bin",
-           "06_binning/seconds_per_image-by-model", "06_binning/gallery-by-bin"]
+           "06_binning/seconds_per_image-by-model", "06_binning/gallery-by-bin",
+           "07_autotune/tuner-trials", "07_autotune/records_per_s-sweep-vs-self-tuning",
+           "07_autotune/timeline-self-tuning", "07_autotune/records_per_s-tuned-vs-notebook3",
+           "07_autotune/timeline-tuned"]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +63,8 @@ def smoke(tmp_path_factory):
     return out, executed
 
 
-def test_there_are_six_notebooks_in_order():
-    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05", "06"]
+def test_there_are_seven_notebooks_in_order():
+    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05", "06", "07"]
 
 
 @pytest.mark.parametrize("notebook", suite(), ids=lambda p: p.stem)
@@ -125,6 +137,7 @@ def test_smoke_run_keeps_executed_copies_apart(smoke):
     ("03", {"workunit_sizes": [10, 0]}, "workunit_sizes: expected an integer >= 1, got 0"),
     ("01", {"device": "tpu"}, "device: unknown device 'tpu'"),
     ("06", {"text_area_threshold": 1.5}, "text_area_threshold: expected a fraction in [0, 1]"),
+    ("07", {"parallelism": 0}, "parallelism: expected an integer >= 1, got 0"),
 ])
 def test_a_bad_parameter_stops_the_notebook_with_a_message_naming_it(tmp_path, notebook, bad,
                                                                      message):

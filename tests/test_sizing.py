@@ -6,7 +6,7 @@ import math
 import pytest
 
 from helpers import SyntheticWorkload, read_output, run_pipeline
-from helpers.engine.sizing import FIRST_SIZE, GROWTH, MIN_SECONDS, TAIL_SHARE, Sizing
+from helpers.engine.sizing import FIRST_SIZE, FIXED_SHARE, GROWTH, MIN_SECONDS, TAIL_SHARE, Sizing
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
 
@@ -35,6 +35,19 @@ def test_with_a_fixed_cost_per_workunit_the_size_converges_to_the_set_seconds():
         n = sizing.size(0)
         sizing.observe(0, n, fixed + n * per_record)
     assert fixed + sizing.size(0) * per_record == pytest.approx(seconds, rel=0.02)
+
+
+def test_a_fixed_cost_above_the_set_seconds_does_not_shrink_workunits_to_one_record():
+    fixed, per_record, seconds = 0.4, 0.02, 0.25  # a workunit can never take only 0.25 s
+    sizing = Sizing(seconds)
+    for _ in range(30):
+        n = sizing.size(0)
+        sizing.observe(0, n, fixed + n * per_record)
+    assert sizing.fixed[0] == pytest.approx(fixed, rel=0.01)
+    # the fixed cost a fifth of the workunit: (0.4 / 0.2 - 0.4) / 0.02 = 80 records
+    assert sizing.size(0) == pytest.approx((fixed / FIXED_SHARE - fixed) / per_record, rel=0.02)
+    # the tail cuts no workunit below the work of its fixed cost: 0.4 / 0.02 = 20 records
+    assert sizing.size(0, remaining=5, slots=[0]) == pytest.approx(fixed / per_record, rel=0.05)
 
 
 def test_the_tail_is_cut_by_speed_and_never_below_the_minimum():

@@ -5,10 +5,12 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import yaml
 
 from helpers import read_output
+from helpers.engine.devices import cpu_threads_per_worker
 from helpers.study.paths import ROOT
 from helpers.tuner import read_config, tune, write_config
 from helpers.workloads.synthetic import SyntheticWorkload
@@ -49,8 +51,14 @@ def test_tuned_yaml_round_trips_through_run_config_and_a_flag_wins(tmp_path):
                "--output", str(config), "--results-dir", str(tmp_path / "results"))
     assert done.returncode == 0, done.stderr
     assert "best: cpu" in done.stderr and (tmp_path / "results" / "tune_trials.csv").is_file()
+    trials = pd.read_csv(tmp_path / "results" / "tune_trials.csv")
+    sized = trials[trials["phase"] == "workunit size"]
+    workers = len(sized["devices"].iloc[0].split(","))  # grown a thread each, then the cores shared
+    assert sized["threads_per_worker"].iloc[0] == 1
+    assert sized["threads_per_worker"].iloc[-1] == cpu_threads_per_worker(["cpu"] * workers)
     tuned = yaml.safe_load(config.read_text())
     assert tuned["workload"] == "synthetic" and tuned["devices"][0] == "cpu"
+    assert tuned["threads_per_worker"] in set(sized["threads_per_worker"])
     out = tmp_path / "out.h5"
     done = cli("run", "--config", str(config), "--input", str(tmp_path / "in.jsonl"),
                "--output", str(out), "--no-progress")

@@ -15,12 +15,11 @@ side.
 from __future__ import annotations
 
 import statistics
-import tempfile
-from pathlib import Path
 
 import pandas as pd
 
-from helpers.engine.pipeline import run_pipeline
+from helpers.engine.settings import AUTO
+from helpers.study.autotune import SELF_TUNING, configurations, sweep
 from helpers.study.results import save_table
 from helpers.workloads.synthetic import SyntheticWorkload
 
@@ -32,7 +31,6 @@ WORKERS = (1, 2, 3)
 SIZES = (250, 1000, 4000)
 RECORDS = 340_000  # about 20 s at the ideal rate
 LONGER = 3  # the second comparison's records, × RECORDS
-AUTO = "self-tuning"
 
 
 def workload() -> SyntheticWorkload:
@@ -40,50 +38,24 @@ def workload() -> SyntheticWorkload:
                              seconds_per_workunit=SECONDS_PER_WORKUNIT, parallelism=PARALLELISM)
 
 
-def ideal_seconds(records: int) -> float:
-    """Records ÷ the sum of the cards' saturated rates, no per-workunit cost."""
-    return records / sum(PARALLELISM * speed / SECONDS_PER_RECORD for speed in CARDS.values())
-
-
-def configurations() -> list[tuple[int | str, int | str]]:
-    return [(w, s) for w in WORKERS for s in SIZES] + [("auto", "auto")]
-
-
-def one_run(records: int, workers: int | str, size: int | str, output: Path) -> dict:
-    stats = run_pipeline([(i, i) for i in range(records)], workload(), list(CARDS), size, output,
-                         workers_per_device=workers, progress=False, durable=False)
-    final = {d["device"]: d["workers"] for d in stats.decisions if d["action"] != "add"}
-    return {"layout": AUTO if workers == "auto" else "fixed", "workers_per_device": str(workers),
-            "workunit_size": str(size), "records": stats.records, "wall_s": stats.wall_seconds,
-            "spinup_s": stats.spinup_seconds, "records_per_s": stats.records_per_second,
-            "ideal_s": ideal_seconds(records),
-            "makespan_vs_ideal": stats.wall_seconds / ideal_seconds(records),
-            "decisions": len(stats.decisions),
-            "final_workers": ",".join(f"{d}={n}" for d, n in sorted(final.items()))}
-
-
 def measure(records: int = RECORDS, repeats: int = 3) -> pd.DataFrame:
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for repeat in range(repeats):
-            order = configurations()
-            order = order[repeat % len(order):] + order[:repeat % len(order)]
-            sweep = [_row(repeat, "sweep", records, w, s, Path(tmp))
-                     for w, s in (order if repeat % 2 == 0 else order[::-1])]
-            best = max((r for r in sweep if r["layout"] == "fixed"),
-                       key=lambda r: r["records_per_s"])
-            pair = [("auto", "auto"), (int(best["workers_per_device"]), int(best["workunit_size"]))]
-            rows += sweep + [_row(repeat, "longer", LONGER * records, w, s, Path(tmp))
-                             for w, s in (pair if repeat % 2 == 0 else pair[::-1])]
-    return pd.DataFrame(rows)
-
-
-def _row(repeat: int, job: str, records: int, workers: int | str, size: int | str,
-         folder: Path) -> dict:
-    row = {"repeat": repeat, "job": job, **one_run(records, workers, size, folder / "out.h5")}
-    print(f"repeat {repeat} {job} workers {workers} size {size}: {row['records_per_s']:.0f} "
-          f"records/s", flush=True)
-    return row
+    """Per repeat: the sweep (helpers.study.autotune.sweep), then the longer job with the
+    self-tuning run and that repeat's best fixed configuration."""
+    frames = []
+    for repeat in range(repeats):
+        order = configurations(WORKERS, SIZES)
+        order = order[repeat % len(order):] + order[:repeat % len(order)]  # the order turns
+        swept = sweep(workload(), list(CARDS), order if repeat % 2 == 0 else order[::-1],
+                      records, 1).table
+        best = swept[swept.layout == "fixed"].sort_values("records_per_s").iloc[-1]
+        pair = [(AUTO, AUTO), (int(best.workers_per_device), int(best.workunit_size))]
+        longer = sweep(workload(), list(CARDS), pair if repeat % 2 == 0 else pair[::-1],
+                       LONGER * records, 1, job="longer").table
+        frames += [frame.assign(repeat=repeat) for frame in (swept, longer)]
+        for row in pd.concat([swept, longer]).itertuples():
+            print(f"repeat {repeat} {row.job} {row.configuration}: {row.records_per_s:.0f} "
+                  f"records/s", flush=True)
+    return pd.concat(frames, ignore_index=True)
 
 
 def report(frame: pd.DataFrame) -> dict[str, float]:
@@ -96,8 +68,8 @@ def report(frame: pd.DataFrame) -> dict[str, float]:
         ratios = []
         for _, group in rows.groupby("repeat"):
             fixed = group[group.layout == "fixed"].records_per_s.max()
-            ratios.append(group[group.layout == AUTO].records_per_s.iloc[0] / fixed)
-        auto = rows[rows.layout == AUTO]
+            ratios.append(group[group.layout == SELF_TUNING].records_per_s.iloc[0] / fixed)
+        auto = rows[rows.layout == SELF_TUNING]
         summary[f"{job} self_tuning_vs_best_fixed"] = statistics.median(ratios)
         summary[f"{job} makespan_vs_ideal"] = auto.makespan_vs_ideal.median()
         print(f"{job} job ({int(auto.records.iloc[0]):,} records, ideal "

@@ -104,6 +104,11 @@ class Growth:
     def settled(self) -> bool:
         return all(device.done for device in self.devices.values())
 
+    def deciding(self) -> set[int]:
+        """The slots of the devices whose count is not decided yet."""
+        return {slot for device in self.devices.values() if not device.done
+                for slot in [*device.slots, device.loading] if slot is not None}
+
     def hold(self, seconds: float) -> None:
         """Stop growing: every device keeps the workers it has (``seconds``: since the job's
         start, for the decisions)."""

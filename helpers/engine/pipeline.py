@@ -381,13 +381,14 @@ class _Job:
                 scheduler.check_timeouts()
                 if self.growth is not None and not self.growth.settled:
                     self.growth.step(scheduler, time.monotonic(), self.clock)
-                    self._explore(not self.growth.settled)
+                    self._explore(self.growth.deciding())
 
-    def _explore(self, exploring: bool) -> None:
-        """Short workunits while growth decides (each decision comes sooner), then the job's."""
+    def _explore(self, slots: set[int]) -> None:
+        """Short workunits for the workers of devices growth is deciding (each decision comes
+        sooner); the job's for the others."""
         if self.scheduler.sizing is not None:
-            seconds = self.settings.workunit_seconds
-            self.scheduler.sizing.seconds = min(seconds, EXPLORE_SECONDS) if exploring else seconds
+            self.scheduler.sizing.seconds = self.settings.workunit_seconds
+            self.scheduler.sizing.capped = dict.fromkeys(slots, EXPLORE_SECONDS)
 
     def _write(self, result: Result) -> int:
         """Hand a result to the writer and add it to the totals; returns its records."""

@@ -22,7 +22,7 @@ from helpers.engine.hdf5_sink import read_output
 from helpers.engine.pipeline import WorkerPool
 from helpers.engine.sources import ImageFolderSource
 from helpers.engine.stats import PipelineStats
-from helpers.study.experiments import layout_row
+from helpers.study.experiments import fair_workunit_size, layout_row
 from helpers.study.paths import DATA
 from helpers.workloads.binning import TIMINGS, BinningWorkload
 from helpers.workloads.binning.table import image_rows, write_csv
@@ -47,18 +47,20 @@ def sample(source: ImageFolderSource, n: int, seed: int = 0) -> list[tuple[int, 
 def layouts(workload: BinningWorkload, device: str, worker_counts: Sequence[int],
             pairs: list[tuple[int, str]], replicates: int, workunit_size: int = 4,
             backend: str = "process") -> pd.DataFrame:
-    """Queue-fed vs static split on ``pairs``, for each worker count on ``device``."""
+    """Queue-fed vs static split on ``pairs``, for each worker count on ``device``; queue-fed
+    workunits of ``workunit_size`` images or fewer (``fair_workunit_size``)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for workers in worker_counts:
+            size = fair_workunit_size(workunit_size, len(pairs), workers)
             with WorkerPool(workload, [device] * workers, backend, progress=False) as pool:
                 for replicate in range(replicates):
-                    queued = pool.run(pairs, Path(tmp) / "queue.h5", workunit_size=workunit_size)
+                    queued = pool.run(pairs, Path(tmp) / "queue.h5", workunit_size=size)
                     static = pool.run_static(pairs, Path(tmp) / "static.h5")
                     rows += [{**layout_row(s, name), "replicate": replicate, "workers": workers,
-                              "spinup_s": pool.spinup_seconds}
+                              "workunit_size": size, "spinup_s": pool.spinup_seconds}
                              for s, name in ((queued, "queue"), (static, "static"))]
-    return pd.DataFrame(rows).assign(device=device, workunit_size=workunit_size, backend=backend)
+    return pd.DataFrame(rows).assign(device=device, backend=backend)
 
 
 def bin_images(workload: BinningWorkload, devices: Sequence[str], pairs: list[tuple[int, str]],

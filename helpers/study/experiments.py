@@ -31,6 +31,15 @@ from helpers.engine.stats import PipelineStats, WorkunitSpan
 from helpers.study.paths import SAMPLE_TEXT
 
 SIMULATED = "synthetic heterogeneous"  # the label of runs on simulated cards
+# Fewer workunits per worker than this and a queue-fed job's rate says more about its last
+# workunits than about the layout (3 workunits for 2 workers: one waits while the other works).
+MIN_WORKUNITS = 8
+
+
+def fair_workunit_size(size: int, records: int, workers: int) -> int:
+    """``size``, made smaller where ``records`` would give each of ``workers`` fewer than
+    MIN_WORKUNITS workunits (never below one record)."""
+    return max(1, min(size, records // (MIN_WORKUNITS * workers)))
 
 
 def simulated_devices(speed_factors: Sequence[float]) -> tuple[list[str], dict[str, float]]:
@@ -40,7 +49,7 @@ def simulated_devices(speed_factors: Sequence[float]) -> tuple[list[str], dict[s
     return devices, dict(zip(devices, map(float, speed_factors)))
 
 
-def _sample(texts: list[str], n_records: int, seed: int) -> list[tuple[int, str]]:
+def sample_records(texts: list[str], n_records: int, seed: int) -> list[tuple[int, str]]:
     """``n_records`` random texts with ids 0..n-1; drawn with replacement only if the corpus is
     smaller than that (a GPU sweep may ask for more records than the sample holds)."""
     rng = np.random.default_rng(seed)
@@ -69,12 +78,12 @@ def compare_layouts(workload: Any, devices: Sequence[str], records: int, replica
     with WorkerPool(workload, list(devices), backend, progress=False) as pool, \
             tempfile.TemporaryDirectory() as tmp:
         for replicate in range(replicates):
-            pairs = _sample(texts, records, seed + replicate)
+            pairs = sample_records(texts, records, seed + replicate)
             static = pool.run_static(pairs, Path(tmp) / f"static-{replicate}.h5")
             queued = pool.run(pairs, Path(tmp) / f"queue-{replicate}.h5", workunit_size=workunit_size)
             for strategy, stats in (("static", static), ("queue", queued)):
                 rows.append({**layout_row(stats, strategy), "replicate": replicate})
-                spans += [{**_span_row(s), "strategy": strategy, "replicate": replicate}
+                spans += [{**span_row(s), "strategy": strategy, "replicate": replicate}
                           for s in stats.timeline]
         spinup = pool.spinup_seconds
     table = pd.DataFrame(rows).assign(workers=len(devices), devices=",".join(devices),
@@ -93,7 +102,7 @@ def measured(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["workload"] != SIMULATED] if "workload" in table else table
 
 
-def _span_row(span: WorkunitSpan) -> dict[str, Any]:
+def span_row(span: WorkunitSpan) -> dict[str, Any]:
     return {"worker": span.worker, "device": span.device, "workunit": span.workunit,
             "records": span.records, "start_s": span.start_s, "end_s": span.end_s}
 
@@ -101,9 +110,11 @@ def _span_row(span: WorkunitSpan) -> dict[str, Any]:
 def workers_per_device(workload: Any, device: str, worker_counts: Sequence[int],
                        records: int, replicates: int, texts: list[str],
                        workunit_size: int = 100, seed: int = 0) -> pd.DataFrame:
-    """Notebook 1: 1, 2, 4, ... workers on one device, static rounds and queue-fed, replicated."""
-    tables = [compare_layouts(workload, [device] * n, records, replicates, texts, workunit_size,
-                              seed=seed)[0] for n in worker_counts]
+    """Notebook 1: 1, 2, 4, ... workers on one device, static rounds and queue-fed, replicated;
+    queue-fed workunits of ``workunit_size`` records or fewer (``fair_workunit_size``)."""
+    tables = [compare_layouts(workload, [device] * n, records, replicates, texts,
+                              fair_workunit_size(workunit_size, records, n), seed=seed)[0]
+              for n in worker_counts]
     return pd.concat(tables, ignore_index=True)
 
 
@@ -119,11 +130,11 @@ def static_rounds(workload: Any, devices: Sequence[str], records: int, rounds: i
     with WorkerPool(workload, list(devices), backend, progress=False) as pool, \
             tempfile.TemporaryDirectory() as tmp:
         for number in range(rounds):
-            stats = pool.run_static(_sample(texts, records, seed + number),
+            stats = pool.run_static(sample_records(texts, records, seed + number),
                                     Path(tmp) / f"round-{number}.h5")
             rows.append({**layout_row(stats, "static"), "round": number})
             for span in stats.timeline:
-                row = _span_row(span)
+                row = span_row(span)
                 spans.append({**row, "round": number, "start_s": row["start_s"] + offset,
                               "end_s": row["end_s"] + offset, "round_end_s": offset + stats.wall_seconds})
             offset += stats.wall_seconds
@@ -141,7 +152,7 @@ def workunit_sizes(workload: Any, devices: Sequence[str], sizes: Sequence[int], 
     with WorkerPool(workload, list(devices), backend, progress=False) as pool, \
             tempfile.TemporaryDirectory() as tmp:
         for replicate in range(replicates):
-            pairs = _sample(texts, records, seed + replicate)
+            pairs = sample_records(texts, records, seed + replicate)
             for size in sizes:
                 stats = pool.run(pairs, Path(tmp) / f"size-{size}.h5", workunit_size=size)
                 rows.append({**layout_row(stats, "queue"), "workunit_size": size,
@@ -157,18 +168,20 @@ def backends_memory(workload_name: str, device: str, worker_counts: Sequence[int
     """Notebook 4: throughput and peak memory for each backend and worker count.
 
     Each run is a fresh ``python -m helpers run`` process, so its peak RSS is its own: the parent's
-    high-water mark plus each worker process's (threads live in the parent). ``options``: model,
-    batch_size, seconds_per_record (see ``run_isolated``).
+    high-water mark plus each worker process's (threads live in the parent). Workunits of
+    ``workunit_size`` records or fewer (``fair_workunit_size``). ``options``: model, batch_size,
+    seconds_per_record (see ``run_isolated``).
     """
     rows = []
     for replicate in range(replicates):
         for backend in backends:
             for n in worker_counts:
-                stats = run_isolated(workload_name, [device] * n, backend, records,
-                                     workunit_size, **options)
+                size = fair_workunit_size(workunit_size, records, n)
+                stats = run_isolated(workload_name, [device] * n, backend, records, size,
+                                     **options)
                 gpu = [w["peak_gpu_mb"] for w in stats["workers"] if w["peak_gpu_mb"] is not None]
                 rows.append({"backend": backend, "workers": n, "devices": ",".join([device] * n),
-                             "replicate": replicate, "records": stats["records"],
+                             "workunit_size": size, "replicate": replicate, "records": stats["records"],
                              "wall_s": stats["wall_seconds"], "spinup_s": stats["spinup_seconds"],
                              "records_per_s": stats["records_per_second"],
                              "peak_rss_mb": stats["peak_rss_mb"],

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
+from helpers.study.experiments import MIN_WORKUNITS
 from helpers.workloads.binning.rule import BINS
 
 SECONDS_PER_DAY = 86_400
@@ -36,8 +37,36 @@ def days(total_records: int, records_per_s: float) -> float:
     return total_records / records_per_s / SECONDS_PER_DAY if records_per_s > 0 else float("inf")
 
 
+def few_workunits(table: pd.DataFrame) -> str:
+    """'' when every queue-fed worker had at least MIN_WORKUNITS workunits on average; else a
+    clause naming the configurations that did not (their rate weighs their last workunits).
+    A table without records, workunit_size and workers columns says nothing of it: ''."""
+    if not {"records", "workunit_size", "workers"} <= set(table):
+        return ""
+    queued = table[table["strategy"] != "static"] if "strategy" in table else table
+    per_worker = queued["records"] / queued["workunit_size"] / queued["workers"]
+    short = queued.assign(per_worker=per_worker)[per_worker < MIN_WORKUNITS]
+    if short.empty:
+        return ""
+    named = short.groupby(["workers", "workunit_size"])["per_worker"].mean()
+    return (f"; fewer than {MIN_WORKUNITS} workunits per worker, so the job's end weighs on the "
+            f"rate: " + ", ".join(f"{w} worker{'s' if w != 1 else ''} × {s} records: {n:.1f}"
+                                   for (w, s), n in named.items()))
+
+
+def _sizes_used(table: pd.DataFrame) -> str:
+    """'workunits of 37, 18, 9 records for 1, 2, 4 workers' (queue-fed rows)."""
+    if "workunit_size" not in table:
+        return "queue-fed workunit sizes not recorded"
+    queued = table[table["strategy"] == "queue"] if "strategy" in table else table
+    sizes = queued.groupby("workers")["workunit_size"].first()
+    return (f"queue-fed workunits of {', '.join(map(str, sizes))} records for "
+            f"{', '.join(map(str, sizes.index))} workers")
+
+
 def workers_per_device(table: pd.DataFrame, total_records: int) -> str:
-    """Best worker count per strategy, the others relative to it, and the corpus estimate."""
+    """Best worker count per strategy, the others relative to it, the workunit sizes and the
+    corpus estimate."""
     parts = []
     for strategy in ("queue", "static"):
         stats = mean_sd(table[table["strategy"] == strategy], ["workers"])
@@ -46,7 +75,8 @@ def workers_per_device(table: pd.DataFrame, total_records: int) -> str:
             parts.append(f"{STRATEGY_WORDS[strategy]}: {named}")
     best = mean_sd(table, ["strategy", "workers"]).iloc[0]
     return "; ".join(parts) + f"; {total_records:,} chunks would take " \
-                              f"{days(total_records, best['mean']):.1f} days at the best rate"
+        f"{days(total_records, best['mean']):.1f} days at the best rate; {_sizes_used(table)}" \
+        + few_workunits(table)
 
 
 def _ranked(stats: pd.DataFrame, key: str, name: Callable[[int], str]) -> str:
@@ -69,7 +99,7 @@ def workunit_sizes(table: pd.DataFrame) -> str:
     """The fastest workunit size and how the others compare with it."""
     stats = mean_sd(table, ["workunit_size"])
     return f"on {table['devices'].iloc[0]}: " + \
-        _ranked(stats, "workunit_size", lambda n: f"workunit size {n}")
+        _ranked(stats, "workunit_size", lambda n: f"workunit size {n}") + few_workunits(table)
 
 
 def layouts(table: pd.DataFrame, label: str) -> str:
@@ -79,7 +109,7 @@ def layouts(table: pd.DataFrame, label: str) -> str:
     busy = table.groupby("strategy")["efficiency"].mean()
     return (f"{label}: queue-fed {queue['mean']:.1f} records/s vs static split "
             f"{static['mean']:.1f} ({queue['mean'] / static['mean']:.2f}×); workers busy "
-            f"{busy['queue']:.0%} vs {busy['static']:.0%} of the time")
+            f"{busy['queue']:.0%} vs {busy['static']:.0%} of the time" + few_workunits(table))
 
 
 def backends(table: pd.DataFrame) -> str:
@@ -93,7 +123,8 @@ def backends(table: pd.DataFrame) -> str:
             f"{process['peak_rss_mb']:.0f} MiB peak RSS, threads {thread['records_per_s']:.1f} "
             f"records/s at {thread['peak_rss_mb']:.0f} MiB "
             f"({process['records_per_s'] / thread['records_per_s']:.2f}× the throughput for "
-            f"{process['peak_rss_mb'] / thread['peak_rss_mb']:.2f}× the memory)")
+            f"{process['peak_rss_mb'] / thread['peak_rss_mb']:.2f}× the memory)"
+            + few_workunits(table))
 
 
 def best_configurations(tables: dict[str, pd.DataFrame], total_records: int) -> pd.DataFrame:
@@ -127,7 +158,7 @@ def binning_layouts(table: pd.DataFrame) -> str:
         parts.append(f"{workers} worker{'s' if workers > 1 else ''}: queue-fed "
                      f"{rates['queue']:.2f} images/s vs static {rates['static']:.2f} "
                      f"({rates['queue'] / rates['static']:.2f}×)")
-    return f"on {table['device'].iloc[0]}: " + "; ".join(parts)
+    return f"on {table['device'].iloc[0]}: " + "; ".join(parts) + few_workunits(table)
 
 
 def model_time(times: pd.DataFrame) -> str:
@@ -144,3 +175,43 @@ def bin_counts(table: pd.DataFrame) -> str:
     failed = int((table["error"] != "").sum())
     bins = ", ".join(f"{b}: {int(counts.get(b, 0))}" for b in BINS)
     return f"{len(table)} images: {bins}" + (f"; {failed} failed" if failed else "")
+
+
+def self_tuning(runs: pd.DataFrame) -> str:
+    """Per job length: the self-tuning run's rate against the best fixed configuration's, its
+    makespan against the ideal, and the workers it ended with."""
+    parts = []
+    for job, rows in runs.groupby("job", sort=False):
+        fixed = mean_sd(rows[rows["layout"] == "fixed"], ["workers_per_device", "workunit_size"])
+        auto = rows[rows["layout"] == "self-tuning"]
+        best = fixed.iloc[0]
+        parts.append(
+            f"{int(auto['records'].iloc[0]):,}-record job (ideal {auto['ideal_s'].iloc[0]:.1f} s): "
+            f"self-tuning {auto['records_per_s'].mean():.0f} records/s = "
+            f"{auto['records_per_s'].mean() / best['mean']:.2f}× the best fixed configuration "
+            f"({best['workers_per_device']} per device, workunits of {best['workunit_size']}), "
+            f"makespan {auto['makespan_vs_ideal'].mean():.2f}× the ideal, "
+            f"devices finishing within {auto['finish_spread_s'].mean():.2f} s of each other, "
+            f"ending with {auto['final_workers'].iloc[0]}")
+    return "; ".join(parts)
+
+
+def tuned_against(table: pd.DataFrame, tuned: str, reference: str, tuner_s: float) -> str:
+    """The tuner's pick against a reference configuration, measured side by side."""
+    rates = table.groupby("configuration")["records_per_s"]
+    mean, sd = rates.mean(), rates.std().fillna(0.0)
+    ratios = table.pivot(index="replicate", columns="configuration", values="records_per_s")
+    ratio = (ratios[tuned] / ratios[reference]).median()
+    return (f"{tuned}: {mean[tuned]:.1f} ± {sd[tuned]:.1f} records/s, {reference}: "
+            f"{mean[reference]:.1f} ± {sd[reference]:.1f} (median ratio {ratio:.2f} over "
+            f"{len(ratios)} interleaved replicates); the tuner took {tuner_s:.0f} s")
+
+
+def trials(table: pd.DataFrame) -> str:
+    """The tuner's pick (the trials table's ``picked`` row) and the fastest trial overall."""
+    pick = table[table["picked"]].iloc[0]
+    fastest = table["records_per_s"].max()
+    return (f"{len(table)} trials; picked: batch {pick['batch_size']}, "
+            f"{pick['workers_per_device']}, workunits of {pick['workunit_size']} at "
+            f"{pick['records_per_s']:.1f} records/s ({pick['records_per_s'] / fastest:.2f}× the "
+            f"fastest trial)")

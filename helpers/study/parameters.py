@@ -129,6 +129,9 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "backends": _subset(BACKENDS), "model": _model, "results_dir": _text,
     "figures_dir": _text, "image_folder": _text, "images": positive_int, "pass_images": positive_int,
     "gallery_per_bin": positive_int, "model_threads": positive_int, "prompts": _texts,
+    "batch_sizes": _ints, "tune_sample": positive_int, "tune_budget_seconds": _seconds,
+    "seconds_per_workunit": _seconds, "parallelism": positive_int, "longer_records": positive_int,
+    "sweep_replicates": positive_int,
     **{name: _threshold for name in THRESHOLDS},
 }
 

@@ -10,6 +10,8 @@ from helpers.study.figures import use_style
 from helpers.workloads.binning.rule import BINS
 
 STRATEGY_NAMES = {"static": "static split (rounds)", "queue": "queue-fed (persistent)"}
+USE_LABELS = {"nvml": "GPU busy [%]\n(NVML)", "psutil": "CPU [%] of the\nworkers (psutil)",
+              "simulated": "card busy [%]\n(simulated)"}  # telemetry lane, by sample source
 
 
 def _figure(ncols: int = 1, width: float = 6.4, height: float = 4.2, **kwargs: Any):
@@ -38,21 +40,35 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
 
 
 def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
-             round_ends: pd.Series | None = None) -> Any:
-    """Busy bars per worker over time (the gaps are idle time), one panel per value of ``panel``."""
+             round_ends: pd.Series | None = None, sizes: bool = False,
+             decisions: pd.DataFrame | None = None, telemetry: pd.DataFrame | None = None) -> Any:
+    """Busy bars per worker over time (the gaps are idle time), one panel per value of ``panel``.
+
+    With one panel, lanes below it, sharing its time axis: ``sizes``, each workunit's records by
+    device; ``decisions`` (growth's), each device's worker count; ``telemetry`` (its samples, or
+    helpers.study.autotune.busy_share's), each device's use: were the devices fed?
+    """
     import matplotlib.pyplot as plt
 
     use_style()
     panels = [None] if panel is None else list(dict.fromkeys(spans[panel]))
-    height = 1.2 + len(panels) * (0.6 + 0.45 * spans["worker"].nunique())
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9.0, height), squeeze=False, sharex=True)
+    lanes = [] if panel is not None else \
+        [lane for lane, wanted in (("sizes", sizes), ("workers", decisions is not None),
+                                   ("use", telemetry is not None)) if wanted]
+    rows = 0.6 + 0.45 * spans["worker"].nunique()
+    fig, axes = plt.subplots(len(panels) + len(lanes), 1, squeeze=False, sharex=True,
+                             figsize=(9.0, 1.2 + len(panels) * rows + 1.6 * len(lanes)),
+                             height_ratios=[rows] * len(panels) + [1.6] * len(lanes))
+    devices = list(dict.fromkeys(spans.sort_values("worker")["device"]))
+    by_device = len(devices) > 1
     colors = plt.get_cmap("tab10")
-    for ax, value in zip(axes[:, 0], panels):
+    for ax, value in zip(axes[:len(panels), 0], panels):
         part = spans if value is None else spans[spans[panel] == value]
-        for worker, rows in part.groupby("worker"):
-            bars = list(zip(rows["start_s"], rows["end_s"] - rows["start_s"]))
-            ax.broken_barh(bars, (worker - 0.4, 0.8), facecolors=colors(worker % 10),
-                           edgecolor="white", linewidth=1.0)
+        for worker, rows_ in part.groupby("worker"):
+            bars = list(zip(rows_["start_s"], rows_["end_s"] - rows_["start_s"]))
+            color = colors(devices.index(rows_["device"].iloc[0]) if by_device else worker % 10)
+            ax.broken_barh(bars, (worker - 0.4, 0.8), facecolors=color, edgecolor="white",
+                           linewidth=1.0)
         labels = part.drop_duplicates("worker").sort_values("worker")
         ax.set_yticks(labels["worker"], labels=[f"worker {w} · {d}" for w, d in
                                                 zip(labels["worker"], labels["device"])])
@@ -61,9 +77,61 @@ def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
             for end in sorted(set(round_ends)):
                 ax.axvline(end, color="0.3", linestyle="--", linewidth=0.8)
         ax.set_title(STRATEGY_NAMES.get(value, value) if value is not None else "", fontsize=10)
+    for ax, lane in zip(axes[len(panels):, 0], lanes):
+        if lane == "sizes":
+            _sizes_lane(ax, spans, devices, colors)
+        elif lane == "workers":
+            _workers_lane(ax, decisions, spans, devices, colors)
+        else:
+            _use_lane(ax, telemetry, devices, colors)
+    if len(devices) > 1 and lanes:
+        axes[0, 0].legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colors(i))
+                                   for i in range(len(devices))], labels=devices,
+                          fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[-1, 0].set_xlabel("time since start [s] (bars: busy; gaps: idle)")
     fig.suptitle(title)
     return fig
+
+
+def _sizes_lane(ax: Any, spans: pd.DataFrame, devices: list[str], colors: Any) -> None:
+    from matplotlib import ticker
+
+    for i, device in enumerate(devices):
+        part = spans[spans["device"] == device]
+        ax.scatter(part["start_s"], part["records"], s=10, color=colors(i), label=device)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_ylabel("workunit\n[records]", fontsize=9)
+
+
+def _workers_lane(ax: Any, decisions: pd.DataFrame, spans: pd.DataFrame, devices: list[str],
+                  colors: Any) -> None:
+    known = decisions if "device" in decisions else pd.DataFrame(
+        columns=["device", "seconds", "workers"])
+    for i, device in enumerate(devices):
+        part = known[known["device"] == device]
+        times, counts = [0.0, *part["seconds"]], [1, *part["workers"]]
+        ax.step([*times, spans["end_s"].max()], [c + 0.06 * (i - 1) for c in counts + counts[-1:]],
+                where="post", color=colors(i), linewidth=1.6)  # offset: equal counts stay visible
+    ax.set_ylabel("workers\nper device", fontsize=9)
+    ax.set_ylim(0.5, max([2, *known["workers"]]) + 0.5)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+
+
+def _use_lane(ax: Any, telemetry: pd.DataFrame, devices: list[str], colors: Any) -> None:
+    if telemetry.empty:  # a job shorter than telemetry's sample period
+        ax.text(0.5, 0.5, "no telemetry samples: the job was shorter than their period",
+                transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.4")
+        ax.set_ylabel("use [%]", fontsize=9)
+        return
+    use = telemetry.groupby(["device", "seconds"])["utilization"].sum().reset_index()
+    for i, device in enumerate(devices):
+        part = use[use["device"] == device]
+        ax.plot(part["seconds"], part["utilization"], color=colors(i), linewidth=1.2)
+    source = telemetry["source"].iloc[0] if len(telemetry) else ""
+    ax.set_ylabel(USE_LABELS.get(source, "use [%]"), fontsize=9)
+    ax.set_ylim(bottom=0)
 
 
 def grouped_bars(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str,
@@ -105,13 +173,34 @@ def ranking(best: pd.DataFrame, title: str, total_records: int) -> Any:
     positions = range(len(best))
     ax.barh(positions, best["records_per_s"], xerr=best["records_per_s_sd"], capsize=4,
             color=plt.get_cmap("tab10")(0))
-    for y, row in zip(positions, best.itertuples()):
-        ax.text(row.records_per_s, y, f"  {row.estimated_days:,.1f} days", va="center",
-                fontsize=9)
+    ends = best["records_per_s"] + best["records_per_s_sd"].fillna(0)  # past the error bar
+    for y, end, row in zip(positions, ends, best.itertuples()):
+        ax.text(end, y, f"  {row.estimated_days:,.1f} days", va="center", fontsize=9)
     ax.set_yticks(list(positions), labels=labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(right=best["records_per_s"].max() * 1.3)
+    ax.set_xlim(right=ends.max() * 1.3)
     ax.set(title=title, xlabel=f"throughput [records/s] (labels: days for {total_records:,} chunks)")
+    return fig
+
+
+def ranked_bars(frame: pd.DataFrame, label: str, y: str, hue: str, title: str,
+                xlabel: str) -> Any:
+    """Horizontal mean ± sd bars of ``y`` per ``label``, best first, coloured by ``hue``."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    stats = frame.groupby(label).agg(mean=(y, "mean"), sd=(y, "std"), hue=(hue, "first"))
+    stats = stats.fillna({"sd": 0.0}).sort_values("mean", ascending=False)
+    kinds = list(dict.fromkeys(frame[hue]))
+    colors = [plt.get_cmap("tab10")(kinds.index(k)) for k in stats["hue"]]
+    fig, ax = plt.subplots(figsize=(8.0, 1.2 + 0.4 * len(stats)))
+    ax.barh(range(len(stats)), stats["mean"], xerr=stats["sd"], capsize=3, color=colors)
+    ax.set_yticks(range(len(stats)), labels=stats.index, fontsize=8)
+    ax.invert_yaxis()
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap("tab10")(i))
+                       for i in range(len(kinds))], labels=kinds, fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set(title=title, xlabel=xlabel)
     return fig
 
 

@@ -1,0 +1,162 @@
+"""Notebook 7's experiments: a self-tuning run against a full sweep, and one configuration against
+another on their own loaded pools. Each returns tidy tables (one row per run; units in names).
+
+- ``sweep``: every fixed configuration (workers per device × workunit size) and the self-tuning
+  run (``workers_per_device="auto"``, ``workunit_size="auto"``: a fresh pool with one worker per
+  device and no prior tuning), each a fresh pool on the same records, interleaved (the order
+  turns every replicate). The self-tuning run of the first replicate also gives its timeline,
+  growth's decisions and its telemetry.
+- ``side_by_side``: named configurations (a workload, its devices, a workunit size), each on its
+  own pool, loaded once; their jobs alternate on the same sampled records, so that the machine's
+  drift falls on all of them alike.
+"""
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from helpers.engine.pipeline import WorkerPool, run_pipeline
+from helpers.engine.settings import AUTO
+from helpers.engine.stats import PipelineStats
+from helpers.study.experiments import layout_row, sample_records, span_row
+from helpers.study.results import load_sidecar, load_table
+from helpers.workloads.synthetic import SyntheticWorkload
+
+SELF_TUNING = "self-tuning"
+BUSY_STEP_S = 0.25  # the grain of busy_share's lane
+
+
+@dataclass
+class Runs:
+    table: pd.DataFrame  # one row per run
+    timeline: pd.DataFrame  # the first self-tuning run's workunits (span_row)
+    decisions: pd.DataFrame  # its growth decisions (helpers.engine.growth.Decision)
+    telemetry: pd.DataFrame  # its telemetry samples (helpers.engine.telemetry.Sample)
+
+
+def configurations(worker_counts: Sequence[int], sizes: Sequence[int]) -> list[tuple[Any, Any]]:
+    """Every (workers per device, workunit size) of the sweep, then the self-tuning one."""
+    return [(w, s) for w in worker_counts for s in sizes] + [(AUTO, AUTO)]
+
+
+def ideal_seconds(workload: SyntheticWorkload, devices: Sequence[str], records: int) -> float:
+    """Records ÷ the sum of the simulated devices' saturated rates, with no per-workunit cost:
+    a bound no run reaches."""
+    rate = sum((workload.device_parallelism(d) or 1) * workload.speed.get(d, 1.0)
+               for d in dict.fromkeys(devices)) / workload.seconds_per_record
+    return records / rate
+
+
+def sweep(workload: SyntheticWorkload, devices: Sequence[str], configs: Sequence[tuple[Any, Any]],
+          records: int, replicates: int, job: str = "sweep") -> Runs:
+    """Each configuration of ``configs`` on ``records`` records, ``replicates`` times."""
+    rows: list[dict] = []
+    kept: PipelineStats | None = None
+    ideal = ideal_seconds(workload, devices, records)
+    with tempfile.TemporaryDirectory() as tmp:
+        for replicate in range(replicates):
+            turn = replicate % len(configs)
+            order = list(configs[turn:]) + list(configs[:turn])
+            for workers, size in order if replicate % 2 == 0 else order[::-1]:
+                stats = run_pipeline([(i, i) for i in range(records)], workload, list(devices),
+                                     size, Path(tmp) / "out.h5", workers_per_device=workers,
+                                     progress=False, durable=False)
+                start = {d: 1 if workers == AUTO else workers for d in devices}
+                rows.append({**run_row(stats, workers, size, start), "job": job,
+                             "replicate": replicate, "ideal_s": ideal,
+                             "makespan_vs_ideal": stats.wall_seconds / ideal})
+                if workers == AUTO and kept is None:
+                    kept = stats
+    return Runs(pd.DataFrame(rows), *_detail(kept))
+
+
+def run_row(stats: PipelineStats, workers: Any, size: Any, start: dict[str, int]) -> dict:
+    """One run as a row: its configuration, rate, how evenly its devices finished, and the worker
+    count each device ended with (``start``: each device's count at the start)."""
+    last = dict(start)
+    last.update({d["device"]: d["workers"] for d in stats.decisions})
+    ends = pd.Series([s.end_s for s in stats.timeline]).groupby(
+        [s.device for s in stats.timeline]).max()
+    return {**layout_row(stats, "queue"), "layout": SELF_TUNING if workers == AUTO else "fixed",
+            "configuration": SELF_TUNING if workers == AUTO == size else
+            f"{workers} per device, workunits of {size}",
+            "workers_per_device": str(workers), "workunit_size": str(size),
+            "spinup_s": stats.spinup_seconds, "decisions": len(stats.decisions),
+            "finish_spread_s": float(ends.max() - ends.min()) if len(ends) else np.nan,
+            "final_workers": ",".join(f"{d}={n}" for d, n in last.items())}
+
+
+def _detail(stats: PipelineStats | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    if stats is None:
+        return pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
+    return (pd.DataFrame([span_row(s) for s in stats.timeline]), pd.DataFrame(stats.decisions),
+            pd.DataFrame([asdict(s) for s in stats.telemetry]))
+
+
+def busy_share(spans: pd.DataFrame, parallelism: int, step: float = BUSY_STEP_S) -> pd.DataFrame:
+    """A simulated card's use over time, in telemetry's shape: the workunits at work on it (at
+    most ``parallelism`` run at once) ÷ ``parallelism``, every ``step`` seconds. What NVML would
+    report for a real card; a simulated one sleeps, so its processes show no CPU use."""
+    times = np.arange(0.0, spans["end_s"].max() + step, step)
+    rows = []
+    for device, part in spans.groupby("device"):
+        at_work = ((part["start_s"].to_numpy()[:, None] <= times)
+                   & (times < part["end_s"].to_numpy()[:, None])).sum(axis=0)
+        rows += [{"seconds": t, "device": device, "worker": None, "source": "simulated",
+                  "utilization": 100.0 * min(n, parallelism) / parallelism, "memory_mb": np.nan}
+                 for t, n in zip(times, at_work)]
+    return pd.DataFrame(rows)
+
+
+def side_by_side(configs: dict[str, tuple[Any, Sequence[str], Any]], records: int,
+                 replicates: int, texts: list[str], seed: int = 0,
+                 backend: str = "process") -> tuple[pd.DataFrame, dict[str, Runs]]:
+    """``configs``: label -> (workload, devices, workunit size). Each label's pool is loaded once;
+    replicate r runs every label on the same ``records`` sampled texts, the order turning.
+    Returns (one row per label × replicate, each label's first run in detail)."""
+    rows, first = [], {}
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        pools = {label: stack.enter_context(WorkerPool(workload, list(devices), backend,
+                                                       progress=False))
+                 for label, (workload, devices, _) in configs.items()}
+        labels = list(configs)
+        for replicate in range(replicates):
+            pairs = sample_records(texts, records, seed + replicate)
+            for label in labels[replicate % len(labels):] + labels[:replicate % len(labels)]:
+                workload, devices, size = configs[label]
+                stats = pools[label].run(pairs, Path(tmp) / "out.h5", workunit_size=size,
+                                         durable=False)
+                counts = Counter(devices)
+                workers = ",".join(f"{d}={n}" for d, n in counts.items())
+                rows.append({**run_row(stats, workers, size, counts), "configuration": label,
+                             "replicate": replicate, "devices": ",".join(devices),
+                             "batch_size": getattr(workload, "batch_size", None),
+                             "spinup_s": pools[label].spinup_seconds})
+                first.setdefault(label, Runs(pd.DataFrame(), *_detail(stats)))
+    return pd.DataFrame(rows), first
+
+
+def trials_table(trials: list[dict], picked: int | None) -> pd.DataFrame:
+    """The tuner's trials (helpers.tuner.Tuned.trials), each labelled with its configuration;
+    ``picked``: the trial the tuner chose (Tuned.trial)."""
+    table = pd.DataFrame(trials)
+    return table.assign(picked=table["trial"] == picked, configuration=[
+        f"{t.trial}: batch {t.batch_size}, {t.workers_per_device}, workunits of {t.workunit_size}"
+        + (" (picked)" if t.trial == picked else "") for t in table.itertuples()])
+
+
+def best_workunit_size(results_dir: str | Path) -> dict[str, Any]:
+    """Notebook 3's fastest configuration (its table and sidecar): devices, workunit size and
+    batch size."""
+    table = load_table("workunit_sizes", results_dir)
+    devices, size = table.groupby(["devices", "workunit_size"])["records_per_s"].mean().idxmax()
+    batch = load_sidecar("workunit_sizes", results_dir)["parameters"]["batch_size"]
+    return {"devices": devices.split(","), "workunit_size": int(size), "batch_size": batch}

@@ -1,0 +1,82 @@
+"""Notebook 7's experiments (helpers.study.autotune): the sweep against the self-tuning run, the
+simulated cards' use, configurations side by side, and their findings and figure lanes."""
+import pandas as pd
+import pytest
+
+from helpers.engine.settings import AUTO
+from helpers.study import autotune, findings, plots
+from helpers.workloads.synthetic import SyntheticWorkload
+
+pytestmark = pytest.mark.timeout(180)  # reached only on deadlock
+
+CARDS = {"cuda:0": 1.0, "cuda:1": 0.5}
+
+
+def cards(**options):
+    return SyntheticWorkload(0.001, speed=CARDS, values="zeros", **options)
+
+
+def test_configurations_are_the_sweep_then_self_tuning():
+    assert autotune.configurations([1, 2], [10, 50]) == \
+        [(1, 10), (1, 50), (2, 10), (2, 50), (AUTO, AUTO)]
+
+
+def test_the_ideal_counts_each_card_s_parallelism_and_speed():
+    # cuda:0: 2 x 1000 records/s, cuda:1: 2 x 500 -> 3000 records/s
+    assert autotune.ideal_seconds(cards(parallelism=2), list(CARDS), 6000) == pytest.approx(2.0)
+    assert autotune.ideal_seconds(cards(), list(CARDS), 1500) == pytest.approx(1.0)
+
+
+def test_busy_share_is_workunits_at_work_over_parallelism():
+    spans = pd.DataFrame({"device": ["cuda:0"] * 3, "worker": [0, 1, 2],
+                          "start_s": [0.0, 0.0, 0.0], "end_s": [1.0, 2.0, 3.0]})
+    share = autotune.busy_share(spans, parallelism=2, step=0.5).set_index("seconds")["utilization"]
+    assert share[0.5] == 100.0  # three at work, two at a time
+    assert share[1.5] == 100.0 and share[2.5] == 50.0 and share[3.0] == 0.0
+
+
+def test_sweep_runs_every_configuration_on_the_same_records_and_keeps_the_self_tuning_detail():
+    runs = autotune.sweep(cards(parallelism=1), list(CARDS), [(1, 20), (AUTO, AUTO)], 600, 1)
+    table = runs.table.set_index("layout")
+    assert sorted(table.index) == ["fixed", "self-tuning"]
+    assert (table["records"] == 600).all() and (table["makespan_vs_ideal"] > 1.0).all()
+    assert table.loc["fixed", "configuration"] == "1 per device, workunits of 20"
+    assert table.loc["fixed", "final_workers"] == "cuda:0=1,cuda:1=1"
+    assert runs.timeline["records"].sum() == 600  # the self-tuning run's workunits
+    assert set(runs.timeline["device"]) == set(CARDS)
+
+
+def test_side_by_side_alternates_configurations_on_loaded_pools():
+    fast, slow = SyntheticWorkload(0.0005), SyntheticWorkload(0.002)
+    table, first = autotune.side_by_side({"fast": (fast, ["cpu"], 10), "slow": (slow, ["cpu"], 10)},
+                                         records=40, replicates=2,
+                                         texts=[f"t{i}" for i in range(50)], backend="thread")
+    assert table["configuration"].tolist() == ["fast", "slow", "slow", "fast"]  # order turns
+    assert (table["records"] == 40).all() and set(first) == {"fast", "slow"}
+    rates = table.groupby("configuration")["records_per_s"].mean()
+    assert rates["fast"] > rates["slow"]
+    assert "median ratio" in findings.tuned_against(table, "fast", "slow", 12.0)
+
+
+def test_self_tuning_finding_compares_with_the_best_fixed_configuration():
+    runs = pd.DataFrame({
+        "job": ["sweep"] * 3, "layout": ["fixed", "fixed", "self-tuning"],
+        "workers_per_device": ["1", "2", "auto"], "workunit_size": ["10", "10", "auto"],
+        "records_per_s": [50.0, 100.0, 90.0], "records": [1000] * 3, "ideal_s": [8.0] * 3,
+        "makespan_vs_ideal": [2.5, 1.25, 1.39], "finish_spread_s": [0.1, 0.1, 0.05],
+        "final_workers": ["", "", "cuda:0=2"]})
+    text = findings.self_tuning(runs)
+    assert "0.90× the best fixed configuration (2 per device, workunits of 10)" in text
+    assert "makespan 1.39× the ideal" in text and "ending with cuda:0=2" in text
+
+
+def test_the_timeline_draws_a_lane_per_view_asked_for():
+    spans = pd.DataFrame({"worker": [0, 1, 2], "device": ["cuda:0", "cuda:1", "cuda:0"],
+                          "records": [10, 5, 20], "start_s": [0.0, 0.0, 1.0],
+                          "end_s": [1.0, 2.0, 2.0]})
+    decisions = pd.DataFrame({"seconds": [0.8], "device": ["cuda:0"], "workers": [2]})
+    fig = plots.timeline(spans, "t", sizes=True, decisions=decisions,
+                         telemetry=autotune.busy_share(spans, 1))
+    assert [ax.get_ylabel().split("\n")[0] for ax in fig.axes[1:]] == \
+        ["workunit", "workers", "card busy [%]"]
+    assert len(plots.timeline(spans, "t").axes) == 1  # no lanes unless asked
