@@ -48,11 +48,13 @@ def test_sweep_runs_every_configuration_on_the_same_records_and_keeps_the_self_t
 
 def test_side_by_side_alternates_configurations_on_loaded_pools():
     fast, slow = SyntheticWorkload(0.0005), SyntheticWorkload(0.002)
-    table, first = autotune.side_by_side({"fast": (fast, ["cpu"], 10), "slow": (slow, ["cpu"], 10)},
+    table, first = autotune.side_by_side({"fast": (fast, ["cpu"], 10, 1),
+                                          "slow": (slow, ["cpu"], 10, None)},
                                          records=40, replicates=2,
                                          texts=[f"t{i}" for i in range(50)], backend="thread")
     assert table["configuration"].tolist() == ["fast", "slow", "slow", "fast"]  # order turns
     assert (table["records"] == 40).all() and set(first) == {"fast", "slow"}
+    assert table.groupby("configuration")["threads_per_worker"].first()["fast"] == 1
     rates = table.groupby("configuration")["records_per_s"].mean()
     assert rates["fast"] > rates["slow"]
     assert "median ratio" in findings.tuned_against(table, "fast", "slow", 12.0)

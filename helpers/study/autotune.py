@@ -116,22 +116,24 @@ def busy_share(spans: pd.DataFrame, parallelism: int, step: float = BUSY_STEP_S)
     return pd.DataFrame(rows)
 
 
-def side_by_side(configs: dict[str, tuple[Any, Sequence[str], Any]], records: int,
+def side_by_side(configs: dict[str, tuple[Any, Sequence[str], Any, int | None]], records: int,
                  replicates: int, texts: list[str], seed: int = 0,
                  backend: str = "process") -> tuple[pd.DataFrame, dict[str, Runs]]:
-    """``configs``: label -> (workload, devices, workunit size). Each label's pool is loaded once;
-    replicate r runs every label on the same ``records`` sampled texts, the order turning.
-    Returns (one row per label × replicate, each label's first run in detail)."""
+    """``configs``: label -> (workload, devices, workunit size, CPU threads per worker or None
+    for an even share). Each label's pool is loaded once; replicate r runs every label on the
+    same ``records`` sampled texts, the order turning. Returns (one row per label × replicate,
+    each label's first run in detail)."""
     rows, first = [], {}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         pools = {label: stack.enter_context(WorkerPool(workload, list(devices), backend,
+                                                       threads_per_worker=threads,
                                                        progress=False))
-                 for label, (workload, devices, _) in configs.items()}
+                 for label, (workload, devices, _, threads) in configs.items()}
         labels = list(configs)
         for replicate in range(replicates):
             pairs = sample_records(texts, records, seed + replicate)
             for label in labels[replicate % len(labels):] + labels[:replicate % len(labels)]:
-                workload, devices, size = configs[label]
+                workload, devices, size, _ = configs[label]
                 stats = pools[label].run(pairs, Path(tmp) / "out.h5", workunit_size=size,
                                          durable=False)
                 counts = Counter(devices)
@@ -139,6 +141,7 @@ def side_by_side(configs: dict[str, tuple[Any, Sequence[str], Any]], records: in
                 rows.append({**run_row(stats, workers, size, counts), "configuration": label,
                              "replicate": replicate, "devices": ",".join(devices),
                              "batch_size": getattr(workload, "batch_size", None),
+                             "threads_per_worker": pools[label].workers[0].threads,
                              "spinup_s": pools[label].spinup_seconds})
                 first.setdefault(label, Runs(pd.DataFrame(), *_detail(stats)))
     return pd.DataFrame(rows), first
