@@ -9,7 +9,8 @@ grows at most GROWTH times per result, so a first, cold measurement cannot run a
 
 A fixed cost per workunit (a message each way, a launch, a sync: ``fixed``) makes a workunit of n
 records take ``fixed + n × per_record``. Two workunits of one worker whose sizes differ by
-PAIR_RATIO or more give both (a line through two points; smoothed, kept below the shorter time);
+PAIR_RATIO or more give both (a line through two points, kept below the shorter time; the fixed
+cost is the smallest such estimate, since waiting for a device that other workers share only adds);
 the target is then the size whose workunit takes ``workunit_seconds``, or ``fixed ÷ FIXED_SHARE``
 if that is longer: a fixed cost larger than the time asked for would otherwise shrink every
 target (each measured rate lower than the last) down to one record, the worst size there is.
@@ -71,7 +72,7 @@ class Sizing:
         if per_record <= 0:
             return  # noise larger than the difference: nothing learnt
         fixed = min(max(seconds - per_record * records, 0.0), 0.9 * min(seconds, last[1]))
-        self.fixed[slot] = _smoothed(self.fixed.get(slot), fixed)
+        self.fixed[slot] = min(fixed, self.fixed.get(slot, fixed))  # waits only add to it
 
     def forget(self, slot: int) -> None:
         """The worker in ``slot`` is gone (retired): its rate no longer shares the tail."""
