@@ -19,7 +19,7 @@ import statistics
 import pandas as pd
 
 from helpers.engine.settings import AUTO
-from helpers.study.autotune import SELF_TUNING, configurations, sweep
+from helpers.study.autotune import SELF_TUNING, configurations, interleaved, sweep
 from helpers.study.results import save_table
 from helpers.workloads.synthetic import SyntheticWorkload
 
@@ -43,9 +43,7 @@ def measure(records: int = RECORDS, repeats: int = 3) -> pd.DataFrame:
     self-tuning run and that repeat's best fixed configuration."""
     frames = []
     for repeat in range(repeats):
-        order = configurations(WORKERS, SIZES)
-        order = order[repeat % len(order):] + order[:repeat % len(order)]  # the order turns
-        swept = sweep(workload(), list(CARDS), order if repeat % 2 == 0 else order[::-1],
+        swept = sweep(workload(), list(CARDS), interleaved(configurations(WORKERS, SIZES), repeat),
                       records, 1).table
         best = swept[swept.layout == "fixed"].sort_values("records_per_s").iloc[-1]
         pair = [(AUTO, AUTO), (int(best.workers_per_device), int(best.workunit_size))]

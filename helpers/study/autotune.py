@@ -63,9 +63,7 @@ def sweep(workload: SyntheticWorkload, devices: Sequence[str], configs: Sequence
     ideal = ideal_seconds(workload, devices, records)
     with tempfile.TemporaryDirectory() as tmp:
         for replicate in range(replicates):
-            turn = replicate % len(configs)
-            order = list(configs[turn:]) + list(configs[:turn])
-            for workers, size in order if replicate % 2 == 0 else order[::-1]:
+            for workers, size in interleaved(configs, replicate):
                 stats = run_pipeline([(i, i) for i in range(records)], workload, list(devices),
                                      size, Path(tmp) / "out.h5", workers_per_device=workers,
                                      progress=False, durable=False)
@@ -76,6 +74,14 @@ def sweep(workload: SyntheticWorkload, devices: Sequence[str], configs: Sequence
                 if workers == AUTO and kept is None:
                     kept = stats
     return Runs(pd.DataFrame(rows), *_detail(kept))
+
+
+def interleaved(configs: Sequence[Any], replicate: int) -> list[Any]:
+    """The order replicate ``replicate`` runs ``configs`` in: turned by one each replicate, and
+    backwards every second, so that no configuration always follows the same one."""
+    turn = replicate % len(configs)
+    order = list(configs[turn:]) + list(configs[:turn])
+    return order if replicate % 2 == 0 else order[::-1]
 
 
 def run_row(stats: PipelineStats, workers: Any, size: Any, start: dict[str, int]) -> dict:
