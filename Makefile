@@ -1,6 +1,7 @@
 # Two commands do all the set-up: `make run` (the main job: the notebook suite) and `make test`.
-# Each creates .venv if missing and installs the project; torch is pinned to 2.13.0 (pyproject.toml)
-# and installed first, so a CPU-only machine never pulls a CUDA build.
+# Each creates .venv if missing and installs the project with its test and ray extras (so that CI
+# tests the ray backend); torch is pinned to 2.13.0 (pyproject.toml) and installed first, so a
+# CPU-only machine never pulls a CUDA build.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet "$(TORCH)" -e ".[test]"
+	$(PY) -m pip install --quiet "$(TORCH)" -e ".[test,ray]"
 	touch $@
 
 # The notebook suite, headless (papermill), with the parameter set notebooks/params/$(PARAMS).yaml:

@@ -76,7 +76,10 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
     shared.add_argument("--devices", default=devices,
                         help="one entry per worker, e.g. cuda:0,cuda:0,cpu or cuda:0*2,cpu; "
                              "'auto': every GPU here (else mps, else cpu), 'auto*2': two on each")
-    shared.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend)
+    shared.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend,
+                        help="process: a spawned process per worker; thread: threads sharing one "
+                             "model per device; ray: a Ray actor per worker (pip install "
+                             "'gpufeed[ray]')")
     shared.add_argument("--text-field", default="text", help="JSONL field holding the text")
     emb = shared.add_argument_group("embedding workload")
     emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
@@ -129,6 +132,9 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker)")
     run.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--ray-address", help="--backend ray: the cluster's head, e.g. "
+                                           "10.0.0.1:6379 (default: $RAY_ADDRESS, else a local "
+                                           "Ray started for the run)")
     safe = run.add_argument_group("failures and resuming")
     safe.add_argument("--resume", action="store_true",
                       help="keep what OUTPUT holds (a killed or interrupted run) and do the rest")
@@ -210,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "adaptive": args.adaptive, "max_workers_per_device": args.max_workers_per_device,
                    "workers_per_device": args.workers_per_device,
                    "workunit_seconds": args.workunit_seconds}
+        if args.ray_address:
+            options["ray_address"] = args.ray_address
         source = _source(args)
         stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
                              args.backend, args.strategy, **options)

@@ -82,3 +82,16 @@ def test_the_timeline_draws_a_lane_per_view_asked_for():
     assert [ax.get_ylabel().split("\n")[0] for ax in fig.axes[1:]] == \
         ["workunit", "workers", "card busy [%]"]
     assert len(plots.timeline(spans, "t").axes) == 1  # no lanes unless asked
+
+
+@pytest.mark.parametrize("configs", [["a", "b"], ["a", "b", "c"]])
+def test_interleaved_puts_each_configuration_in_every_place_and_after_every_other(configs):
+    from helpers.study.autotune import interleaved
+
+    orders = [interleaved(configs, r) for r in range(2 * len(configs))]
+    assert all(sorted(order) == configs for order in orders)
+    for config in configs:  # every place, equally often
+        assert sorted(order.index(config) for order in orders) == \
+            sorted(list(range(len(configs))) * 2)
+    follows = {(order[i], order[i + 1]) for order in orders for i in range(len(configs) - 1)}
+    assert len(follows) == len(configs) * (len(configs) - 1)  # every pair, both ways

@@ -70,3 +70,21 @@ def test_autotune_bench_compares_self_tuning_with_the_sweep_s_best(monkeypatch, 
     summary = autotune.report(frame)
     assert 0 < summary["sweep self_tuning_vs_best_fixed"] and summary["longer makespan_vs_ideal"] > 1
     assert "self-tuning ÷ best fixed" in capsys.readouterr().out
+
+
+def test_ray_bench_reports_the_median_ratio_spin_ups_and_the_driver_limit(capsys):
+    import pandas as pd
+
+    from helpers.bench.ray_backend import report
+
+    side = pd.DataFrame([{"backend": b, "replicate": r, "records_per_s": v, "spinup_s": s,
+                          "cluster_start_s": c}
+                         for r, (p, q) in enumerate([(40.0, 40.0), (40.0, 36.0), (50.0, 45.0)])
+                         for b, v, s, c in (("process", p, 6.0, 0.0), ("ray", q, 7.0, 12.0))])
+    limit = pd.DataFrame([{"backend": b, "replicate": 0, "rows_per_s": v}
+                          for b, v in (("process", 1e5), ("ray", 8e4), ("writer alone", 2e5))])
+    report(side, limit)
+    out = capsys.readouterr().out
+    assert "steady state: ray / process = 0.900 (median of 3 interleaved repeats" in out
+    assert "spin-up: process 6.0 s; ray 7.0 s after Ray's own start of 12.0 s" in out
+    assert "process 100,000, ray 80,000, writer alone 200,000" in out

@@ -78,3 +78,39 @@ def test_workunit_size_finding_ranks_sizes():
                           "records_per_s": [5, 5, 20, 20, 10, 10]})
     assert findings.workunit_sizes(table) == \
         "on cpu: workunit size 10 best at 20.0 ± 0.0 records/s (1: 0.25×, 100: 0.50×)"
+
+
+def side_by_side_table():
+    return pd.DataFrame([
+        {"backend": b, "replicate": r, "records_per_s": v, "spinup_s": s, "cluster_start_s": c}
+        for r, (p, q) in enumerate([(40.0, 38.0), (42.0, 42.0), (41.0, 37.0)])
+        for b, v, s, c in (("process", p, 6.0, 0.0), ("ray", q, 7.5, 12.0))])
+
+
+def test_scale_out_finding_gives_ray_s_median_ratio_and_both_spin_ups():
+    text = findings.scale_out(side_by_side_table())
+    # ratios per replicate 0.95, 1.0, 0.902: the median is 0.95
+    assert "ray at 0.95× the process backend (median ratio over 3 interleaved replicates)" in text
+    assert "spin-up: ray 19.5 s (Ray's own start 12.0 s, then its actors 7.5 s), process 6.0 s" \
+        in text
+
+
+def test_driver_limit_finding_ranks_the_backends_and_gives_the_writer_alone():
+    table = pd.DataFrame([{"backend": b, "replicate": r, "rows_per_s": v * (1 + r / 10), "dim": 384}
+                          for r in range(3) for b, v in (("process", 100_000), ("ray", 80_000),
+                                                         ("writer alone", 150_000))])
+    assert findings.driver_limit(table) == (
+        "the driver's writer takes from process workers 110,000, from ray workers 88,000 rows/s "
+        "of 384-d float32 (medians of 3); the writer alone 165,000")
+
+
+def test_cluster_finding_says_what_a_lost_node_cost():
+    table = pd.DataFrame([
+        {"job": "whole", "nodes": 2, "records_per_s": 50.0, "lost_at_s": float("nan"),
+         "deaths": 0, "exactly_once": True},
+        {"job": "a node lost", "nodes": 2, "records_per_s": 30.0, "lost_at_s": 2.0, "deaths": 1,
+         "exactly_once": True}])
+    assert findings.simulated_cluster(table, 1) == (
+        "2 simulated nodes × 1 actor: 50.0 records/s; with the last node lost at 2 s: 30.0 "
+        "records/s (0.60× whole: the simulated nodes share this machine's cores), 1 actor died "
+        "and its workunits were redone on the others; every id once: True")

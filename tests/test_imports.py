@@ -108,6 +108,20 @@ def test_a_worker_process_imports_the_worker_loop_and_its_workload_only():
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def test_the_process_and_thread_backends_never_import_ray(tmp_path):
+    code = ("import sys\n"
+            "from helpers.engine.pipeline import run_pipeline\n"
+            "from helpers.workloads.synthetic import SyntheticWorkload\n"
+            "if __name__ == '__main__':\n"
+            "    for backend in ('process', 'thread'):\n"
+            "        run_pipeline([(i, str(i)) for i in range(8)], SyntheticWorkload(0.0), "
+            "['cpu'] * 2, 4, sys.argv[1] + backend + '.h5', backend, progress=False)\n"
+            "    print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "no-ray-")],
+                          capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
 def test_the_public_names_are_there_when_asked_for():
     code = ("import sys, helpers\n"
             "assert 'helpers.engine.pipeline' not in sys.modules\n"

@@ -35,6 +35,11 @@ TABLES = {  # table -> columns it must have
                               "rate_after", "reason"},
     "tuned_vs_notebook3": {"configuration", "replicate", "records_per_s", "devices",
                            "workunit_size", "batch_size"},
+    "scale_out_backends": {"backend", "replicate", "records_per_s", "spinup_s", "cluster_start_s",
+                           "wall_s", "workers"},
+    "driver_limit": {"backend", "replicate", "rows", "dim", "rows_per_s", "mb_per_s"},
+    "scale_out_cluster": {"job", "nodes", "records_per_s", "deaths", "exactly_once"},
+    "scale_out_cluster_timeline": {"job", "worker", "node", "start_s", "end_s"},
     "binning_images": {"id", "path", "bin", "text_boxes", "text_area", "objects", "unique_classes",
                        "classes", "dispersion", "similarity", "caption", "ocr_s", "detector_s",
                        "error"},
@@ -50,7 +55,8 @@ FIGURES = ["01_workers_per_device/records_per_s-vs-workers",
            "06_binning/seconds_per_image-by-model", "06_binning/gallery-by-bin",
            "07_autotune/tuner-trials", "07_autotune/records_per_s-sweep-vs-self-tuning",
            "07_autotune/timeline-self-tuning", "07_autotune/records_per_s-tuned-vs-notebook3",
-           "07_autotune/timeline-tuned"]
+           "07_autotune/timeline-tuned", "08_scale_out/records_per_s-by-backend",
+           "08_scale_out/rows_per_s-driver-limit", "08_scale_out/timeline-by-node"]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +69,8 @@ def smoke(tmp_path_factory):
     return out, executed
 
 
-def test_there_are_seven_notebooks_in_order():
-    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05", "06", "07"]
+def test_there_are_eight_notebooks_in_order():
+    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05", "06", "07", "08"]
 
 
 @pytest.mark.parametrize("notebook", suite(), ids=lambda p: p.stem)

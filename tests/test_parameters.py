@@ -27,7 +27,7 @@ def test_good_values_pass(name, value):
     ("speed_factors", [1.0, 0], "speed_factors: expected a non-empty list of numbers > 0"),
     ("seconds_per_record", -1, "seconds_per_record: expected seconds >= 0"),
     ("workload", "llm", "workload: expected one of"),
-    ("backends", ["thread", "ray"], "backends: expected a non-empty list drawn from"),
+    ("backends", ["thread", "dask"], "backends: expected a non-empty list drawn from"),
     ("model", None, "model: expected a model name or path"),
     ("figures_dir", "", "figures_dir: expected a non-empty string"),
     ("replicate", 3, "replicate: not a known parameter"),

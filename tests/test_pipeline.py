@@ -136,7 +136,7 @@ def test_stats_separate_spinup_from_steady_state(tmp_path):
 @pytest.mark.parametrize("bad, message", [
     ({"devices": ["gpu0"]}, "unknown device 'gpu0'"),
     ({"workunit_size": 0}, "workunit_size: expected an integer >= 1 or 'auto', got 0"),
-    ({"backend": "ray"}, "backend: expected one of"),
+    ({"backend": "dask"}, "backend: expected one of"),
     ({"queue_depth": -1}, "queue_depth"),
 ])
 def test_bad_settings_fail_before_any_worker_starts(tmp_path, bad, message):

@@ -172,6 +172,7 @@ class FakeBackend:
     """Records what the scheduler sends; no worker runs."""
 
     name = "process"
+    recyclable = True
 
     def __init__(self):
         self.sent, self.killed = [], []
@@ -288,3 +289,21 @@ def test_a_workunit_that_finishes_before_its_timeout_kill_lands_leaves_the_next_
     assert scheduler.handle(0, Died(0, -9)) == ([], [])
     assert [(list(u.ids), u.attempts) for u in scheduler.pending] == [([1], 0)]
     assert scheduler.recovery.failed_workunits == 0 and scheduler.recovery.restarts == 1
+
+
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_worker_whose_machine_is_lost_leaves_its_workunits_uncharged(lost):
+    """A Ray node lost takes its actors' workunits with it through no fault of theirs: each goes
+    back as it was; any other death charges the one that was running."""
+    from helpers.engine.messages import Died, WorkerInfo, Workunit
+
+    backend = FakeBackend()
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)],
+                                retries=1)
+    units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(2)]
+    scheduler.slots[0].in_flight.extend(units)
+    died = Died(0, None, "its Ray node was lost", lost) if lost else Died(0, -11)
+    assert scheduler.handle(0, died) == ([], [])
+    assert [u.attempts for u in scheduler.pending] == [0 if lost else 1, 0]
+    assert scheduler.recovery.failed_workunits == (0 if lost else 1)
+    assert scheduler.recovery.deaths == 1 and scheduler.recovery.restarts == 1

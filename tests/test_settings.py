@@ -27,7 +27,8 @@ def test_devices_are_parsed_once_into_a_tuple_and_the_settings_are_frozen():
 @pytest.mark.parametrize("cls, bad, message", [
     (PoolSettings, {"devices": ["gpu0"]}, "devices: unknown device 'gpu0'"),
     (PoolSettings, {"devices": []}, "devices is empty"),
-    (PoolSettings, {"backend": "ray"}, "backend: expected one of ('process', 'thread'), got 'ray'"),
+    (PoolSettings, {"backend": "dask"},
+     "backend: expected one of ('process', 'thread', 'ray'), got 'dask'"),
     (PoolSettings, {"queue_depth": 0}, "queue_depth: expected an integer >= 1, got 0"),
     (PoolSettings, {"threads_per_worker": 1.5}, "threads_per_worker: expected an integer"),
     (PoolSettings, {"max_workers_per_device": None}, "max_workers_per_device: expected an integer"),

@@ -1,4 +1,4 @@
-"""``python -m helpers.bench overhead|failures|scale|autotune [--records N] ...``"""
+"""``python -m helpers.bench overhead|failures|scale|autotune|ray [--records N] ...``"""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from helpers.bench import autotune, failures, overhead, scale
+from helpers.bench import autotune, failures, overhead, ray_backend, scale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--repeats", type=int, default=3)
     tune.add_argument("--results-dir", default="data/results/cpu",
                       help="where autotune_bench.csv goes ('' to save nothing)")
+    on_ray = commands.add_parser("ray", help=ray_backend.__doc__.splitlines()[0])
+    on_ray.add_argument("--records", type=int, default=400, help="texts per embedding job")
+    on_ray.add_argument("--repeats", type=int, default=5)
+    on_ray.add_argument("--results-dir", default="data/results/cpu",
+                        help="where ray_bench_*.csv go ('' to save nothing)")
     one = commands.add_parser("scale-run", help="one run of `scale`, in this process")
     one.add_argument("--records", type=int, required=True)
     one.add_argument("--output", required=True)
@@ -56,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "autotune":
         autotune.main(args.records, args.repeats, args.results_dir)
+        return 0
+    if args.command == "ray":
+        ray_backend.main(args.records, args.repeats, args.results_dir)
         return 0
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,

@@ -5,11 +5,11 @@ writes. Nothing is shared between workers, so a worker killed at any instant (SI
 ``os._exit``) can leave a half-written message or a held lock only in its own pipes, which die with
 it; a queue shared by every worker would stay locked or corrupt for the survivors.
 
-Both backends implement the ``Backend`` protocol, all the scheduler knows of them: ``spawn(info)``
-starts a worker in a slot (a replacement reuses the slot), ``send(slot, unit)`` never blocks,
-``events`` is one thread-safe queue of ``(slot, message)`` in arrival order (Ready, Result, Failed,
-and the backend's own Died when a worker ends without a word), ``kill(slot)`` and
-``shutdown(clean)``. A ``Wakeup`` on the same queue lets another thread (the reader) end the
+Both backends, and Ray's actors (helpers.engine.ray_backend), implement the ``Backend``
+protocol, all the scheduler knows of them: ``spawn(info)`` starts a worker in a slot (a
+replacement reuses the slot), ``send(slot, unit)`` never blocks, ``events`` is one thread-safe
+queue of ``(slot, message)`` in arrival order (Ready, Result, Failed, and the backend's own Died
+when a worker ends without a word), ``kill(slot)`` and ``shutdown(clean)``. A ``Wakeup`` on the same queue lets another thread (the reader) end the
 scheduler's wait early, the way CPython's process pool wakes its manager thread.
 
 Process backend, per worker: a sender thread writes its inbox pipe (a full pipe blocks that thread,
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from helpers.engine import transfer
 from helpers.engine.messages import END_OF_WORK, Died, WorkerInfo, Workunit
-from helpers.engine.settings import BACKENDS
+from helpers.engine.settings import BACKENDS, PoolSettings
 from helpers.engine.worker import SharedModels, process_main, thread_main
 
 JOIN_SECONDS = 5.0  # a terminated worker gets this long before it is killed
@@ -41,6 +41,7 @@ class Backend(Protocol):
     """Where workers run, as the scheduler sees it (see the module docstring)."""
 
     name: str
+    recyclable: bool  # killing a worker replaces its process (and so a broken CUDA context)
     events: queue.Queue  # (slot, message) from every worker, in arrival order; thread-safe
 
     def spawn(self, info: WorkerInfo) -> None:
@@ -80,6 +81,7 @@ class ProcessBackend:
     """One spawned process per worker; each loads its own copy of the model."""
 
     name = "process"
+    recyclable = True
 
     def __init__(self, workload: Any) -> None:
         self._ctx = multiprocessing.get_context("spawn")  # fork is unsafe once torch/CUDA started
@@ -178,6 +180,7 @@ class ThreadBackend:
     """One thread per worker; threads on the same device share one model."""
 
     name = "thread"
+    recyclable = False  # a thread shares its device's model: a fresh thread fixes nothing
 
     def __init__(self, workload: Any) -> None:
         self._workload = workload
@@ -219,9 +222,14 @@ class ThreadBackend:
         self._workers.clear()
 
 
-def make_backend(name: str, workload: Any) -> Backend:
-    """The backend called ``name`` (one of BACKENDS), with no worker started yet."""
+def make_backend(settings: PoolSettings, workload: Any) -> Backend:
+    """The backend ``settings`` name (one of BACKENDS), with no worker started yet; Ray is
+    imported only for the ray backend."""
+    if settings.backend == "ray":
+        from helpers.engine.ray_backend import RayBackend
+
+        return RayBackend(workload, settings)
     kinds = {"process": ProcessBackend, "thread": ThreadBackend}
-    if name not in kinds:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
-    return kinds[name](workload)
+    if settings.backend not in kinds:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {settings.backend!r}")
+    return kinds[settings.backend](workload)

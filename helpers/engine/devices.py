@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 _DEVICE = re.compile(r"^(cpu|cuda(?::\d+)?|mps|auto)(?:\*(\d+))?$")
 ACCEPTED = "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', each optionally '*k' for k workers"
 
 
-def parse_devices(devices: str | Iterable[str]) -> tuple[str, ...]:
+def parse_devices(devices: str | Iterable[str],
+                  visible: Callable[[], tuple[str, ...]] | None = None) -> tuple[str, ...]:
     """Normalise a device list (or a comma-separated string) to a tuple, one entry per worker.
 
-    ``"cuda"`` becomes ``"cuda:0"``, ``"cuda:1*2"`` two entries, ``"auto"`` the visible devices.
+    ``"cuda"`` becomes ``"cuda:0"``, ``"cuda:1*2"`` two entries, ``"auto"`` what ``visible``
+    returns (default ``visible_devices``: this machine's; a Ray cluster's devices on Ray).
     Raises ValueError naming the first entry that is not a device.
     """
     entries = devices.split(",") if isinstance(devices, str) else list(devices)
@@ -33,7 +35,7 @@ def parse_devices(devices: str | Iterable[str]) -> tuple[str, ...]:
         if not times:
             raise ValueError(f"devices: unknown device {entry!r}; expected {ACCEPTED}")
         name = match.group(1)
-        names = visible_devices() if name == "auto" else ("cuda:0" if name == "cuda" else name,)
+        names = (visible or visible_devices)() if name == "auto" else ("cuda:0" if name == "cuda" else name,)
         parsed.extend(device for device in names for _ in range(times))
     if not parsed:
         raise ValueError("devices is empty; name at least one worker's device, e.g. ['cpu']")

@@ -62,6 +62,8 @@ class Ready:
     outputs: dict[str, OutputSpec]
     free_mb: float | None = None  # memory left on the device once this model copy is loaded
     model_mb: float | None = None  # what this copy takes on the device
+    host: str = ""  # the machine the worker runs on (socket.gethostname())
+    node: str = ""  # its Ray node ("" off Ray: the parent's machine)
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,14 @@ class Died:
     """Posted by the backend, not the worker: the worker's process ended without a word."""
 
     worker: int
-    exitcode: int | None  # negative: killed by that signal; None: a thread abandoned by the pool
+    exitcode: int | None  # negative: killed by that signal; None: a thread abandoned by the pool,
+    # or an actor Ray reports dead (``cause`` says why)
+    cause: str = ""  # the backend's words when there is no exit code (Ray's: "node lost", ...)
+    lost: bool = False  # its machine went away (a Ray node lost): what it held is not suspect
 
     def how(self) -> str:
+        if self.cause:
+            return self.cause
         if self.exitcode is None:
             return "abandoned"
         return f"killed by signal {-self.exitcode}" if self.exitcode < 0 else \

@@ -22,8 +22,9 @@ workunit between the reader and the writer, so each is written once. It replaces
 or hang and retries, splits or gives up on workunits that fail, until only the bad records are left.
 
 Workers: one per entry of ``devices`` (or as many per device as fit: ``adaptive``), started by a
-WorkerPool through a backend (helpers.engine.backends: a spawned process with its own pipes per worker, or
-a thread sharing its device's model). Each loads the workload's model once on its device, says
+WorkerPool through a backend (helpers.engine.backends: a spawned process with its own pipes per
+worker, or a thread sharing its device's model; helpers.engine.ray_backend: a Ray actor anywhere on
+a cluster, its messages through Ray's object store). Each loads the workload's model once on its device, says
 Ready, then runs workunits until the pool closes, answering each with a Result or a Failed message.
 Workers outlive a job, so one pool runs many jobs on models loaded once.
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -90,6 +92,7 @@ log = logging.getLogger("gpufeed")
 STRATEGIES = ("queue", "static")
 MIN_STATIC_SLICE = 4  # records per worker below which a static split runs on one worker
 SETTLED = 0.5  # growth measures a worker on workunits of at least this share of its target size
+HOST = socket.gethostname()  # telemetry samples the workers on this machine
 ADAPTIVE_HEADROOM = MEMORY_HEADROOM  # adaptive: another copy only if free memory exceeds this ×
 # one copy
 
@@ -139,7 +142,7 @@ class WorkerPool:
 
     def __enter__(self) -> WorkerPool:
         started = time.monotonic()
-        self._backend = make_backend(self.settings.backend, self.workload)
+        self._backend = make_backend(self.settings, self.workload)
         self._scheduler = Scheduler(self._backend, [] if self.settings.adaptive else self.workers,
                                     self.settings)
         try:
@@ -353,10 +356,12 @@ class _Job:
         self.telemetry.stop()
 
     def _at_work(self) -> dict[int, tuple[str, int]]:
-        """``{slot: (device, pid)}`` of the workers taking workunits (the telemetry thread's)."""
+        """``{slot: (device, pid)}`` of the workers taking workunits on this machine (the
+        telemetry thread's: a Ray actor on another node has a pid only there)."""
         return {s.info.index: (s.info.device, s.ready.pid)
                 for s in list(self.scheduler.slots.values())
-                if s.ready is not None and s.state in (State.READY, State.DRAINING)}
+                if s.ready is not None and s.state in (State.READY, State.DRAINING)
+                and s.ready.host in ("", HOST)}
 
     def drive(self, feed: Feed, total: int | None = None) -> None:
         """The main loop: feed the workers, hand what comes back to the writer, until ``feed``
@@ -397,10 +402,11 @@ class _Job:
         for record_id, error_type, message, _ in result.rejected:
             log.warning("record %d failed: %s: %s", record_id, error_type, message)
         self.sink.append_errors(result.rejected)
-        device = self.scheduler.slots[result.worker].info.device
+        slot = self.scheduler.slots[result.worker]
+        device = slot.info.device
         span = WorkunitSpan(result.worker, device, result.workunit,
                             len(result.ids) + len(result.rejected), result.started - self.clock,
-                            result.ended - self.clock)
+                            result.ended - self.clock, node=slot.ready.node if slot.ready else "")
         self.tallies.setdefault(result.worker, Tally()).add(
             span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb)
         self.timeline.add(span)
@@ -476,7 +482,7 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     "queue" (workers pull workunits) or "static" (one even slice per worker; with fewer than
     MIN_STATIC_SLICE records per worker it falls back to one worker). ``options``: the other
     fields of PoolSettings (threads_per_worker, queue_depth, adaptive, max_workers_per_device,
-    retries, max_restarts, workunit_timeout, load_timeout) and of JobSettings (limit,
+    retries, max_restarts, workunit_timeout, load_timeout, ray_address) and of JobSettings (limit,
     sort_window, progress, durable, resume). Workers that die or hang are replaced and bad
     records end up in the output's ``errors`` table (``stats.partial``); PipelineError if the run
     cannot go on.

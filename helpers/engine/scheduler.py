@@ -11,11 +11,12 @@ Recovery, per failure::
     workunit times out (killed) ────┼─► the workunit it was running failed; the rest it held
     workunit raises ────────────────┘   go back to the front of ``pending``; a dead worker is
                                         replaced on the same device (up to max_restarts)
+    worker's machine lost (a Ray node): all it held goes back to ``pending``, charged nothing
     failed workunit: retried whole up to ``retries`` times, then split in halves, and so on down
                      to single records; a single record that still fails goes to ``errors``
     out of memory:   split in halves at once; that worker takes at most the smaller size from
                      then on, down to one record
-    a worker's second failure in a row: the worker is replaced (process backend) and that
+    a worker's second failure in a row: the worker is replaced (process and ray backends) and that
                      workunit requeued without charge, in case the fault is the worker's own
                      (a broken CUDA context), not its workunits'
 
@@ -385,7 +386,7 @@ class Scheduler:
             slot.failures_in_a_row += 1
         recycling = slot.killed is Kill.RECYCLE
         if recycling or (slot.failures_in_a_row >= RECYCLE_AFTER
-                         and self.backend.name == "process" and slot.killed is None):
+                         and self.backend.recyclable and slot.killed is None):
             self.pending.appendleft(replace(unit, pinned=None))  # not charged: the worker is
             if not recycling:                                    # suspect, not the workunit
                 log.warning("%s: %d workunits failed in a row; replacing the worker in case the "
@@ -413,9 +414,9 @@ class Scheduler:
         units = list(slot.in_flight)
         slot.in_flight.clear()
         given_up: list[tuple] = []
-        if why is Kill.RECYCLE or (units and culprit not in (None, units[0].index)):
-            # we stopped it, or the workunit that timed out finished before the kill landed:
-            # the workunits it still held did nothing wrong
+        if why is Kill.RECYCLE or message.lost or (units and culprit not in (None, units[0].index)):
+            # we stopped it, its machine went away, or the workunit that timed out finished
+            # before the kill landed: the workunits it still held did nothing wrong
             self.pending.extendleft(reversed([replace(u, pinned=None) for u in units]))
         elif units:
             waiting = [replace(u, pinned=None) for u in units[1:]]  # never started: no attempt

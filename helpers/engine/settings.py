@@ -22,7 +22,7 @@ import numpy as np
 from helpers.engine.devices import cpu_threads_per_worker, parse_devices
 from helpers.engine.messages import WorkerInfo
 
-BACKENDS = ("process", "thread")  # helpers.engine.backends implements each of these
+BACKENDS = ("process", "thread", "ray")  # helpers.engine.backends and .ray_backend implement them
 QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
 SORT_WORKUNITS = 8  # default sort window, in workunits: most of a global sort's gain, bounded memory
 AUTO = "auto"
@@ -47,11 +47,15 @@ class PoolSettings:
     max_restarts: int = 10  # replacements per worker slot after deaths and timeouts
     workunit_timeout: float | None = None  # seconds a workunit may run before its worker is killed
     load_timeout: float = 600.0  # seconds for every worker to load its model
+    ray_address: str | None = None  # backend="ray": the cluster's head ("host:6379", "auto");
+    # None: a cluster this process already joined, else a local Ray started for the pool
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", parse_devices(self.devices))
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {BACKENDS}, got {self.backend!r}")
+        if self.ray_address is not None and self.backend != "ray":
+            raise ValueError(f"ray_address: only for backend='ray' (backend is {self.backend!r})")
+        object.__setattr__(self, "devices", parse_devices(self.devices, self._visible()))
         if self.workers_per_device != AUTO:
             positive_int("workers_per_device", self.workers_per_device, also=AUTO)
         if self.growing and self.adaptive:
@@ -65,6 +69,15 @@ class PoolSettings:
         if self.workunit_timeout is not None:
             seconds("workunit_timeout", self.workunit_timeout)
         seconds("load_timeout", self.load_timeout)
+
+    def _visible(self) -> Any:
+        """What ``"auto"`` devices stand for: this machine's, or on Ray every GPU of the cluster
+        (joining it: helpers.engine.ray_backend, imported only then)."""
+        if self.backend != "ray" or not any("auto" in str(d) for d in _entries(self.devices)):
+            return None
+        from helpers.engine import ray_backend
+
+        return lambda: ray_backend.cluster_devices(self.ray_address)
 
     @property
     def growing(self) -> bool:
@@ -142,6 +155,10 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
                         f"{', '.join(JOB_SETTINGS)}")
     return ({k: v for k, v in options.items() if k in POOL_SETTINGS},
             {k: v for k, v in options.items() if k in JOB_SETTINGS})
+
+
+def _entries(devices: Any) -> list:
+    return devices.split(",") if isinstance(devices, str) else list(devices)
 
 
 def positive_int(name: str, value: Any, allow_zero: bool = False, also: str = "") -> None:

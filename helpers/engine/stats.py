@@ -38,6 +38,7 @@ class WorkunitSpan:
     start_s: float
     end_s: float
     workunits: int = 1  # >1: consecutive workunits of this worker merged (a long run's timeline)
+    node: str = ""  # the Ray node the worker ran on ("" off Ray)
 
 
 @dataclass

@@ -7,8 +7,10 @@ carries the workunit's index, the exception's type, message and traceback, and w
 out-of-memory error, and the worker takes the next one. Only END_OF_WORK, the parent's death, or a
 failed model load end a worker.
 
-Both backends run the same ``serve`` loop; they differ only in how a worker starts (a spawned process
-with its own model, or a thread sharing its device's model) and in how messages travel.
+Every backend's worker answers a workunit with the same ``answer``; the process and thread backends
+run it in the same ``serve`` loop, and differ only in how a worker starts (a spawned process with
+its own model, or a thread sharing its device's model) and in how messages travel. A Ray actor
+(helpers.engine.ray_backend) calls ``load``, ``ready`` and ``answer`` from its methods instead.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -69,19 +72,24 @@ def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSp
         unit = receive()
         if unit is None or unit == END_OF_WORK:
             return
-        try:
-            result = run_workunit(workload, model, specs, unit, info.index)
-        except Exception as exc:  # the workunit's fault or the model's: the parent decides
-            message = failed(info, unit, exc)
-            del exc  # its traceback pins the failed batch's tensors
-            if message.out_of_memory:
-                release_memory(info.device)
-            if not send(message):
-                return
-            continue
-        rss, gpu = peak_memory(info.device)
-        if not send(replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu)):
+        if not send(answer(info, workload, model, specs, unit)):
             return
+
+
+def answer(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
+           unit: Workunit) -> Result | Failed:
+    """One workunit's Result, or the Failed message that says why it raised (every backend's
+    worker answers each workunit with this)."""
+    try:
+        result = run_workunit(workload, model, specs, unit, info.index)
+    except Exception as exc:  # the workunit's fault or the model's: the parent decides
+        message = failed(info, unit, exc)
+        del exc  # its traceback pins the failed batch's tensors
+        if message.out_of_memory:
+            release_memory(info.device)
+        return message
+    rss, gpu = peak_memory(info.device)
+    return replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu)
 
 
 def release_memory(device: str) -> None:
@@ -137,9 +145,9 @@ def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], f
 
 
 def ready(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
-          seconds: float) -> Ready:
+          seconds: float, node: str = "") -> Ready:
     free, used = device_memory(workload, model, info.device)
-    return Ready(info.index, os.getpid(), seconds, specs, free, used)
+    return Ready(info.index, os.getpid(), seconds, specs, free, used, socket.gethostname(), node)
 
 
 def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any) -> None:

@@ -78,10 +78,11 @@ def sweep(workload: SyntheticWorkload, devices: Sequence[str], configs: Sequence
 
 def interleaved(configs: Sequence[Any], replicate: int) -> list[Any]:
     """The order replicate ``replicate`` runs ``configs`` in: turned by one each replicate, and
-    backwards every second, so that no configuration always follows the same one."""
+    backwards every second round of turns, so that each configuration takes every place and no
+    configuration always follows the same one (a pair: ab, ba, ba, ab, ...)."""
     turn = replicate % len(configs)
     order = list(configs[turn:]) + list(configs[:turn])
-    return order if replicate % 2 == 0 else order[::-1]
+    return order if (replicate // len(configs)) % 2 == 0 else order[::-1]
 
 
 def run_row(stats: PipelineStats, workers: Any, size: Any, start: dict[str, int]) -> dict:

@@ -104,7 +104,8 @@ def measured(table: pd.DataFrame) -> pd.DataFrame:
 
 def span_row(span: WorkunitSpan) -> dict[str, Any]:
     return {"worker": span.worker, "device": span.device, "workunit": span.workunit,
-            "records": span.records, "start_s": span.start_s, "end_s": span.end_s}
+            "records": span.records, "start_s": span.start_s, "end_s": span.end_s,
+            **({"node": span.node} if span.node else {})}  # a Ray run's node
 
 
 def workers_per_device(workload: Any, device: str, worker_counts: Sequence[int],

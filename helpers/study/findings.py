@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from helpers.study.experiments import MIN_WORKUNITS
@@ -215,3 +216,45 @@ def trials(table: pd.DataFrame) -> str:
             f"{pick['workers_per_device']}, workunits of {pick['workunit_size']} at "
             f"{pick['records_per_s']:.1f} records/s ({pick['records_per_s'] / fastest:.2f}× the "
             f"fastest trial)")
+
+
+def scale_out(table: pd.DataFrame) -> str:
+    """The ray backend's steady state and spin-up against the process backend's (notebook 8's
+    side-by-side table: interleaved replicates, models loaded)."""
+    rates = table.pivot(index="replicate", columns="backend", values="records_per_s")
+    ratio = (rates["ray"] / rates["process"]).median()
+    first = table.groupby("backend")[["spinup_s", "cluster_start_s"]].first()
+    mean = table.groupby("backend")["records_per_s"].agg(["mean", "std"]).fillna(0.0)
+    return (f"steady state, models loaded: ray {mean.loc['ray', 'mean']:.1f} ± "
+            f"{mean.loc['ray', 'std']:.1f} records/s, process {mean.loc['process', 'mean']:.1f} ± "
+            f"{mean.loc['process', 'std']:.1f}: ray at {ratio:.2f}× the process backend (median "
+            f"ratio over {len(rates)} interleaved replicates); spin-up: ray "
+            f"{first.loc['ray', 'cluster_start_s'] + first.loc['ray', 'spinup_s']:.1f} s (Ray's "
+            f"own start {first.loc['ray', 'cluster_start_s']:.1f} s, then its actors "
+            f"{first.loc['ray', 'spinup_s']:.1f} s), process "
+            f"{first.loc['process', 'spinup_s']:.1f} s")
+
+
+def driver_limit(table: pd.DataFrame) -> str:
+    """How many rows a second one driver's writer takes, from each backend and alone."""
+    rows = table.groupby("backend")["rows_per_s"].median()
+    dim = int(table["dim"].iloc[0])
+    alone = rows.pop("writer alone") if "writer alone" in rows else np.nan
+    each = ", ".join(f"from {backend} workers {rate:,.0f}" for backend, rate in
+                     rows.sort_values(ascending=False).items())
+    return (f"the driver's writer takes {each} rows/s of {dim}-d float32 (medians of "
+            f"{table['replicate'].nunique()}); the writer alone {alone:,.0f}")
+
+
+def simulated_cluster(table: pd.DataFrame, workers_per_node: int) -> str:
+    """The job on the simulated cluster, whole and with a node lost."""
+    whole = table[table["job"] == "whole"].iloc[0]
+    lost = table[table["job"] != "whole"].iloc[0]
+    deaths = int(lost["deaths"])
+    return (f"{int(whole['nodes'])} simulated nodes × {workers_per_node} "
+            f"actor{'s' * (workers_per_node != 1)}: {whole['records_per_s']:.1f} records/s; with "
+            f"the last node lost at {lost['lost_at_s']:g} s: {lost['records_per_s']:.1f} "
+            f"records/s ({lost['records_per_s'] / whole['records_per_s']:.2f}× whole: the simulated "
+            f"nodes share this machine's cores), {deaths} actor{'s' * (deaths != 1)} died and "
+            f"{'their' if deaths != 1 else 'its'} workunits were redone on the others; "
+            f"every id once: {bool(whole['exactly_once'] and lost['exactly_once'])}")

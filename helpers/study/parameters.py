@@ -131,7 +131,10 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "gallery_per_bin": positive_int, "model_threads": positive_int, "prompts": _texts,
     "batch_sizes": _ints, "tune_sample": positive_int, "tune_budget_seconds": _seconds,
     "seconds_per_workunit": _seconds, "parallelism": positive_int, "longer_records": positive_int,
-    "sweep_replicates": positive_int,
+    "sweep_replicates": positive_int, "writer_rows": positive_int, "writer_dim": positive_int,
+    "writer_workers": positive_int, "writer_workunit_size": positive_int, "nodes": positive_int,
+    "workers_per_node": positive_int, "node_cpus": positive_int, "lose_at_s": _seconds,
+    "cluster_records": positive_int,
     **{name: _threshold for name in THRESHOLDS},
 }
 

@@ -41,8 +41,10 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
 
 def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
              round_ends: pd.Series | None = None, sizes: bool = False,
-             decisions: pd.DataFrame | None = None, telemetry: pd.DataFrame | None = None) -> Any:
-    """Busy bars per worker over time (the gaps are idle time), one panel per value of ``panel``.
+             decisions: pd.DataFrame | None = None, telemetry: pd.DataFrame | None = None,
+             color_by: str = "device") -> Any:
+    """Busy bars per worker over time (the gaps are idle time), one panel per value of ``panel``;
+    each bar coloured by its ``color_by`` column (the device; a Ray run's ``node``, say).
 
     With one panel, lanes below it, sharing its time axis: ``sizes``, each workunit's records by
     device; ``decisions`` (growth's), each device's worker count; ``telemetry`` (its samples, or
@@ -60,13 +62,15 @@ def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
                              figsize=(9.0, 1.2 + len(panels) * rows + 1.6 * len(lanes)),
                              height_ratios=[rows] * len(panels) + [1.6] * len(lanes))
     devices = list(dict.fromkeys(spans.sort_values("worker")["device"]))
-    by_device = len(devices) > 1
+    groups = list(dict.fromkeys(spans.sort_values(["start_s", "worker"])[color_by])) \
+        if color_by != "device" else devices
+    by_group = len(groups) > 1
     colors = plt.get_cmap("tab10")
     for ax, value in zip(axes[:len(panels), 0], panels):
         part = spans if value is None else spans[spans[panel] == value]
-        for worker, rows_ in part.groupby("worker"):
+        for (worker, group), rows_ in part.groupby(["worker", color_by], sort=False):
             bars = list(zip(rows_["start_s"], rows_["end_s"] - rows_["start_s"]))
-            color = colors(devices.index(rows_["device"].iloc[0]) if by_device else worker % 10)
+            color = colors(groups.index(group) if by_group else worker % 10)
             ax.broken_barh(bars, (worker - 0.4, 0.8), facecolors=color, edgecolor="white",
                            linewidth=1.0)
         labels = part.drop_duplicates("worker").sort_values("worker")
@@ -84,9 +88,9 @@ def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
             _workers_lane(ax, decisions, spans, devices, colors)
         else:
             _use_lane(ax, telemetry, devices, colors)
-    if len(devices) > 1 and lanes:
+    if by_group and (lanes or color_by != "device"):
         axes[0, 0].legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colors(i))
-                                   for i in range(len(devices))], labels=devices,
+                                   for i in range(len(groups))], labels=groups,
                           fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[-1, 0].set_xlabel("time since start [s] (bars: busy; gaps: idle)")
     fig.suptitle(title)

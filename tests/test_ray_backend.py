@@ -1,0 +1,248 @@
+"""The ray backend on a multi-node cluster simulated on this machine (``ray.cluster_utils.Cluster``:
+a raylet per node, each with its own CPUs): every id once and embeddings equal to encode's, an
+actor killed, a hung workunit, a node lost, the driver SIGKILLed and resumed, a poison record —
+each the scheduler's own recovery — and no Ray process left behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from helpers.engine.hdf5_sink import read_output
+from helpers.engine.messages import WorkerInfo
+from helpers.engine.pipeline import PipelineError, WorkerPool, run_pipeline
+from helpers.engine.ray_backend import resources
+from helpers.engine.settings import PoolSettings
+from helpers.study.paths import ROOT
+from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.synthetic import SyntheticWorkload, record_vector
+
+pytestmark = pytest.mark.timeout(240)  # reached only on deadlock
+
+NODE_CPUS = 2  # each simulated node: 2 workers of one thread
+GONE_SECONDS = 15.0  # an actor Ray was told to kill, or whose owner died, is gone within this
+
+
+def _ray_processes(marker: str = "") -> list[psutil.Process]:
+    """This machine's live processes of Ray (``marker``: those whose command line has it)."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        try:
+            line = " ".join(process.info["cmdline"] or ())
+            if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
+                continue
+            if ("ray::" in line or "/ray/" in line or "raylet" in line or "gcs_server" in line) \
+                    and marker in line:
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _wait_until_gone(marker: str, seconds: float = GONE_SECONDS) -> list[psutil.Process]:
+    deadline = time.monotonic() + seconds
+    while (left := _ray_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node and one more, NODE_CPUS each, this process their driver; torn down at the end,
+    with a check that not one Ray process is left."""
+    before = {p.pid for p in _ray_processes()}
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False})
+    cluster.add_node(num_cpus=NODE_CPUS)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+    deadline = time.monotonic() + GONE_SECONDS
+    while (left := [p for p in _ray_processes() if p.pid not in before]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"Ray processes left behind: {[' '.join(p.cmdline())[:80] for p in left]}"
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Overrides conftest's: Ray keeps idle worker processes of its own between tests; ours, the
+    actors (``ray::_Worker``), must all be gone after each test."""
+    yield
+    left = _wait_until_gone("ray::_Worker")
+    assert not left, f"actors left behind: {[p.pid for p in left]}"
+
+
+def _records(n: int) -> list[tuple[int, str]]:
+    return [(i, f"r{i}") for i in range(n)]
+
+
+def _assert_each_once(path, n: int, dim: int = 8, missing: tuple = ()) -> dict:
+    data = read_output(path)
+    expected = [i for i in range(n) if i not in missing]
+    assert data["ids"].tolist() == expected  # each id once, none lost
+    for i in expected[:: max(1, n // 40)]:  # every row under its own id
+        row = expected.index(i)
+        assert data["values"][row].tolist() == record_vector(f"r{i}", dim).tolist()
+    return data
+
+
+# -- what an actor asks of the cluster (no cluster needed) -----------------------------------------
+
+def test_an_actor_asks_for_its_share_of_a_gpu_and_its_threads():
+    assert resources(WorkerInfo(0, "cpu", 4), True, 1) == {"num_cpus": 4}
+    assert resources(WorkerInfo(0, "cuda:1", 1), True, 2) == {"num_cpus": 1, "num_gpus": 0.5}
+    # a workload that only labels devices (simulated cards) runs on CPUs anywhere
+    assert resources(WorkerInfo(0, "cuda:1", 1), False, 2) == {"num_cpus": 1}
+
+
+def test_a_ray_address_without_the_ray_backend_is_refused():
+    with pytest.raises(ValueError, match="ray_address: only for backend='ray'"):
+        PoolSettings(("cpu",), "process", ray_address="10.0.0.1:6379")
+
+
+# -- on the cluster --------------------------------------------------------------------------------
+
+def test_auto_devices_on_ray_are_the_cluster_s(cluster):
+    # no GPU in this cluster: one cpu worker per node
+    assert PoolSettings("auto", "ray").devices == ("cpu", "cpu")
+
+
+def test_two_nodes_two_actors_each_every_id_once_equal_to_encode(cluster, tmp_path, texts,
+                                                                 reference_embeddings):
+    stats = run_pipeline(list(enumerate(texts)), EmbeddingWorkload(), ["cpu"] * 4, 3,
+                         tmp_path / "out.h5", "ray", progress=False)
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(len(texts)))
+    np.testing.assert_allclose(data["embeddings"], reference_embeddings, atol=1e-5, rtol=0)
+    assert data["attrs"]["backend"] == "ray"
+    by_node = {}
+    for span in stats.timeline:
+        by_node.setdefault(span.node, set()).add(span.worker)
+    assert len(by_node) == 2 and all(len(workers) == 2 for workers in by_node.values()), by_node
+    assert len({w.pid for w in stats.workers}) == 4  # an actor, a process, per worker
+
+
+def test_an_actor_killed_mid_run_is_replaced_and_each_id_written_once(cluster, tmp_path):
+    n = 600
+    with WorkerPool(SyntheticWorkload(0.01), ["cpu"] * 4, backend="ray", progress=False) as pool:
+        killer = threading.Timer(0.5, os.kill, (pool.pids[1], signal.SIGKILL))  # as a segfault
+        killer.start()
+        stats = pool.run(_records(n), tmp_path / "out.h5", workunit_size=10)
+        killer.join()
+    _assert_each_once(tmp_path / "out.h5", n)
+    assert stats.recovery["deaths"] == 1 and stats.recovery["restarts"] == 1
+    assert stats.failed_records == 0
+
+
+def test_a_hung_workunit_s_actor_is_killed_by_the_pool_and_the_workunit_redone(cluster, tmp_path):
+    n = 200
+    (tmp_path / "faults").mkdir()
+    workload = SyntheticWorkload(0.002, hang_on_records=frozenset({"r57"}),
+                                 transient=str(tmp_path / "faults"))
+    stats = run_pipeline(_records(n), workload, ["cpu"] * 2, 10, tmp_path / "out.h5", "ray",
+                         progress=False, workunit_timeout=2.0)
+    _assert_each_once(tmp_path / "out.h5", n)
+    assert stats.recovery["timeouts"] == 1 and stats.recovery["deaths"] == 1
+
+
+def test_a_poison_record_costs_one_error_row_and_a_failed_load_its_traceback(cluster, tmp_path):
+    n = 200
+    workload = SyntheticWorkload(0.0, fail_on_records=frozenset({"r37"}))
+    stats = run_pipeline(_records(n), workload, ["cpu"] * 2, 20, tmp_path / "out.h5", "ray",
+                         progress=False)
+    data = _assert_each_once(tmp_path / "out.h5", n, missing=(37,))
+    assert [(e["id"], e["type"]) for e in data["errors"]] == [(37, "InjectedFailure")]
+    assert stats.records == n - 1 and stats.failed_records == 1
+    with pytest.raises(PipelineError, match="InjectedFailure") as raised:
+        run_pipeline(_records(4), SyntheticWorkload(fail_on_load=True), ["cpu"], 2,
+                     tmp_path / "never.h5", "ray", progress=False)
+    assert "Traceback" in str(raised.value.__cause__)  # the actor's own, brought back
+
+
+def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp_path):
+    lost = cluster.add_node(num_cpus=NODE_CPUS)  # a third node, to lose
+    cluster.wait_for_nodes()
+    n = 1200
+    with WorkerPool(SyntheticWorkload(0.01), ["cpu"] * 6, backend="ray", progress=False) as pool:
+        remover = threading.Timer(1.0, cluster.remove_node, (lost,), {"allow_graceful": False})
+        remover.start()
+        started = time.monotonic()
+        stats = pool.run(_records(n), tmp_path / "out.h5", workunit_size=10)
+        remover.join()
+    _assert_each_once(tmp_path / "out.h5", n)
+    assert stats.recovery["deaths"] == 2  # the lost node's two actors
+    assert stats.recovery["failed_workunits"] == 0  # a lost node's workunits are not suspect
+    nodes = {span.node for span in stats.timeline}
+    assert len(nodes) == 3  # work ran on all three, then on the two left
+    # 12 s of work on 6 workers, then on 4: no hang waiting for the lost node's replacements
+    assert time.monotonic() - started < 30
+
+
+def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path):
+    n = 2400
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(n)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "-m", "helpers", "run", "--input", str(tmp_path / "in.jsonl"),
+               "--output", str(tmp_path / "o.h5"), "--workload", "synthetic",
+               "--seconds-per-record", "0.002", "--devices", "cpu,cpu", "--workunit-size", "20",
+               "--no-progress", "--backend", "ray", "--ray-address", cluster.address]
+    driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 90
+    while not _rows(tmp_path / "o.h5"):  # mid-run: the index shows durable rows
+        assert driver.poll() is None, driver.stderr.read().decode()
+        assert time.monotonic() < deadline, "no rows written"
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=10)
+    assert not _wait_until_gone("ray::_Worker"), "the dead driver's actors outlived it"
+    indexed = _rows(tmp_path / "o.h5")
+    done = subprocess.run(command + ["--resume"], capture_output=True, text=True, env=env,
+                          timeout=150)
+    assert done.returncode == 0, done.stderr
+    resumed_after = json.loads(done.stdout.splitlines()[-1])["resumed_after"]
+    assert indexed <= resumed_after < n  # the parts the index had not caught up with, too
+    _assert_each_once(tmp_path / "o.h5", n)
+
+
+def _rows(index) -> int:
+    """Rows the index of a run in progress shows (0 before its first)."""
+    try:
+        return len(read_output(index)["ids"])
+    except (OSError, KeyError):
+        return 0
+
+
+def test_without_an_address_a_local_ray_is_started_said_and_stopped(tmp_path):
+    before = {p.pid for p in _ray_processes()}
+    code = ("import logging, sys\n"
+            "from helpers.engine.pipeline import run_pipeline\n"
+            "from helpers.workloads.synthetic import SyntheticWorkload\n"
+            "logging.basicConfig()\n"
+            "stats = run_pipeline([(i, str(i)) for i in range(40)], SyntheticWorkload(0.0), "
+            "['cpu'] * 2, 5, sys.argv[1], 'ray', progress=False)\n"
+            "print(stats.records, stats.spinup_seconds)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out.h5")],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "40"
+    assert "started a local Ray" in done.stderr and "dashboard" in done.stderr
+    deadline = time.monotonic() + GONE_SECONDS
+    while (left := [p for p in _ray_processes() if p.pid not in before]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"the local Ray outlived its run: {[' '.join(p.cmdline())[:80] for p in left]}"
