@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from helpers.engine.hdf5_sink import HDF5Sink
+from helpers.engine.hdf5_sink import HDF5Sink, read_output
 from helpers.engine.pipeline import WorkerPool
 from helpers.engine.protocol import OutputSpec
 from helpers.engine.stats import PipelineStats
@@ -220,7 +220,5 @@ def simulated_cluster(workload: Any, nodes: int, workers_per_node: int, node_cpu
 
 
 def _each_once(path: Path, records: int) -> bool:
-    from helpers.engine.hdf5_sink import read_output
-
     ids = read_output(path)["ids"]
     return len(ids) == records and len(np.unique(ids)) == records
