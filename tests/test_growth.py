@@ -94,3 +94,17 @@ def test_only_the_workers_of_devices_still_deciding_get_short_workunits():
     assert (sizing.size(0), sizing.size(1)) == (400, 250)  # 400: at most 4x per result
     growth.hold(1.0)
     assert growth.deciding() == set()
+
+
+def test_a_device_rate_counts_whole_workunits_whatever_the_workers_phases():
+    from helpers.engine.growth import _Device
+
+    # two workers, 100 records a second each: one in 1 s workunits, one in 0.4 s workunits from
+    # 0.9 s; a window shared by both (from the first end to the earliest last end) cut workunits
+    # and measured 173
+    device = _Device("cuda:0", [0, 1])
+    device.units[0] = [(i - 1, i, 100) for i in range(1, 5)]
+    device.units[1] = [(0.9 + 0.4 * (i - 1), 0.9 + 0.4 * i, 40) for i in range(1, 5)]
+    assert device.measured() == pytest.approx(200.0)
+    device.units[1].pop()
+    assert device.measured() is None  # the second has run three of the four workunits

@@ -2,9 +2,11 @@
 
 Each device starts with one worker. Once every worker on it has run GROWTH_RESULTS workunits at
 their settled size since the last change, the device's rate is measured by counting completions:
-the records of the workunits that ended after the first of those workunits ended and no later
-than the earliest of the workers' last ends, ÷ that time. What happens inside a workunit (work, or
-waiting for a shared device) does not matter, only when workunits finish. The rate is judged::
+for each worker, the records of its workunits after its first ÷ the time from its first end to its
+last, summed over the workers. What happens inside a workunit (work, or waiting for a shared
+device) does not matter, only when workunits finish; and since each worker is timed from one of
+its ends to another, whole workunits fall in its window whatever the workers' phases (one window
+shared by all cut the others' workunits and was off by up to a tenth). The rate is judged::
 
     k = 1, or the rate with k rose by GROWTH_MARGIN over the rate with k - 1
         ├─ memory for another copy (free > MEMORY_HEADROOM × one copy, when the device reports it)
@@ -12,6 +14,10 @@ waiting for a shared device) does not matter, only when workunits finish. The ra
         └─ otherwise ............................................ stop at k
     the rate with k did not rise by GROWTH_MARGIN ............... retire worker k, stop at k - 1
     worker k + 1 failed to load (out of memory) ................. stop at k
+
+While a worker loads on any device, no device is judged, and every measurement starts afresh
+once it has loaded: loading takes host CPU from the others, which would make the count before look
+slower than it was.
 
 Every decision is logged and kept (``Decision``: when, which device, what, how many workers, the
 rate before and after, why); a job's ``PipelineStats.decisions`` holds those made while it ran.
@@ -75,13 +81,13 @@ class _Device:
         units = [self.units.get(s, []) for s in self.slots]
         if any(len(u) < GROWTH_RESULTS for u in units):
             return None
-        start = min(u[0][1] for u in units)
-        end = min(u[-1][1] for u in units)
-        if end <= start:
-            return None
-        done = sum(records for worker in units for _, ended, records in worker
-                   if start < ended <= end)
-        return done / (end - start)
+        rate = 0.0
+        for worker in units:  # each from its first end to its last: whole workunits, no phase
+            seconds = worker[-1][1] - worker[0][1]
+            if seconds <= 0:
+                return None
+            rate += sum(records for _, _, records in worker[1:]) / seconds
+        return rate
 
 
 class Growth:
@@ -136,31 +142,46 @@ class Growth:
         state.units.setdefault(slot, []).append((started, ended, records))
 
     def step(self, scheduler: Scheduler, now: float, clock: float) -> None:
-        """Judge every device whose measurement is complete; ``clock``: the job's start."""
+        """Judge every device whose measurement is complete; ``clock``: the job's start.
+
+        No device is judged while a worker loads anywhere: a copy loading takes host CPU (and the
+        bus) from the others, so a rate measured across it would be low, and the next count would
+        look better than it is. When a load ends, every device still deciding measures afresh."""
+        for device in self.devices.values():
+            if not device.done and device.loading is not None and self._loaded(
+                    device, scheduler, now, clock):
+                self._restart(now)
+        if any(device.loading is not None for device in self.devices.values()):
+            return
         for device in self.devices.values():
             if device.done:
                 continue
-            if device.loading is not None:
-                self._loaded(device, scheduler, now, clock)
-            elif device.since is None:
+            if device.since is None:
                 device.since = now  # the pool's first job: measuring starts now
             else:
                 rate = device.measured()
                 if rate is not None:
                     self._judge(device, rate, scheduler, now - clock)
 
-    def _loaded(self, device: _Device, scheduler: Scheduler, now: float, clock: float) -> None:
+    def _restart(self, now: float) -> None:
+        for device in self.devices.values():
+            if not device.done and device.loading is None:
+                device.since, device.units = now, {}
+
+    def _loaded(self, device: _Device, scheduler: Scheduler, now: float, clock: float) -> bool:
+        """Whether the worker being added to ``device`` has finished loading (or failed to)."""
         slot = scheduler.slots[device.loading]
         if slot.state is State.LOADING:
-            return
+            return False
         if slot.state is State.READY:
             device.slots.append(device.loading)
-            device.since, device.loading, device.units = now, None, {}
-            return
+            device.loading = None
+            return True
         self._decide(device, now - clock, "stop", len(device.slots), None,
                      device.rates.get(len(device.slots)),
                      f"worker {len(device.slots) + 1} failed to load")
         device.loading, device.done = None, True
+        return True
 
     def _judge(self, device: _Device, rate: float, scheduler: Scheduler, seconds: float) -> None:
         k = len(device.slots)
