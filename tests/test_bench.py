@@ -5,14 +5,28 @@ from helpers.bench import overhead
 pytestmark = pytest.mark.timeout(240)  # reached only on deadlock
 
 
-def test_overhead_measures_both_sides_interleaved(capsys):
-    rows = overhead.measure(records=16, repeats=2, batch_size=8, workunit_size=8, threads=1)
-    assert [r["method"] for r in rows] == ["bare", "pipeline", "pipeline_unsorted",
-                                           "pipeline_unsorted", "pipeline", "bare"]
-    assert all(r["records_per_s"] > 0 and r["records"] == 16 for r in rows)
-    ratio = overhead.report(rows)
-    assert ratio > 0
-    assert "steady-state throughput ratio pipeline / bare" in capsys.readouterr().out
+def test_overhead_pairs_four_methods_per_round_and_the_worker_path_per_workunit(capsys):
+    rows, units = overhead.measure(records=24, block=12, rounds=2, batch_size=4, workunit_size=4,
+                                   threads=1)
+    assert [r["method"] for r in rows[:4]] == list(overhead.METHODS)  # round 0: as listed
+    assert [r["method"] for r in rows[4:]] == ["chunked", "spawned", "pipeline", "bare"]
+    assert all(r["records_per_s"] > 0 and r["records"] == 12 for r in rows)
+    assert 0 < rows[3]["busy"] <= 1 and rows[0]["busy"] != rows[0]["busy"]  # NaN off the pipeline
+    assert [(u["round"], u["workunit"]) for u in units] == \
+        [(r, k) for r in (0, 1) for k in range(3)]
+    assert all(u["worker_s"] > 0 and u["in_process_s"] > 0 for u in units)
+    summary = overhead.report(rows, units)
+    assert summary["bare"]["median"] == 1.0 and summary["pipeline"]["n"] == 2
+    assert summary["pipeline"]["ci_low"] <= summary["pipeline"]["median"] \
+        <= summary["pipeline"]["ci_high"]
+    out = capsys.readouterr().out
+    assert "per workunit, this process's compute ÷ the worker's" in out and "target:" in out
+
+
+def test_the_spread_of_a_ratio_is_its_median_quartiles_and_interval():
+    summary = overhead.spread([0.9, 1.0, 1.1, 1.0, 1.0])
+    assert summary["median"] == 1.0 and (summary["q1"], summary["q3"]) == (1.0, 1.0)
+    assert 0.9 <= summary["ci_low"] <= 1.0 <= summary["ci_high"] <= 1.1 and summary["n"] == 5
 
 
 def test_failure_costs_measure_durable_writes_and_a_crash(capsys):

@@ -7,6 +7,7 @@ import pytest
 
 from helpers import (EmbeddingWorkload, PipelineError, SyntheticWorkload, WorkerPool, read_output,
                      run_pipeline)
+from helpers.workloads.embedding import PHASES
 from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(180)  # reached only on deadlock: every run here ends in seconds
@@ -48,6 +49,13 @@ def test_embeddings_exactly_once_and_equal_to_encode(tmp_path, texts, reference_
     assert data["attrs"]["workunit_size"] == workunit_size
     assert data["attrs"]["model"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert stats.records == len(texts) and len(stats.workers) == n_workers
+    for span in stats.timeline:  # each thread's own phases, even where threads share a model
+        assert set(span.phases) == set(PHASES) and min(span.phases.values()) >= 0
+        assert span.phases["forward"] > 0 and span.phases["tokenize"] > 0
+        assert sum(span.phases.values()) <= span.end_s - span.start_s + 1e-3
+    assert stats.phases == pytest.approx(
+        {p: sum(s.phases[p] for s in stats.timeline) for p in PHASES})
+    assert sum(stats.phases.values()) <= stats.stages["compute"] + 1e-3
 
 
 def test_hdf5_jsonl_and_iterable_sources_give_the_same_output(tmp_path, texts):

@@ -13,11 +13,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.bench")
     commands = parser.add_subparsers(dest="command", required=True)
     cmd = commands.add_parser("overhead", help=overhead.__doc__.splitlines()[0])
-    cmd.add_argument("--records", type=int, default=1000)
-    cmd.add_argument("--repeats", type=int, default=3)
-    cmd.add_argument("--batch-size", type=int, default=32)
-    cmd.add_argument("--workunit-size", type=int, default=100)
-    cmd.add_argument("--threads", type=int, help="CPU threads for both (default: all cores)")
+    cmd.add_argument("--records", type=int, default=1024, help="sample texts, cut into blocks")
+    cmd.add_argument("--block", type=int, default=128, help="texts per round")
+    cmd.add_argument("--rounds", type=int, default=24)
+    cmd.add_argument("--batch-size", type=int, default=16)
+    cmd.add_argument("--workunit-size", type=int, default=64)
+    cmd.add_argument("--threads", type=int, help="CPU threads for each (default: all cores)")
     cost = commands.add_parser("failures", help=failures.__doc__.splitlines()[0])
     cost.add_argument("--records", type=int, default=600, help="texts for the embedding runs")
     cost.add_argument("--repeats", type=int, default=3)
@@ -69,9 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,
                                         args.workunit_size, args.dim, args.resume)))
         return 0
-    rows = overhead.measure(args.records, args.repeats, args.batch_size, args.workunit_size,
-                            args.threads)
-    overhead.report(rows)
+    overhead.report(*overhead.measure(args.records, args.block, args.rounds, args.batch_size,
+                                      args.workunit_size, args.threads))
     return 0
 
 

@@ -77,6 +77,7 @@ class Result:
     ended: float
     peak_rss_mb: float = 0.0  # this worker's process, high-water mark
     peak_gpu_mb: float | None = None  # torch's peak allocation on the worker's CUDA device
+    phases: dict[str, float] | None = None  # seconds per phase of process (workload.phases)
 
     @property
     def compute_seconds(self) -> float:

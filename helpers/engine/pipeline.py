@@ -79,7 +79,8 @@ from helpers.engine.settings import (JOB_SETTINGS, POOL_SETTINGS, JobSettings, P
                                      split_options)
 from helpers.engine.sizing import Sizing
 from helpers.engine.sources import open_source, read_slices, records_left, source_length
-from helpers.engine.stats import PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan
+from helpers.engine.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
+                                  add_phases)
 from helpers.engine.telemetry import Telemetry
 from helpers.engine.versions import package_versions
 from helpers.engine.worker import peak_memory
@@ -321,7 +322,7 @@ class WorkerPool:
             self._recovery(), len(sink.done), peak_memory("cpu")[0],
             (dispatches.first - job.started) if dispatches.first is not None else 0.0,
             dispatches.longest_gap, sink.bytes_written, sink.output_bytes, job.decisions(),
-            job.telemetry.samples)
+            job.telemetry.samples, job.phases())
 
     def _recovery(self) -> dict[str, Any]:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""
@@ -406,9 +407,11 @@ class _Job:
         device = slot.info.device
         span = WorkunitSpan(result.worker, device, result.workunit,
                             len(result.ids) + len(result.rejected), result.started - self.clock,
-                            result.ended - self.clock, node=slot.ready.node if slot.ready else "")
+                            result.ended - self.clock, node=slot.ready.node if slot.ready else "",
+                            phases=result.phases)
         self.tallies.setdefault(result.worker, Tally()).add(
-            span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb)
+            span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb,
+            result.phases)
         self.timeline.add(span)
         if self.growth is not None and self._settled(result.worker, span.records):
             self.growth.observe(result.worker, device, span.records, result.started,
@@ -425,6 +428,13 @@ class _Job:
         if self.growth is None:
             return ()
         return tuple(d.as_dict() for d in self.growth.decisions[self._decided:])
+
+    def phases(self) -> dict[str, float]:
+        """Compute's seconds by the workload's phases, summed over the workers."""
+        total: dict[str, float] = {}
+        for tally in self.tallies.values():
+            add_phases(total, tally.phases)
+        return total
 
     def worker_stats(self, slot: Slot) -> WorkerStats:
         tally, ready = self.tallies.get(slot.info.index, Tally()), slot.ready

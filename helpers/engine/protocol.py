@@ -12,6 +12,9 @@ then calls, in order::
 
 A workload may also define ``record_cost(record) -> float`` (a text's length, say): the reader then
 orders a window of records by it before cutting workunits, so records of similar cost share a batch.
+And it may define ``phases(model) -> dict[str, float]``: the seconds the calling thread's last
+``process`` spent in each of its phases (the embedding workload: tokenize, forward, copy_out); the
+worker asks right after each workunit, and the stats and the timeline carry the answer.
 
 A workload imports its heavy libraries (torch, onnxruntime) inside ``load``, never at module level:
 a worker that spawns should pay for exactly what it runs.

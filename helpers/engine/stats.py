@@ -39,6 +39,14 @@ class WorkunitSpan:
     end_s: float
     workunits: int = 1  # >1: consecutive workunits of this worker merged (a long run's timeline)
     node: str = ""  # the Ray node the worker ran on ("" off Ray)
+    phases: dict[str, float] | None = None  # seconds per phase inside it (workload.phases)
+
+
+def add_phases(total: dict[str, float], phases: dict[str, float] | None) -> dict[str, float]:
+    """``total`` with ``phases`` added to it, phase by phase."""
+    for phase, seconds in (phases or {}).items():
+        total[phase] = total.get(phase, 0.0) + seconds
+    return total
 
 
 @dataclass
@@ -50,8 +58,11 @@ class Tally:
     busy_seconds: float = 0.0
     peak_rss_mb: float = 0.0
     peak_gpu_mb: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
 
-    def add(self, records: int, busy_seconds: float, rss_mb: float, gpu_mb: float | None) -> None:
+    def add(self, records: int, busy_seconds: float, rss_mb: float, gpu_mb: float | None,
+            phases: dict[str, float] | None = None) -> None:
+        add_phases(self.phases, phases)
         self.records += records
         self.workunits += 1
         self.busy_seconds += busy_seconds
@@ -107,8 +118,10 @@ class Timeline:
 
 
 def _joined(first: WorkunitSpan, second: WorkunitSpan) -> WorkunitSpan:
+    phases = None if first.phases is None and second.phases is None else \
+        add_phases(add_phases({}, first.phases), second.phases)
     return replace(first, records=first.records + second.records, end_s=second.end_s,
-                   workunits=first.workunits + second.workunits)
+                   workunits=first.workunits + second.workunits, phases=phases)
 
 
 @dataclass(frozen=True)
@@ -139,6 +152,8 @@ class PipelineStats:
     output_bytes: int = 0  # the finished output's size (its parts too, if it is an index)
     decisions: tuple[dict[str, Any], ...] = ()  # workers_per_device="auto": growth's decisions
     telemetry: tuple = ()  # helpers.engine.telemetry.Sample: each device's use, twice a second
+    phases: dict[str, float] = field(default_factory=dict)  # compute's seconds by the workload's
+    # phases, every worker's summed (the embedding workload: tokenize, forward, copy_out)
 
     @property
     def write_amplification(self) -> float:
@@ -184,6 +199,10 @@ class PipelineStats:
                          f"{w.workunits:>5} units  busy {w.busy_seconds:7.2f} s  "
                          f"waiting {w.wait_seconds:6.2f} s  load {w.load_seconds:5.2f} s")
         lines.append("  stages: " + "  ".join(f"{k} {v:.2f} s" for k, v in self.stages.items()))
+        if self.phases:
+            compute = sum(self.phases.values()) or 1.0
+            lines.append("  inside compute: " + "  ".join(
+                f"{k} {v:.2f} s ({v / compute:.0%})" for k, v in self.phases.items()))
         for d in self.decisions:
             lines.append(f"  at {d['seconds']:6.1f} s {d['device']}: {d['action']} -> "
                          f"{d['workers']} workers ({d['reason']})")

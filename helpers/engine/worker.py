@@ -54,14 +54,17 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
         keep.append(position)
         ready.append(record)
     ids = unit.ids[keep]
-    arrays = {}
+    arrays, phases = {}, None
     if keep:
         arrays = workload.process(model, ready)
         for name, spec in specs.items():
             if name not in arrays:
                 raise ValueError(f"workload {workload.name!r} returned no output {name!r}")
             spec.check(name, arrays[name], len(keep))
-    return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic())
+        split = getattr(workload, "phases", None)
+        phases = split(model) if split is not None else None
+    return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic(),
+                  phases=phases)
 
 
 def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
