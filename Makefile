@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet "$(TORCH)" -e ".[test,ray]"
+	$(PY) -m pip install --quiet "$(TORCH)" -e ".[test,ray,peers]"
 	touch $@
 
 # The notebook suite, headless (papermill), with the parameter set notebooks/params/$(PARAMS).yaml:

@@ -86,6 +86,9 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
                                      "all-MiniLM-L6-v2, offline); binning: its similarity model")
     emb.add_argument("--batch-size", type=int, default=EmbeddingWorkload.batch_size)
     emb.add_argument("--normalize", action="store_true", help="unit-length embeddings")
+    emb.add_argument("--tokenize-ahead", action="store_true",
+                     help="tokenize the next batch in a helper thread while one runs (a GPU's "
+                          "host with a core to spare)")
     syn = shared.add_argument_group("synthetic workload")
     syn.add_argument("--seconds-per-record", type=float,
                      default=SyntheticWorkload.seconds_per_record)
@@ -329,8 +332,11 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _workload(args: argparse.Namespace, batch_size: int | None = None) -> Any:
     """The workload the arguments name, with the options of its own argument group (and
     ``batch_size`` instead of ``--batch-size`` if given)."""
-    options = {"embedding": {"normalize": args.normalize}, "synthetic": {"mode": args.mode, "seconds_per_workunit": args.seconds_per_workunit,
-                                 "parallelism": args.parallelism},
+    options = {"embedding": {"normalize": args.normalize,
+                             "tokenize_ahead": args.tokenize_ahead},
+               "synthetic": {"mode": args.mode,
+                             "seconds_per_workunit": args.seconds_per_workunit,
+                             "parallelism": args.parallelism},
                "binning": {"thresholds": Thresholds(**{k: getattr(args, k)
                                                        for k in asdict(Thresholds())}),
                            "prompts": tuple(args.prompts or DEFAULT_PROMPTS),

@@ -16,7 +16,7 @@ def _name(requirement: str) -> str:
 def test_environment_yml_lists_the_same_dependencies_as_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    declared = project["dependencies"] + extras["test"] + extras["ray"]
+    declared = project["dependencies"] + extras["test"] + extras["ray"] + extras["peers"]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = [r for r in pip if not r.startswith("-e")]

@@ -40,6 +40,10 @@ TABLES = {  # table -> columns it must have
     "driver_limit": {"backend", "replicate", "rows", "dim", "rows_per_s", "mb_per_s"},
     "scale_out_cluster": {"job", "nodes", "records_per_s", "deaths", "exactly_once"},
     "scale_out_cluster_timeline": {"job", "worker", "node", "start_s", "end_s"},
+    "peers": {"system", "label", "family", "replicate", "records", "records_per_s", "spinup_s",
+              "steady_s", "end_to_end_s", "peak_rss_mb", "rows_unique", "outcome"},
+    "peers_faults": {"system", "label", "fault", "outcome", "killed_pid", "rows_written",
+                     "rows_unique", "rows_lost", "rows_duplicated", "error", "end_to_end_s"},
     "binning_images": {"id", "path", "bin", "text_boxes", "text_area", "objects", "unique_classes",
                        "classes", "dispersion", "similarity", "caption", "ocr_s", "detector_s",
                        "error"},
@@ -56,7 +60,8 @@ FIGURES = ["01_workers_per_device/records_per_s-vs-workers",
            "07_autotune/tuner-trials", "07_autotune/records_per_s-sweep-vs-self-tuning",
            "07_autotune/timeline-self-tuning", "07_autotune/records_per_s-tuned-vs-notebook3",
            "07_autotune/timeline-tuned", "08_scale_out/records_per_s-by-backend",
-           "08_scale_out/rows_per_s-driver-limit", "08_scale_out/timeline-by-node"]
+           "08_scale_out/rows_per_s-driver-limit", "08_scale_out/timeline-by-node",
+           "09_peers/peers-rate-time-memory", "09_peers/faults-rows"]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +74,9 @@ def smoke(tmp_path_factory):
     return out, executed
 
 
-def test_there_are_eight_notebooks_in_order():
-    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05", "06", "07", "08"]
+def test_there_are_nine_notebooks_in_order():
+    assert [nb.stem[:2] for nb in suite()] == ["01", "02", "03", "04", "05", "06", "07", "08",
+                                               "09"]
 
 
 @pytest.mark.parametrize("notebook", suite(), ids=lambda p: p.stem)
@@ -114,7 +120,7 @@ def test_smoke_run_saves_every_table_with_its_columns_and_sidecar(smoke):
         sidecar = json.loads((out / "results" / f"{table}.json").read_text())
         assert {"commit", "machine", "packages", "parameters", "notebook"} <= set(sidecar)
         assert sidecar["machine"]["cores"] >= 1 and sidecar["packages"]["torch"] != "missing"
-        if sidecar["notebook"] not in ("05_summary", "06_binning"):  # no workload parameter
+        if sidecar["notebook"] not in ("05_summary", "06_binning", "09_peers"):  # no workload
             assert sidecar["parameters"]["workload"] == "synthetic"  # the smoke set was injected
 
 
@@ -144,6 +150,7 @@ def test_smoke_run_keeps_executed_copies_apart(smoke):
     ("01", {"device": "tpu"}, "device: unknown device 'tpu'"),
     ("06", {"text_area_threshold": 1.5}, "text_area_threshold: expected a fraction in [0, 1]"),
     ("07", {"parallelism": 0}, "parallelism: expected an integer >= 1, got 0"),
+    ("09", {"systems": ["bare", "dask"]}, "systems: expected a non-empty list drawn from"),
 ])
 def test_a_bad_parameter_stops_the_notebook_with_a_message_naming_it(tmp_path, notebook, bad,
                                                                      message):

@@ -39,6 +39,41 @@ def test_embedding_normalize_and_any_model_path(st_model):
     assert workload.attrs()["model"] == default_model_path()
 
 
+def test_tokenizing_ahead_gives_encode_s_embeddings_and_splits_the_phases(st_model, texts):
+    workload = EmbeddingWorkload(batch_size=4, tokenize_ahead=True)
+    model = workload.load("cpu", 1)
+    out = workload.process(model, texts[:30])["embeddings"]
+    np.testing.assert_allclose(out, st_model.encode(texts[:30], batch_size=4), atol=1e-5, rtol=0)
+    phases = workload.phases(model)
+    assert set(phases) == {"tokenize", "forward", "copy_out"} and phases["forward"] > 0
+    assert workload.attrs()["tokenize_ahead"] is True
+    with pytest.raises(ValueError, match="tokenize_ahead"):
+        EmbeddingWorkload(tokenize_ahead="yes")
+
+
+def test_tokenize_ahead_runs_the_next_expected_batch_in_its_helper_and_never_answers_wrong():
+    import threading
+
+    from helpers.workloads.embedding import TokenizeAhead
+
+    calls = []
+
+    def tokenize(batch, prompt=None):
+        calls.append((tuple(batch), prompt, threading.current_thread().name))
+        return [f"{prompt}:{text}" for text in batch]
+
+    ahead = TokenizeAhead(tokenize)
+    ahead.expect([["a", "b"], ["c", "d"], ["e"]])
+    assert ahead(["a", "b"], prompt="q") == ["q:a", "q:b"]  # the first: here and now
+    assert ahead(["c", "d"], prompt="q") == ["q:c", "q:d"]  # tokenized while "a b" ran
+    assert ahead(["x"], prompt="q") == ["q:x"]  # not expected: tokenized here, still right
+    assert ahead(["e"], prompt="q") == ["q:e"]
+    here = threading.current_thread().name
+    assert {batch: where == here for batch, _, where in calls} == \
+        {("a", "b"): True, ("c", "d"): False, ("e",): False, ("x",): True} and len(calls) == 4
+    assert {prompt for _, prompt, _ in calls} == {"q"}
+
+
 def test_synthetic_speed_factor_scales_cost():
     workload = SyntheticWorkload(0.01, speed={"cuda:1": 0.25})
     assert workload.load("cuda:1", 1)["cost"] == pytest.approx(0.04)

@@ -15,10 +15,6 @@ shared by all cut the others' workunits and was off by up to a tenth). The rate 
     the rate with k did not rise by GROWTH_MARGIN ............... retire worker k, stop at k - 1
     worker k + 1 failed to load (out of memory) ................. stop at k
 
-While a worker loads on any device, no device is judged, and every measurement starts afresh
-once it has loaded: loading takes host CPU from the others, which would make the count before look
-slower than it was.
-
 Every decision is logged and kept (``Decision``: when, which device, what, how many workers, the
 rate before and after, why); a job's ``PipelineStats.decisions`` holds those made while it ran.
 Devices are judged independently, so a fast card and a slow one settle on their own counts.
@@ -142,46 +138,31 @@ class Growth:
         state.units.setdefault(slot, []).append((started, ended, records))
 
     def step(self, scheduler: Scheduler, now: float, clock: float) -> None:
-        """Judge every device whose measurement is complete; ``clock``: the job's start.
-
-        No device is judged while a worker loads anywhere: a copy loading takes host CPU (and the
-        bus) from the others, so a rate measured across it would be low, and the next count would
-        look better than it is. When a load ends, every device still deciding measures afresh."""
-        for device in self.devices.values():
-            if not device.done and device.loading is not None and self._loaded(
-                    device, scheduler, now, clock):
-                self._restart(now)
-        if any(device.loading is not None for device in self.devices.values()):
-            return
+        """Judge every device whose measurement is complete; ``clock``: the job's start."""
         for device in self.devices.values():
             if device.done:
                 continue
-            if device.since is None:
+            if device.loading is not None:
+                self._loaded(device, scheduler, now, clock)
+            elif device.since is None:
                 device.since = now  # the pool's first job: measuring starts now
             else:
                 rate = device.measured()
                 if rate is not None:
                     self._judge(device, rate, scheduler, now - clock)
 
-    def _restart(self, now: float) -> None:
-        for device in self.devices.values():
-            if not device.done and device.loading is None:
-                device.since, device.units = now, {}
-
-    def _loaded(self, device: _Device, scheduler: Scheduler, now: float, clock: float) -> bool:
-        """Whether the worker being added to ``device`` has finished loading (or failed to)."""
+    def _loaded(self, device: _Device, scheduler: Scheduler, now: float, clock: float) -> None:
         slot = scheduler.slots[device.loading]
         if slot.state is State.LOADING:
-            return False
+            return
         if slot.state is State.READY:
             device.slots.append(device.loading)
-            device.loading = None
-            return True
+            device.since, device.loading, device.units = now, None, {}
+            return
         self._decide(device, now - clock, "stop", len(device.slots), None,
                      device.rates.get(len(device.slots)),
                      f"worker {len(device.slots) + 1} failed to load")
         device.loading, device.done = None, True
-        return True
 
     def _judge(self, device: _Device, rate: float, scheduler: Scheduler, seconds: float) -> None:
         k = len(device.slots)

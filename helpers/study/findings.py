@@ -258,3 +258,57 @@ def simulated_cluster(table: pd.DataFrame, workers_per_node: int) -> str:
             f"nodes share this machine's cores), {deaths} actor{'s' * (deaths != 1)} died and "
             f"{'their' if deaths != 1 else 'its'} workunits were redone on the others; "
             f"every id once: {bool(whole['exactly_once'] and lost['exactly_once'])}")
+
+
+def peers(table: pd.DataFrame) -> str:
+    """gpufeed beside the peers (notebook 9): each system's steady state as a multiple of bare
+    encode's in the same replicate (median), the fastest end to end, and the memory each took."""
+    ratios = table.pivot(index="replicate", columns="label", values="records_per_s")
+    bare = ratios.pop("bare model.encode") if "bare model.encode" in ratios else None
+    median = table.groupby("label")[["records_per_s", "end_to_end_s", "peak_rss_mb",
+                                     "spinup_s"]].median()
+    ranked = median.sort_values("records_per_s", ascending=False)
+    steady = ", ".join(
+        f"{label} {row.records_per_s:.1f}"
+        + (f" ({(ratios[label] / bare).median():.2f}× bare)" if bare is not None else "")
+        for label, row in ranked.iterrows() if label != "bare model.encode")
+    quickest = median["end_to_end_s"].idxmin()
+    lightest, heaviest = median["peak_rss_mb"].idxmin(), median["peak_rss_mb"].idxmax()
+    floor = f"bare model.encode {median.loc['bare model.encode', 'records_per_s']:.1f} " \
+        "records/s; " if bare is not None else ""
+    return (f"steady state (models loaded, medians of {table['replicate'].nunique()}): {floor}"
+            f"{steady}; end to end on {int(table['records'].iloc[0])} records, {quickest} is "
+            f"quickest ({median.loc[quickest, 'end_to_end_s']:.1f} s, of which spin-up "
+            f"{median.loc[quickest, 'spinup_s']:.1f} s); peak memory from {lightest} "
+            f"({median.loc[lightest, 'peak_rss_mb']:,.0f} MiB) to {heaviest} "
+            f"({median.loc[heaviest, 'peak_rss_mb']:,.0f} MiB)")
+
+
+def faults(table: pd.DataFrame) -> str:
+    """Who survives a model process killed mid-run (notebook 9's fault table)."""
+    killed = table[table["killed_pid"].notna()]
+    whole = killed[(killed["outcome"] == "finished") & (killed["rows_lost"] == 0)
+                   & (killed["rows_duplicated"] == 0)]
+    parts = [f"with one model process SIGKILLed mid-run, every row came back once from "
+             f"{_names(whole)}" if len(whole) else "no system returned every row once"]
+    for outcome, verb in (("failed", "failed"), ("hung", "hung past the time limit")):
+        rows = killed[killed["outcome"] == outcome]
+        if len(rows):
+            parts.append(f"{verb}: " + ", ".join(
+                f"{r.label} ({r.rows_lost:,} of {r.records:,} rows lost"
+                + (f"; {r.error}" if r.error else "") + ")" for r in rows.itertuples()))
+    damaged = killed[(killed["outcome"] == "finished") & ((killed["rows_lost"] > 0)
+                                                         | (killed["rows_duplicated"] > 0))]
+    if len(damaged):
+        parts.append("finished with rows lost or twice: " + ", ".join(
+            f"{r.label} ({r.rows_lost} lost, {r.rows_duplicated} twice)"
+            for r in damaged.itertuples()))
+    spared = table[table["killed_pid"].isna()]
+    if len(spared):
+        parts.append("not killed: " + ", ".join(f"{r.label} ({r.fault})"
+                                                for r in spared.itertuples()))
+    return "; ".join(parts)
+
+
+def _names(rows: pd.DataFrame) -> str:
+    return ", ".join(rows["label"])

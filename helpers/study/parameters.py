@@ -14,6 +14,7 @@ from typing import Any
 from helpers.engine.devices import parse_devices
 from helpers.engine.settings import BACKENDS, positive_int
 from helpers.study.paths import NOTEBOOKS
+from helpers.study.peers import SYSTEMS
 from helpers.workloads.binning.rule import Thresholds
 
 PARAMS = NOTEBOOKS / "params"
@@ -134,7 +135,8 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "sweep_replicates": positive_int, "writer_rows": positive_int, "writer_dim": positive_int,
     "writer_workers": positive_int, "writer_workunit_size": positive_int, "nodes": positive_int,
     "workers_per_node": positive_int, "node_cpus": positive_int, "lose_at_s": _seconds,
-    "cluster_records": positive_int,
+    "cluster_records": positive_int, "systems": _subset(SYSTEMS), "workers": positive_int,
+    "fault_records": positive_int, "kill_after_s": _seconds, "limit_s": _seconds,
     **{name: _threshold for name in THRESHOLDS},
 }
 

@@ -2,8 +2,10 @@
 ``helpers.study.figures.save_figure``; titles say which direction is better, axes carry units."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from helpers.study.figures import use_style
@@ -205,6 +207,61 @@ def ranked_bars(frame: pd.DataFrame, label: str, y: str, hue: str, title: str,
                        for i in range(len(kinds))], labels=kinds, fontsize=8, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
     ax.set(title=title, xlabel=xlabel)
+    return fig
+
+
+def ranked_panels(frame: pd.DataFrame, label: str, hue: str,
+                  metrics: Sequence[tuple[str, str, bool]], title: str) -> Any:
+    """One horizontal bar panel per metric (``(column, axis label, higher is better)``): mean ±
+    sd per ``label``, the labels in the first metric's order, best first, coloured by ``hue``;
+    each panel's title says which way is better."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    first, _, higher = metrics[0]
+    order = frame.groupby(label)[first].mean().sort_values(ascending=not higher).index
+    kinds = list(dict.fromkeys(frame[hue]))
+    colors = [plt.get_cmap("tab10")(kinds.index(frame.loc[frame[label] == name, hue].iloc[0]))
+              for name in order]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics) + 2.0,
+                                                      1.4 + 0.4 * len(order)), sharey=True)
+    for ax, (column, axis, better_high) in zip(np.atleast_1d(axes), metrics):
+        stats = frame.groupby(label)[column].agg(["mean", "std"]).fillna(0.0).reindex(order)
+        ax.barh(range(len(order)), stats["mean"], xerr=stats["std"], capsize=3, color=colors)
+        ax.set(title=f"{axis}\n({'higher' if better_high else 'lower'} is better)", xlabel=axis)
+    first_ax = np.atleast_1d(axes)[0]
+    first_ax.set_yticks(range(len(order)), labels=order, fontsize=8)
+    first_ax.invert_yaxis()
+    np.atleast_1d(axes)[-1].legend(
+        handles=[plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap("tab10")(i))
+                 for i in range(len(kinds))], labels=kinds, fontsize=8, loc="upper left",
+        bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(title)
+    return fig
+
+
+def fault_rows(frame: pd.DataFrame, title: str) -> Any:
+    """Per system, the rows a run with one model process killed returned once, lost and twice,
+    stacked, with how it ended written beside each bar."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    parts = [("rows once", frame["rows_unique"], "tab:green"),
+             ("rows lost", frame["rows_lost"], "tab:red"),
+             ("rows twice", frame["rows_duplicated"], "tab:orange")]
+    fig, ax = plt.subplots(figsize=(9.0, 1.4 + 0.45 * len(frame)))
+    left = np.zeros(len(frame))
+    for name, values, color in parts:
+        ax.barh(range(len(frame)), values, left=left, color=color, label=name)
+        left += values.to_numpy()
+    for y, (outcome, fault) in enumerate(zip(frame["outcome"], frame["fault"])):
+        ax.text(left[y] * 1.01, y, outcome if fault.startswith("SIGKILL") else
+                f"{outcome}, nothing killed", va="center", fontsize=8)
+    ax.set_yticks(range(len(frame)), labels=frame["label"], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, left.max() * 1.45)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set(title=title, xlabel="rows of the run")
     return fig
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,61 @@ PHASES = ("tokenize", "forward", "copy_out")  # copy_out: the rest of encode (to
 # normalizing, back to the host, reordering, to NumPy)
 
 
+def tokenizer_name(model: Any) -> str:
+    """The method ``encode`` tokenizes a batch with: ``preprocess`` (sentence-transformers 6),
+    ``tokenize`` before."""
+    return "preprocess" if hasattr(model, "preprocess") else "tokenize"
+
+
+def encode_order(model: Any, texts: list[str]) -> np.ndarray:
+    """The order ``encode`` batches ``texts`` in: longest first (interleaved where the model
+    flattens its inputs), as sentence-transformers computes it."""
+    length = getattr(model, "_input_length", len)
+    order = np.argsort([-length(text) for text in texts])
+    flatten = getattr(model, "_can_flatten_inputs", None)
+    if flatten is not None and flatten():
+        order = model._interleave_sorted_indices(order)
+    return order
+
+
+class TokenizeAhead:
+    """A model's tokenizer, run one batch ahead in a helper thread while ``encode`` runs the
+    forward pass of the current batch (``EmbeddingWorkload(tokenize_ahead=True)``).
+
+    ``expect(batches)`` tells it the batches the next ``encode`` call will ask for, in order (see
+    ``encode_order``); when ``encode`` asks for batch k, the answer is the one tokenized while batch
+    k - 1 ran, and batch k + 1 starts. A batch asked for that was not expected (another
+    sentence-transformers version ordering them otherwise) is tokenized there and then: never a
+    wrong answer, only no gain. State is per calling thread (threads may share one model).
+    """
+
+    def __init__(self, tokenize: Any) -> None:
+        self.tokenize, self._local = tokenize, threading.local()
+
+    def _helper(self) -> ThreadPoolExecutor:
+        if not hasattr(self._local, "helper"):  # one per worker thread, for its life
+            self._local.helper = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-tokenize")
+        return self._local.helper
+
+    def expect(self, batches: list[list[str]]) -> None:
+        self._local.batches, self._local.ahead = batches, None
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        batches = getattr(self._local, "batches", [])
+        ahead: tuple[int, tuple, Future] | None = getattr(self._local, "ahead", None)
+        position = ahead[0] if ahead is not None else 0
+        if position < len(batches) and list(inputs) == batches[position] and \
+                (ahead is None or ahead[1] == (args, kwargs)):
+            features = ahead[2].result() if ahead is not None else \
+                self.tokenize(inputs, *args, **kwargs)
+            following = position + 1
+            self._local.ahead = None if following >= len(batches) else (
+                following, (args, kwargs),
+                self._helper().submit(self.tokenize, batches[following], *args, **kwargs))
+            return features
+        return self.tokenize(inputs, *args, **kwargs)
+
+
 class PhaseClock:
     """Where a model's ``encode`` calls spend their time, per calling thread (threads may share
     one model): tokenizing (the model's ``preprocess``, or ``tokenize`` in older
@@ -27,8 +83,8 @@ class PhaseClock:
 
     def __init__(self, model: Any, cuda: bool) -> None:
         self._local, self.cuda = threading.local(), cuda
-        name = "preprocess" if hasattr(model, "preprocess") else "tokenize"
-        tokenize = getattr(model, name)
+        name = tokenizer_name(model)
+        tokenize = getattr(model, name)  # with tokenize_ahead: the wait for the helper's batch
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
@@ -106,13 +162,17 @@ class EmbeddingWorkload:
     ``batch_size``: texts per forward pass. ``normalize``: unit-length embeddings.
     ``max_chars``: longer texts are rejected (the model reads only its first few hundred tokens, so
     a megabyte of text costs tokenizing time for nothing: chunk documents before embedding them).
-    Empty or blank texts are rejected too. Output: ``embeddings`` float32 ``[n, dim]``.
+    Empty or blank texts are rejected too. ``tokenize_ahead``: tokenize the next batch in a helper
+    thread while the current one runs (TokenizeAhead): worth it where tokenizing is a large share
+    of the compute (``stats.phases``) and the host has a core to spare, as on a GPU.
+    Output: ``embeddings`` float32 ``[n, dim]``.
     """
 
     model: str | None = None
     batch_size: int = 32
     normalize: bool = False
     max_chars: int = 100_000
+    tokenize_ahead: bool = False
     name: str = "embedding"
     requires_hardware: bool = True
 
@@ -128,10 +188,17 @@ class EmbeddingWorkload:
         if isinstance(self.max_chars, bool) or not isinstance(self.max_chars, int) \
                 or self.max_chars < 1:
             raise ValueError(f"max_chars: expected a positive integer, got {self.max_chars!r}")
+        if not isinstance(self.tokenize_ahead, bool):
+            raise ValueError(f"tokenize_ahead: expected True or False, got "
+                             f"{self.tokenize_ahead!r}")
 
     def load(self, device: str, threads: int) -> Any:
         model = load_sentence_transformer(self.model, device, threads)
         model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
+        if self.tokenize_ahead:
+            name = tokenizer_name(model)
+            model.gpufeed_ahead = TokenizeAhead(getattr(model, name))
+            setattr(model, name, model.gpufeed_ahead)
         model.gpufeed_phases = PhaseClock(model, device.startswith("cuda"))
         return model
 
@@ -155,6 +222,11 @@ class EmbeddingWorkload:
         return float(len(record))
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
+        ahead = getattr(model, "gpufeed_ahead", None)
+        if ahead is not None:
+            ordered = [records[i] for i in encode_order(model, records)]
+            ahead.expect([ordered[i:i + self.batch_size]
+                          for i in range(0, len(ordered), self.batch_size)])
         clock = getattr(model, "gpufeed_phases", None)
         if clock is not None:
             clock.start()
@@ -174,4 +246,5 @@ class EmbeddingWorkload:
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
                 "batch_size": self.batch_size, "normalize": self.normalize,
+                "tokenize_ahead": self.tokenize_ahead,
                 "max_chars": self.max_chars}
