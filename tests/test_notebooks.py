@@ -137,6 +137,18 @@ def test_smoke_run_saves_every_figure_and_lists_it_with_a_finding(smoke):
         assert f"({name}.png)" in readme
 
 
+def test_smoke_peers_fault_table_has_a_row_per_system_and_gpufeed_keeps_every_row(smoke):
+    import pandas as pd
+
+    out, _ = smoke
+    faults = pd.read_csv(out / "results" / "peers_faults.csv").set_index("system")
+    assert list(faults.index) == load_parameters("smoke", "09_peers")["systems"]
+    assert faults["killed_pid"].notna().all()  # each was killed in its steady state
+    assert faults.loc["gpufeed_process", "outcome"] == "finished"
+    assert faults.loc["gpufeed_process", ["rows_lost", "rows_duplicated"]].tolist() == [0, 0]
+    assert faults.loc["bare", "outcome"] == "failed" and faults.loc["bare", "rows_lost"] == 64
+
+
 def test_smoke_run_keeps_executed_copies_apart(smoke):
     out, executed = smoke
     assert [p.parent for p in executed] == [out / "executed"] * len(suite())

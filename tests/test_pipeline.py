@@ -35,9 +35,13 @@ def test_synthetic_exactly_once(tmp_path, backend, n_workers, workunit_size):
     assert stats.records == 150 and sum(w.records for w in stats.workers) == 150
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("n_workers", [1, 2, 3, 4])
-@pytest.mark.parametrize("workunit_size", [1, 7, 1000])
+EMBEDDING_CASES = [  # (backend, workers, workunit size): every pair on threads (a thread costs
+    # a second); on processes (each imports torch: ~5 s) each size and each count once
+    *[("thread", n, size) for n in (1, 2, 3, 4) for size in (1, 7, 1000)],
+    ("process", 4, 1), ("process", 2, 7), ("process", 3, 1000), ("process", 1, 7)]
+
+
+@pytest.mark.parametrize("backend, n_workers, workunit_size", EMBEDDING_CASES)
 def test_embeddings_exactly_once_and_equal_to_encode(tmp_path, texts, reference_embeddings,
                                                       backend, n_workers, workunit_size):
     stats = run(list(enumerate(texts)), EmbeddingWorkload(), tmp_path,
