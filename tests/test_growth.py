@@ -100,11 +100,18 @@ def test_a_device_rate_counts_whole_workunits_whatever_the_workers_phases():
     from helpers.engine.growth import _Device
 
     # two workers, 100 records a second each: one in 1 s workunits, one in 0.4 s workunits from
-    # 0.9 s; a window shared by both (from the first end to the earliest last end) cut workunits
-    # and measured 173
+    # 0.9 s; each workunit's records spread from the end before it to its own
     device = _Device("cuda:0", [0, 1])
     device.units[0] = [(i - 1, i, 100) for i in range(1, 5)]
-    device.units[1] = [(0.9 + 0.4 * (i - 1), 0.9 + 0.4 * i, 40) for i in range(1, 5)]
+    device.units[1] = [(0.9 + 0.4 * (i - 1), 0.9 + 0.4 * i, 40) for i in range(1, 9)]
     assert device.measured() == pytest.approx(200.0)
-    device.units[1].pop()
+    device.units[1] = device.units[1][:3]
     assert device.measured() is None  # the second has run three of the four workunits
+    device.units[1] = [(3.0 + 0.4 * (i - 1), 3.0 + 0.4 * i, 40) for i in range(1, 5)]
+    assert device.measured() is None  # it began late: 0.6 s in common of a 3 s measurement
+    # two workers taking turns on one device, unevenly: 100 records in 1 s, whoever holds it
+    # two workers taking turns on one device unevenly (0, 0, 1, 0, 1, 1, 0, 1), 100 records in
+    # 1 s whoever holds it
+    device.units = {0: [(0, 1, 100), (1, 2, 100), (2, 4, 100), (4, 7, 100)],
+                    1: [(2, 3, 100), (3, 5, 100), (5, 6, 100), (7, 8, 100)]}
+    assert device.measured() == pytest.approx(100.0)  # each worker in its own window: 110

@@ -2,11 +2,13 @@
 
 Each device starts with one worker. Once every worker on it has run GROWTH_RESULTS workunits at
 their settled size since the last change, the device's rate is measured by counting completions:
-for each worker, the records of its workunits after its first ÷ the time from its first end to its
-last, summed over the workers. What happens inside a workunit (work, or waiting for a shared
-device) does not matter, only when workunits finish; and since each worker is timed from one of
-its ends to another, whole workunits fall in its window whatever the workers' phases (one window
-shared by all cut the others' workunits and was off by up to a tenth). The rate is judged::
+in one window shared by all its workers (from the last of their first ends to the first of their
+last ends), each worker's completed records, a workunit's records spread evenly from the end
+before it to its own, summed, ÷ the window. What happens inside a workunit (work, or waiting for a
+shared device) does not matter, only when workunits finish. One window for all, because workers
+sharing a device take turns unevenly (one window per worker read their turns twice, up to +19 %);
+spread records, because whole workunits counted at the window's edges were off by up to a tenth.
+The rate is judged::
 
     k = 1, or the rate with k rose by GROWTH_MARGIN over the rate with k - 1
         ├─ memory for another copy (free > MEMORY_HEADROOM × one copy, when the device reports it)
@@ -77,13 +79,27 @@ class _Device:
         units = [self.units.get(s, []) for s in self.slots]
         if any(len(u) < GROWTH_RESULTS for u in units):
             return None
-        rate = 0.0
-        for worker in units:  # each from its first end to its last: whole workunits, no phase
-            seconds = worker[-1][1] - worker[0][1]
-            if seconds <= 0:
-                return None
-            rate += sum(records for _, _, records in worker[1:]) / seconds
-        return rate
+        start = max(u[0][1] for u in units)  # a window inside every worker's first and last end
+        end = min(u[-1][1] for u in units)
+        if end - start < 0.5 * max(u[-1][1] - u[0][1] for u in units):
+            return None  # the workers' measurements hardly overlap (one had the device to
+            # itself for a while): a short window is a noisy one, so wait for more
+        done = sum(_completed(u, end) - _completed(u, start) for u in units)
+        return done / (end - start)
+
+
+def _completed(units: list, at: float) -> float:
+    """The records a worker had completed at ``at`` (between its first and its last end), each
+    workunit's records spread evenly from the end before it to its own end."""
+    total = 0.0
+    for (_, before, _), (_, ended, records) in zip(units, units[1:]):
+        if at >= ended:
+            total += records
+        else:
+            if at > before:
+                total += records * (at - before) / (ended - before)
+            break
+    return total
 
 
 class Growth:
