@@ -253,7 +253,8 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
                    "--batch-size", str(batch_size), "--workers", str(workers),
                    "--workunit-size", str(workunit_size), "--seed", str(seed), "--ids", ids_path]
         started = time.perf_counter()
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        errors = open(Path(tmp) / "stderr.txt", "w+")  # a file: a full pipe would stall the run
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors,
                                  text=True, start_new_session=True)
         root = psutil.Process(child.pid)
         peak, steady_at, killed, lines = 0.0, None, None, []
@@ -275,8 +276,11 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
         if hung:
             _kill_tree(root, child)
         end_to_end = time.perf_counter() - started
-        out, err = child.communicate()
+        out, _ = child.communicate()
         lines.append(out or "")
+        errors.seek(0)
+        err = errors.read()
+        errors.close()
         result = next((json.loads(line) for line in "".join(lines).splitlines()
                        if line.startswith("{")), {})
         ids = np.load(ids_path) if os.path.exists(ids_path) else np.empty(0, np.int64)
