@@ -55,6 +55,15 @@ def _cores() -> int:
     return available_cores()
 
 
+def _warm_model(device: str, threads: int) -> Any:
+    """The embedded model on ``device``, its first forward pass paid (as a gpufeed worker's)."""
+    from helpers.workloads.embedding import WARMUP_TEXT, load_sentence_transformer
+
+    model = load_sentence_transformer(None, device, threads)
+    model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
+    return model
+
+
 def _announce_steady() -> float:
     print(STEADY, flush=True)
     return time.perf_counter()
@@ -64,11 +73,8 @@ def _announce_steady() -> float:
 
 def _bare(texts: list[str], device: str, batch_size: int, workers: int, threads: int,
           workunit_size: int) -> tuple[float, float, list[int]]:
-    from helpers.workloads.embedding import WARMUP_TEXT, load_sentence_transformer
-
     started = time.perf_counter()
-    model = load_sentence_transformer(None, device, _cores())
-    model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
+    model = _warm_model(device, _cores())
     steady = _announce_steady()
     model.encode(texts, batch_size=batch_size, show_progress_bar=False)
     return steady - started, time.perf_counter() - steady, list(range(len(texts)))
@@ -110,12 +116,8 @@ class _RayDataEmbed:
     """Ray Data's actor: loads the model once, embeds each batch, stamps when it was ready."""
 
     def __init__(self, device: str, threads: int, batch_size: int) -> None:
-        from helpers.workloads.embedding import WARMUP_TEXT, load_sentence_transformer
-
         # Ray gives an actor its share of a card as cuda:0 (CUDA_VISIBLE_DEVICES)
-        self.model = load_sentence_transformer(
-            None, "cuda:0" if device.startswith("cuda") else device, threads)
-        self.model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
+        self.model = _warm_model("cuda:0" if device.startswith("cuda") else device, threads)
         self.batch_size, self.ready = batch_size, time.time()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
