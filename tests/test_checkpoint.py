@@ -152,7 +152,7 @@ def uninterrupted(jsonl, tmp_path_factory):
     return read_output(out)
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(3))
 def test_a_run_killed_with_sigkill_then_resumed_equals_an_uninterrupted_one(
         tmp_path, jsonl, uninterrupted, seed):
     out = tmp_path / "out.h5"
@@ -177,19 +177,19 @@ def test_an_embedding_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_pat
     path = tmp_path / "in.jsonl"
     import json
 
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts * 40))
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts * 20))
     out = tmp_path / "out.h5"
     command, env = cli("--input", str(path), "--output", str(out), "--devices", "cpu",
                        "--workunit-size", "8", "--backend", "thread")
     parts = tmp_path / "out.h5.parts"
     kill_run_at(command, env, 60.0, when=lambda: parts.exists() and any(parts.glob("*.h5")))
-    assert len(read_output(out)["ids"]) < 960  # killed after its first flush, long before the end
+    assert len(read_output(out)["ids"]) < 480  # killed after its first flush, long before the end
     done = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert 0 < json.loads(done.stdout.splitlines()[-1])["resumed_after"] < 960
+    assert 0 < json.loads(done.stdout.splitlines()[-1])["resumed_after"] < 480
     data = read_output(out)
-    assert data["ids"].tolist() == list(range(960))
-    expected = np.concatenate([reference_embeddings] * 40)
+    assert data["ids"].tolist() == list(range(480))
+    expected = np.concatenate([reference_embeddings] * 20)
     # texts batched with other neighbours pad differently: float32 noise, nothing more
     np.testing.assert_allclose(data["embeddings"], expected, atol=1e-5, rtol=0)
 

@@ -52,13 +52,16 @@ def main(argv: list[str] | None = None) -> int:
                              help="zero-cost workers (default: one per core, at least 2)")
         command.add_argument("--workunit-size", type=int, default=4096)
         command.add_argument("--dim", type=int, default=384)
+        command.add_argument("--backend", choices=("process", "thread", "ray"), default="process",
+                             help="ray: actors on a local Ray each run starts")
     args = parser.parse_args(argv)
     if args.command == "failures":
         failures.main(args.records, args.repeats, args.results_dir)
         return 0
     if args.command == "scale":
         scale.main(args.records, args.workers, args.workunit_size, args.dim,
-                   args.baseline_records, args.kill_at or None, args.folder, args.results_dir)
+                   args.baseline_records, args.kill_at or None, args.folder, args.results_dir,
+                   args.backend)
         return 0
     if args.command == "autotune":
         autotune.main(args.records, args.repeats, args.results_dir)
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,
-                                        args.workunit_size, args.dim, args.resume)))
+                                        args.workunit_size, args.dim, args.resume,
+                                        args.backend)))
         return 0
     overhead.report(*overhead.measure(args.records, args.block, args.rounds, args.batch_size,
                                       args.workunit_size, args.threads))

@@ -11,11 +11,17 @@ peak RSS is its own and the kill is a real SIGKILL of the whole run (workers inc
 - ``resumed``: ``resume=True`` on what the kill left: seconds until the first new workunit, and
   whether the final output holds every id exactly once.
 
+``backend="ray"`` runs the same through Ray actors on a local Ray that each run starts (its start is
+not in the rate: the clock starts with the pool). Beside the parent's own peak RSS, every run's
+whole process tree is sampled once a second (``tree_rss_mb``: the driver, its workers or Ray's
+raylet, object store and actors), so memory that grows outside the driver shows too.
+
 Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time.
 Rows are tidy (units in column names) and saved with provenance like the other benchmarks.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +37,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pandas as pd
+import psutil
 
 from helpers.engine.id_ranges import IdRanges
 from helpers.engine.sources import READ_SLICE
@@ -40,7 +47,7 @@ GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "longest_gap_s": 1.0,
          "write_amplification": 2.0, "resume_first_workunit_s": 10.0}
 COLUMNS = ["records", "wall_s", "records_per_s", "parent_rss_mb", "longest_dispatch_gap_s",
            "first_dispatch_s", "spinup_s", "bytes_written", "output_bytes", "write_amplification",
-           "resumed_after", "write_s", "write_blocked_s"]
+           "resumed_after", "write_s", "write_blocked_s", "tree_rss_mb"]
 
 
 class CycledTexts:
@@ -77,7 +84,7 @@ class CycledTexts:
 
 
 def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,
-             resume: bool) -> dict[str, Any]:
+             resume: bool, backend: str = "process") -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench scale-run``): its measurements."""
     from helpers.engine.pipeline import run_pipeline
     from helpers.study.paths import sample_texts
@@ -85,7 +92,8 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
 
     source = CycledTexts(records, sample_texts())
     stats = run_pipeline(source, SyntheticWorkload(0.0, dim=dim, values="zeros"),
-                         ["cpu"] * workers, workunit_size, output, progress=False, resume=resume)
+                         ["cpu"] * workers, workunit_size, output, backend, progress=False,
+                         resume=resume)
     return {"records": stats.records, "wall_s": stats.wall_seconds,
             "records_per_s": stats.records_per_second, "parent_rss_mb": stats.parent_rss_mb,
             "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
@@ -97,17 +105,36 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
 
 
 def _command(records: int, output: Path, workers: int, workunit_size: int, dim: int,
-             resume: bool = False) -> list[str]:
+             backend: str, resume: bool = False) -> list[str]:
     return [sys.executable, "-m", "helpers.bench", "scale-run", "--records", str(records),
             "--output", str(output), "--workers", str(workers), "--workunit-size",
-            str(workunit_size), "--dim", str(dim)] + (["--resume"] if resume else [])
+            str(workunit_size), "--dim", str(dim), "--backend", backend] + (
+                ["--resume"] if resume else [])
 
 
 def _child(command: list[str]) -> dict[str, Any]:
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Run ``command``, sampling its process tree's RSS once a second: its measurements, with
+    the tree's peak as ``tree_rss_mb``."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        run = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        root, peak = psutil.Process(run.pid), 0.0
+        while run.poll() is None:
+            peak = max(peak, _tree_rss_mb(root))
+            time.sleep(1.0)
+        out.seek(0), err.seek(0)
+        if run.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} exited {run.returncode}:\n"
+                               f"{err.read()[-3000:]}")
+        return {**json.loads(out.read().strip().splitlines()[-1]), "tree_rss_mb": peak}
+
+
+def _tree_rss_mb(root: psutil.Process) -> float:
+    total = 0
+    with contextlib.suppress(psutil.Error):
+        for process in (root, *root.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                total += process.memory_info().rss
+    return total / 2**20
 
 
 def _rows_in(output: Path) -> int:
@@ -156,7 +183,7 @@ def _remove(output: Path) -> None:
 
 def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, dim: int = 384,
             baseline_records: int = 100_000, kill_at: float | None = 0.9,
-            folder: str | None = None) -> pd.DataFrame:
+            folder: str | None = None, backend: str = "process") -> pd.DataFrame:
     """The runs described in the module docstring; one tidy row per run. ``baseline_records=0``
     or ``kill_at=None`` leaves those runs out."""
     need = records * (dim * 4 + 8) * 1.1
@@ -167,7 +194,7 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
             raise RuntimeError(f"{tmp}: {free / 1e9:.1f} GB free, a run of {records:,} records of "
                                f"{dim}-d float32 needs {need / 1e9:.1f} GB (--folder elsewhere?)")
         output = Path(tmp) / "out.h5"
-        setting = dict(workers=workers, workunit_size=workunit_size, dim=dim)
+        setting = dict(workers=workers, workunit_size=workunit_size, dim=dim, backend=backend)
         runs = ([("baseline", baseline_records)] if baseline_records else []) + [("full", records)]
         for name, n in runs:
             row = _child(_command(n, output, **setting))
@@ -179,8 +206,8 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
             row = _child(_command(records, output, resume=True, **setting))
             rows.append({"run": "resumed", **row, "exactly_once": exactly_once(output, records)})
             _remove(output)
-    table = pd.DataFrame(rows).assign(workers=workers, workunit_size=workunit_size, dim=dim,
-                                      total_records=records)
+    table = pd.DataFrame(rows).assign(backend=backend, workers=workers,
+                                      workunit_size=workunit_size, dim=dim, total_records=records)
     table["resume_first_workunit_s"] = np.where(table["run"] == "resumed",
                                                 table["spinup_s"] + table["first_dispatch_s"],
                                                 np.nan)
@@ -190,7 +217,7 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
 def report(table: pd.DataFrame) -> dict[str, float]:
     """Print the table and each goal with its verdict; return the figures compared."""
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(table.drop(columns=["workers", "workunit_size", "dim"]).to_string(
+        print(table.drop(columns=["backend", "workers", "workunit_size", "dim"]).to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))
     runs = table.set_index("run")
     figures: dict[str, float] = {}
@@ -214,13 +241,17 @@ def report(table: pd.DataFrame) -> dict[str, float]:
 
 
 def main(records: int, workers: int, workunit_size: int, dim: int, baseline_records: int,
-         kill_at: float | None, folder: str | None, results_dir: str | None) -> None:
+         kill_at: float | None, folder: str | None, results_dir: str | None,
+         backend: str = "process") -> None:
     from helpers.study.results import save_table
 
-    table = measure(records, workers, workunit_size, dim, baseline_records, kill_at, folder)
+    table = measure(records, workers, workunit_size, dim, baseline_records, kill_at, folder,
+                    backend)
     report(table)
     if results_dir:
-        path = save_table(table, "scale", results_dir, "helpers.bench.scale",
+        name = "scale" if backend == "process" else f"scale_{backend}"
+        path = save_table(table, name, results_dir, "helpers.bench.scale",
                           {"records": records, "workers": workers, "workunit_size": workunit_size,
-                           "dim": dim, "baseline_records": baseline_records, "kill_at": kill_at})
+                           "dim": dim, "baseline_records": baseline_records, "kill_at": kill_at,
+                           "backend": backend})
         print(f"table: {path}")

@@ -254,19 +254,20 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
                    "--records", str(records),
                    "--batch-size", str(batch_size), "--workers", str(workers),
                    "--workunit-size", str(workunit_size), "--seed", str(seed), "--ids", ids_path]
+        # files, not pipes: a full pipe would stall the run, and a pipe a grandchild (Ray's,
+        # a resource tracker) still holds open never ends
+        out_path, err_path = Path(tmp) / "stdout.txt", Path(tmp) / "stderr.txt"
         started = time.perf_counter()
-        errors = open(Path(tmp) / "stderr.txt", "w+")  # a file: a full pipe would stall the run
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors,
-                                 text=True, start_new_session=True)
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            child = subprocess.Popen(command, stdout=out, stderr=err, text=True,
+                                     start_new_session=True)
         root = psutil.Process(child.pid)
-        peak, steady_at, killed, lines = 0.0, None, None, []
-        os.set_blocking(child.stdout.fileno(), False)
+        peak, steady_at, killed = 0.0, None, None
+        reader = _Lines(out_path)
         while child.poll() is None and time.perf_counter() - started < limit_s:
             peak = max(peak, _rss_mb(_tree(root)))
-            for line in iter(child.stdout.readline, ""):
-                lines.append(line)
-                if line.strip() == STEADY:
-                    steady_at = time.perf_counter()
+            if steady_at is None and STEADY in reader.new():
+                steady_at = time.perf_counter()
             if kill_after is not None and killed is None and steady_at is not None \
                     and time.perf_counter() - steady_at >= kill_after:
                 target = victim(system, root)
@@ -278,13 +279,10 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
         if hung:
             _kill_tree(root, child)
         end_to_end = time.perf_counter() - started
-        out, _ = child.communicate()
-        lines.append(out or "")
-        errors.seek(0)
-        err = errors.read()
-        errors.close()
-        result = next((json.loads(line) for line in "".join(lines).splitlines()
+        child.wait()
+        result = next((json.loads(line) for line in out_path.read_text().splitlines()
                        if line.startswith("{")), {})
+        err = err_path.read_text(errors="replace")
         ids = np.load(ids_path) if os.path.exists(ids_path) else np.empty(0, np.int64)
     unique = len(np.unique(ids))
     outcome = "hung" if hung else "finished" if child.returncode == 0 else "failed"
@@ -300,6 +298,21 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
             "rows_duplicated": len(ids) - unique,
             "error": "" if outcome == "finished" else f"killed by signal {-child.returncode}"
             if not hung and child.returncode < 0 else _last_error(err)}
+
+
+class _Lines:
+    """The whole lines a growing text file has gained since the last look."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def new(self) -> list[str]:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        whole = data[:data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        return [line.strip() for line in whole.decode(errors="replace").splitlines()]
 
 
 def _kill_tree(root: psutil.Process, child: subprocess.Popen) -> None:
