@@ -53,6 +53,10 @@ def test_the_parents_memory_does_not_grow_with_the_records(tmp_path):
     runs = table.set_index("run")
     growth = runs.loc["full", "parent_rss_mb"] - runs.loc["baseline", "parent_rss_mb"]
     assert growth < 200, f"parent peak RSS grew by {growth:.0f} MiB"
+    private = runs.loc["full", "parent_uss_mb"] - runs.loc["baseline", "parent_uss_mb"]
+    assert private < 200, f"parent private memory grew by {private:.0f} MiB"
+    # the tree (parent and its workers) holds more than the parent alone
+    assert (runs["tree_rss_mb"] > runs["parent_uss_mb"]).all()
     assert runs["exactly_once"].all() and runs.loc["full", "records"] == 1_000_000
     assert 0.99 < runs.loc["full", "write_amplification"] < 1.05  # full parts: written once
 
