@@ -12,17 +12,17 @@ peak RSS is its own and the kill is a real SIGKILL of the whole run (workers inc
   whether the final output holds every id exactly once.
 
 ``backend="ray"`` runs the same through Ray actors on a local Ray that each run starts (its start is
-in the spin-up, not in the rate). Beside the parent's peak RSS: its private memory at the end
-(``parent_uss_mb``: RSS counts the pages of Ray's object store the driver has read results from,
-shared memory that Ray owns and bounds), and every run's whole process tree sampled five times a
-second (``tree_rss_mb``: the driver, its workers or Ray's raylet, object store and actors).
+in the spin-up, not in the rate). Beside the parent's peak RSS: its peak private memory while its
+pool is up (``parent_uss_mb``: RSS counts the pages of Ray's object store the driver has read
+results from, shared memory that Ray owns and bounds), and every run's whole process tree sampled
+five times a second (``tree_rss_mb``: the driver, its workers or Ray's raylet, object store and
+actors).
 
 Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time.
 Rows are tidy (units in column names) and saved with provenance like the other benchmarks.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -43,14 +43,11 @@ import psutil
 
 from helpers.engine.id_ranges import IdRanges
 from helpers.engine.sources import READ_SLICE
+from helpers.study.peers import tree_rss_mb
 
 CORPUS = 20_648_877  # chunks in the study's corpus (notebook 01's days-for-the-corpus estimate)
 GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "uss_growth_mb": 200,
          "longest_gap_s": 1.0, "write_amplification": 2.0, "resume_first_workunit_s": 10.0}
-COLUMNS = ["records", "wall_s", "records_per_s", "parent_rss_mb", "parent_uss_mb",
-           "longest_dispatch_gap_s",
-           "first_dispatch_s", "spinup_s", "bytes_written", "output_bytes", "write_amplification",
-           "resumed_after", "write_s", "write_blocked_s", "tree_rss_mb"]
 
 
 class CycledTexts:
@@ -153,22 +150,13 @@ def _child(command: list[str]) -> dict[str, Any]:
         run = subprocess.Popen(command, stdout=out, stderr=err, text=True)
         root, peak = psutil.Process(run.pid), 0.0
         while run.poll() is None:
-            peak = max(peak, _tree_rss_mb(root))
+            peak = max(peak, tree_rss_mb(root))
             time.sleep(0.2)
         out.seek(0), err.seek(0)
         if run.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} exited {run.returncode}:\n"
                                f"{err.read()[-3000:]}")
         return {**json.loads(out.read().strip().splitlines()[-1]), "tree_rss_mb": peak}
-
-
-def _tree_rss_mb(root: psutil.Process) -> float:
-    total = 0
-    with contextlib.suppress(psutil.Error):
-        for process in (root, *root.children(recursive=True)):
-            with contextlib.suppress(psutil.Error):
-                total += process.memory_info().rss
-    return total / 2**20
 
 
 def _rows_in(output: Path) -> int:

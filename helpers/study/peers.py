@@ -213,9 +213,10 @@ def _tree(process: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def _rss_mb(processes: list[psutil.Process]) -> float:
+def tree_rss_mb(root: psutil.Process) -> float:
+    """The RSS of ``root`` and all its descendants, MiB (those gone meanwhile count nothing)."""
     total = 0
-    for p in processes:
+    for p in _tree(root):
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -265,7 +266,7 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
         peak, steady_at, killed = 0.0, None, None
         reader = _Lines(out_path)
         while child.poll() is None and time.perf_counter() - started < limit_s:
-            peak = max(peak, _rss_mb(_tree(root)))
+            peak = max(peak, tree_rss_mb(root))
             if steady_at is None and STEADY in reader.new():
                 steady_at = time.perf_counter()
             if kill_after is not None and killed is None and steady_at is not None \
