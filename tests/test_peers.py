@@ -32,11 +32,28 @@ def test_a_fault_kills_a_pool_s_spawned_worker_never_its_resource_tracker_and_ba
         assert peers.victim("st_pool", root).pid == worker
         assert peers.victim("bare", root) == root
         assert peers.victim("ray_data", root) is None  # no Ray actor in this tree
+        alone = [psutil.Process(pid).memory_info().rss / 2**20 for pid in (child.pid, worker)]
+        assert peers.tree_rss_mb(root) > max(alone)  # the parent, its worker and its tracker
     finally:
         for process in psutil.Process(child.pid).children(recursive=True):
             process.kill()
         child.kill()
         child.wait()
+
+
+def test_a_run_s_output_is_read_a_whole_line_at_a_time_as_it_grows(tmp_path):
+    path = tmp_path / "stdout.txt"
+    path.write_text("")
+    lines = peers._Lines(path)
+    assert lines.new() == []
+    with open(path, "a") as out:
+        out.write("loading\n" + peers.STEADY[:5])
+        out.flush()
+        assert lines.new() == ["loading"]  # half a line waits for its end
+        out.write(peers.STEADY[5:] + "\n{\"spinup_s\": 1}\n")
+        out.flush()
+        assert lines.new() == [peers.STEADY, '{"spinup_s": 1}']
+        assert lines.new() == []
 
 
 def test_only_known_systems_are_run_and_each_gets_its_share_of_threads(monkeypatch):
