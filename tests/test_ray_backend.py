@@ -21,6 +21,7 @@ from ray.cluster_utils import Cluster
 from helpers.engine.hdf5_sink import read_output
 from helpers.engine.messages import WorkerInfo
 from helpers.engine.pipeline import PipelineError, WorkerPool, run_pipeline
+from helpers.engine import ray_backend
 from helpers.engine.ray_backend import resources
 from helpers.engine.settings import PoolSettings
 from helpers.study.paths import ROOT
@@ -111,6 +112,24 @@ def test_an_actor_asks_for_its_share_of_a_gpu_and_its_threads():
 def test_a_ray_address_without_the_ray_backend_is_refused():
     with pytest.raises(ValueError, match="ray_address: only for backend='ray'"):
         PoolSettings(("cpu",), "process", ray_address="10.0.0.1:6379")
+
+
+def test_a_cluster_that_cannot_be_joined_is_named_with_the_token_it_may_want(monkeypatch):
+    """Ray >= 2.59's `ray start` clusters want a token that a driver given an address sends only
+    with RAY_AUTH_MODE=token; Ray itself then says only that it could not connect."""
+    def refused(**options):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {options['address']}")
+
+    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_backend.ray, "init", refused)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(RuntimeError, match=r"cluster at 10\.0\.0\.1:6379 \(Failed to connect.*"
+                       r"RAY_AUTH_MODE is not set; .*set RAY_AUTH_MODE=token") as raised:
+        ray_backend.connect("10.0.0.1:6379")
+    assert isinstance(raised.value.__cause__, ConnectionError)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    with pytest.raises(RuntimeError, match="RAY_AUTH_MODE=token; a cluster"):
+        ray_backend.connect("10.0.0.1:6379")
 
 
 # -- on the cluster --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ peak RSS is its own and the kill is a real SIGKILL of the whole run (workers inc
   whether the final output holds every id exactly once.
 
 ``backend="ray"`` runs the same through Ray actors on a local Ray that each run starts (its start is
-in the spin-up, not in the rate). Beside the parent's peak RSS: its peak private memory while its
+in the spin-up, not in the rate), or on the cluster at $RAY_ADDRESS. Beside the parent's peak RSS: its peak private memory while its
 pool is up (``parent_uss_mb``: RSS counts the pages of Ray's object store the driver has read
 results from, shared memory that Ray owns and bounds), and every run's whole process tree sampled
 five times a second (``tree_rss_mb``: the driver, its workers or Ray's raylet, object store and
@@ -260,8 +260,11 @@ def report(table: pd.DataFrame) -> dict[str, float]:
         print(f"{name}: {value:,.3f} ({'<=' if name in at_most else '>='} {goal:,}: "
               f"{'met' if met else 'NOT met'})")
     if (table["backend"] == "ray").any():
-        print("ray: spin-up and resume_first_workunit_s include starting a local Ray (a cluster "
-              "joined with an address is up already); RSS includes the object store's shared pages")
+        joined = os.environ.get("RAY_ADDRESS")
+        print(f"ray: each run joined the cluster at {joined}" if joined else
+              "ray: spin-up and resume_first_workunit_s include starting a local Ray ($RAY_ADDRESS "
+              "joins a running cluster instead)", "; RSS includes the object store's shared pages",
+              sep="")
     once = table["exactly_once"].dropna()
     print(f"every id exactly once in every finished output: {bool(once.all())}")
     return figures

@@ -72,9 +72,12 @@ def connect(address: str | None = None, cpus: int = 0) -> bool:
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
     local = address is None
-    context = ray.init(address="local" if local else address, namespace="gpufeed",
-                       num_cpus=max(cpus, available_cores()) if local else None,
-                       logging_level=logging.WARNING)
+    try:
+        context = ray.init(address="local" if local else address, namespace="gpufeed",
+                           num_cpus=max(cpus, available_cores()) if local else None,
+                           logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        raise RuntimeError(unreachable(address, exc)) from exc
     resources = ray.cluster_resources()
     dashboard = f"http://{context.dashboard_url}" if context.dashboard_url else "not running"
     log.warning("ray: %s %s (%d nodes, %g CPUs, %g GPUs); dashboard: %s",
@@ -82,6 +85,20 @@ def connect(address: str | None = None, cpus: int = 0) -> bool:
                 context.address_info.get("gcs_address", address), len(_alive_nodes()),
                 resources.get("CPU", 0), resources.get("GPU", 0), dashboard)
     return local
+
+
+def unreachable(address: str | None, error: BaseException) -> str:
+    """Why joining ``address`` may have failed, and what to do. Ray >= 2.59 turns on token
+    authentication for a cluster ``ray start`` makes, but a driver given an address sends the
+    token only with RAY_AUTH_MODE=token: without it Ray retries for ~20 s, then says only that
+    it could not connect."""
+    hint = ("a cluster that `ray start` made with Ray >= 2.59 wants its token: set "
+            "RAY_AUTH_MODE=token here, with the head's ~/.ray/auth_token copied to this machine "
+            "(or RAY_AUTH_TOKEN set)")
+    mode = os.environ.get("RAY_AUTH_MODE")
+    said = "RAY_AUTH_MODE is not set" if mode is None else f"RAY_AUTH_MODE={mode}"
+    return (f"ray_address: could not join the Ray cluster at {address} ({error}). Is it up "
+            f"(`ray status` on its head)? {said}; {hint}")
 
 
 def cluster_devices(address: str | None = None) -> tuple[str, ...]:
