@@ -76,7 +76,8 @@ def test_missing_input_exits_1(tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_path, signum):
+def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_path, signum,
+                                                                          rows_indexed):
     from helpers.workloads.synthetic import record_vector
 
     n = 20000
@@ -93,7 +94,10 @@ def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_p
                           if "resource_tracker" not in " ".join(c.cmdline())]) < 2:
         assert time.monotonic() < deadline, "workers never started"
         time.sleep(0.1)
-    time.sleep(2.5)  # mid-run, after the first flush
+    # mid-run, once the first flush is indexed (a fixed sleep may come before it on a busy machine)
+    while not rows_indexed(tmp_path / "o.h5"):
+        assert run.poll() is None and time.monotonic() < deadline, "no rows written"
+        time.sleep(0.1)
     run.send_signal(signum)
     started = time.monotonic()
     run.wait(timeout=20)

@@ -210,7 +210,7 @@ def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp
     assert time.monotonic() - started < 30
 
 
-def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path):
+def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path, rows_indexed):
     n = 2400
     (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(n)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -221,28 +221,20 @@ def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path):
                "--no-progress", "--backend", "ray", "--ray-address", cluster.address]
     driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 90
-    while not _rows(tmp_path / "o.h5"):  # mid-run: the index shows durable rows
+    while not rows_indexed(tmp_path / "o.h5"):  # mid-run: the index shows durable rows
         assert driver.poll() is None, driver.stderr.read().decode()
         assert time.monotonic() < deadline, "no rows written"
         time.sleep(0.1)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=10)
     assert not _wait_until_gone("ray::_Worker"), "the dead driver's actors outlived it"
-    indexed = _rows(tmp_path / "o.h5")
+    indexed = rows_indexed(tmp_path / "o.h5")
     done = subprocess.run(command + ["--resume"], capture_output=True, text=True, env=env,
                           timeout=150)
     assert done.returncode == 0, done.stderr
     resumed_after = json.loads(done.stdout.splitlines()[-1])["resumed_after"]
     assert indexed <= resumed_after < n  # the parts the index had not caught up with, too
     _assert_each_once(tmp_path / "o.h5", n)
-
-
-def _rows(index) -> int:
-    """Rows the index of a run in progress shows (0 before its first)."""
-    try:
-        return len(read_output(index)["ids"])
-    except (OSError, KeyError):
-        return 0
 
 
 def test_without_an_address_a_local_ray_is_started_said_and_stopped(tmp_path):
