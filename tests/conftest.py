@@ -58,18 +58,3 @@ def st_model():
 def reference_embeddings(st_model, texts) -> np.ndarray:
     """``model.encode`` in this one process: what every pipeline run must reproduce."""
     return st_model.encode(texts, batch_size=32, convert_to_numpy=True)
-
-
-@pytest.fixture(scope="session")
-def rows_indexed():
-    """A function: the rows the index of a run in progress shows at ``path`` (0 before its
-    first), for tests that act mid-run once something is durable rather than after a guess."""
-    from helpers.engine.hdf5_sink import read_output
-
-    def rows(path) -> int:
-        try:
-            return len(read_output(path)["ids"])
-        except (OSError, KeyError):  # not there yet, or no index yet
-            return 0
-
-    return rows

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from helpers.engine.hdf5_sink import read_output
+from helpers.engine.hdf5_sink import read_output, rows_written
 from helpers.study.paths import ROOT, SAMPLE_TEXT
 
 pytestmark = pytest.mark.timeout(180)  # reached only on deadlock
@@ -76,8 +76,7 @@ def test_missing_input_exits_1(tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_path, signum,
-                                                                          rows_indexed):
+def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_path, signum):
     from helpers.workloads.synthetic import record_vector
 
     n = 20000
@@ -95,7 +94,7 @@ def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_p
         assert time.monotonic() < deadline, "workers never started"
         time.sleep(0.1)
     # mid-run, once the first flush is indexed (a fixed sleep may come before it on a busy machine)
-    while not rows_indexed(tmp_path / "o.h5"):
+    while not rows_written(tmp_path / "o.h5"):
         assert run.poll() is None and time.monotonic() < deadline, "no rows written"
         time.sleep(0.1)
     run.send_signal(signum)

@@ -18,7 +18,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from helpers.engine.hdf5_sink import read_output
+from helpers.engine.hdf5_sink import read_output, rows_written
 from helpers.engine.messages import WorkerInfo
 from helpers.engine.pipeline import PipelineError, WorkerPool, run_pipeline
 from helpers.engine import ray_backend
@@ -210,7 +210,7 @@ def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp
     assert time.monotonic() - started < 30
 
 
-def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path, rows_indexed):
+def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path):
     n = 2400
     (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(n)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -221,14 +221,14 @@ def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path, row
                "--no-progress", "--backend", "ray", "--ray-address", cluster.address]
     driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 90
-    while not rows_indexed(tmp_path / "o.h5"):  # mid-run: the index shows durable rows
+    while not rows_written(tmp_path / "o.h5"):  # mid-run: the index shows durable rows
         assert driver.poll() is None, driver.stderr.read().decode()
         assert time.monotonic() < deadline, "no rows written"
         time.sleep(0.1)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=10)
     assert not _wait_until_gone("ray::_Worker"), "the dead driver's actors outlived it"
-    indexed = rows_indexed(tmp_path / "o.h5")
+    indexed = rows_written(tmp_path / "o.h5")
     done = subprocess.run(command + ["--resume"], capture_output=True, text=True, env=env,
                           timeout=150)
     assert done.returncode == 0, done.stderr

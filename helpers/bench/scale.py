@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
+from helpers.engine.hdf5_sink import rows_written
 from helpers.engine.id_ranges import IdRanges
 from helpers.engine.sources import READ_SLICE
 from helpers.study.peers import tree_rss_mb
@@ -159,21 +160,13 @@ def _child(command: list[str]) -> dict[str, Any]:
         return {**json.loads(out.read().strip().splitlines()[-1]), "tree_rss_mb": peak}
 
 
-def _rows_in(output: Path) -> int:
-    try:
-        with h5py.File(output, "r") as f:
-            return len(f["ids"])
-    except (OSError, KeyError):  # not there yet
-        return 0
-
-
 def _kill_when(command: list[str], output: Path, rows: int) -> float:
     """Start the run in its own process group; SIGKILL the group once ``output``'s index holds
     ``rows`` rows. Returns the seconds it ran; RuntimeError if it finished first."""
     started = time.monotonic()
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
-    while run.poll() is None and _rows_in(output) < rows:
+    while run.poll() is None and rows_written(output) < rows:
         time.sleep(0.05)
     if run.poll() is not None:
         raise RuntimeError(f"the run ended (exit {run.returncode}) before its output held {rows} "
@@ -224,7 +217,7 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
             _remove(output)
         if kill_at is not None:
             ran = _kill_when(_command(records, output, **setting), output, int(kill_at * records))
-            rows.append({"run": "killed", "records": _rows_in(output), "wall_s": ran})
+            rows.append({"run": "killed", "records": rows_written(output), "wall_s": ran})
             row = _child(_command(records, output, resume=True, **setting))
             rows.append({"run": "resumed", **row, "exactly_once": exactly_once(output, records)})
             _remove(output)

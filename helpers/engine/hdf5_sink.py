@@ -316,6 +316,16 @@ def read_output(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+def rows_written(path: str | os.PathLike) -> int:
+    """The rows the output at ``path`` holds now: a finished file, or the index of a run in
+    progress (0 before its first part is indexed, or with no file yet)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return len(f["ids"])
+    except (OSError, KeyError):  # not there yet, or no index yet
+        return 0
+
+
 def _values(dataset: h5py.Dataset) -> np.ndarray:
     """A dataset's rows; strings as ``str`` objects, not bytes."""
     if h5py.check_string_dtype(dataset.dtype) is not None:
