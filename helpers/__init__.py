@@ -23,6 +23,7 @@ _PUBLIC = {
     "EmbeddingWorkload": "helpers.workloads.embedding",
     "ImageFolderSource": "helpers.engine.sources",
     "JobSettings": "helpers.engine.settings",
+    "OutputError": "helpers.engine.ownership",
     "PipelineError": "helpers.engine.scheduler",
     "PipelineStats": "helpers.engine.stats",
     "PoolSettings": "helpers.engine.settings",

@@ -6,10 +6,12 @@ sample (helpers.tuner); ``python -m helpers run --config tuned.yaml ...`` runs i
 ``python -m helpers compact out.h5``: a big run's output (an index over its parts) as one file.
 
 Exit status: 0 done, 1 failed (a model that does not load, every worker gone, an unreadable
-input), 2 bad arguments, 3 partial (the run finished but some records are in the output's ``errors``
-table), 130 interrupted (Ctrl-C or SIGTERM: every worker is stopped; the output holds the records
-written so far, and ``--resume`` finishes the run). Workers that die or hang are replaced and their
-workunits retried; what happened is logged to stderr.
+input, a full disk), 2 bad arguments (an output that is not this run's to write: another run holds
+it, it exists and neither --resume nor --overwrite was given, it is the input, or gpufeed did not
+write it; a --resume of another input or workload), 3 partial (the run finished but some records
+are in the output's ``errors`` table), 130 interrupted (Ctrl-C or SIGTERM: every worker is
+stopped; the output holds the records written so far, and ``--resume`` finishes the run). Workers
+that die or hang are replaced and their workunits retried; what happened is logged to stderr.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import logging
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -26,6 +29,7 @@ from typing import Any
 
 from helpers import tuner
 from helpers.engine.hdf5_sink import read_output
+from helpers.engine.ownership import OutputError, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
 from helpers.engine.settings import AUTO, BACKENDS, JobSettings, PoolSettings
 from helpers.engine.sources import ImageFolderSource, JSONLSource, SourceError
@@ -108,6 +112,9 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
                      help="intra-op threads per model")
     img.add_argument("--clip-model", help="transformers CLIP id: score the image, not the text")
     img.add_argument("--caption-model", help="transformers image-to-text id instead of the template")
+    img.add_argument("--follow-symlinks", action="store_true",
+                     help="read images through symbolic links too (skipped by default: a link "
+                          "can lead anywhere the run may read)")
     return shared
 
 
@@ -140,7 +147,11 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                                            "Ray started for the run)")
     safe = run.add_argument_group("failures and resuming")
     safe.add_argument("--resume", action="store_true",
-                      help="keep what OUTPUT holds (a killed or interrupted run) and do the rest")
+                      help="keep what OUTPUT holds (a killed or interrupted run) and do the rest; "
+                           "refused if OUTPUT was made from another input or workload")
+    safe.add_argument("--overwrite", action="store_true",
+                      help="replace OUTPUT if it exists (without this or --resume, an existing "
+                           "OUTPUT is refused)")
     safe.add_argument("--workunit-timeout", type=float,
                       help="seconds a workunit may run before its worker is killed and replaced")
     safe.add_argument("--retries", type=int, default=PoolSettings.retries,
@@ -211,32 +222,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     # shell starts background jobs with it ignored
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        workload = _workload(args)
-        options = {"queue_depth": args.queue_depth, "threads_per_worker": args.threads_per_worker,
-                   "limit": args.limit, "progress": not args.no_progress, "resume": args.resume,
-                   "workunit_timeout": args.workunit_timeout, "retries": args.retries,
-                   "max_restarts": args.max_restarts, "durable": not args.in_place,
-                   "adaptive": args.adaptive, "max_workers_per_device": args.max_workers_per_device,
-                   "workers_per_device": args.workers_per_device,
-                   "workunit_seconds": args.workunit_seconds}
-        if args.ray_address:
-            options["ray_address"] = args.ray_address
-        source = _source(args)
-        stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
-                             args.backend, args.strategy, **options)
-        if args.workload == "binning":
-            table = write_csv(read_output(args.output), Path(args.output).with_suffix(".csv"),
-                              dict(source))
-            print(f"table: {table}", file=sys.stderr)
-    except (ValueError, RuntimeError) as exc:  # SourceError and PipelineError among them
+        with owning(args.output):  # held until the binning table is written too
+            stats = _run(args)
+    except (ValueError, RuntimeError) as exc:  # SourceError, OutputError, PipelineError
         print(f"error: {exc}", file=sys.stderr)
         if isinstance(exc, PipelineError) and exc.__cause__ is not None:
             print(f"remote traceback:{exc.__cause__}", file=sys.stderr)
-        return EXIT_USAGE if _is_usage(exc) else EXIT_FAILED
+        if _is_usage(exc):
+            return EXIT_USAGE
+        if Path(args.output).exists():
+            print(f"records written so far are in {args.output} (--resume finishes the run)",
+                  file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"interrupted: workers stopped; records written so far are in {args.output} "
               f"(--resume finishes the run)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as exc:  # a full disk, a folder that cannot be written
+        print(f"error: {exc}; records written so far are in {args.output} (--resume finishes "
+              f"the run once the cause is fixed)", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:  # not foreseen: the details, then what it means for the output
+        traceback.print_exc()
+        print(f"error: the run stopped: {type(exc).__name__}: {exc}; records written so far are "
+              f"in {args.output} (--resume finishes the run)", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -248,15 +258,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_PARTIAL if stats.partial else 0
 
 
+def _run(args: argparse.Namespace) -> Any:
+    """The run the arguments ask for (and the binning table beside its output); its stats."""
+    workload = _workload(args)
+    options = {"queue_depth": args.queue_depth, "threads_per_worker": args.threads_per_worker,
+               "limit": args.limit, "progress": not args.no_progress, "resume": args.resume,
+               "overwrite": args.overwrite, "workunit_timeout": args.workunit_timeout,
+               "retries": args.retries, "max_restarts": args.max_restarts,
+               "durable": not args.in_place, "adaptive": args.adaptive,
+               "max_workers_per_device": args.max_workers_per_device,
+               "workers_per_device": args.workers_per_device,
+               "workunit_seconds": args.workunit_seconds}
+    if args.ray_address:
+        options["ray_address"] = args.ray_address
+    source = _source(args)
+    table = _table_path(args) if args.workload == "binning" else None
+    stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
+                         args.backend, args.strategy, **options)
+    if table is not None:
+        write_csv(read_output(args.output), table, dict(source))
+        print(f"table: {table}", file=sys.stderr)
+    return stats
+
+
+def _table_path(args: argparse.Namespace) -> Path:
+    """The binning table beside the output, if this run may write it (OutputError if not)."""
+    output = Path(args.output)
+    table = output.with_suffix(".csv")
+    if table == output:
+        raise OutputError(f"output {args.output!r}: the binning table would be written over it "
+                          f"({table.name}); name the output .h5")
+    if table.exists() and not (args.overwrite or args.resume):
+        raise OutputError(f"{str(table)!r} exists (the binning table is written beside the "
+                          f"output); --overwrite replaces it, or name another output")
+    return table
+
+
 def compact_output(output: str) -> int:
     from helpers.engine.checkpoint import compact
 
     started = time.monotonic()
     try:
-        size = compact(output)
+        with owning(output):  # not while a run writes it
+            size = compact(output)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:
+        print(f"error: {exc}; {output} is as it was (its index and parts)", file=sys.stderr)
+        return EXIT_FAILED
     print(f"{output}: one file of {size / 1e9:.2f} GB ({time.monotonic() - started:.1f} s); its "
           f"parts are removed", file=sys.stderr)
     return 0
@@ -319,7 +369,7 @@ def _config_defaults(path: str) -> dict[str, Any]:
 
 def _source(args: argparse.Namespace) -> Any:
     if args.workload == "binning":
-        return ImageFolderSource(args.input)
+        return ImageFolderSource(args.input, follow_symlinks=args.follow_symlinks)
     if args.text_field != "text":
         return JSONLSource(args.input, text_field=args.text_field)
     return args.input

@@ -8,7 +8,7 @@ import helpers.engine.checkpoint
 import helpers.engine.hdf5_sink
 from helpers.engine.hdf5_sink import HDF5Sink, read_output
 from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import OutputSpec
+from helpers.engine.protocol import NO_ID, OutputSpec
 
 SPEC = {"embeddings": OutputSpec((4,), "float32")}
 MODES = [True, False]  # durable (parts, then one file), in place
@@ -96,9 +96,12 @@ def test_wrong_shape_or_missing_output_is_refused(tmp_path):
 def test_errors_table(tmp_path, durable):
     with HDF5Sink(tmp_path / "out.h5", SPEC, durable=durable) as sink:
         sink.append_errors([(3, "TypeError", "expected a text string, got NoneType", 1.0e9)])
+        sink.append_errors([(NO_ID, "JSONDecodeError", "in.jsonl line 8: not JSON", 2.0e9, 7)])
     errors = read_output(tmp_path / "out.h5")["errors"]
-    assert errors == [{"id": 3, "type": "TypeError",
-                       "message": "expected a text string, got NoneType", "time": 1.0e9}]
+    assert errors == [{"id": 3, "type": "TypeError", "position": None,
+                       "message": "expected a text string, got NoneType", "time": 1.0e9},
+                      {"id": None, "type": "JSONDecodeError", "position": 7,
+                       "message": "in.jsonl line 8: not JSON", "time": 2.0e9}]
 
 
 def test_an_interrupted_durable_run_leaves_an_index_that_reads_like_the_file(tmp_path):
@@ -113,7 +116,7 @@ def test_an_interrupted_durable_run_leaves_an_index_that_reads_like_the_file(tmp
     with h5py.File(tmp_path / "out.h5") as f:
         assert f["ids"].is_virtual
     with HDF5Sink(tmp_path / "out.h5", SPEC, resume=True) as sink:
-        assert sink.done == IdRanges(np.array([0, 9]), np.array([5, 10]))  # [0, 5) and [9, 10)
+        assert sink.done == IdRanges(np.array([0, 9]), np.array([4, 9]))  # [0, 4] and [9, 9]
         sink.append(*rows(range(5, 9)))
     data = read_output(tmp_path / "out.h5")
     assert data["ids"].tolist() == list(range(9)) and data["attrs"]["resumed_after"] == 6

@@ -1,21 +1,24 @@
-"""IdRanges: the done ids of a resumed run, held as ranges; checked against a plain set."""
+"""IdRanges: the done ids of a resumed run, held as ranges; checked against a plain set, and at
+the edges of int64. SeenIds: duplicates found among millions of ids."""
 import numpy as np
 import pytest
 
-from helpers.engine.id_ranges import IdRanges
+from helpers.engine.id_ranges import IdRanges, SeenIds
+
+TOP, BOTTOM = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 
 def test_ids_become_ranges_in_any_order_with_repeats():
     ranges = IdRanges.from_ids(np.array([7, 3, 4, 5, 5, 9, 8, 20]))
-    assert ranges.as_pairs().tolist() == [[3, 6], [7, 10], [20, 21]]
+    assert ranges.as_spans().tolist() == [[3, 5], [7, 9], [20, 20]]
     assert len(ranges) == 7 and ranges.runs == 3
     assert len(IdRanges.from_ids(np.array([], np.int64))) == 0
 
 
 def test_union_joins_overlapping_and_touching_ranges():
-    a = IdRanges.from_pairs(np.array([[0, 10], [20, 30]]))
-    b = IdRanges.from_pairs(np.array([[10, 15], [25, 40], [50, 51]]))
-    assert a.union(b).as_pairs().tolist() == [[0, 15], [20, 40], [50, 51]]
+    a = IdRanges.from_spans(np.array([[0, 9], [20, 29]]))
+    b = IdRanges.from_spans(np.array([[10, 14], [25, 39], [50, 50]]))
+    assert a.union(b).as_spans().tolist() == [[0, 14], [20, 39], [50, 50]]
     assert a.union(IdRanges()) == a and IdRanges().union(a) == a
 
 
@@ -34,7 +37,43 @@ def test_contains_and_covers_agree_with_a_set(seed):
         assert ranges.covers(start, stop) == all(i in members for i in range(start, stop))
 
 
-def test_pairs_round_trip():
+def test_spans_round_trip_and_half_open_pairs_of_older_outputs_read_the_same():
     ranges = IdRanges.from_ids(np.array([1, 2, 3, 10, 11, 40]))
-    assert IdRanges.from_pairs(ranges.as_pairs()) == ranges
+    assert IdRanges.from_spans(ranges.as_spans()) == ranges
+    assert IdRanges.from_pairs(np.array([[1, 4], [10, 12], [40, 41]])) == ranges
     assert "6 ids" in repr(ranges)
+
+
+def test_the_largest_and_smallest_int64_ids_are_held_exactly():
+    """A half-open range cannot hold 2**63 - 1 (its stop overflows): a resumed run redid it."""
+    edges = np.array([TOP, TOP - 1, BOTTOM, BOTTOM + 1, -1, 0])
+    ranges = IdRanges.from_ids(edges)
+    assert ranges.as_spans().tolist() == [[BOTTOM, BOTTOM + 1], [-1, 0], [TOP - 1, TOP]]
+    assert len(ranges) == 6
+    assert ranges.contains(edges).all()
+    assert not ranges.contains(np.array([TOP - 2, BOTTOM + 2, 1, -2])).any()
+    assert ranges.covers(TOP - 1, TOP + 1) and not ranges.covers(TOP - 2, TOP + 1)
+    assert IdRanges.from_ids(np.array([BOTTOM, TOP])).runs == 2  # 2**64 - 1 apart: not adjacent
+    whole = IdRanges.from_spans(np.array([[BOTTOM, -1], [0, TOP]]))  # touching across zero
+    assert whole.runs == 1 and whole.contains(edges).all()
+
+
+def test_seen_ids_flags_repeats_within_and_across_slices():
+    seen = SeenIds()
+    assert seen.add(np.array([5, 6, 5, 7])).tolist() == [False, False, True, False]
+    assert seen.add(np.array([8, 6, TOP, TOP])).tolist() == [False, True, False, True]
+    assert seen.add(np.array([], np.int64)).tolist() == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_seen_ids_agrees_with_a_set_on_scattered_ids_and_stays_few_levels(seed):
+    rng = np.random.default_rng(seed)
+    seen, members = SeenIds(), set()
+    for _ in range(200):
+        chunk = rng.integers(0, 40_000, 500)
+        expected = []
+        for i in chunk.tolist():
+            expected.append(i in members)
+            members.add(i)
+        assert seen.add(chunk).tolist() == expected
+    assert len(seen._levels) <= 20  # merged like a binary counter: log2(slices) levels at most

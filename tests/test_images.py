@@ -45,3 +45,18 @@ def test_load_image_names_what_is_wrong(tmp_path):
         load_image(tmp_path / "cut.jpg")
     with pytest.raises(ValueError, match="above max_pixels"):
         load_image(tmp_path / "full.jpg", max_pixels=100)
+
+
+@pytest.mark.parametrize("after_another", [False, True])
+def test_the_pixel_limit_is_the_same_whatever_image_came_first(tmp_path, monkeypatch,
+                                                                after_another):
+    """PIL's own limit (here shrunk to 1,000 pixels, as if an image were 225 M) once refused an
+    image decoded first and let it through after any other: only max_pixels decides."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)
+    Image.new("L", (10, 10)).save(tmp_path / "small.png")
+    Image.new("L", (100, 50)).save(tmp_path / "big.png")  # 5,000 pixels: > 2x PIL's limit
+    if after_another:
+        load_image(tmp_path / "small.png")
+    assert load_image(tmp_path / "big.png", max_pixels=10_000).shape == (50, 100, 3)
+    with pytest.raises(ValueError, match="above max_pixels"):
+        load_image(tmp_path / "big.png", max_pixels=4_000)

@@ -73,9 +73,10 @@ def test_hdf5_jsonl_and_iterable_sources_give_the_same_output(tmp_path, texts):
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     outputs = []
     with WorkerPool(EmbeddingWorkload(), ["cpu"], "thread", progress=False) as pool:
-        for source in (tmp_path / "in.h5", tmp_path / "in.jsonl", list(enumerate(texts))):
-            pool.run(source, tmp_path / "out.h5", workunit_size=5)
-            outputs.append(read_output(tmp_path / "out.h5"))
+        for n, source in enumerate((tmp_path / "in.h5", tmp_path / "in.jsonl",
+                                    list(enumerate(texts)))):
+            pool.run(source, tmp_path / f"out-{n}.h5", workunit_size=5)
+            outputs.append(read_output(tmp_path / f"out-{n}.h5"))
     for other in outputs[1:]:
         assert np.array_equal(other["ids"], outputs[0]["ids"])
         np.testing.assert_array_equal(other["embeddings"], outputs[0]["embeddings"])
@@ -299,7 +300,7 @@ def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch
     decoded = []
     decode = helpers.engine.sources._decode
     monkeypatch.setattr(helpers.engine.sources, "_decode",
-                        lambda raw: decoded.append(raw) or decode(raw))
+                        lambda raw, position: decoded.append(raw) or decode(raw, position))
     stats = run(tmp_path / "in.h5", workload, tmp_path, devices=["cpu"], workunit_size=50,
                 backend="thread", resume=True)
     assert stats.resumed_after == 1700 and stats.records == 1300

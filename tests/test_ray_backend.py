@@ -237,6 +237,29 @@ def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path):
     _assert_each_once(tmp_path / "o.h5", n)
 
 
+def test_the_driver_killed_mid_workunit_leaves_no_actor_behind(cluster, tmp_path):
+    """Ray's owner fate-sharing ends a dead driver's actors even inside a long workunit (the
+    process backend's workers watch their parent: tests/test_worker.py)."""
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(4)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    driver = subprocess.Popen([sys.executable, "-m", "helpers", "run", "--input",
+                               str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.h5"),
+                               "--workload", "synthetic", "--seconds-per-record", "600",
+                               "--devices", "cpu,cpu", "--workunit-size", "1", "--no-progress",
+                               "--backend", "ray", "--ray-address", cluster.address],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 90
+    while not (tmp_path / "o.h5").exists():  # the actors are up: the job has its output
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(2.0)  # the first workunits are on the actors, each for ten minutes
+    assert driver.poll() is None and _ray_processes("ray::_Worker")
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=10)
+    assert not _wait_until_gone("ray::_Worker"), "the dead driver's actors outlived it"
+
+
 def test_without_an_address_a_local_ray_is_started_said_and_stopped(tmp_path):
     before = {p.pid for p in _ray_processes()}
     code = ("import logging, sys\n"

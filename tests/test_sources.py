@@ -1,11 +1,14 @@
 import json
+import os
 
 import h5py
 import numpy as np
 import pytest
 
-from helpers.engine.protocol import BadRecord
-from helpers.engine.sources import IterableSource, JSONLSource, SourceError, open_source
+from helpers.engine.id_ranges import IdRanges
+from helpers.engine.protocol import NO_ID, BadRecord
+from helpers.engine.sources import (ImageFolderSource, IterableSource, JSONLSource, SourceError,
+                                    open_source, read_slices)
 
 
 def write_batches(path, batches):
@@ -65,7 +68,9 @@ def test_jsonl_uses_id_field_or_line_number_and_reports_bad_lines(tmp_path):
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     records = dict(JSONLSource(tmp_path / "in.jsonl"))
     assert records[0] == "zero" and records[40] == "forty" and records[5] == "five"
-    assert isinstance(records[3], BadRecord) and "line 4" in records[3].message
+    # a line that is not JSON has no id: it is filed by its line, never under another record's id
+    assert isinstance(records[NO_ID], BadRecord) and "line 4" in records[NO_ID].message
+    assert records[NO_ID].position == 3
     assert isinstance(records[4], BadRecord) and "no field 'text'" in records[4].message
 
 
@@ -73,5 +78,94 @@ def test_iterable_checks_pairs_as_they_stream():
     assert list(IterableSource([(np.int64(3), "a"), (1, "b")])) == [(3, "a"), (1, "b")]
     with pytest.raises(SourceError, match="item 1 is not an .id, record. pair"):
         list(IterableSource([(0, "a"), "b"]))
-    with pytest.raises(SourceError, match="id 'x' is not an integer"):
-        list(IterableSource([("x", "a")]))
+    (record_id, bad), = list(IterableSource([("x", "a")]))  # costs its own record only
+    assert record_id == NO_ID and "id is not an integer: 'x'" in bad.message and bad.position == 0
+
+
+def slices_and_rejects(source, skip=IdRanges(), positions=None, limit=None):
+    rejected = []
+    read = list(read_slices(source, skip, limit, rejected.extend, positions))
+    ids = [i for chunk, _ in read for i in chunk.tolist()]
+    records = [r for _, chunk in read for r in chunk]
+    return ids, records, rejected
+
+
+def test_duplicate_and_unusable_ids_are_rejected_by_position_and_cost_no_other_record(tmp_path):
+    top = np.iinfo(np.int64).max
+    lines = [{"id": 5, "text": "first five"}, {"id": 5, "text": "second five"},
+             "{broken", {"text": "line three"}, {"id": 2**63, "text": "too big"},
+             {"id": -2**63, "text": "reserved"}, {"id": top, "text": "the largest id"},
+             {"id": 3, "text": "takes line three's id"}, {"id": "doc-7", "text": "a string"}]
+    (tmp_path / "in.jsonl").write_text("\n".join(
+        line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    ids, records, rejected = slices_and_rejects(JSONLSource(tmp_path / "in.jsonl"))
+    assert ids == [5, 3, top] and records == ["first five", "line three", "the largest id"]
+    by_position = {row[4]: row for row in rejected}
+    assert sorted(by_position) == [1, 2, 4, 5, 7, 8]
+    assert by_position[1][:2] == (5, "DuplicateId") and by_position[7][:2] == (3, "DuplicateId")
+    assert by_position[2][0] == NO_ID and "line 3: not JSON" in by_position[2][2]
+    assert by_position[4][0] == NO_ID and "outside the ids" in by_position[4][2]
+    assert by_position[5][0] == NO_ID and by_position[8][0] == NO_ID
+    # resumed: the done ids are skipped, the filed rejects too; a duplicate of a done id is
+    # still a duplicate (it is known by its position, not by its id)
+    ids, _, rejected = slices_and_rejects(JSONLSource(tmp_path / "in.jsonl"),
+                                          IdRanges.from_ids(np.array([5, top])),
+                                          IdRanges.from_ids(np.array([2, 4, 5, 8])))
+    assert ids == [3] and sorted(row[4] for row in rejected) == [1, 7]
+
+
+def test_an_hdf5_record_that_is_not_utf8_is_rejected_at_its_row(tmp_path):
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        data = np.array([b"fine", b"\xff broken", b"fine"], dtype=object)
+        f.create_dataset("batches/0", data=data, dtype=h5py.string_dtype("ascii"))
+    ids, _, rejected = slices_and_rejects(open_source(tmp_path / "in.h5"))
+    assert ids == [0, 2] and [(r[0], r[1], r[4]) for r in rejected] == [
+        (1, "UnicodeDecodeError", 1)]
+
+
+def test_hdf5_data_stored_outside_the_file_is_refused_unless_allowed(tmp_path):
+    from helpers.engine.sources import HDF5BatchesSource
+
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"root:x:0:0\n" * 4)
+    with h5py.File(tmp_path / "external.h5", "w") as f:
+        f.create_dataset("batches/0", shape=(4,), dtype="S11", external=[(str(secret), 0, 44)])
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_dataset("batches/0", data=np.array(["x"], dtype=object),
+                         dtype=h5py.string_dtype())
+    with h5py.File(tmp_path / "linked.h5", "w") as f:
+        f["batches/0"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "batches/0")
+    with pytest.raises(SourceError, match="outside the file .external storage."):
+        open_source(tmp_path / "external.h5")
+    with pytest.raises(SourceError, match="batches/0 is a link to another file"):
+        open_source(tmp_path / "linked.h5")
+    allowed = HDF5BatchesSource(tmp_path / "external.h5", allow_external=True)
+    assert [r for _, r in allowed] == ["root:x:0:0\n"] * 4
+
+
+def test_an_image_folder_skips_symbolic_links_unless_asked(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "private.png").write_bytes(b"not really")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(b"x")
+    (folder / "link.png").symlink_to(outside / "private.png")
+    (folder / "linked_folder").symlink_to(outside)
+    (folder / "loop").symlink_to(folder)
+    assert [p.split("/")[-1] for _, p in ImageFolderSource(folder)] == ["a.png"]
+    followed = [p for _, p in ImageFolderSource(folder, follow_symlinks=True)]
+    assert sorted(p.split("/")[-1] for p in followed) == ["a.png", "link.png", "private.png"]
+
+
+def test_a_fingerprint_changes_with_the_content_and_not_with_a_second_look(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "a"}\n')
+    first = JSONLSource(path).fingerprint()
+    assert JSONLSource(path).fingerprint() == first
+    assert JSONLSource(path, text_field="body").fingerprint()["text_field"] == "body"
+    modified = os.stat(path).st_mtime_ns
+    path.write_text('{"text": "b"}\n')  # same size, other bytes, and the same time given back
+    os.utime(path, ns=(modified, modified))
+    second = JSONLSource(path).fingerprint()
+    assert second["digest"] != first["digest"] and second["modified"] == first["modified"]

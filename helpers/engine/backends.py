@@ -119,8 +119,9 @@ class _Process:
         self.info, self._events = info, events
         inbox_read, inbox_write = ctx.Pipe(duplex=False)
         outbox_read, outbox_write = ctx.Pipe(duplex=False)
+        main = threading.current_thread() is threading.main_thread()  # see watch_parent
         self.process = ctx.Process(target=process_main, args=(info, workload, inbox_read,
-                                                              outbox_write),
+                                                              outbox_write, main),
                                    name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
         self.process.start()
         inbox_read.close()  # the child holds its own copies: our closing them lets EOF through

@@ -8,6 +8,9 @@ Layout::
     errors/type         str     [m]
     errors/message      str     [m]
     errors/time         float64 [m]            unix time of the failure
+    errors/position     int64   [m]            where a record the reader rejected is in its source
+                                               (a JSONL file's 0-based line), else -1; its id is
+                                               NO_ID (-2**63) if it had no usable one
 
 Rows are buffered in the caller's thread and handed, a part at a time (PART_ROWS rows, PART_BYTES
 bytes, or a buffer FLUSH_SECONDS old, whichever comes first), to a writer thread behind a queue of
@@ -18,26 +21,33 @@ disk falls that far behind; HDF5 writes and fsync release the GIL, so writing ov
 parts (helpers.engine.checkpoint): whatever kills the run, the output opens and holds the rows written
 before, and ``resume=True`` carries on from there. ``durable=False`` appends to the file in place:
 a little faster, but a run killed mid-write may leave it unreadable.
+
+A sink holds the output's lock from its opening to its close, and opens only an output it may
+write (helpers.engine.ownership: not the input, resumed or overwritten only when asked, never a
+file gpufeed did not write, resumed only by the job that made it).
 """
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from helpers.engine.checkpoint import (CHUNK_RECORDS, PART_BYTES, PART_ROWS, Parts, columns,
-                                       is_index, set_attrs)
+from helpers.engine.atomic import set_attrs, uninterrupted
+from helpers.engine.checkpoint import (CHUNK_RECORDS, FORMAT, OUTPUT_MARK, PART_BYTES, PART_ROWS,
+                                       Parts, columns, is_index)
+from helpers.engine.fingerprint import INPUT_ATTR, WORKLOAD_ATTR, decode
 from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import TEXT, OutputSpec
+from helpers.engine.ownership import check_output, owning
+from helpers.engine.protocol import NO_ID, TEXT, OutputSpec
 
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
 WRITE_AHEAD_BYTES = 128 << 20  # rows handed to the writer and not yet on disk, at most
@@ -51,15 +61,15 @@ class HDF5Sink:
 
     def __init__(self, path: str | os.PathLike, outputs: Mapping[str, OutputSpec],
                  attrs: Mapping[str, Any] | None = None, durable: bool = True,
-                 resume: bool = False) -> None:
+                 resume: bool = False, overwrite: bool = False,
+                 inputs: tuple[str, ...] = ()) -> None:
         reserved = {"ids", "errors", "resume"} & set(outputs)
         if reserved:
             raise ValueError(f"outputs: {sorted(reserved)} are reserved dataset names")
         if resume and not durable:
             raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
         self.path, self.outputs = Path(path), dict(outputs)
-        self.attrs = dict(attrs or {})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.attrs = {**(attrs or {}), OUTPUT_MARK: FORMAT}
         self.columns = columns(self.outputs)
         self._blocks: list[dict[str, np.ndarray]] = []
         self._rows = self._bytes = 0
@@ -67,34 +77,46 @@ class HDF5Sink:
         self.records_written = self.errors_written = 0  # on disk (counted by the writer thread)
         self.write_seconds = 0.0  # the writer thread's time writing
         self.done = IdRanges()  # resume: ids a previous run wrote or gave up on
+        self.done_positions = IdRanges()  # ... and positions of records its reader rejected
         self._parts: Parts | None = None
         self._file: h5py.File | None = None
-        if durable:
-            self._open_parts(resume)
-        else:
-            self._open_in_place()
+        self._closed = True
+        with ExitStack() as held:
+            held.enter_context(owning(self.path))  # released at close (or now, if refused)
+            fingerprints = {k: decode(self.attrs[k]) for k in (INPUT_ATTR, WORKLOAD_ATTR)
+                            if k in self.attrs}
+            mode = check_output(self.path, resume=resume, overwrite=overwrite, inputs=inputs,
+                                fingerprints=fingerprints)
+            with uninterrupted():
+                if durable:
+                    self._open_parts(mode, fingerprints)
+                else:
+                    self._open_in_place(mode)
+            self._lock = held.pop_all()
         self._closed = False
         self._writer = _WriterThread(self._write, self._idle)
 
-    def _open_parts(self, resume: bool) -> None:
-        parts = self._parts = Parts(self.path, self.outputs)
-        if not resume and parts.folder.exists():
-            shutil.rmtree(parts.folder)  # a new run: what an older one left is not ours
-        if resume and self.path.exists() and not is_index(self.path):
+    def _open_parts(self, mode: str, fingerprints: Mapping[str, Any]) -> None:
+        parts = self._parts = Parts(self.path, self.outputs,
+                                    {k: self.attrs[k] for k in fingerprints})
+        if mode == "overwrite":
+            parts.remove()
+        if mode == "resume" and self.path.exists() and not is_index(self.path):
             # a finished (or in-place) file: build on it. Parts beside it were merged into it by
             # a run killed before it removed them: counted again, they would be duplicates
-            shutil.rmtree(parts.folder, ignore_errors=True)
-            parts.adopt(self.path)
+            parts.adopt(self.path, discard_parts=True)
         parts.scan()
-        self.done = parts.done()
-        if resume:
+        self.done, self.done_positions = parts.done(), parts.done_positions()
+        if mode == "resume":
             self.attrs["resumed_after"] = len(self.done)
             log.info("resume: %s holds %d ids (written or failed, in %d ranges); they are "
                      "skipped", self.path, len(self.done), self.done.runs)
         self.attrs["complete"] = False
         parts.write_index(self.attrs)  # from now on the output is this run's, even if it dies
 
-    def _open_in_place(self) -> None:
+    def _open_in_place(self, mode: str) -> None:
+        if mode == "overwrite":
+            Parts(self.path, self.outputs).remove()
         self._file = f = h5py.File(self.path, "w")
         for name, (shape, dtype) in self.columns.items():
             f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
@@ -127,15 +149,18 @@ class HDF5Sink:
                                 for n, a in arrays.items()}}
         self._add(block, len(ids))
 
-    def append_errors(self, records: list[tuple[int, str, str, float]]) -> None:
-        """Queue ``(record id, error type, message, unix time)`` rows for ``errors/``."""
+    def append_errors(self, records: list[tuple]) -> None:
+        """Queue ``(record id, error type, message, unix time[, position])`` rows for
+        ``errors/`` (position: the reader's rejects only; -1 when not given)."""
         if not records:
             return
-        ids, types, messages, times = zip(*records)
+        ids, types, messages, times = zip(*(r[:4] for r in records))
+        positions = [r[4] if len(r) > 4 else -1 for r in records]
         self._add({"errors/ids": np.asarray(ids, dtype=np.int64),
                    "errors/type": np.asarray(types, dtype=object),
                    "errors/message": np.asarray(messages, dtype=object),
-                   "errors/time": np.asarray(times, dtype=np.float64)}, len(records))
+                   "errors/time": np.asarray(times, dtype=np.float64),
+                   "errors/position": np.asarray(positions, dtype=np.int64)}, len(records))
 
     def _add(self, block: dict[str, np.ndarray], rows: int) -> None:
         self._writer.check()
@@ -196,21 +221,24 @@ class HDF5Sink:
 
     def close(self, complete: bool = True) -> None:
         """Write what is left; a complete durable run is finished (one file, or the index over
-        big parts), an incomplete one keeps its index and parts for ``resume``."""
+        big parts), an incomplete one keeps its index and parts for ``resume``. The output's
+        lock is released last."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self._hand_off()
-        finally:
-            self._writer.close()  # waits for every handed-off part
-        if self._parts is not None:
-            if complete:
-                self._parts.finish(self.attrs)
-            else:
-                self._parts.refresh_index(force=True)
-        elif self._file.id.valid:
-            self._file.close()
+        with self._lock:
+            try:
+                self._hand_off()
+            finally:
+                self._writer.close()  # waits for every handed-off part
+            with uninterrupted():  # a signal inside HDF5's clean-up would be lost
+                if self._parts is not None:
+                    if complete:
+                        self._parts.finish(self.attrs)
+                    else:
+                        self._parts.refresh_index(force=True)
+                elif self._file.id.valid:
+                    self._file.close()
 
     def __enter__(self) -> "HDF5Sink":
         return self
@@ -299,7 +327,9 @@ class _WriterThread(threading.Thread):
 
 
 def read_output(path: str | os.PathLike) -> dict[str, Any]:
-    """Load an output file sorted by id: ``{"ids", <outputs>..., "errors", "attrs"}``.
+    """Load an output file sorted by id: ``{"ids", <outputs>..., "errors", "attrs"}``; each error
+    is ``{"id", "type", "message", "time", "position"}`` (id None: the record had no usable id;
+    position None: not a record the reader rejected).
 
     Reads a finished file and the index of an unfinished run alike. For inspection and tests; a
     20-million-row file is better read in slices with h5py.
@@ -308,10 +338,14 @@ def read_output(path: str | os.PathLike) -> dict[str, Any]:
         order = np.argsort(f["ids"][...], kind="stable")
         data = {name: _values(f[name])[order] for name in f if isinstance(f[name], h5py.Dataset)}
         errors = f["errors"]
+        positions = errors["position"][...] if "position" in errors else \
+            np.full(len(errors["ids"]), -1, np.int64)
         data["errors"] = [
-            {"id": int(i), "type": t, "message": m, "time": float(s)}
-            for i, t, m, s in zip(errors["ids"][...], errors["type"].asstr()[...],
-                                  errors["message"].asstr()[...], errors["time"][...])]
+            {"id": None if i == NO_ID else int(i), "type": t, "message": m, "time": float(s),
+             "position": None if p < 0 else int(p)}
+            for i, t, m, s, p in zip(errors["ids"][...], errors["type"].asstr()[...],
+                                     errors["message"].asstr()[...], errors["time"][...],
+                                     positions)]
         data["attrs"] = {k: _plain(v) for k, v in f.attrs.items()}
     return data
 

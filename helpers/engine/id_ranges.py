@@ -1,82 +1,140 @@
-"""A set of record ids held as sorted, disjoint ranges: what a resumed run has already done.
+"""Sets of record ids held as sorted, disjoint ranges: what a resumed run has already done, and
+what a reader has already seen.
 
 A run of 20 million records writes ids in long runs (the reader cuts the source in order; only the
-frontier of workunits in flight is ragged), so ``[start, stop)`` ranges hold them in a few
-kilobytes where one int64 per id would take 160 MB, and a whole slice of the source can be
-skipped with one binary search before any of it is read or decoded.
+frontier of workunits in flight is ragged), so ranges hold them in a few kilobytes where one int64
+per id would take 160 MB, and a whole slice of the source can be skipped with one binary search
+before any of it is read or decoded.
+
+A range is kept with both ends inside it, ``[first, last]``: every int64 id, 2**63 - 1 included,
+has a range that holds it (a half-open ``stop`` past the largest id would not fit in an int64).
 """
 from __future__ import annotations
 
 import numpy as np
 
+_U64 = np.uint64
+
+
+def _gaps(later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
+    """``later - earlier`` for ``later > earlier`` without int64 overflow: the true difference is
+    in [1, 2**64 - 1], which unsigned wrap-around arithmetic gives exactly."""
+    return later.astype(_U64) - earlier.astype(_U64)
+
 
 class IdRanges:
-    """Ids as sorted, disjoint, non-adjacent half-open ranges ``[starts[i], stops[i])``."""
+    """Ids as sorted, disjoint, non-adjacent closed ranges ``[firsts[i], lasts[i]]``."""
 
-    def __init__(self, starts: np.ndarray | None = None, stops: np.ndarray | None = None) -> None:
-        self.starts = np.asarray([] if starts is None else starts, dtype=np.int64)
-        self.stops = np.asarray([] if stops is None else stops, dtype=np.int64)
+    def __init__(self, firsts: np.ndarray | None = None, lasts: np.ndarray | None = None) -> None:
+        self.firsts = np.asarray([] if firsts is None else firsts, dtype=np.int64)
+        self.lasts = np.asarray([] if lasts is None else lasts, dtype=np.int64)
 
     @classmethod
-    def from_ids(cls, ids: np.ndarray) -> "IdRanges":
+    def from_ids(cls, ids: np.ndarray) -> IdRanges:
         """The ranges covering ``ids`` (any order, repeats allowed)."""
-        ids = np.sort(np.asarray(ids, dtype=np.int64))  # mostly in order already: quick
+        # sorted, then repeats dropped: mostly in order already, so quick (np.unique hashes
+        # first: 4x slower on a part's ids here)
+        ids = np.sort(np.asarray(ids, dtype=np.int64))
         if not len(ids):
             return cls()
         ids = ids[np.r_[True, ids[1:] != ids[:-1]]]
-        breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-        return cls(ids[np.r_[0, breaks]], ids[np.r_[breaks - 1, len(ids) - 1]] + 1)
+        breaks = np.flatnonzero(_gaps(ids[1:], ids[:-1]) != 1) + 1
+        return cls(ids[np.r_[0, breaks]], ids[np.r_[breaks - 1, len(ids) - 1]])
 
     @classmethod
-    def from_pairs(cls, pairs: np.ndarray) -> "IdRanges":
-        """From an ``[n, 2]`` array of (start, stop), as stored beside a part (``as_pairs``)."""
+    def from_spans(cls, spans: np.ndarray) -> IdRanges:
+        """From an ``[n, 2]`` array of (first, last), as stored beside a part (``as_spans``)."""
+        spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        return cls(spans[:, 0], spans[:, 1])._coalesced()
+
+    @classmethod
+    def from_pairs(cls, pairs: np.ndarray) -> IdRanges:
+        """From an ``[n, 2]`` array of half-open (start, stop): the format of outputs written
+        before the ranges were closed (their stops are all below 2**63)."""
         pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-        return cls(pairs[:, 0], pairs[:, 1])._coalesced()
+        return cls(pairs[:, 0], pairs[:, 1] - 1)._coalesced()
 
-    def as_pairs(self) -> np.ndarray:
-        return np.stack([self.starts, self.stops], axis=1)
+    def as_spans(self) -> np.ndarray:
+        return np.stack([self.firsts, self.lasts], axis=1)
 
-    def union(self, other: "IdRanges") -> "IdRanges":
-        return IdRanges(np.concatenate([self.starts, other.starts]),
-                        np.concatenate([self.stops, other.stops]))._coalesced()
+    def union(self, other: IdRanges) -> IdRanges:
+        return IdRanges(np.concatenate([self.firsts, other.firsts]),
+                        np.concatenate([self.lasts, other.lasts]))._coalesced()
 
-    def _coalesced(self) -> "IdRanges":
-        """Overlapping or touching ranges joined: sort by start, a new range begins where a start
-        lies beyond every stop before it."""
-        if len(self.starts) < 2:
+    def _coalesced(self) -> IdRanges:
+        """Overlapping or touching ranges joined: sort by first id; a new range begins where its
+        first id lies more than one beyond every last id before it."""
+        if len(self.firsts) < 2:
             return self
-        order = np.argsort(self.starts, kind="stable")
-        starts, stops = self.starts[order], self.stops[order]
-        reach = np.maximum.accumulate(stops)
-        new = np.r_[True, starts[1:] > reach[:-1]]
-        return IdRanges(starts[new], np.maximum.reduceat(stops, np.flatnonzero(new)))
+        order = np.argsort(self.firsts, kind="stable")
+        firsts, lasts = self.firsts[order], self.lasts[order]
+        reach = np.maximum.accumulate(lasts)
+        new = np.r_[True, (firsts[1:] > reach[:-1]) & (_gaps(firsts[1:], reach[:-1]) > 1)]
+        return IdRanges(firsts[new], np.maximum.reduceat(lasts, np.flatnonzero(new)))
 
     def __len__(self) -> int:
         """The number of ids."""
-        return int((self.stops - self.starts).sum())
+        return int(_gaps(self.lasts, self.firsts).sum()) + self.runs
 
     @property
     def runs(self) -> int:
-        return len(self.starts)
+        return len(self.firsts)
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """A boolean mask: which of ``ids`` are in the set."""
         ids = np.asarray(ids, dtype=np.int64)
-        at = np.searchsorted(self.starts, ids, side="right") - 1
+        at = np.searchsorted(self.firsts, ids, side="right") - 1
         inside = at >= 0
-        inside[inside] = ids[inside] < self.stops[at[inside]]
+        inside[inside] = ids[inside] <= self.lasts[at[inside]]
         return inside
 
     def covers(self, start: int, stop: int) -> bool:
         """True if every id of ``[start, stop)`` is in the set (one binary search)."""
-        at = int(np.searchsorted(self.starts, start, side="right")) - 1
-        return at >= 0 and stop <= self.stops[at]
+        at = int(np.searchsorted(self.firsts, np.int64(start), side="right")) - 1
+        return at >= 0 and stop - 1 <= int(self.lasts[at])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, IdRanges) and np.array_equal(self.starts, other.starts) \
-            and np.array_equal(self.stops, other.stops)
+        return isinstance(other, IdRanges) and np.array_equal(self.firsts, other.firsts) \
+            and np.array_equal(self.lasts, other.lasts)
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"[{a}, {b})" for a, b in zip(self.starts[:4], self.stops[:4]))
+        shown = ", ".join(f"[{a}, {b}]" for a, b in zip(self.firsts[:4], self.lasts[:4]))
         more = f", ... {self.runs - 4} more" if self.runs > 4 else ""
         return f"IdRanges({len(self)} ids: {shown}{more})"
+
+
+class SeenIds:
+    """The ids a reader has seen so far, to tell a duplicate from a first sighting.
+
+    Ids in runs cost a range each; scattered ids (hashes, say) 16 bytes each. They are kept in a
+    few IdRanges of doubling size, merged like a binary counter, so that adding n ids costs
+    O(n log n) in all instead of one ever-growing union per slice.
+    """
+
+    def __init__(self) -> None:
+        self._levels: list[IdRanges] = []
+
+    def add(self, ids: np.ndarray) -> np.ndarray:
+        """Record ``ids``; returns a mask of those seen before (earlier in ``ids`` included)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        seen = np.zeros(len(ids), dtype=bool)
+        if not len(ids):
+            return seen
+        for level in self._levels:
+            seen |= level.contains(ids)
+        order = np.argsort(ids, kind="stable")  # equal ids in input order: the first is not a repeat
+        ordered = ids[order]
+        again = np.empty(len(ids), dtype=bool)
+        again[order] = np.r_[False, ordered[1:] == ordered[:-1]]
+        seen |= again
+        fresh = IdRanges.from_ids(ids[~seen])
+        if not fresh.runs:
+            return seen
+        while self._levels and self._levels[-1].runs <= 2 * fresh.runs:
+            fresh = self._levels.pop().union(fresh)
+        self._levels.append(fresh)
+        return seen
+
+    @property
+    def runs(self) -> int:
+        return sum(level.runs for level in self._levels)

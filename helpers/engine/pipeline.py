@@ -14,7 +14,8 @@ Data flow::
 Reader (helpers.engine.reader): a thread of the parent process. It pulls ``(ids, records)`` slices
 lazily from the source (helpers.engine.sources.read_slices), cuts them into workunits and puts them
 on its bounded work queue, so memory stays flat whatever the input size; it wakes the scheduler
-after each one.
+after each one. Records it cannot use (not JSON, an unusable or duplicate id) go straight to the
+writer's ``errors/``, never to a worker.
 
 Scheduler (helpers.engine.scheduler): the parent's main thread. It keeps every ready worker supplied with
 up to two workunits (one running, one waiting), retried ones first; it is the only owner of a
@@ -28,7 +29,9 @@ a cluster, its messages through Ray's object store). Each loads the workload's m
 Ready, then runs workunits until the pool closes, answering each with a Result or a Failed message.
 Workers outlive a job, so one pool runs many jobs on models loaded once.
 
-Writer (helpers.engine.hdf5_sink): the main thread buffers each Result's rows (and the records the
+Writer (helpers.engine.hdf5_sink): the output is claimed first (helpers.engine.ownership: its lock
+held for the job, and refused unless it is this job's to write, resume or overwrite), then the
+main thread buffers each Result's rows (and the records the
 workload rejected, or that the scheduler gave up on, for ``errors/``) and hands them a part at a
 time to the writer thread, which writes them while the scheduler goes on dispatching. With
 ``durable`` (the default) the output survives any crash (helpers.engine.checkpoint) and ``resume``
@@ -54,11 +57,12 @@ neither: ``first_dispatch_seconds`` reports it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -68,9 +72,11 @@ import numpy as np
 
 from helpers.engine.backends import make_backend
 from helpers.engine.devices import check_available
+from helpers.engine.fingerprint import as_attrs, input_paths
 from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
 from helpers.engine.hdf5_sink import HDF5Sink
 from helpers.engine.messages import POLL_SECONDS, Result, WorkerInfo, Workunit
+from helpers.engine.ownership import check_output, owning
 from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
 from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery, RemoteTraceback,
@@ -224,13 +230,13 @@ class WorkerPool:
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
         self._sizing.seconds = settings.workunit_seconds
-        with self._guard(), HDF5Sink(output, self.outputs, attrs, settings.durable,
-                                     settings.resume) as sink:
+        with self._guard(), self._sink(output, settings, attrs) as sink:
             job = _Job(scheduler, settings, sink, started, self._growth)
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.done)
             size = self._sizing.largest() if settings.auto_size else settings.workunit_size
-            reader = Reader(read_slices(records, sink.done, settings.limit), size,
+            reader = Reader(read_slices(records, sink.done, settings.limit, job.rejected.extend,
+                                        sink.done_positions), size,
                             self.settings.depth, scheduler.wakeup.wake, settings.window, cost,
                             total)
             job.start_clock()
@@ -247,17 +253,17 @@ class WorkerPool:
         even contiguous slices (``static_split``), write the results into ``output``; as slow as
         the slowest slice.
 
-        ``changes``: limit, durable, resume (the other job settings do not apply: a slice is one
-        workunit, and it is not sorted).
+        ``changes``: limit, durable, resume, overwrite (the other job settings do not apply: a
+        slice is one workunit, and it is not sorted).
         """
         started = time.monotonic()
         settings, records, attrs = self._job(source, changes)
         scheduler = self._scheduler
-        with self._guard(), HDF5Sink(output, self.outputs, attrs, settings.durable,
-                                     settings.resume) as sink:
+        with self._guard(), self._sink(output, settings, attrs) as sink:
             job = _Job(scheduler, settings, sink, started)
             job.start_clock()
-            read = list(read_slices(records, sink.done, settings.limit))
+            read = list(read_slices(records, sink.done, settings.limit, job.rejected.extend,
+                                    sink.done_positions))
             ids = np.concatenate([ids for ids, _ in read]) if read else np.empty(0, np.int64)
             items = [item for _, chunk in read for item in chunk]
             read_seconds = time.monotonic() - job.clock
@@ -281,9 +287,16 @@ class WorkerPool:
                             f"{', '.join(JOB_SETTINGS)}")
         job = replace(self.job, **changes)
         records = open_source(source)  # (a source already opened comes back as it is)
-        attrs = {**self.workload.attrs(), **self._run_attrs(job, records.describe())}
+        attrs = {**self.workload.attrs(), **self._run_attrs(job, records.describe()),
+                 **as_attrs(records, self.workload, self.outputs)}
         self._scheduler.dispatches = Dispatches()
         return job, records, attrs
+
+    def _sink(self, output: str | os.PathLike, job: JobSettings, attrs: dict[str, Any]
+              ) -> HDF5Sink:
+        """The job's writer, once the output is this job's to write (else OutputError)."""
+        return HDF5Sink(output, self.outputs, attrs, job.durable, job.resume, job.overwrite,
+                        input_paths(attrs))
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
@@ -344,6 +357,7 @@ class _Job:
         self.tallies = {index: Tally() for index in scheduler.slots
                         if scheduler.slots[index].state is not State.RETIRED}
         self.timeline = Timeline()
+        self.rejected: deque[tuple] = deque()  # the reader's rejects, for errors/ (thread-safe)
         self.clock = self.wall = self.read_seconds = self.reader_blocked_seconds = 0.0
 
     def start_clock(self) -> None:
@@ -375,7 +389,9 @@ class _Job:
                 _stopping(self.telemetry):
             while True:
                 scheduler.dispatch(feed)
+                bar.update(self._file_rejects())
                 if feed.exhausted() and scheduler.idle:
+                    bar.update(self._file_rejects())
                     return
                 for slot, message in scheduler.next_messages(POLL_SECONDS):
                     written, given_up = scheduler.handle(slot, message)
@@ -388,6 +404,16 @@ class _Job:
                 if self.growth is not None and not self.growth.settled:
                     self.growth.step(scheduler, time.monotonic(), self.clock)
                     self._explore(self.growth.deciding())
+
+    def _file_rejects(self) -> int:
+        """Hand the records the reader rejected so far to the writer's errors/; how many."""
+        rows = []
+        while self.rejected:
+            rows.append(self.rejected.popleft())
+        for record_id, error_type, message, _, position in rows:
+            log.warning("record at position %d failed: %s: %s", position, error_type, message)
+        self.sink.append_errors(rows)
+        return len(rows)
 
     def _explore(self, slots: set[int]) -> None:
         """Short workunits for the workers of devices growth is deciding (each decision comes
@@ -493,9 +519,10 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     MIN_STATIC_SLICE records per worker it falls back to one worker). ``options``: the other
     fields of PoolSettings (threads_per_worker, queue_depth, adaptive, max_workers_per_device,
     retries, max_restarts, workunit_timeout, load_timeout, ray_address) and of JobSettings (limit,
-    sort_window, progress, durable, resume). Workers that die or hang are replaced and bad
-    records end up in the output's ``errors`` table (``stats.partial``); PipelineError if the run
-    cannot go on.
+    sort_window, progress, durable, resume, overwrite). An existing ``output`` is refused unless
+    ``resume`` (carry on the job that made it) or ``overwrite`` (replace it); OutputError, before
+    any worker starts. Workers that die or hang are replaced and bad records end up in the
+    output's ``errors`` table (``stats.partial``); PipelineError if the run cannot go on.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
@@ -508,10 +535,14 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
         if known is not None and known < MIN_STATIC_SLICE * len(settings.worker_devices):
             # slices this small cost more in model loads than they save
             settings = replace(settings, devices=settings.devices[:1], workers_per_device=1)
-    with WorkerPool.from_settings(workload, settings, job) as pool:
-        if strategy == "static":
-            return pool.run_static(records, output)
-        return pool.run(records, output)
+    with owning(output):  # a second run on this output is refused now, not after spin-up
+        attrs = as_attrs(records, workload)  # the outputs' shapes come with the workers
+        check_output(output, resume=job.resume, overwrite=job.overwrite, inputs=input_paths(attrs),
+                     fingerprints={k: json.loads(v) for k, v in attrs.items()})
+        with WorkerPool.from_settings(workload, settings, job) as pool:
+            if strategy == "static":
+                return pool.run_static(records, output)
+            return pool.run(records, output)
 
 
 def _peak_rss(workers: list[WorkerStats]) -> float:

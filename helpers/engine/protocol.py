@@ -16,6 +16,9 @@ And it may define ``phases(model) -> dict[str, float]``: the seconds the calling
 ``process`` spent in each of its phases (the embedding workload: tokenize, forward, copy_out); the
 worker asks right after each workunit, and the stats and the timeline carry the answer.
 
+And it may define ``fingerprint() -> dict``: what decides its values (model, options), which a
+resumed run must keep; without it, ``attrs()`` is used, every field of it.
+
 A workload imports its heavy libraries (torch, onnxruntime) inside ``load``, never at module level:
 a worker that spawns should pay for exactly what it runs.
 """
@@ -29,6 +32,8 @@ import numpy as np
 MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # set in each worker process: the n-th model copy on its
 # device, from 0 (like torchrun's LOCAL_RANK), for a workload that places copies itself
 TEXT = "str"  # OutputSpec dtype of a UTF-8 string column (a path, a caption, a class list)
+NO_ID = np.iinfo(np.int64).min  # errors/ids of a record that has no usable id (a line that is not
+# JSON, an id outside int64): its errors/position says where it is. No record may have this id.
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,15 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class BadRecord:
-    """Stands in for a record the reader could not decode; the worker reports it as failed."""
+    """Stands in for a record the reader could not decode (or whose id is unusable or taken): it
+    goes to ``errors/`` as the reader meets it, never to a worker, and costs no other record.
+
+    ``position``: where the record is in its source (a JSONL file's 0-based line, an HDF5 input's
+    row, an iterable's item), -1 if the source cannot say."""
 
     error_type: str
     message: str
+    position: int = -1
 
 
 @runtime_checkable

@@ -3,7 +3,7 @@
 - ``PoolSettings``: what a pool of workers is started with and keeps until it closes (where the
   workers run, how many, how failures are handled, how deep the work queue is);
 - ``JobSettings``: what may change from one job to the next on the same pool (workunit size,
-  limit, sort window, progress bar, durable writes, resume).
+  limit, sort window, progress bar, durable writes, resume, overwrite).
 
 Two settings may be ``"auto"``: ``workers_per_device`` (start one worker per device and add more
 while the device's measured rate rises: helpers.engine.growth) and ``workunit_size`` (each worker's
@@ -118,6 +118,7 @@ class JobSettings:
     progress: bool = True  # a progress bar on stderr
     durable: bool = True  # write part files + an index, so that a killed run leaves a readable file
     resume: bool = False  # skip the ids the output already holds (or gave up on); needs durable
+    overwrite: bool = False  # replace an existing output (without it, an existing one is refused)
 
     def __post_init__(self) -> None:
         if self.workunit_size != AUTO:
@@ -128,6 +129,9 @@ class JobSettings:
                 positive_int(name, getattr(self, name), allow_zero=True)
         if self.resume and not self.durable:
             raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite: choose one (resume keeps what the output "
+                             "holds, overwrite replaces it)")
 
     @property
     def auto_size(self) -> bool:

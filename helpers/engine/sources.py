@@ -8,26 +8,38 @@
 - ``ImageFolderSource``: the image files of a folder, as paths, in sorted relative-path order (ids
   0, 1, ... in that order, so a rerun over the same folder gives the same ids). The workload
   decodes them in its workers (``prepare``), so the reader stays cheap and a bad file only ever
-  costs its own record.
+  costs its own record. Symbolic links are skipped unless ``follow_symlinks``: a link can lead
+  anywhere the run may read.
 
-A record that cannot be decoded (invalid UTF-8, a line that is not JSON) is yielded as a
-``BadRecord`` under its id, so it is reported as failed without costing the records around it.
-Problems with the source as a whole (missing file, wrong layout) raise at ``open_source``, before
-any worker is started.
+A record that cannot be decoded (invalid UTF-8, a line that is not JSON), whose id is unusable
+(not an integer, outside int64) or taken (an id seen earlier in the input) is yielded as a
+``BadRecord`` carrying its position in the source; ``read_slices`` hands it to ``reject`` (the
+output's ``errors/``) instead of a worker, and it costs no other record. Problems with the source
+as a whole (missing file, wrong layout, data stored outside the file) raise at ``open_source``,
+before any worker is started.
+
+Each source's ``fingerprint()`` says what it is (helpers.engine.fingerprint): a resumed run must
+read the same one.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import BadRecord
+from helpers.engine.fingerprint import file_identity, listing_identity
+from helpers.engine.id_ranges import IdRanges, SeenIds
+from helpers.engine.protocol import NO_ID, BadRecord
+
+log = logging.getLogger("gpufeed")
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -42,7 +54,8 @@ class SourceError(ValueError):
 class HDF5BatchesSource:
     """Records from ``<group>/0``, ``<group>/1``, ... of an HDF5 file."""
 
-    def __init__(self, path: str | os.PathLike, group: str = "batches") -> None:
+    def __init__(self, path: str | os.PathLike, group: str = "batches",
+                 allow_external: bool = False) -> None:
         import h5py
 
         self.path, self.group = Path(path), group
@@ -51,6 +64,8 @@ class HDF5BatchesSource:
         try:
             with h5py.File(self.path, "r") as f:
                 self._names, self._length = _batch_layout(f, group, self.path)
+                if not allow_external:
+                    _refuse_external(f, group, self._names, self.path)
         except OSError as exc:
             raise SourceError(f"input {str(self.path)!r}: not a readable HDF5 file ({exc})") from exc
 
@@ -80,13 +95,17 @@ class HDF5BatchesSource:
                     if skip.runs:
                         keep = ~skip.contains(ids)
                         ids, raw = ids[keep], raw[keep]
-                    yield ids, [_decode(value) for value in raw]
+                    yield ids, [_decode(value, i) for value, i in zip(raw, ids.tolist())]
                 offset += len(dataset)
                 if offset >= end:
                     return
 
     def describe(self) -> str:
         return f"hdf5:{self.path}#{self.group}"
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"format": "hdf5", "group": self.group, "records": self._length,
+                **file_identity(self.path)}
 
 
 def _batch_layout(f: Any, group: str, path: Path) -> tuple[list[str], int]:
@@ -108,13 +127,34 @@ def _batch_layout(f: Any, group: str, path: Path) -> tuple[list[str], int]:
     return names, sum(len(f[group][n]) for n in names)
 
 
-def _decode(raw: bytes | str) -> str | BadRecord:
+def _refuse_external(f: Any, group: str, names: list[str], path: Path) -> None:
+    """SourceError if a batch lives outside the file (an external link, external storage or a
+    virtual dataset): such an input reads whatever file it names, /etc/passwd included."""
+    import h5py
+
+    links = [(group, f.get(group, getlink=True))] + \
+        [(f"{group}/{n}", f[group].get(n, getlink=True)) for n in names]
+    for name, link in links:
+        if isinstance(link, h5py.ExternalLink):
+            raise SourceError(f"input {str(path)!r}: {name} is a link to another file "
+                              f"({link.filename}); HDF5BatchesSource(path, allow_external=True) "
+                              f"reads it")
+    for name in names:
+        dataset = f[group][name]
+        if dataset.external or dataset.is_virtual:
+            where = "external storage" if dataset.external else "a virtual dataset"
+            raise SourceError(f"input {str(path)!r}: {group}/{name} keeps its data outside the "
+                              f"file ({where}); HDF5BatchesSource(path, allow_external=True) "
+                              f"reads it")
+
+
+def _decode(raw: bytes | str, position: int) -> str | BadRecord:
     if isinstance(raw, str):
         return raw
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return BadRecord("UnicodeDecodeError", f"record is not valid UTF-8: {exc}")
+        return BadRecord("UnicodeDecodeError", f"record is not valid UTF-8: {exc}", position)
 
 
 class JSONLSource:
@@ -127,32 +167,55 @@ class JSONLSource:
             raise SourceError(f"input {str(self.path)!r}: no such file")
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
+        for _, record_id, record in self.items():
+            yield record_id, record
+
+    def items(self) -> Iterator[tuple[int, int, Any]]:
+        """``(position, id, record)`` of every line that is not blank; position: its 0-based
+        line number."""
         with open(self.path, "rb") as lines:
             for number, line in enumerate(lines):
                 if line.strip():
-                    yield self._parse(number, line)
+                    yield (number, *self._parse(number, line))
 
     def _parse(self, number: int, line: bytes) -> tuple[int, Any]:
         where = f"{self.path.name} line {number + 1}"
         try:
             obj = json.loads(line)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
-            return number, BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})")
+            return NO_ID, BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})", number)
         if not isinstance(obj, dict):
-            return number, BadRecord("ValueError", f"{where}: expected a JSON object")
+            return NO_ID, BadRecord("ValueError", f"{where}: expected a JSON object", number)
         record_id = obj.get(self.id_field, number)
-        if isinstance(record_id, bool) or not isinstance(record_id, int):
-            return number, BadRecord("ValueError", f"{where}: {self.id_field!r} is not an integer")
+        problem = id_problem(record_id)
+        if problem:
+            return NO_ID, BadRecord("ValueError", f"{where}: {self.id_field!r} {problem}", number)
         if self.text_field not in obj:
-            return record_id, BadRecord("KeyError", f"{where}: no field {self.text_field!r}")
+            return record_id, BadRecord("KeyError", f"{where}: no field {self.text_field!r}",
+                                        number)
         return record_id, obj[self.text_field]
 
     def describe(self) -> str:
         return f"jsonl:{self.path}#{self.text_field}"
 
+    def fingerprint(self) -> dict[str, Any]:
+        return {"format": "jsonl", "text_field": self.text_field, "id_field": self.id_field,
+                **file_identity(self.path)}
+
+
+def id_problem(record_id: Any) -> str:
+    """What makes ``record_id`` unusable as an id ("" if nothing): ids are int64, NO_ID aside."""
+    if isinstance(record_id, bool) or not isinstance(record_id, (int, np.integer)):
+        return f"is not an integer: {_short(record_id)}"
+    if not NO_ID < int(record_id) <= np.iinfo(np.int64).max:
+        return f"{record_id} is outside the ids gpufeed takes ({NO_ID + 1} to " \
+               f"{np.iinfo(np.int64).max})"
+    return ""
+
 
 class IterableSource:
-    """Records from an iterable of ``(id, record)`` pairs, checked as they stream."""
+    """Records from an iterable of ``(id, record)`` pairs, checked as they stream: an item that is
+    not a pair stops the run (a programming error); an unusable id costs its record alone."""
 
     def __init__(self, pairs: Iterable[tuple[int, Any]]) -> None:
         self.pairs = pairs
@@ -161,29 +224,43 @@ class IterableSource:
         return len(self.pairs)  # TypeError for generators: the progress bar then has no total
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
+        for _, record_id, record in self.items():
+            yield record_id, record
+
+    def items(self) -> Iterator[tuple[int, int, Any]]:
         for position, pair in enumerate(self.pairs):
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise SourceError(f"source item {position} is not an (id, record) pair: "
                                   f"{_short(pair)}")
-            record_id = pair[0]
-            if isinstance(record_id, bool) or not isinstance(record_id, (int, np.integer)):
-                raise SourceError(f"source item {position}: id {_short(record_id)} is not an integer")
-            yield int(record_id), pair[1]
+            problem = id_problem(pair[0])
+            if problem:
+                yield position, NO_ID, BadRecord("ValueError", f"item {position}: id {problem}",
+                                                 position)
+            else:
+                yield position, int(pair[0]), pair[1]
 
     def describe(self) -> str:
         return f"iterable:{type(self.pairs).__name__}"
 
+    def fingerprint(self) -> dict[str, Any]:
+        """Only the kind of iterable: its records cannot be checked cheaply."""
+        return {"format": "iterable", "type": type(self.pairs).__name__}
+
 
 class ImageFolderSource:
-    """Every image file under ``folder`` (recursively), by sorted relative path."""
+    """Every image file under ``folder`` (recursively), by sorted relative path; symbolic links
+    (to files or folders) only with ``follow_symlinks``."""
 
-    def __init__(self, folder: str | os.PathLike, suffixes: tuple[str, ...] = IMAGE_SUFFIXES) -> None:
+    def __init__(self, folder: str | os.PathLike, suffixes: tuple[str, ...] = IMAGE_SUFFIXES,
+                 follow_symlinks: bool = False) -> None:
         self.folder, self.suffixes = Path(folder), tuple(s.lower() for s in suffixes)
+        self.follow_symlinks = follow_symlinks
         if not self.folder.is_dir():
             raise SourceError(f"input {str(self.folder)!r}: not a folder of images")
-        self._paths = sorted(p for p in self.folder.rglob("*")
-                             if p.is_file() and p.suffix.lower() in self.suffixes
-                             and not p.name.startswith("."))
+        self._paths, links = _image_files(self.folder, self.suffixes, follow_symlinks)
+        if links:
+            log.warning("input %s: %d symbolic link(s) skipped (follow_symlinks=True reads "
+                        "them)", self.folder, links)
         if not self._paths:
             raise SourceError(f"input {str(self.folder)!r}: no image files "
                               f"({', '.join(self.suffixes)})")
@@ -197,6 +274,33 @@ class ImageFolderSource:
 
     def describe(self) -> str:
         return f"images:{self.folder}"
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"format": "images", "follow_symlinks": self.follow_symlinks,
+                **listing_identity(self.folder, self._paths)}
+
+
+def _image_files(folder: Path, suffixes: tuple[str, ...], follow: bool) -> tuple[list[Path], int]:
+    """The image files under ``folder`` (hidden ones aside), sorted, and how many links were
+    skipped. Followed links are walked once each, so a link to a parent cannot loop."""
+    found, links, visited = [], 0, set()
+    for root, dirs, files in os.walk(folder, followlinks=follow):
+        here = os.stat(root)
+        if (here.st_dev, here.st_ino) in visited:
+            dirs[:] = []
+            continue
+        visited.add((here.st_dev, here.st_ino))
+        if not follow:
+            links += sum(os.path.islink(os.path.join(root, d)) for d in dirs)
+        for name in files:
+            path = Path(root) / name
+            if name.startswith(".") or path.suffix.lower() not in suffixes:
+                continue
+            if path.is_symlink() and not follow:
+                links += 1
+            elif path.is_file():
+                found.append(path)
+    return sorted(found), links
 
 
 def _short(value: Any) -> str:
@@ -232,22 +336,61 @@ def source_length(source: Any) -> int | None:
         return None
 
 
-def read_slices(source: Any, skip: IdRanges, limit: int | None = None
-                ) -> Iterator[tuple[np.ndarray, list]]:
+def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
+                reject: Callable[[list[tuple]], None] | None = None,
+                skip_positions: IdRanges | None = None) -> Iterator[tuple[np.ndarray, list]]:
     """The first ``limit`` records of ``source`` as ``(ids, records)`` slices, less the ids in
     ``skip`` (what a resumed run has done). A source with a ``slices(skip, limit)`` method (HDF5
     batches, whose ids are positions) skips what is done before reading it; any other is read
-    READ_SLICE pairs at a time and filtered with one vectorised look-up per slice."""
+    READ_SLICE records at a time, an id seen before becomes a BadRecord, and the done ones are
+    dropped with one vectorised look-up per slice.
+
+    Bad records never reach the slices: ``reject`` gets them as ``(id, error type, message,
+    unix time, position)`` rows, but for those whose position is in ``skip_positions`` (a resumed
+    run filed them already)."""
     own = getattr(source, "slices", None)
-    if own is not None:
-        yield from own(skip, limit)
-        return
-    pairs = iter(source) if limit is None else itertools.islice(source, limit)
-    while chunk := list(itertools.islice(pairs, READ_SLICE)):
-        ids_, records = zip(*chunk)
+    pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
+    skip_positions = skip_positions if skip_positions is not None else IdRanges()
+    for ids, records in pieces:
+        bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
+        if bad:
+            now = time.time()
+            rows = [(int(ids[k]), records[k].error_type, records[k].message, now,
+                     records[k].position) for k in bad]
+            positions = np.array([row[4] for row in rows], dtype=np.int64)
+            fresh = ~(skip_positions.contains(positions) & (positions >= 0))
+            if reject is not None and fresh.any():
+                reject([row for row, new in zip(rows, fresh) if new])
+            keep = np.ones(len(records), dtype=bool)
+            keep[bad] = False
+            ids, records = ids[keep], list(itertools.compress(records, keep))
+        if len(ids):
+            yield ids, records
+
+
+def _checked(source: Any, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, list]]:
+    """Any source's records READ_SLICE at a time; an id seen earlier (done or not) marked a
+    duplicate; done ids dropped, bad records kept for ``read_slices`` to file."""
+    own = getattr(source, "items", None)
+    items = own() if own is not None else IterableSource(source).items()  # ids checked alike
+    if limit is not None:
+        items = itertools.islice(items, limit)
+    seen = SeenIds()
+    while chunk := list(itertools.islice(items, READ_SLICE)):
+        positions, ids_, records = zip(*chunk)
         ids, records = np.array(ids_, dtype=np.int64), list(records)
+        usable = ids != NO_ID
+        again = np.zeros(len(ids), dtype=bool)
+        again[usable] = seen.add(ids[usable])
+        for k in np.flatnonzero(again).tolist():
+            records[k] = BadRecord("DuplicateId", f"id {ids[k]} appeared earlier in the input; "
+                                   f"this record is not processed", positions[k])
+        bad = np.array([isinstance(r, BadRecord) for r in records], dtype=bool)
+        for k in np.flatnonzero(bad).tolist():
+            if records[k].position < 0:
+                records[k] = replace(records[k], position=positions[k])
         if skip.runs:
-            keep = ~skip.contains(ids)
+            keep = bad | ~skip.contains(ids)
             if not keep.all():
                 ids, records = ids[keep], list(itertools.compress(records, keep))
         if len(ids):

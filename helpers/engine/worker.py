@@ -7,6 +7,12 @@ carries the workunit's index, the exception's type, message and traceback, and w
 out-of-memory error, and the worker takes the next one. Only END_OF_WORK, the parent's death, or a
 failed model load end a worker.
 
+A worker process never outlives its parent, even mid-workunit (a hung one included), so that a
+killed run leaves no process holding a GPU's memory beside the run that resumes it: on Linux the
+kernel kills it the moment its parent dies (PR_SET_PDEATHSIG), and everywhere a watchdog thread
+sees the parent gone within ORPHAN_CHECK_SECONDS and ends the process, as torch's DataLoader
+workers do.
+
 Every backend's worker answers a workunit with the same ``answer``; the process and thread backends
 run it in the same ``serve`` loop, and differ only in how a worker starts (a spawned process with
 its own model, or a thread sharing its device's model) and in how messages travel. A Ray actor
@@ -32,6 +38,10 @@ from helpers.engine import transfer
 from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, Ready, Result, WorkerInfo,
                                      Workunit)
 from helpers.engine.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec
+
+ORPHAN_CHECK_SECONDS = 0.2  # a worker process whose parent died exits within this
+EXIT_ORPHANED = 70  # its exit status then (nobody is left to read it; for the tests and logs)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: Workunit,
@@ -153,14 +163,38 @@ def ready(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSp
     return Ready(info.index, os.getpid(), seconds, specs, free, used, socket.gethostname(), node)
 
 
-def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any) -> None:
+def watch_parent(parent: int, kernel_signal: bool) -> None:
+    """End this process when ``parent`` (a pid) is gone (module docstring). ``kernel_signal``:
+    also ask Linux for SIGKILL at the parent's death; only for a worker started by its parent's
+    main thread, since the kernel acts when the thread that started us ends."""
+    if kernel_signal and sys.platform == "linux":
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the watchdog below still holds
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:  # a parent that died before prctl is seen here too
+            time.sleep(ORPHAN_CHECK_SECONDS)
+        os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=watch, name="gpufeed-orphan-watchdog", daemon=True).start()
+
+
+def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any,
+                 kernel_signal: bool = False) -> None:
     """Entry point of a spawned worker process: one model, loaded once.
 
-    ``inbox``/``outbox``: this worker's own ends of two pipes (multiprocessing Connections).
+    ``inbox``/``outbox``: this worker's own ends of two pipes (multiprocessing Connections);
+    ``kernel_signal``: see ``watch_parent``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
     os.environ[MODEL_COPY_ENV] = str(info.copy)  # like torchrun's LOCAL_RANK, for the workload
     parent = multiprocessing.parent_process()
+    if parent is not None:
+        watch_parent(parent.pid, kernel_signal)
 
     def receive() -> Any:
         while not inbox.poll(POLL_SECONDS):

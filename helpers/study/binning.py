@@ -55,8 +55,9 @@ def layouts(workload: BinningWorkload, device: str, worker_counts: Sequence[int]
             size = fair_workunit_size(workunit_size, len(pairs), workers)
             with WorkerPool(workload, [device] * workers, backend, progress=False) as pool:
                 for replicate in range(replicates):
-                    queued = pool.run(pairs, Path(tmp) / "queue.h5", workunit_size=size)
-                    static = pool.run_static(pairs, Path(tmp) / "static.h5")
+                    queued = pool.run(pairs, Path(tmp) / "queue.h5", workunit_size=size,
+                                      overwrite=True)  # scratch files, one per layout
+                    static = pool.run_static(pairs, Path(tmp) / "static.h5", overwrite=True)
                     rows += [{**layout_row(s, name), "replicate": replicate, "workers": workers,
                               "workunit_size": size, "spinup_s": pool.spinup_seconds}
                              for s, name in ((queued, "queue"), (static, "static"))]
@@ -68,7 +69,7 @@ def bin_images(workload: BinningWorkload, devices: Sequence[str], pairs: list[tu
     """``(id, path)`` pairs through a queue-fed pool into ``output`` (HDF5, plus its CSV beside);
     returns one row per image and the run's stats."""
     with WorkerPool(workload, list(devices), "process", progress=False) as pool:
-        stats = pool.run(pairs, output, workunit_size=workunit_size)
+        stats = pool.run(pairs, output, workunit_size=workunit_size, overwrite=True)  # rerunnable
     data, paths = read_output(output), dict(pairs)
     write_csv(data, Path(output).with_suffix(".csv"), paths)
     return per_image(data, paths), stats

@@ -156,7 +156,8 @@ def workunit_sizes(workload: Any, devices: Sequence[str], sizes: Sequence[int], 
         for replicate in range(replicates):
             pairs = sample_records(texts, records, seed + replicate)
             for size in sizes:
-                stats = pool.run(pairs, Path(tmp) / f"size-{size}.h5", workunit_size=size)
+                stats = pool.run(pairs, Path(tmp) / f"size-{size}-{replicate}.h5",
+                                 workunit_size=size)
                 rows.append({**layout_row(stats, "queue"), "workunit_size": size,
                              "replicate": replicate})
         spinup = pool.spinup_seconds

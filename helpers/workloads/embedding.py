@@ -243,6 +243,12 @@ class EmbeddingWorkload:
         clock = getattr(model, "gpufeed_phases", None)
         return None if clock is None else clock.take()
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the embeddings (and which texts are rejected): a resumed run must keep
+        these; batch size and tokenize_ahead may change."""
+        return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
+                "normalize": self.normalize, "max_chars": self.max_chars}
+
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
                 "batch_size": self.batch_size, "normalize": self.normalize,

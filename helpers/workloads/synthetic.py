@@ -23,6 +23,7 @@ What tuning needs, modelled deterministically so that CPU tests reproduce a GPU'
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -90,8 +91,11 @@ class SyntheticWorkload:
 
     def __post_init__(self) -> None:
         for name in ("seconds_per_record", "seconds_per_workunit"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 <= value < math.inf:
+                raise ValueError(f"{name}: expected a finite number of seconds >= 0, got "
+                                 f"{value!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
         if self.values not in VALUES:
@@ -197,6 +201,10 @@ class SyntheticWorkload:
         poisoned = self._fires(self.fail_on_records, hashable)
         if poisoned:
             raise InjectedFailure(f"fail_on_records: workunit holds {sorted(map(repr, poisoned))}")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the values: a resumed run must keep these (timings may change)."""
+        return {"workload": self.name, "dim": self.dim, "values": self.values}
 
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "seconds_per_record": self.seconds_per_record,

@@ -21,6 +21,9 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS,
     """Decode ``path`` to an RGB uint8 array ``[h, w, 3]`` no larger than ``max_side``."""
     from PIL import Image, UnidentifiedImageError
 
+    # our max_pixels replaces PIL's own limit, before the first open as before every other one:
+    # whether an image decodes must not depend on which image came first
+    Image.MAX_IMAGE_PIXELS = None
     try:
         image = Image.open(path)
     except UnidentifiedImageError:
@@ -34,7 +37,6 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS,
             image.draft("RGB", (max_side, max_side))  # decode at 1/2, 1/4 or 1/8 scale
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            Image.MAX_IMAGE_PIXELS = None  # our own max_pixels check above replaces PIL's
             try:
                 image.load()
             except OSError as exc:  # "image file is truncated", broken data stream, ...

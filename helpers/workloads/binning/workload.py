@@ -167,6 +167,10 @@ class BinningWorkload:
             scores[filled] = (vectors @ model["prompts"].T).max(axis=1)
         return scores
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the bins: every attribute but the threads."""
+        return {k: v for k, v in self.attrs().items() if k != "threads"}
+
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "prompts": list(self.prompts), "threads": str(self.threads),
                 "detector": str(Path(self.detector_weights).name if self.detector_weights

@@ -1,0 +1,124 @@
+"""What an output was made from, so that ``resume`` carries on only the same job.
+
+An output records two fingerprints in its attributes (and in every part, so that a run killed
+before its first index still has them): its input's (a file's path, size, modification time and a
+digest of its first, middle and last MiB; a folder's listing; the source's options that decide
+what a record is) and its workload's (name, model, the options that change the values, and each
+output's shape and dtype). A resumed run computes both again; any field that differs is named,
+and the resume refused, before anything is written or moved.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+INPUT_ATTR = "input_fingerprint"  # attribute names in an output file and its parts (JSON text)
+WORKLOAD_ATTR = "workload_fingerprint"
+SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle and end: cheap at
+# any size, and any rewrite that changes the size, the time or those bytes is caught
+MOVABLE = ("path",)  # fields that may differ on resume when every other one is equal: a moved input
+
+
+def file_identity(path: str | os.PathLike) -> dict[str, Any]:
+    """A file's path, size, modification time and a digest of three samples of its bytes."""
+    path = Path(path)
+    stat = path.stat()
+    digest = hashlib.sha256(str(stat.st_size).encode())
+    with open(path, "rb") as f:
+        for offset in sorted({0, max(0, stat.st_size // 2 - SAMPLE_BYTES // 2),
+                              max(0, stat.st_size - SAMPLE_BYTES)}):
+            f.seek(offset)
+            digest.update(f.read(SAMPLE_BYTES))
+    return {"path": str(path.resolve()), "size": stat.st_size,
+            "modified": _when(stat.st_mtime_ns), "digest": digest.hexdigest()[:16]}
+
+
+def listing_identity(folder: str | os.PathLike, files: list[Path]) -> dict[str, Any]:
+    """A folder's path and a digest of its listed files' relative paths, sizes and times."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return {"path": str(folder.resolve()), "files": len(files), "digest": digest.hexdigest()[:16]}
+
+
+def source_fingerprint(source: Any) -> dict[str, Any]:
+    """The source's own ``fingerprint()``, or what its ``describe()`` says."""
+    own = getattr(source, "fingerprint", None)
+    if own is not None:
+        return own()
+    return {"source": source.describe() if hasattr(source, "describe") else type(source).__name__}
+
+
+def workload_fingerprint(workload: Any, outputs: Mapping[str, Any] | None = None
+                         ) -> dict[str, Any]:
+    """The workload's ``fingerprint()`` (else its ``attrs()``), and its outputs' shapes and dtypes
+    once its workers have declared them."""
+    own = getattr(workload, "fingerprint", None)
+    values = dict(own() if own is not None else workload.attrs())
+    values.setdefault("workload", workload.name)
+    if outputs is not None:
+        values["outputs"] = {name: f"{list(spec.shape)} {spec.dtype}"
+                             for name, spec in sorted(outputs.items())}
+    return values
+
+
+def as_attrs(source: Any, workload: Any, outputs: Mapping[str, Any] | None = None
+             ) -> dict[str, str]:
+    """An output's record of what made it, as its attributes (JSON text)."""
+    return {INPUT_ATTR: encode(source_fingerprint(source)),
+            WORKLOAD_ATTR: encode(workload_fingerprint(workload, outputs))}
+
+
+def input_paths(attrs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The file or folder the input fingerprint in ``attrs`` names, if any (an output may not be
+    it)."""
+    path = (decode(attrs.get(INPUT_ATTR, "{}")) or {}).get("path")
+    return (path,) if path else ()
+
+
+def encode(fingerprint: Mapping[str, Any]) -> str:
+    return json.dumps(fingerprint, sort_keys=True, default=str)
+
+
+def decode(text: Any) -> dict[str, Any] | None:
+    if isinstance(text, bytes):
+        text = text.decode()
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def differences(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple]:
+    """``{field: (recorded, now)}`` for every field both know that differs (one that either
+    cannot tell is not compared: the outputs before the workers declared them, a field an older
+    gpufeed did not record)."""
+    now = json.loads(encode(now))  # compared as recorded: tuples as lists, anything else as text
+    return {key: (recorded[key], value) for key, value in now.items()
+            if value is not None and recorded.get(key) is not None and recorded[key] != value}
+
+
+def describe(changes: Mapping[str, tuple]) -> str:
+    """``size 1,024 -> 2,048, digest 3fa2... -> 91bc...``."""
+    return ", ".join(f"{key} {_show(old)} -> {_show(new)}" for key, (old, new) in changes.items())
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "(none)" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+def _when(ns: int) -> str:
+    """A modification time to the nanosecond, readable (and usable with ``touch -d``)."""
+    seconds, fraction = divmod(ns, 10**9)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) + f".{fraction:09d}" + \
+        time.strftime("%z", time.localtime(seconds))

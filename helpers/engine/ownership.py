@@ -1,0 +1,332 @@
+"""Whose output is it: one run at a time, and only with the user's say-so, checked before anything
+is touched.
+
+- **A lock** (``OUT.h5.lock`` beside the output, held with ``flock`` for the run's life): a second
+  run on the same output is refused at once, naming the holder (pid, host, start time, command).
+  The kernel drops the lock when its process dies, however it dies, so a SIGKILLed run's lock is
+  taken over by the next one; a finished run removes its lock file. The driver holds it on Ray too
+  (workers never write the output).
+- **The output's state** (``check_output``): the output is not the input; an existing output is
+  resumed only with ``resume`` and replaced only with ``overwrite``; a file gpufeed did not write,
+  or a parts folder holding files gpufeed did not write, is never moved, replaced or deleted; and
+  a resume carries on only the job that made the output: the same input and the same workload
+  (helpers.engine.fingerprint), or it is refused naming what differs.
+
+Every refusal is an ``OutputError`` (a ValueError: the command line exits 2) raised before the
+output, its parts or anything beside them has changed.
+
+On a filesystem whose ``flock`` fails (some network mounts say ENOLCK), the lock falls back to a
+file created exclusively, holding its owner; a leftover one from a run on this machine whose
+process is gone is taken over, one from another machine must be removed by hand. A filesystem
+that grants ``flock`` on each machine without telling the others (NFS mounted with
+``local_lock=all``, object-store mounts) cannot stop two machines writing one output: give each
+run its own output there.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import h5py
+
+from helpers.engine.checkpoint import OUTPUT_MARK, foreign_files, parts_folder
+from helpers.engine.fingerprint import (INPUT_ATTR, MOVABLE, WORKLOAD_ATTR, decode, describe,
+                                        differences)
+
+LOCK_SUFFIX = ".lock"
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # flock not supported
+MODES = ("new", "resume", "overwrite")
+
+log = logging.getLogger("gpufeed")
+
+
+class OutputError(ValueError):
+    """This run may not write its output as asked; nothing was touched."""
+
+
+class OutputLocked(OutputError):
+    """Another run holds the output."""
+
+
+def lock_path(output: str | os.PathLike) -> Path:
+    output = Path(output)
+    return output.with_name(output.name + LOCK_SUFFIX)
+
+
+_held: dict[str, list] = {}  # lock path -> [thread, depth]: a run's own nested claims pass
+_guard = threading.Lock()
+
+
+@contextmanager
+def owning(output: str | os.PathLike) -> Iterator[None]:
+    """Hold ``output``'s lock for the block; OutputLocked naming the holder if another run (or
+    another thread of this process) has it. Nested in the same thread, it is held once."""
+    lock = lock_path(Path(output).absolute())
+    key, me = str(lock), threading.get_ident()
+    with _guard:
+        held = _held.get(key)
+        nested = held is not None and held[0] == me
+        if nested:
+            held[1] += 1
+    if nested:
+        try:
+            yield
+        finally:
+            with _guard:
+                held[1] -= 1
+        return
+    release = _acquire(lock)
+    with _guard:
+        _held[key] = [me, 1]
+    try:
+        yield
+    finally:
+        with _guard:
+            del _held[key]
+        release()
+
+
+def holder() -> dict[str, Any]:
+    """Who holds a lock: this process."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+            "command": " ".join(sys.argv)[:300]}
+
+
+def _acquire(lock: Path) -> Any:
+    """Take ``lock``; returns the function that releases it."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the folder {str(lock.parent)!r}: {exc.strerror}") from None
+    while True:
+        try:
+            fd, created = _open(lock)
+        except OSError as exc:
+            raise OutputError(f"cannot write beside the output: {str(lock)!r}: "
+                              f"{exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _read(fd)
+            os.close(fd)
+            raise OutputLocked(f"{str(lock.with_suffix(''))!r} is being written by another run "
+                               f"({_who(owner)}); wait for it to finish, or give this run "
+                               f"another output") from None
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in NO_LOCKS:
+                raise
+            if created:
+                lock.unlink(missing_ok=True)
+            return _acquire_without_flock(lock, exc)
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # its last holder removed it between our open and our lock: try again
+    stale = _read(fd)
+    if stale:
+        log.warning("%s: took over the lock of a run that is gone (%s)", lock, _who(stale))
+    _write(fd, holder())
+
+    def release() -> None:
+        try:
+            os.unlink(lock)  # while still held: nobody can lock the name we remove
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+    return release
+
+
+def _open(lock: Path) -> tuple[int, bool]:
+    """The lock file's descriptor, and whether this call created it."""
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        return os.open(lock, os.O_RDWR), False
+
+
+def _acquire_without_flock(lock: Path, why: OSError) -> Any:
+    """The lock as a file created exclusively (a filesystem without flock): refused while it
+    exists, unless its owner was a process of this machine that is gone."""
+    log.warning("%s: this filesystem has no working locks (%s); the lock is a file created "
+                "exclusively instead", lock, why.strerror)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            owner = _read_path(lock)
+            if owner.get("host") == socket.gethostname() and not _alive(owner):
+                log.warning("%s: took over the lock of a run that is gone (%s)", lock, _who(owner))
+                lock.unlink(missing_ok=True)
+                continue
+            raise OutputLocked(f"{str(lock.with_suffix(''))!r} is held by another run "
+                               f"({_who(owner)}); if that run is gone, remove {str(lock)!r}"
+                               ) from None
+        _write(fd, holder())
+        os.close(fd)
+        return lambda: lock.unlink(missing_ok=True)
+    raise OutputLocked(f"{str(lock)!r}: could not take the lock")
+
+
+def _alive(owner: Mapping[str, Any]) -> bool:
+    import psutil
+
+    try:
+        process = psutil.Process(int(owner.get("pid", -1)))
+        return process.create_time() <= float(owner.get("started", 0)) + 1
+    except (psutil.Error, ValueError, TypeError):
+        return False
+
+
+def _write(fd: int, owner: Mapping[str, Any]) -> None:
+    """Who holds the lock, for whoever is refused (no fsync: after a crash the kernel's lock is
+    gone anyway, and this text only informs)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(owner).encode(), 0)
+
+
+def _read(fd: int) -> dict[str, Any]:
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+
+
+def _read_path(lock: Path) -> dict[str, Any]:
+    try:
+        return json.loads(lock.read_bytes() or b"{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def _who(owner: Mapping[str, Any]) -> str:
+    if not owner:
+        return "it has not said who it is yet"
+    started = owner.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+    return f"pid {owner.get('pid')} on {owner.get('host')}, started {when}: " \
+           f"{owner.get('command', '')}".rstrip(": ")
+
+
+def check_output(output: str | os.PathLike, *, resume: bool, overwrite: bool,
+                 inputs: tuple[str, ...] = (), fingerprints: Mapping[str, Mapping] | None = None
+                 ) -> str:
+    """Whether this run may write ``output``, touching nothing: "new", "resume" or "overwrite";
+    OutputError saying why not.
+
+    ``inputs``: the paths the run reads (an output may not be one of them). ``fingerprints``:
+    this run's ``{INPUT_ATTR: ..., WORKLOAD_ATTR: ...}``, compared on resume with the output's.
+    """
+    path = Path(output)
+    if resume and overwrite:
+        raise OutputError("resume and overwrite: choose one (resume keeps what the output holds, "
+                          "overwrite replaces it)")
+    if path.is_dir():
+        raise OutputError(f"output {str(path)!r} is a folder; name a file in it, such as "
+                          f"{str(path / 'out.h5')!r}")
+    for source in inputs:
+        if _same(path, Path(source)):
+            raise OutputError(f"output {str(path)!r} is the input {source!r}: writing it would "
+                              f"destroy the input; name another output")
+    folder = parts_folder(path)
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"{str(folder)!r} is in the way of the output's parts folder and is not "
+                          f"gpufeed's; move it or name another output")
+    foreign = foreign_files(folder)
+    if foreign:
+        shown = ", ".join(repr(p.name) for p in foreign[:3])
+        raise OutputError(f"{str(folder)!r} holds {len(foreign)} file(s) gpufeed did not write "
+                          f"({shown}); gpufeed will not write there: move them or name another "
+                          f"output")
+    has_file = path.exists()
+    if has_file and not is_gpufeed_output(path):
+        raise OutputError(f"{str(path)!r} exists and is not a gpufeed output; gpufeed will not "
+                          f"replace, move or resume it: name another output, or remove it "
+                          f"yourself")
+    has_parts = folder.is_dir() and any(folder.iterdir())
+    if not (has_file or has_parts):
+        if resume:
+            log.info("resume: %s does not exist yet: starting from the beginning", path)
+        return "new"
+    what = "an unfinished run's index and parts" if has_parts else "a finished output"
+    if not resume and not overwrite:
+        raise OutputError(f"{str(path)!r} already holds {what}; resume it (--resume, "
+                          f"resume=True) or replace it (--overwrite, overwrite=True)")
+    if overwrite:
+        log.info("overwrite: %s (%s) is replaced", path, what)
+        return "overwrite"
+    _check_same_job(path, folder, fingerprints or {})
+    return "resume"
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def is_gpufeed_output(path: Path) -> bool:
+    """True for a file gpufeed wrote: a finished output, an index, or an in-place output."""
+    try:
+        if not h5py.is_hdf5(path):
+            return False
+        with h5py.File(path, "r") as f:
+            return OUTPUT_MARK in f.attrs or ("ids" in f and "errors" in f and "source" in f.attrs)
+    except OSError:
+        return False
+
+
+def recorded_fingerprints(path: Path) -> dict[str, dict] | None:
+    """The fingerprints an output (else its first part) records; None if it records none (made
+    by an earlier gpufeed)."""
+    folder = parts_folder(path)
+    candidates = [path] if path.exists() else []
+    candidates += sorted(folder.glob("part-*.h5")) if folder.is_dir() else []
+    for candidate in candidates:
+        with h5py.File(candidate, "r") as f:
+            if INPUT_ATTR in f.attrs and WORKLOAD_ATTR in f.attrs:
+                return {key: decode(f.attrs[key]) or {} for key in (INPUT_ATTR, WORKLOAD_ATTR)}
+    return None
+
+
+def _check_same_job(path: Path, folder: Path, now: Mapping[str, Mapping]) -> None:
+    recorded = recorded_fingerprints(path)
+    if recorded is None:
+        log.warning("resume: %s records no fingerprint of its input and workload (an earlier "
+                    "gpufeed made it): resuming without checking that they are the same", path)
+        return
+    for key, what in ((INPUT_ATTR, "input"), (WORKLOAD_ATTR, "workload")):
+        if key not in now:
+            continue
+        changes = differences(recorded[key], now[key])
+        if not changes:
+            continue
+        if set(changes) <= set(MOVABLE):
+            log.warning("resume: the %s moved (%s); everything else about it is the same",
+                        what, describe(changes))
+            continue
+        hint = ""
+        if key == INPUT_ATTR and set(changes) <= {"modified", *MOVABLE}:
+            hint = (f" (if only its time changed, a copy, say, `touch -d "
+                    f"'{changes['modified'][0]}' FILE` gives it back)")
+        raise OutputError(f"resume: {str(path)!r} was made from another {what}: "
+                          f"{describe(changes)}{hint}; resume it with the {what} that made it, "
+                          f"or start anew with --overwrite")

@@ -1,0 +1,326 @@
+"""An output is owned by one run and touched only with the user's say-so: the mistakes a tired user
+makes, each through the command line, each refused before anything changes (or done right)."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import helpers.engine.ownership as ownership
+from helpers.engine.hdf5_sink import read_output, rows_written
+from helpers.engine.ownership import OutputError, OutputLocked, check_output, lock_path, owning
+from helpers.study.paths import ROOT
+from helpers.workloads.synthetic import record_vector
+
+pytestmark = pytest.mark.timeout(240)  # reached only on deadlock
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+
+
+def cli(*args, wait=True):
+    command = [sys.executable, "-m", "helpers", "run", "--workload", "synthetic", "--devices",
+               "cpu", "--backend", "thread", "--no-progress", *map(str, args)]
+    if not wait:
+        return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=200)
+
+
+def jsonl(path, texts, ids=None):
+    lines = [{"text": t} if ids is None else {"id": i, "text": t}
+             for t, i in zip(texts, ids if ids is not None else texts)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def snapshot(*paths):
+    """Every file under ``paths``, name -> sha256: 'unchanged byte for byte' made checkable (a
+    killed run's lock aside: the next run takes it over)."""
+    files = {}
+    for path in map(Path, paths):
+        for file in ([path] if path.is_file() else sorted(path.rglob("*")) if path.is_dir() else []):
+            if file.is_file() and file.suffix != ".lock":
+                files[str(file)] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return files
+
+
+@pytest.fixture
+def a_and_b(tmp_path):
+    """Two inputs of 1,500 records whose values differ (texts a0.. and b0..)."""
+    return (jsonl(tmp_path / "A.jsonl", [f"a{i}" for i in range(1500)]),
+            jsonl(tmp_path / "B.jsonl", [f"b{i}" for i in range(1500)]))
+
+
+# -- one run at a time --------------------------------------------------------------------------
+
+def test_a_second_run_on_the_same_output_is_refused_at_once_and_the_first_keeps_its_rows(
+        tmp_path, a_and_b):
+    a, b = a_and_b
+    out = tmp_path / "out.h5"
+    first = cli("--input", a, "--output", out, "--seconds-per-record", "0.008", wait=False)
+    deadline = time.monotonic() + 60
+    while not rows_written(out):  # A is writing
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+    for flags in ([], ["--overwrite"], ["--resume"]):
+        started = time.monotonic()
+        second = cli("--input", b, "--output", out, *flags)
+        assert second.returncode == 2, second.stderr
+        assert time.monotonic() - started < 20  # refused before any worker starts
+        assert f"is being written by another run (pid {first.pid} on" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.poll() is None  # (A was still running: the refusal was the lock's)
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    data = read_output(out)
+    assert data["ids"].tolist() == list(range(1500)) and "A.jsonl" in data["attrs"]["source"]
+    expected = np.stack([record_vector(f"a{i}", 8) for i in range(1500)])
+    np.testing.assert_array_equal(data["values"], expected)  # every row A's own
+    assert not lock_path(out).exists()  # a finished run removes its lock
+
+
+def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
+    out = tmp_path / "out.h5"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from helpers.engine.ownership import owning\n"
+        "with owning(sys.argv[1]):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n"), str(out)], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(OutputLocked, match=f"pid {holder.pid} on .*, started"):
+        with owning(out):
+            pass
+    holder.kill()
+    holder.wait()
+    with owning(out):  # the kernel dropped the dead run's lock: this run takes it over
+        assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
+    assert not lock_path(out).exists()
+
+
+def test_the_lock_is_held_once_per_thread_and_refused_to_another_thread(tmp_path):
+    out = tmp_path / "out.h5"
+    refused = []
+
+    def other():
+        try:
+            with owning(out):
+                pass
+        except OutputLocked as exc:
+            refused.append(str(exc))
+
+    with owning(out), owning(out):  # nested in one thread: one lock
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert refused and f"pid {os.getpid()}" in refused[0]
+    with owning(out):  # released once the outer block ends
+        pass
+
+
+def test_without_working_flock_the_lock_is_a_file_created_exclusively(tmp_path, monkeypatch):
+    import errno
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(ownership.fcntl, "flock", no_flock)
+    out = tmp_path / "out.h5"
+    with owning(out):
+        assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
+        refused = []
+        thread = threading.Thread(target=lambda: refused.append(_try_owning(out)))
+        thread.start()
+        thread.join()
+        assert "if that run is gone, remove" in refused[0]
+    assert not lock_path(out).exists()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True)
+    lock_path(out).write_text(json.dumps({"pid": int(gone.stdout), "host": os.uname().nodename,
+                                          "started": time.time() - 5}))
+    with owning(out):  # a dead process of this machine left it: taken over
+        pass
+    lock_path(out).write_text(json.dumps({"pid": 1, "host": "another-machine", "started": 0}))
+    assert "another-machine" in _try_owning(out)  # cannot tell: refused, named
+
+
+def _try_owning(out):
+    try:
+        with owning(out):
+            return ""
+    except OutputLocked as exc:
+        return str(exc)
+
+
+# -- refuse before touching ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["in.h5", "in.jsonl", "hardlink"])
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, name):
+    if name == "in.h5":
+        with h5py.File(tmp_path / name, "w") as f:
+            f.create_dataset("batches/0", data=np.array(["x", "y"], dtype=object),
+                             dtype=h5py.string_dtype())
+        source = output = tmp_path / name
+    else:
+        source = jsonl(tmp_path / "in.jsonl", ["x", "y"])
+        output = source
+        if name == "hardlink":
+            output = tmp_path / "out.h5"
+            os.link(source, output)  # another name, the same file
+    before = snapshot(tmp_path)
+    done = cli("--input", source, "--output", output, "--overwrite")
+    assert done.returncode == 2 and "writing it would destroy the input" in done.stderr
+    assert "Traceback" not in done.stderr and snapshot(tmp_path) == before
+
+
+def test_an_existing_output_needs_resume_or_overwrite(tmp_path, a_and_b):
+    a, b = a_and_b
+    out = tmp_path / "out.h5"
+    assert cli("--input", a, "--output", out, "--limit", "100").returncode == 0
+    before = snapshot(tmp_path)
+    again = cli("--input", a, "--output", out)
+    assert again.returncode == 2 and "already holds a finished output" in again.stderr
+    assert "--resume" in again.stderr and "--overwrite" in again.stderr
+    both = cli("--input", a, "--output", out, "--resume", "--overwrite")
+    assert both.returncode == 2 and "choose one" in both.stderr
+    assert snapshot(tmp_path) == before
+    replaced = cli("--input", b, "--output", out, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    data = read_output(out)
+    assert "B.jsonl" in data["attrs"]["source"] and len(data["ids"]) == 1500
+
+
+@pytest.mark.parametrize("foreign", ["text", "hdf5", "in_parts"])
+def test_files_gpufeed_did_not_write_are_never_replaced_moved_or_deleted(tmp_path, a_and_b,
+                                                                         foreign):
+    a, _ = a_and_b
+    out = tmp_path / "out.h5"
+    if foreign == "text":
+        out.write_text("someone's notes\n")
+    elif foreign == "hdf5":
+        with h5py.File(out, "w") as f:
+            f["measurements"] = np.arange(10)
+    else:
+        (tmp_path / "out.h5.parts").mkdir()
+        (tmp_path / "out.h5.parts" / "my-notes.txt").write_text("keep me\n")
+    before = snapshot(tmp_path)
+    for flags in ([], ["--overwrite"], ["--resume"]):
+        done = cli("--input", a, "--output", out, *flags)
+        assert done.returncode == 2, done.stderr
+        assert ("not a gpufeed output" if foreign != "in_parts" else "gpufeed did not write") \
+            in done.stderr and "Traceback" not in done.stderr
+        assert snapshot(tmp_path) == before
+
+
+def test_an_output_that_is_a_folder_or_a_read_only_place_gets_an_error_line(tmp_path, a_and_b):
+    a, _ = a_and_b
+    (tmp_path / "folder").mkdir()
+    done = cli("--input", a, "--output", tmp_path / "folder")
+    assert done.returncode == 2 and "is a folder" in done.stderr and "Traceback" not in done.stderr
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    done = cli("--input", a, "--output", plain / "out.h5")  # a folder that is a file
+    assert done.returncode == 2 and "error: cannot create the folder" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = cli("--input", a, "--output", tmp_path / "o.h5", "--seconds-per-record", "inf")
+    assert done.returncode == 2 and "seconds_per_record: expected a finite" in done.stderr
+
+
+def test_the_binning_table_may_not_land_on_the_output(tmp_path):
+    done = cli("--workload", "binning", "--input", ROOT / "data" / "images",
+               "--output", tmp_path / "results.csv")
+    assert done.returncode == 2 and "binning table would be written over it" in done.stderr
+    assert not (tmp_path / "results.csv").exists()
+
+
+# -- resume checks what it resumes --------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["finished", "killed"])
+def test_resume_of_another_input_is_refused_naming_what_differs(tmp_path, a_and_b, how):
+    a, b = a_and_b
+    out = tmp_path / "out.h5"
+    if how == "finished":
+        assert cli("--input", a, "--output", out, "--limit", "200").returncode == 0
+    else:
+        run = cli("--input", a, "--output", out, "--seconds-per-record", "0.003", wait=False)
+        while not rows_written(out):
+            assert run.poll() is None
+            time.sleep(0.05)
+        run.kill()
+        run.communicate()
+    before = snapshot(tmp_path)
+    done = cli("--input", b, "--output", out, "--resume")
+    assert done.returncode == 2 and "was made from another input" in done.stderr
+    assert "digest" in done.stderr and "B.jsonl" in done.stderr and "A.jsonl" in done.stderr
+    assert snapshot(tmp_path) == before  # byte for byte: nothing moved, merged or removed
+    text = cli("--input", a, "--output", out, "--resume", "--text-field", "body")
+    assert text.returncode == 2 and "text_field 'text' -> 'body'" in text.stderr
+    finished = cli("--input", a, "--output", out, "--resume")  # its own input: carries on
+    assert finished.returncode == 0, finished.stderr
+    assert read_output(out)["ids"].tolist() == list(range(1500))
+
+
+def test_resume_with_another_workload_or_a_foreign_file_is_refused_and_nothing_moves(tmp_path,
+                                                                                     a_and_b):
+    a, _ = a_and_b
+    out = tmp_path / "out.h5"
+    assert cli("--input", a, "--output", out, "--limit", "50").returncode == 0
+    before = snapshot(tmp_path)
+    other = subprocess.run([sys.executable, "-m", "helpers", "run", "--input", str(a), "--output",
+                            str(out), "--resume", "--workload", "embedding", "--devices", "cpu",
+                            "--backend", "thread", "--no-progress"],
+                           env=ENV, capture_output=True, text=True, timeout=200)
+    assert other.returncode == 2 and "was made from another workload" in other.stderr
+    assert "'synthetic' -> 'embedding'" in other.stderr
+    assert snapshot(tmp_path) == before and not (tmp_path / "out.h5.parts").exists()
+    mine = tmp_path / "mine.h5"
+    with h5py.File(mine, "w") as f:
+        f["ids"] = np.arange(3)
+    before = snapshot(tmp_path)
+    done = cli("--input", a, "--output", mine, "--resume")
+    assert done.returncode == 2 and "not a gpufeed output" in done.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_check_output_names_the_changed_field_and_accepts_a_moved_input(tmp_path, a_and_b, caplog):
+    a, _ = a_and_b
+    out = tmp_path / "out.h5"
+    assert cli("--input", a, "--output", out, "--limit", "10").returncode == 0
+    recorded = ownership.recorded_fingerprints(out)
+    moved = {**recorded["input_fingerprint"], "path": "/elsewhere/A.jsonl"}
+    assert check_output(out, resume=True, overwrite=False,
+                        fingerprints={"input_fingerprint": moved}) == "resume"
+    assert "the input moved" in caplog.text
+    older = {**recorded["input_fingerprint"], "modified": "2001-01-01T00:00:00.000000000+0000"}
+    with pytest.raises(OutputError, match="modified '.*' -> '2001-01-01.*touch -d"):
+        check_output(out, resume=True, overwrite=False, fingerprints={"input_fingerprint": older})
+
+
+# -- ids from the input -------------------------------------------------------------------------
+
+def test_duplicate_broken_and_extreme_ids_cost_only_their_own_records(tmp_path):
+    top = 2**63 - 1
+    lines = [json.dumps({"id": top, "text": "largest"}), json.dumps({"id": 1, "text": "one"}),
+             "{broken", json.dumps({"id": 1, "text": "one again"}),
+             json.dumps({"id": 2**63, "text": "too big"}), json.dumps({"id": 2, "text": "two"})]
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.h5"
+    first = cli("--input", source, "--output", out, "--limit", "2")
+    assert first.returncode == 0, first.stderr
+    done = cli("--input", source, "--output", out, "--resume")
+    assert done.returncode == 3, done.stderr  # partial: three records in errors/
+    data = read_output(out)
+    assert data["ids"].tolist() == [1, 2, top]  # the largest id written once, not redone
+    assert data["values"][0].tolist() == record_vector("one", 8).tolist()  # the first one
+    errors = sorted((e["position"], e["id"], e["type"]) for e in data["errors"])
+    assert errors == [(2, None, "JSONDecodeError"), (3, 1, "DuplicateId"), (4, None, "ValueError")]
+    again = cli("--input", source, "--output", out, "--resume")  # nothing left, nothing twice
+    assert again.returncode == 0 and len(read_output(out)["errors"]) == 3

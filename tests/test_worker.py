@@ -1,0 +1,57 @@
+"""A worker process never outlives its parent: SIGKILL the parent mid-workunit (the workunit hung
+for an hour) and every worker is gone within ORPHAN_CHECK_SECONDS and a little, from either the
+kernel's signal or the watchdog alone (helpers.engine.worker.watch_parent)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from helpers.study.paths import ROOT
+
+pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
+
+GONE_SECONDS = 2.0  # the issue's bound: no worker alive this long after its parent's death
+POOL = """
+import sys, threading
+from helpers.engine.pipeline import WorkerPool
+from helpers.workloads.synthetic import SyntheticWorkload
+records = [(i, f"r{i}") for i in range(4)]
+workload = SyntheticWorkload(0.0, hang_on_records={r for _, r in records})  # an hour each
+def main():
+    with WorkerPool(workload, ["cpu", "cpu"], "process", progress=False) as pool:
+        print(" ".join(map(str, pool.pids.values())), flush=True)
+        pool.run(records, sys.argv[1], workunit_size=1)
+if sys.argv[2] == "thread":
+    thread = threading.Thread(target=main)
+    thread.start()
+    thread.join()
+else:
+    main()
+"""
+
+
+@pytest.mark.parametrize("started_from", ["main", "thread"])
+def test_workers_die_with_their_parent_even_mid_workunit(tmp_path, started_from):
+    """Started from a thread, the kernel's signal is not asked for (it would fire when that
+    thread ends): the watchdog alone does it."""
+    parent = subprocess.Popen([sys.executable, "-c", POOL, str(tmp_path / "out.h5"), started_from],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pids = [int(pid) for pid in parent.stdout.readline().split()]
+    workers = [psutil.Process(pid) for pid in pids]
+    tracker = [c for c in psutil.Process(parent.pid).children()
+               if "resource_tracker" in " ".join(c.cmdline())]
+    time.sleep(1.0)  # each worker is inside its hung workunit by now
+    assert len(workers) == 2 and all(w.is_running() for w in workers)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    killed = time.monotonic()
+    gone, alive = psutil.wait_procs(workers, timeout=GONE_SECONDS)
+    assert not alive, f"workers outlived their parent: {[p.pid for p in alive]}"
+    assert time.monotonic() - killed < GONE_SECONDS
+    _, left = psutil.wait_procs(tracker, timeout=5)  # ... and multiprocessing's tracker after them
+    assert not left
