@@ -45,6 +45,7 @@ HDF5_SUFFIXES = (".h5", ".hdf5")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 READ_SLICE = 1024  # strings read from an HDF5 batch at a time: bounded memory for huge batches
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 class SourceError(ValueError):
@@ -167,36 +168,44 @@ class JSONLSource:
             raise SourceError(f"input {str(self.path)!r}: no such file")
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        for _, record_id, record in self.items():
-            yield record_id, record
+        for ids, records in read_slices(self, IdRanges()):  # ids checked, bad records kept
+            yield from zip(ids.tolist(), records)
 
-    def items(self) -> Iterator[tuple[int, int, Any]]:
+    def items(self) -> Iterator[tuple[int, Any, Any]]:
         """``(position, id, record)`` of every line that is not blank; position: its 0-based
-        line number."""
+        line number. Ids are checked a slice at a time (``checked_ids``)."""
+        text, key, loads = self.text_field, self.id_field, json.loads
         with open(self.path, "rb") as lines:
             for number, line in enumerate(lines):
-                if line.strip():
-                    yield (number, *self._parse(number, line))
+                try:
+                    obj = loads(line)
+                except ValueError:  # a blank line, or not JSON: said at its own pace
+                    if line.strip():
+                        yield number, NO_ID, self._bad(number, line)
+                    continue
+                if type(obj) is dict and text in obj:
+                    yield number, obj.get(key, number), obj[text]
+                else:
+                    yield number, obj.get(key, number) if type(obj) is dict else NO_ID, \
+                        self._bad(number, line)
 
-    def _parse(self, number: int, line: bytes) -> tuple[int, Any]:
+    def _bad(self, number: int, line: bytes) -> BadRecord:
+        """Why line ``number`` gives no record."""
         where = f"{self.path.name} line {number + 1}"
         try:
             obj = json.loads(line)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
-            return NO_ID, BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})", number)
+            return BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})", number)
         if not isinstance(obj, dict):
-            return NO_ID, BadRecord("ValueError", f"{where}: expected a JSON object", number)
-        record_id = obj.get(self.id_field, number)
-        problem = id_problem(record_id)
-        if problem:
-            return NO_ID, BadRecord("ValueError", f"{where}: {self.id_field!r} {problem}", number)
-        if self.text_field not in obj:
-            return record_id, BadRecord("KeyError", f"{where}: no field {self.text_field!r}",
-                                        number)
-        return record_id, obj[self.text_field]
+            return BadRecord("ValueError", f"{where}: expected a JSON object", number)
+        return BadRecord("KeyError", f"{where}: no field {self.text_field!r}", number)
 
     def describe(self) -> str:
         return f"jsonl:{self.path}#{self.text_field}"
+
+    def where(self, position: int) -> str:
+        """How a message names a record's id: its line, as an editor counts, and the field."""
+        return f"{self.path.name} line {position + 1}: {self.id_field!r}"
 
     def fingerprint(self) -> dict[str, Any]:
         return {"format": "jsonl", "text_field": self.text_field, "id_field": self.id_field,
@@ -207,10 +216,34 @@ def id_problem(record_id: Any) -> str:
     """What makes ``record_id`` unusable as an id ("" if nothing): ids are int64, NO_ID aside."""
     if isinstance(record_id, bool) or not isinstance(record_id, (int, np.integer)):
         return f"is not an integer: {_short(record_id)}"
-    if not NO_ID < int(record_id) <= np.iinfo(np.int64).max:
-        return f"{record_id} is outside the ids gpufeed takes ({NO_ID + 1} to " \
-               f"{np.iinfo(np.int64).max})"
+    if not NO_ID < int(record_id) <= INT64_MAX:
+        return f"{record_id} is outside the ids gpufeed takes ({NO_ID + 1} to {INT64_MAX})"
     return ""
+
+
+def checked_ids(raw: tuple, records: list, positions: tuple, where: Callable[[int], str]
+                ) -> np.ndarray:
+    """A slice's ids as int64; a record whose id is unusable becomes a BadRecord (in
+    ``records``) under NO_ID. Plain ints inside int64, the usual case, cost one array."""
+    if all(type(i) is int for i in raw):
+        try:
+            ids = np.array(raw, dtype=np.int64)
+        except OverflowError:
+            pass
+        else:
+            if not (ids == NO_ID).any():
+                return ids
+    ids = np.empty(len(raw), dtype=np.int64)
+    for k, record_id in enumerate(raw):
+        problem = id_problem(record_id)
+        if problem:
+            ids[k] = NO_ID
+            if not isinstance(records[k], BadRecord):  # (one already, a line not JSON: kept)
+                records[k] = BadRecord("ValueError", f"{where(positions[k])} {problem}",
+                                       positions[k])
+        else:
+            ids[k] = int(record_id)
+    return ids
 
 
 class IterableSource:
@@ -224,23 +257,22 @@ class IterableSource:
         return len(self.pairs)  # TypeError for generators: the progress bar then has no total
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        for _, record_id, record in self.items():
-            yield record_id, record
+        for ids, records in read_slices(self, IdRanges()):  # ids checked, bad records kept
+            yield from zip(ids.tolist(), records)
 
-    def items(self) -> Iterator[tuple[int, int, Any]]:
+    def items(self) -> Iterator[tuple[int, Any, Any]]:
+        """``(position, id, record)`` of every pair; ids are checked a slice at a time."""
         for position, pair in enumerate(self.pairs):
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise SourceError(f"source item {position} is not an (id, record) pair: "
                                   f"{_short(pair)}")
-            problem = id_problem(pair[0])
-            if problem:
-                yield position, NO_ID, BadRecord("ValueError", f"item {position}: id {problem}",
-                                                 position)
-            else:
-                yield position, int(pair[0]), pair[1]
+            yield position, pair[0], pair[1]
 
     def describe(self) -> str:
         return f"iterable:{type(self.pairs).__name__}"
+
+    def where(self, position: int) -> str:
+        return f"item {position}: id"
 
     def fingerprint(self) -> dict[str, Any]:
         """Only the kind of iterable: its records cannot be checked cheaply."""
@@ -342,14 +374,17 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
     """The first ``limit`` records of ``source`` as ``(ids, records)`` slices, less the ids in
     ``skip`` (what a resumed run has done). A source with a ``slices(skip, limit)`` method (HDF5
     batches, whose ids are positions) skips what is done before reading it; any other is read
-    READ_SLICE records at a time, an id seen before becomes a BadRecord, and the done ones are
-    dropped with one vectorised look-up per slice.
+    READ_SLICE records at a time, its ids checked, an id seen before made a BadRecord, and the
+    done ones dropped with one vectorised look-up per slice.
 
-    Bad records never reach the slices: ``reject`` gets them as ``(id, error type, message,
-    unix time, position)`` rows, but for those whose position is in ``skip_positions`` (a resumed
-    run filed them already)."""
+    With ``reject``, bad records leave the slices: ``reject`` gets them as ``(id, error type,
+    message, unix time, position)`` rows, but for those whose position is in ``skip_positions``
+    (a resumed run filed them already). Without it they stay in the slices, as BadRecords."""
     own = getattr(source, "slices", None)
     pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
+    if reject is None:
+        yield from pieces
+        return
     skip_positions = skip_positions if skip_positions is not None else IdRanges()
     for ids, records in pieces:
         bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
@@ -359,7 +394,7 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
                      records[k].position) for k in bad]
             positions = np.array([row[4] for row in rows], dtype=np.int64)
             fresh = ~(skip_positions.contains(positions) & (positions >= 0))
-            if reject is not None and fresh.any():
+            if fresh.any():
                 reject([row for row, new in zip(rows, fresh) if new])
             keep = np.ones(len(records), dtype=bool)
             keep[bad] = False
@@ -369,28 +404,32 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
 
 
 def _checked(source: Any, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, list]]:
-    """Any source's records READ_SLICE at a time; an id seen earlier (done or not) marked a
-    duplicate; done ids dropped, bad records kept for ``read_slices`` to file."""
-    own = getattr(source, "items", None)
-    items = own() if own is not None else IterableSource(source).items()  # ids checked alike
+    """Any source's records READ_SLICE at a time: unusable ids and ids seen earlier (done or
+    not) made BadRecords, done ids dropped, bad records kept for ``read_slices`` to file."""
+    if getattr(source, "items", None) is None:
+        source = IterableSource(source)  # pairs, checked alike
+    where = getattr(source, "where", None) or (lambda position: f"record {position}: id")
+    items = source.items()
     if limit is not None:
         items = itertools.islice(items, limit)
     seen = SeenIds()
     while chunk := list(itertools.islice(items, READ_SLICE)):
-        positions, ids_, records = zip(*chunk)
-        ids, records = np.array(ids_, dtype=np.int64), list(records)
+        positions, raw, records = zip(*chunk)
+        records = list(records)
+        ids = checked_ids(raw, records, positions, where)
         usable = ids != NO_ID
         again = np.zeros(len(ids), dtype=bool)
         again[usable] = seen.add(ids[usable])
         for k in np.flatnonzero(again).tolist():
             records[k] = BadRecord("DuplicateId", f"id {ids[k]} appeared earlier in the input; "
                                    f"this record is not processed", positions[k])
-        bad = np.array([isinstance(r, BadRecord) for r in records], dtype=bool)
-        for k in np.flatnonzero(bad).tolist():
-            if records[k].position < 0:
+        bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
+        for k in bad:
+            if records[k].position < 0:  # a BadRecord of the caller's own
                 records[k] = replace(records[k], position=positions[k])
         if skip.runs:
-            keep = bad | ~skip.contains(ids)
+            keep = ~skip.contains(ids)
+            keep[bad] = True  # known by their position, not their id
             if not keep.all():
                 ids, records = ids[keep], list(itertools.compress(records, keep))
         if len(ids):
