@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from helpers import tuner
-from helpers.engine.hdf5_sink import read_output
-from helpers.engine.ownership import OutputError, owning
+from helpers.engine.hdf5_sink import check_parts, read_output
+from helpers.engine.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
 from helpers.engine.settings import AUTO, BACKENDS, JobSettings, PoolSettings
 from helpers.engine.sources import ImageFolderSource, JSONLSource, SourceError
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
-from helpers.workloads.binning.table import write_csv
+from helpers.workloads.binning.table import is_table, write_csv
 from helpers.workloads.embedding import EmbeddingWorkload
 from helpers.workloads.synthetic import MODES, SyntheticWorkload
 
@@ -230,22 +230,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"remote traceback:{exc.__cause__}", file=sys.stderr)
         if _is_usage(exc):
             return EXIT_USAGE
-        if Path(args.output).exists():
-            print(f"records written so far are in {args.output} (--resume finishes the run)",
-                  file=sys.stderr)
+        _say_kept(args.output)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print(f"interrupted: workers stopped; records written so far are in {args.output} "
-              f"(--resume finishes the run)", file=sys.stderr)
+        print("interrupted: workers stopped", file=sys.stderr)
+        _say_kept(args.output)
         return EXIT_INTERRUPTED
     except OSError as exc:  # a full disk, a folder that cannot be written
-        print(f"error: {exc}; records written so far are in {args.output} (--resume finishes "
-              f"the run once the cause is fixed)", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
+        _say_kept(args.output)
         return EXIT_FAILED
     except Exception as exc:  # not foreseen: the details, then what it means for the output
         traceback.print_exc()
-        print(f"error: the run stopped: {type(exc).__name__}: {exc}; records written so far are "
-              f"in {args.output} (--resume finishes the run)", file=sys.stderr)
+        print(f"error: the run stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say_kept(args.output)
         return EXIT_FAILED
     finally:
         for signum, handler in previous.items():
@@ -272,25 +270,55 @@ def _run(args: argparse.Namespace) -> Any:
     if args.ray_address:
         options["ray_address"] = args.ray_address
     source = _source(args)
-    table = _table_path(args) if args.workload == "binning" else None
-    stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
-                         args.backend, args.strategy, **options)
-    if table is not None:
+    if args.workload != "binning":
+        return run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
+                            args.backend, args.strategy, **options)
+    table = _table_path(args)
+    with owning(table):  # a.h5 and a.hdf5 would share a.csv
+        stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
+                             args.backend, args.strategy, **options)
         write_csv(read_output(args.output), table, dict(source))
-        print(f"table: {table}", file=sys.stderr)
+    print(f"table: {table}", file=sys.stderr)
     return stats
 
 
+def _say_kept(output: str) -> None:
+    """After a run stopped: what its output holds now, and what finishes it."""
+    import h5py
+
+    path = output_path(output)
+    try:
+        with h5py.File(path, "r") as f:
+            rows, complete = len(f["ids"]), bool(f.attrs.get("complete", False))
+            check_parts(f, path)
+    except (KeyError, ValueError):
+        return  # not ours to describe
+    except OSError as exc:  # nothing written, or a part is gone
+        if path.exists():
+            print(str(exc), file=sys.stderr)
+        return
+    if complete:
+        print(f"{output} is complete ({rows:,} records)", file=sys.stderr)
+    else:
+        print(f"{rows:,} records written so far are in {output} (--resume finishes the run)",
+              file=sys.stderr)
+
+
 def _table_path(args: argparse.Namespace) -> Path:
-    """The binning table beside the output, if this run may write it (OutputError if not)."""
-    output = Path(args.output)
+    """The binning table beside the output, if this run may write it (OutputError if not): a
+    table a binning run wrote is replaced with --overwrite or --resume, any other file never."""
+    output = output_path(args.output)
     table = output.with_suffix(".csv")
     if table == output:
         raise OutputError(f"output {args.output!r}: the binning table would be written over it "
                           f"({table.name}); name the output .h5")
-    if table.exists() and not (args.overwrite or args.resume):
-        raise OutputError(f"{str(table)!r} exists (the binning table is written beside the "
-                          f"output); --overwrite replaces it, or name another output")
+    if table.exists() or table.is_symlink():
+        if not is_table(table):
+            raise OutputError(f"{str(table)!r} exists and is not a binning table gpufeed wrote "
+                              f"(the table goes beside the output); name another output")
+        if not (args.overwrite or args.resume):
+            raise OutputError(f"{str(table)!r} exists (the binning table beside the output); "
+                              f"--overwrite replaces it, or name another output")
     return table
 
 

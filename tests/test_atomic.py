@@ -107,7 +107,7 @@ def _in_tmpfs(tmp_path: Path, size: str, steps: str, records: int) -> list[dict]
 def test_no_room_for_the_final_merge_leaves_the_output_complete_as_its_index(tmp_path):
     steps = ("$RUN > run.out 2> run.err; echo \"{\\\"exit\\\": $?}\"\n"
              "eval $CHECK\n"
-             "grep -c 'could not merge the parts' run.err | sed 's/.*/{\"warned\": &}/'\n"
+             "grep -c 'no room to merge the parts' run.err | sed 's/.*/{\"warned\": &}/'\n"
              "$COMPACT 2> compact.err; echo \"{\\\"compact\\\": $?}\"\n"
              "grep -c 'error: .*No space left' compact.err | sed 's/.*/{\"said\": &}/'\n"
              "eval $CHECK")

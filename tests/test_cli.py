@@ -220,3 +220,32 @@ def test_sigterm_during_the_final_merge_is_not_lost_and_the_output_is_whole(tmp_
     data = read_output(tmp_path / "o.h5")
     assert data["attrs"]["complete"] and data["ids"].tolist() == list(range(300))
     assert not (tmp_path / "o.h5.parts").exists()  # merged into one file before the exit
+
+
+@pytest.mark.parametrize("after_s", [0.3, 0.6, 0.9])
+def test_ctrl_c_pressed_again_and_again_ends_the_run_at_once_and_never_hangs(tmp_path, after_s):
+    """Five SIGINTs 3 ms apart: a second KeyboardInterrupt once escaped the wait for the writer
+    thread, which was left inside HDF5 as the interpreter exited: the exit hung on h5py's lock."""
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(3000)))
+    out = tmp_path / "o.h5"
+    run = subprocess.Popen([sys.executable, "-m", "helpers", "run", "--input",
+                            str(tmp_path / "in.jsonl"), "--output", str(out), "--workload",
+                            "synthetic", "--devices", "cpu", "--backend", "thread",
+                            "--no-progress", "--seconds-per-record", "0.001"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 30
+    while not out.exists():  # the run has begun writing
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(after_s)
+    for _ in range(5):
+        run.send_signal(signal.SIGINT)
+        time.sleep(0.003)
+    _, stderr = run.communicate(timeout=15)  # (it hung forever)
+    assert run.returncode in (130, -signal.SIGINT), stderr  # (-2: a signal after main returned)
+    resumed = cli("--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--workload",
+                  "synthetic", "--devices", "cpu", "--backend", "thread", "--no-progress",
+                  "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert read_output(out)["ids"].tolist() == list(range(3000))

@@ -324,3 +324,137 @@ def test_duplicate_broken_and_extreme_ids_cost_only_their_own_records(tmp_path):
     assert errors == [(2, None, "JSONDecodeError"), (3, 1, "DuplicateId"), (4, None, "ValueError")]
     again = cli("--input", source, "--output", out, "--resume")  # nothing left, nothing twice
     assert again.returncode == 0 and len(read_output(out)["errors"]) == 3
+
+
+# -- what a hostile pass found ------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["symlink", "someone's file", "bad json"])
+def test_a_lock_path_that_is_not_a_gpufeed_lock_is_never_written_through(tmp_path, a_and_b, kind):
+    a, _ = a_and_b
+    precious = tmp_path / "precious.txt"
+    precious.write_text("my notes\n")
+    lock = tmp_path / "out.h5.lock"
+    if kind == "symlink":
+        lock.symlink_to(precious)
+    else:
+        lock.write_text("my notes\n" if kind == "someone's file" else '{"started": "yesterday"}')
+    before = snapshot(tmp_path) | {str(lock): lock.read_bytes()}
+    done = cli("--input", a, "--output", tmp_path / "out.h5")
+    assert done.returncode == 2 and "is not a gpufeed lock" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert snapshot(tmp_path) | {str(lock): lock.read_bytes()} == before
+
+
+def test_names_beside_the_output_that_are_not_gpufeed_s_are_kept(tmp_path, a_and_b):
+    """OUT.tmp (someone's draft) was truncated and renamed over the output; a file left in
+    OUT.parts/ during the run (another output, say) was deleted with the folder at the end."""
+    a, _ = a_and_b
+    out = tmp_path / "out.h5"
+    (tmp_path / "out.h5.tmp").write_text("a draft\n")
+    run = cli("--input", a, "--output", out, "--seconds-per-record", "0.002", wait=False)
+    while not rows_written(out):
+        assert run.poll() is None
+        time.sleep(0.05)
+    (tmp_path / "out.h5.parts" / "mine.txt").write_text("put here while it ran\n")
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 0, stderr
+    assert "kept, for the 1 file(s) in it that gpufeed did not write" in stderr
+    assert (tmp_path / "out.h5.tmp").read_text() == "a draft\n"
+    assert sorted(p.name for p in (tmp_path / "out.h5.parts").iterdir()) == ["mine.txt"]
+    assert read_output(out)["ids"].tolist() == list(range(1500))
+
+
+def test_an_output_through_a_link_is_its_target_locked_and_resumed(tmp_path, a_and_b):
+    a, _ = a_and_b
+    (tmp_path / "big disk").mkdir()
+    target = tmp_path / "big disk" / "out.h5"
+    link = tmp_path / "link.h5"
+    link.symlink_to(target)
+    assert ownership.output_path(link) == target.resolve()
+    refused = []
+    with owning(target):
+        thread = threading.Thread(target=lambda: refused.append(_try_owning(link)))
+        thread.start()
+        thread.join()
+    assert "is being written by another run" in refused[0]
+    assert cli("--input", a, "--output", link, "--limit", "700").returncode == 0
+    done = cli("--input", a, "--output", link, "--resume")
+    assert done.returncode == 0, done.stderr
+    assert "holds 700 ids" in done.stderr  # (it saw none through the link)
+    assert link.is_symlink() and read_output(target)["ids"].tolist() == list(range(1500))
+
+
+def test_an_in_place_overwrite_keeps_another_name_of_the_old_file(tmp_path, a_and_b):
+    a, b = a_and_b
+    out = tmp_path / "out.h5"
+    assert cli("--input", a, "--output", out, "--limit", "300").returncode == 0
+    os.link(out, tmp_path / "backup.h5")
+    assert cli("--input", b, "--output", out, "--overwrite", "--in-place").returncode == 0
+    assert len(read_output(tmp_path / "backup.h5")["ids"]) == 300  # not truncated through it
+    assert "B.jsonl" in read_output(out)["attrs"]["source"]
+
+
+def test_a_refused_run_leaves_no_folder_it_made_and_a_too_long_name_is_refused(tmp_path, a_and_b):
+    a, _ = a_and_b
+    done = cli("--input", tmp_path / "missing.jsonl", "--output", tmp_path / "new" / "o.h5")
+    assert done.returncode == 1 and not (tmp_path / "new").exists()
+    long = tmp_path / ("x" * 245 + ".h5")
+    done = cli("--input", a, "--output", long)
+    assert done.returncode == 2 and "is too long" in done.stderr and not list(
+        tmp_path.glob("xxx*"))
+
+
+def test_a_binning_table_is_never_written_over_a_file_a_binning_run_did_not_write(tmp_path):
+    import argparse
+
+    from helpers.cli import _table_path
+    from helpers.workloads.binning.table import CSV_COLUMNS
+
+    (tmp_path / "notes.csv").write_text("my,own,spreadsheet\n")
+    for flags in ({}, {"resume": True}, {"overwrite": True}):
+        args = argparse.Namespace(**{"output": str(tmp_path / "notes.h5"), "resume": False,
+                                     "overwrite": False, **flags})
+        with pytest.raises(OutputError, match="not a binning table gpufeed wrote"):
+            _table_path(args)
+    (tmp_path / "notes.csv").write_text(",".join(CSV_COLUMNS) + "\n1,a.png\n")
+    args = argparse.Namespace(output=str(tmp_path / "notes.h5"), resume=False, overwrite=False)
+    with pytest.raises(OutputError, match="--overwrite replaces it"):
+        _table_path(args)
+    args.overwrite = True
+    assert _table_path(args) == tmp_path / "notes.csv"
+
+
+def test_without_flock_two_runs_breaking_a_dead_run_s_lock_never_both_hold_it(tmp_path,
+                                                                               monkeypatch):
+    import errno
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(ownership.fcntl, "flock", no_flock)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True)
+    stale = {"pid": int(gone.stdout), "host": os.uname().nodename, "started": 1.0,
+             ownership.LOCK_MARK: True}
+    for round_ in range(20):
+        out = tmp_path / f"out-{round_}.h5"
+        lock_path(out).write_text(json.dumps(stale))
+        start, holders, results = threading.Barrier(2), [], []
+
+        def contend():
+            start.wait()
+            try:
+                with owning(out):
+                    holders.append(1)
+                    time.sleep(0.05)
+                    results.append(len(holders))
+                    holders.pop()
+            except OutputLocked:
+                results.append(0)
+
+        threads = [threading.Thread(target=contend) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert max(results) == 1 and sorted(results) == [0, 1], results

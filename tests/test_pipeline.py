@@ -308,3 +308,15 @@ def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch
     data = read_output(tmp_path / "out.h5")
     assert data["ids"].tolist() == list(range(3000))
     np.testing.assert_array_equal(data["values"][2500], record_vector("r2500", 8))
+
+
+def test_a_refused_output_leaves_the_pool_and_its_loaded_workers_usable(tmp_path):
+    from helpers.engine.ownership import OutputError
+
+    pairs = [(i, f"r{i}") for i in range(20)]
+    with WorkerPool(SyntheticWorkload(0.0), ["cpu"], "thread", progress=False) as pool:
+        pool.run(pairs, tmp_path / "a.h5", workunit_size=5)
+        with pytest.raises(OutputError, match="already holds a finished output"):
+            pool.run(pairs, tmp_path / "a.h5", workunit_size=5)  # nothing dispatched
+        stats = pool.run(pairs, tmp_path / "b.h5", workunit_size=5)
+    assert stats.records == 20

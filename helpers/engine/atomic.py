@@ -1,6 +1,7 @@
 """Files written whole or not at all, and closed cleanly even when the disk is full.
 
-``hdf5_replacing(path, room)`` writes a new HDF5 file as ``path.tmp``, fsyncs it and renames it
+``hdf5_replacing(path, room)`` writes a new HDF5 file under a temporary name of gpufeed's own
+(``.NAME.gpufeed-tmp``: never a name someone else's file may have), fsyncs it and renames it
 over ``path`` (atomic): at any instant ``path`` is the old file or the new one, whole. HDF5 must not
 meet a full disk: its clean-up swallows the write errors ("Exception ignored in ObjectID.__dealloc__")
 and the process segfaults later. So the free space is checked first (``room`` bytes and
@@ -19,7 +20,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import h5py
 import numpy as np
 
 STR = h5py.string_dtype("utf-8")
+TEMPORARY_SUFFIX = ".gpufeed-tmp"  # .NAME.gpufeed-tmp: a file being written, renamed when whole
 ROOM_MARGIN = (4 << 20, 0.05)  # bytes, and a share of the file: HDF5's metadata, other writers
 
 
@@ -47,7 +49,7 @@ def hdf5_replacing(path: Path, room: int = 0, **options: Any) -> Iterator[h5py.F
     replaces ``path`` (fsync'd, renamed); on any failure ``path`` is untouched and no temporary
     file is left."""
     ensure_room(path.parent, room)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary(path)
     f = h5py.File(tmp, "w", **options)
     try:
         yield f
@@ -58,6 +60,18 @@ def hdf5_replacing(path: Path, room: int = 0, **options: Any) -> Iterator[h5py.F
     fsync(tmp)  # the data reaches the disk before the name does
     os.replace(tmp, path)
     fsync(path.parent)
+
+
+def temporary(path: Path) -> Path:
+    """The name ``path`` is written under until it is whole."""
+    return path.with_name(f".{path.name}{TEMPORARY_SUFFIX}")
+
+
+def is_temporary(name: str) -> str | None:
+    """The name a temporary file is written for, if ``name`` is one."""
+    if name.startswith(".") and name.endswith(TEMPORARY_SUFFIX):
+        return name[1:-len(TEMPORARY_SUFFIX)]
+    return None
 
 
 def _abandon(f: h5py.File, tmp: Path) -> None:
@@ -107,17 +121,23 @@ def fsync(path: Path) -> None:
 
 
 @contextmanager
-def uninterrupted() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back for the block, then deliver the first that came (only the
-    main thread receives Python's signals; elsewhere this does nothing)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def uninterrupted(on_signal: Callable[[], None] | None = None) -> Iterator[list[int]]:
+    """Hold SIGINT and SIGTERM back for the block, then deliver the first that came; the block
+    sees the signals held so far (a list), and ``on_signal`` is called as each comes (only the
+    main thread receives Python's signals; elsewhere this holds nothing back)."""
     pending: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _: pending.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+
+    def hold(signum: int, frame: Any) -> None:
+        pending.append(signum)
+        if on_signal is not None:
+            on_signal()
+
+    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield pending
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)

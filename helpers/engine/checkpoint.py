@@ -4,13 +4,13 @@ An HDF5 file whose writer is killed mid-write is often left unreadable (its meta
 the writer and written back in no safe order). So the file being written is never one people read::
 
     out.h5.parts/part-L0-00000007-00000007.h5   one part: >= PART_ROWS rows (or PART_BYTES, or
-                                                FLUSH_SECONDS' worth), written as .tmp, fsync'd,
-                                                renamed; its ids as ranges in resume/
+                                                FLUSH_SECONDS' worth), written under a temporary
+                                                name, fsync'd, renamed; its ids in resume/
     out.h5.parts/part-L1-00000000-00000031.h5   COMPACT_PARTS small parts (a slow run's timed
                                                 flushes) merged into one
     out.h5                                      an index of virtual datasets over every part,
-                                                rewritten (as .tmp, then renamed) once the last
-                                                rewrite is INDEX_EVERY times its own cost old
+                                                rewritten (temporary name, then renamed) once
+                                                the last is INDEX_EVERY times its own cost old
 
 A rename is atomic, so at any instant every part and the index are whole files: a run killed with
 SIGKILL loses only the rows it had not yet written to a part; the index may lag the parts by the
@@ -26,15 +26,17 @@ parts (h5py reads it like any file; keep the folder beside it), and ``compact`` 
 helpers compact out.h5``) copies it into one file when someone wants that. A merge writes the new
 file and the index that points to it before it deletes what it merged; a crash in between leaves
 parts whose range another part covers, and they are dropped the next time (``Parts.scan``).
-If the final merge fails (a full disk), the finished output stays the index over its parts, as a
-big one does. A folder holding a file gpufeed did not write is never scanned, written or removed.
+If the final merge finds no room on the disk, the finished output stays the index over its parts,
+as a big one does. Only the files gpufeed wrote are ever removed: a parts folder holding anything
+else is refused at the start and kept at the end (and a folder that is a link to another disk
+keeps its target). The index names its parts relative to itself, '%' escaped as HDF5 wants.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +46,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from helpers.engine.atomic import STR, WriteBack, fsync, hdf5_replacing, set_attrs
+from helpers.engine.atomic import (STR, WriteBack, fsync, hdf5_replacing, is_temporary, set_attrs,
+                                   temporary)
 from helpers.engine.id_ranges import IdRanges
 from helpers.engine.protocol import TEXT, OutputSpec
 
@@ -91,12 +94,40 @@ def parts_folder(path: str | os.PathLike) -> Path:
     return path.with_name(path.name + ".parts")
 
 
+def _ours(path: Path) -> bool:
+    """A part, or a part being written (``.part-...h5.gpufeed-tmp``; ``part-...h5.tmp`` from
+    gpufeed before FORMAT 2)."""
+    name = is_temporary(path.name) or path.name.removesuffix(".tmp")
+    return bool(_NAME.match(name)) and path.is_file() and not path.is_symlink()
+
+
 def foreign_files(folder: Path) -> list[Path]:
-    """What ``folder`` holds that gpufeed did not write (a part, or a part's .tmp)."""
+    """What ``folder`` holds that gpufeed did not write."""
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir()
-                  if not _NAME.match(p.name.removesuffix(".tmp")) or not p.is_file())
+    return sorted(p for p in folder.iterdir() if not _ours(p))
+
+
+def remove_folder(folder: Path, files: list[Path]) -> None:
+    """Remove ``files`` (gpufeed's), then ``folder`` if nothing else is in it (a link to a folder
+    elsewhere: the link); what gpufeed did not write stays, and is said."""
+    for path in files:
+        path.unlink(missing_ok=True)
+    if not folder.exists():
+        return
+    left = []
+    for path in folder.iterdir():
+        if _ours(path):
+            path.unlink()  # a temporary file a crash left, say
+        else:
+            left.append(path)
+    if left:
+        log.warning("%s: kept, for the %d file(s) in it that gpufeed did not write (%s)",
+                    folder, len(left), ", ".join(p.name for p in left[:3]))
+    elif folder.is_symlink():
+        folder.unlink()
+    else:
+        folder.rmdir()
 
 
 def columns(outputs: Mapping[str, OutputSpec]) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -139,7 +170,7 @@ class Parts:
         for path in self.folder.iterdir():
             match = _NAME.match(path.name)
             if match is None:
-                drop.append(path)  # a .tmp left by a crash mid-write
+                drop.append(path)  # a temporary file left by a crash mid-write
                 continue
             level, first, last = map(int, match.groups())
             found.append((first, -last, level, path))
@@ -217,9 +248,14 @@ class Parts:
         self._done, self._positions = self._done.union(ids), self._positions.union(rejected)
 
     def remove(self) -> None:
-        """Delete the parts folder (overwrite: the caller checked that it holds only parts)."""
+        """Delete the parts folder (overwrite); ValueError, before anything goes, if it holds a
+        file gpufeed did not write."""
+        foreign = foreign_files(self.folder)
+        if foreign:
+            raise ValueError(f"{self.folder}: holds {foreign[0].name!r}, which gpufeed did not "
+                             f"write; nothing there is touched")
         if self.folder.exists():
-            shutil.rmtree(self.folder)
+            remove_folder(self.folder, list(self.folder.iterdir()))
 
     def _compact(self) -> bool:
         """Merge the last COMPACT_PARTS parts while they are small and of one level; True if
@@ -267,7 +303,8 @@ class Parts:
                 layout = h5py.VirtualLayout(shape=(total, *shape), dtype=dtype)
                 start = 0
                 for part, n in sizes:
-                    source = os.path.relpath(part.path, self.path.parent)
+                    # HDF5 reads '%' in a source's name as a format code: '%%' is one '%'
+                    source = os.path.relpath(part.path, self.path.parent).replace("%", "%%")
                     layout[start:start + n] = h5py.VirtualSource(source, name, shape=(n, *shape))
                     start += n
                 f.create_virtual_dataset(name, layout)
@@ -286,13 +323,15 @@ class Parts:
                 with hdf5_replacing(self.path, sum(p.size for p in self.parts)) as out:
                     merge_into(out, self.parts, self.columns,
                                {**self.attrs, OUTPUT_MARK: FORMAT})
-            except OSError as exc:  # the disk is full, say: every row is in the parts already
-                log.warning("%s: could not merge the parts into one file (%s); the output stays "
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:  # a part gone, say: not a finished output
+                    raise
+                log.warning("%s: no room to merge the parts into one file (%s); the output stays "
                             "the index over them, complete (`python -m helpers compact %s` once "
-                            "there is room)", self.path, exc, self.path)
+                            "there is room)", self.path, exc.strerror, self.path)
             else:
                 self.bytes_written += self.path.stat().st_size
-                shutil.rmtree(self.folder)
+                remove_folder(self.folder, [p.path for p in self.parts])
                 self.parts = []  # the output is the one file now
                 return
         self.write_index({})
@@ -360,20 +399,28 @@ def done_in(f: h5py.File) -> tuple[IdRanges, IdRanges]:
 
 
 def compact(path: str | os.PathLike) -> int:
-    """Copy the index ``path`` and the parts it points to into one self-contained file at
-    ``path``, then remove the parts; returns the bytes written. ValueError if ``path`` is not an
-    index (already one file)."""
+    """Copy the index ``path`` of a finished run and the parts it points to into one
+    self-contained file at ``path``, then remove those parts; returns the bytes written.
+    ValueError if ``path`` is not an index (already one file), is not complete (``--resume``
+    finishes it first), or names a part that is missing."""
     path = Path(path)
     if not path.is_file() or not is_index(path):
         raise ValueError(f"{str(path)!r}: not the index of a run (already one file, or missing)")
     with h5py.File(path, "r") as index:
+        if not index.attrs.get("complete", False):
+            raise ValueError(f"{str(path)!r}: its run did not finish; `--resume` finishes it "
+                             f"(parts written after the index's last rewrite are not in it yet)")
         cols = {name: (index[name].shape[1:], index[name].dtype) for name in _datasets(index)}
         attrs = {k: v for k, v in index.attrs.items() if k != INDEX_MARK}
-    folder = parts_folder(path)
-    size = sum(p.stat().st_size for p in folder.glob("*.h5")) if folder.is_dir() else 0
-    with hdf5_replacing(path, size) as out:
+        parts = sorted({path.parent / s.file_name.replace("%%", "%") for name in cols
+                        if index[name].is_virtual for s in index[name].virtual_sources()})
+    missing = [p for p in parts if not p.is_file()]
+    if missing:
+        raise ValueError(f"{str(path)!r}: its part {missing[0].name!r} is missing "
+                         f"({len(missing)} in all): its rows would read as zeros")
+    with hdf5_replacing(path, sum(p.stat().st_size for p in parts)) as out:
         merge_into(out, [Part(path, 0, 0, 0, 0, 0)], cols, attrs)
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_folder(parts_folder(path), parts)
     return path.stat().st_size
 
 

@@ -41,12 +41,12 @@ from typing import Any
 import h5py
 import numpy as np
 
-from helpers.engine.atomic import set_attrs, uninterrupted
+from helpers.engine.atomic import set_attrs, temporary, uninterrupted
 from helpers.engine.checkpoint import (CHUNK_RECORDS, FORMAT, OUTPUT_MARK, PART_BYTES, PART_ROWS,
                                        Parts, columns, is_index)
 from helpers.engine.fingerprint import INPUT_ATTR, WORKLOAD_ATTR, decode
 from helpers.engine.id_ranges import IdRanges
-from helpers.engine.ownership import check_output, owning
+from helpers.engine.ownership import check_output, output_path, owning
 from helpers.engine.protocol import NO_ID, TEXT, OutputSpec
 
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
@@ -68,7 +68,8 @@ class HDF5Sink:
             raise ValueError(f"outputs: {sorted(reserved)} are reserved dataset names")
         if resume and not durable:
             raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
-        self.path, self.outputs = Path(path), dict(outputs)
+        self.outputs = dict(outputs)
+        self.path = output_path(path)  # a link is written through
         self.attrs = {**(attrs or {}), OUTPUT_MARK: FORMAT}
         self.columns = columns(self.outputs)
         self._blocks: list[dict[str, np.ndarray]] = []
@@ -99,6 +100,7 @@ class HDF5Sink:
     def _open_parts(self, mode: str, fingerprints: Mapping[str, Any]) -> None:
         parts = self._parts = Parts(self.path, self.outputs,
                                     {k: self.attrs[k] for k in fingerprints})
+        temporary(self.path).unlink(missing_ok=True)  # an index a crash left half-written
         if mode == "overwrite":
             parts.remove()
         if mode == "resume" and self.path.exists() and not is_index(self.path):
@@ -117,6 +119,7 @@ class HDF5Sink:
     def _open_in_place(self, mode: str) -> None:
         if mode == "overwrite":
             Parts(self.path, self.outputs).remove()
+            self.path.unlink(missing_ok=True)  # not truncated: another name of it keeps its rows
         self._file = f = h5py.File(self.path, "w")
         for name, (shape, dtype) in self.columns.items():
             f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
@@ -222,23 +225,26 @@ class HDF5Sink:
     def close(self, complete: bool = True) -> None:
         """Write what is left; a complete durable run is finished (one file, or the index over
         big parts), an incomplete one keeps its index and parts for ``resume``. The output's
-        lock is released last."""
+        lock is released last.
+
+        Ctrl-C and SIGTERM wait until the output is whole (a signal inside HDF5's clean-up is
+        lost, and a writer thread left inside HDF5 hangs the interpreter's exit); closing an
+        incomplete run (interrupted already), another one drops the parts not yet begun (a
+        resumed run redoes their rows) so that the run ends at once."""
         if self._closed:
             return
         self._closed = True
-        with self._lock:
-            try:
+        with self._lock, uninterrupted(None if complete else self._writer.abandon) as signals:
+            if not signals:
                 self._hand_off()
-            finally:
-                self._writer.close()  # waits for every handed-off part
-            with uninterrupted():  # a signal inside HDF5's clean-up would be lost
-                if self._parts is not None:
-                    if complete:
-                        self._parts.finish(self.attrs)
-                    else:
-                        self._parts.refresh_index(force=True)
-                elif self._file.id.valid:
-                    self._file.close()
+            self._writer.close()
+            if self._parts is not None:
+                if complete:
+                    self._parts.finish(self.attrs)
+                else:
+                    self._parts.refresh_index(force=True)
+            elif self._file.id.valid:
+                self._file.close()
 
     def __enter__(self) -> "HDF5Sink":
         return self
@@ -250,10 +256,14 @@ class HDF5Sink:
 class _WriterThread(threading.Thread):
     """Runs ``write(blocks)`` for each handed-off part, in order, behind a queue of at most
     WRITE_AHEAD_BYTES; calls ``idle()`` every IDLE_SECONDS when there is nothing to write. An
-    exception stops it; the next ``put``, ``check``, ``drain`` or ``close`` raises it."""
+    exception stops it; the next ``put``, ``check``, ``drain`` or ``close`` raises it.
+
+    Not a daemon: the interpreter waits for the part it is writing before it exits (a daemon
+    thread stopped inside HDF5 holds h5py's lock, and the exit then hangs on it); once the main
+    thread has ended, it drops what is still queued and ends."""
 
     def __init__(self, write: Callable[[list], None], idle: Callable[[], None]) -> None:
-        super().__init__(name="gpufeed-writer", daemon=True)
+        super().__init__(name="gpufeed-writer", daemon=False)
         self._write, self._idle = write, idle
         self._queue: deque[tuple[list, int]] = deque()
         self._queued_bytes, self._busy, self._closing = 0, False, False
@@ -292,6 +302,13 @@ class _WriterThread(threading.Thread):
         self.join()
         self._raise()
 
+    def abandon(self) -> None:
+        """Drop what is queued: the thread ends after the part it is writing."""
+        with self._lock:
+            self._queue.clear()
+            self._queued_bytes, self._closing = 0, True
+            self._lock.notify_all()
+
     def _raise(self) -> None:
         if self.error is not None:
             raise RuntimeError(f"the writer thread failed: {type(self.error).__name__}: "
@@ -299,6 +316,8 @@ class _WriterThread(threading.Thread):
 
     def run(self) -> None:
         while True:
+            if not threading.main_thread().is_alive():
+                self.abandon()  # nobody will close us: the process is ending
             with self._lock:
                 if not self._queue and not self._closing:
                     self._lock.wait(IDLE_SECONDS)
@@ -320,8 +339,9 @@ class _WriterThread(threading.Thread):
                     self._lock.notify_all()
                 return
             with self._lock:
-                self._queue.popleft()
-                self._queued_bytes -= item[1]
+                if self._queue and self._queue[0] is item:  # (abandon() may have emptied it)
+                    self._queue.popleft()
+                    self._queued_bytes -= item[1]
                 self._busy = False
                 self._lock.notify_all()
 
@@ -335,6 +355,7 @@ def read_output(path: str | os.PathLike) -> dict[str, Any]:
     20-million-row file is better read in slices with h5py.
     """
     with h5py.File(path, "r") as f:
+        check_parts(f, Path(path))
         order = np.argsort(f["ids"][...], kind="stable")
         data = {name: _values(f[name])[order] for name in f if isinstance(f[name], h5py.Dataset)}
         errors = f["errors"]
@@ -348,6 +369,17 @@ def read_output(path: str | os.PathLike) -> dict[str, Any]:
                                      positions)]
         data["attrs"] = {k: _plain(v) for k, v in f.attrs.items()}
     return data
+
+
+def check_parts(f: h5py.File, path: Path) -> None:
+    """OSError if an index names a part that is not there: HDF5 would read its rows as zeros."""
+    for name in ("ids", "errors/ids"):
+        if name in f and f[name].is_virtual:
+            for source in f[name].virtual_sources():
+                part = path.parent / source.file_name.replace("%%", "%")
+                if not part.is_file():
+                    raise OSError(f"{path}: its part {part.name} is missing (its rows would read "
+                                  f"as zeros); `--resume` redoes them")
 
 
 def rows_written(path: str | os.PathLike) -> int:

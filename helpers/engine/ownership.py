@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -40,11 +41,13 @@ from typing import Any
 
 import h5py
 
+from helpers.engine.atomic import TEMPORARY_SUFFIX
 from helpers.engine.checkpoint import OUTPUT_MARK, foreign_files, parts_folder
 from helpers.engine.fingerprint import (INPUT_ATTR, MOVABLE, WORKLOAD_ATTR, decode, describe,
                                         differences)
 
 LOCK_SUFFIX = ".lock"
+LOCK_MARK = "gpufeed_lock"  # a field of every lock's text: a file without it is not ours
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # flock not supported
 MODES = ("new", "resume", "overwrite")
 
@@ -59,6 +62,23 @@ class OutputLocked(OutputError):
     """Another run holds the output."""
 
 
+def output_path(output: str | os.PathLike) -> Path:
+    """Where an output really is: every link followed (a link to a file on a bigger disk is
+    written through, and locked as its target), whatever the spelling (``./out.h5``, a linked
+    folder). OutputError if the names gpufeed puts beside it would be too long."""
+    path = Path(os.path.realpath(output))
+    folder = path.parent if path.parent.exists() else Path(os.path.realpath("."))
+    try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    if len(os.fsencode(path.name)) + len(TEMPORARY_SUFFIX) + 1 > longest:
+        raise OutputError(f"output name {path.name!r} is too long: gpufeed writes "
+                          f"'.{path.name}{TEMPORARY_SUFFIX}' beside it, and names here may have "
+                          f"{longest} bytes")
+    return path
+
+
 def lock_path(output: str | os.PathLike) -> Path:
     output = Path(output)
     return output.with_name(output.name + LOCK_SUFFIX)
@@ -71,8 +91,9 @@ _guard = threading.Lock()
 @contextmanager
 def owning(output: str | os.PathLike) -> Iterator[None]:
     """Hold ``output``'s lock for the block; OutputLocked naming the holder if another run (or
-    another thread of this process) has it. Nested in the same thread, it is held once."""
-    lock = lock_path(Path(output).absolute())
+    another thread of this process) has it. Nested in the same thread, it is held once. Folders
+    created for the lock are removed again if they are left empty (a refused run leaves none)."""
+    lock = lock_path(output_path(output))
     key, me = str(lock), threading.get_ident()
     with _guard:
         held = _held.get(key)
@@ -86,7 +107,12 @@ def owning(output: str | os.PathLike) -> Iterator[None]:
             with _guard:
                 held[1] -= 1
         return
-    release = _acquire(lock)
+    made = _make_folders(lock.parent)
+    try:
+        release = _acquire(lock)
+    except BaseException:
+        _remove_empty(made)
+        raise
     with _guard:
         _held[key] = [me, 1]
     try:
@@ -95,26 +121,42 @@ def owning(output: str | os.PathLike) -> Iterator[None]:
         with _guard:
             del _held[key]
         release()
+        _remove_empty(made)
 
 
 def holder() -> dict[str, Any]:
     """Who holds a lock: this process."""
     return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-            "command": " ".join(sys.argv)[:300]}
+            "command": " ".join(sys.argv)[:300], LOCK_MARK: True}
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; the ones created, deepest first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    try:
+        for made in reversed(missing):
+            made.mkdir()
+    except OSError as exc:
+        _remove_empty(missing)
+        raise OutputError(f"cannot create the folder {str(made)!r}: {exc.strerror}") from None
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (the output is in it), or gone
+            return
 
 
 def _acquire(lock: Path) -> Any:
     """Take ``lock``; returns the function that releases it."""
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create the folder {str(lock.parent)!r}: {exc.strerror}") from None
     while True:
-        try:
-            fd, created = _open(lock)
-        except OSError as exc:
-            raise OutputError(f"cannot write beside the output: {str(lock)!r}: "
-                              f"{exc.strerror}") from None
+        fd, created = _open(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -131,13 +173,17 @@ def _acquire(lock: Path) -> Any:
                 lock.unlink(missing_ok=True)
             return _acquire_without_flock(lock, exc)
         try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            same = os.fstat(fd).st_ino == os.stat(lock, follow_symlinks=False).st_ino
         except FileNotFoundError:
             same = False
         if same:
             break
         os.close(fd)  # its last holder removed it between our open and our lock: try again
     stale = _read(fd)
+    if stale is None:  # not a lock gpufeed wrote: someone's file with our name
+        os.close(fd)
+        raise OutputError(f"{str(lock)!r} exists and is not a gpufeed lock; gpufeed will not "
+                          f"replace it: move it, or name another output")
     if stale:
         log.warning("%s: took over the lock of a run that is gone (%s)", lock, _who(stale))
     _write(fd, holder())
@@ -153,34 +199,74 @@ def _acquire(lock: Path) -> Any:
 
 
 def _open(lock: Path) -> tuple[int, bool]:
-    """The lock file's descriptor, and whether this call created it."""
+    """The lock file's descriptor, and whether this call created it; a link or anything but a
+    regular file in its place is refused (opening it would write wherever it leads)."""
     try:
-        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
-    except FileExistsError:
-        return os.open(lock, os.O_RDWR), False
+        try:
+            return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), True
+        except FileExistsError:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise IsADirectoryError(errno.EISDIR, "not a file")
+        return fd, False
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) or \
+                (lock.is_symlink() or (lock.exists() and not lock.is_file())):
+            raise OutputError(f"{str(lock)!r} exists and is not a gpufeed lock (a link, or not a "
+                              f"file); gpufeed will not write through it: move it, or name "
+                              f"another output") from None
+        raise OutputError(f"cannot write beside the output: {str(lock)!r}: "
+                          f"{exc.strerror}") from None
 
 
 def _acquire_without_flock(lock: Path, why: OSError) -> Any:
     """The lock as a file created exclusively (a filesystem without flock): refused while it
-    exists, unless its owner was a process of this machine that is gone."""
+    exists, unless its owner was a process of this machine that is gone (``_break``)."""
     log.warning("%s: this filesystem has no working locks (%s); the lock is a file created "
                 "exclusively instead", lock, why.strerror)
     for _ in range(2):
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except FileExistsError:
             owner = _read_path(lock)
-            if owner.get("host") == socket.gethostname() and not _alive(owner):
-                log.warning("%s: took over the lock of a run that is gone (%s)", lock, _who(owner))
-                lock.unlink(missing_ok=True)
+            if owner and owner.get("host") == socket.gethostname() and not _alive(owner) \
+                    and _break(lock, owner):
                 continue
             raise OutputLocked(f"{str(lock.with_suffix(''))!r} is held by another run "
-                               f"({_who(owner)}); if that run is gone, remove {str(lock)!r}"
-                               ) from None
-        _write(fd, holder())
+                               f"({_who(owner or {})}); if that run is gone, remove "
+                               f"{str(lock)!r}") from None
+        mine = holder()
+        _write(fd, mine)
         os.close(fd)
-        return lambda: lock.unlink(missing_ok=True)
+
+        def release(mine: dict = mine) -> None:
+            if _read_path(lock) == json.loads(json.dumps(mine)):  # still ours
+                lock.unlink(missing_ok=True)
+
+        return release
     raise OutputLocked(f"{str(lock)!r}: could not take the lock")
+
+
+def _break(lock: Path, stale: Mapping[str, Any]) -> bool:
+    """Remove the lock a dead run left, only if it is still that one: moved aside under a name
+    of our own first, then read (two runs breaking it at once: the second moves the first's
+    new lock aside, sees it is not the stale one, and puts it back)."""
+    aside = lock.with_name(f"{lock.name}.{os.getpid()}.{threading.get_ident()}.stale")
+    try:
+        os.rename(lock, aside)
+    except FileNotFoundError:
+        return True  # someone else broke it: try to create ours
+    if _read_path(aside) == stale:
+        log.warning("%s: took over the lock of a run that is gone (%s)", lock, _who(stale))
+        aside.unlink(missing_ok=True)
+        return True
+    try:
+        os.link(aside, lock)  # not the stale one: give it back, unless yet another run took it
+    except FileExistsError:
+        pass
+    aside.unlink(missing_ok=True)
+    return False
 
 
 def _alive(owner: Mapping[str, Any]) -> bool:
@@ -200,25 +286,36 @@ def _write(fd: int, owner: Mapping[str, Any]) -> None:
     os.pwrite(fd, json.dumps(owner).encode(), 0)
 
 
-def _read(fd: int) -> dict[str, Any]:
+def _parse(text: bytes) -> dict[str, Any] | None:
+    """A lock's holder; {} for an empty lock (its run died between creating and writing it);
+    None if the text is not a gpufeed lock at all."""
+    if not text.strip():
+        return {}
     try:
-        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+        owner = json.loads(text)
     except ValueError:
-        return {}
+        return None
+    return owner if isinstance(owner, dict) and owner.get(LOCK_MARK) is True else None
 
 
-def _read_path(lock: Path) -> dict[str, Any]:
+def _read(fd: int) -> dict[str, Any] | None:
+    return _parse(os.pread(fd, 4096, 0))
+
+
+def _read_path(lock: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(lock.read_bytes() or b"{}")
-    except (OSError, ValueError):
+        return _parse(lock.read_bytes())
+    except OSError:
         return {}
 
 
-def _who(owner: Mapping[str, Any]) -> str:
+def _who(owner: Mapping[str, Any] | None) -> str:
     if not owner:
-        return "it has not said who it is yet"
-    started = owner.get("started")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+        return "it has not said who it is"
+    try:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(owner["started"])))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        when = "?"
     return f"pid {owner.get('pid')} on {owner.get('host')}, started {when}: " \
            f"{owner.get('command', '')}".rstrip(": ")
 
@@ -232,7 +329,7 @@ def check_output(output: str | os.PathLike, *, resume: bool, overwrite: bool,
     ``inputs``: the paths the run reads (an output may not be one of them). ``fingerprints``:
     this run's ``{INPUT_ATTR: ..., WORKLOAD_ATTR: ...}``, compared on resume with the output's.
     """
-    path = Path(output)
+    path = output_path(output)
     if resume and overwrite:
         raise OutputError("resume and overwrite: choose one (resume keeps what the output holds, "
                           "overwrite replaces it)")

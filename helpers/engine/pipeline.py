@@ -76,7 +76,7 @@ from helpers.engine.fingerprint import as_attrs, input_paths
 from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
 from helpers.engine.hdf5_sink import HDF5Sink
 from helpers.engine.messages import POLL_SECONDS, Result, WorkerInfo, Workunit
-from helpers.engine.ownership import check_output, owning
+from helpers.engine.ownership import OutputError, check_output, owning
 from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
 from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery, RemoteTraceback,
@@ -305,6 +305,8 @@ class WorkerPool:
             raise PipelineError("this pool stopped after a failed job; start another pool")
         try:
             yield
+        except OutputError:  # refused before the job began: nothing is in flight
+            raise
         except BaseException:
             self._broken = True
             raise

@@ -29,7 +29,7 @@ def image_rows(data: Mapping[str, Any], paths: Mapping[int, str] | None = None) 
             for k, record_id in enumerate(data["ids"].tolist())]
     rows += [{"id": error["id"], "path": paths.get(error["id"], ""),
               "error": f"{error['type']}: {error['message']}"} for error in data["errors"]]
-    return sorted(rows, key=lambda row: row["id"])
+    return sorted(rows, key=lambda row: (row["id"] is None, row["id"] or 0))  # no id: last
 
 
 def write_csv(data: Mapping[str, Any], path: str | os.PathLike,
@@ -41,6 +41,15 @@ def write_csv(data: Mapping[str, Any], path: str | os.PathLike,
         writer.writeheader()
         writer.writerows({k: _plain(v) for k, v in row.items()} for row in image_rows(data, paths))
     return path
+
+
+def is_table(path: str | os.PathLike) -> bool:
+    """True for a regular file whose first line is the header ``write_csv`` writes."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return False
+    with open(path, newline="", errors="replace") as f:
+        return f.readline(4096).rstrip("\r\n") == ",".join(CSV_COLUMNS)
 
 
 def _plain(value: Any) -> Any:
