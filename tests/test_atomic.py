@@ -90,7 +90,7 @@ def _in_tmpfs(tmp_path: Path, size: str, steps: str, records: int) -> list[dict]
     disk.mkdir()
     run = (f"{sys.executable} -m helpers run --input {source} --output {disk}/out.h5 "
            f"--workload synthetic --seconds-per-record 0 --devices cpu --backend thread "
-           f"--workunit-size 1000 --no-progress")
+           f"--workunit-size 8192 --no-progress")
     script = (f"mount -t tmpfs -o size={size} tmpfs {disk}\n"
               f"RUN='{run}'; OUT={disk}/out.h5; DISK={disk}\n"
               f"COMPACT='{sys.executable} -m helpers compact {disk}/out.h5'\n"

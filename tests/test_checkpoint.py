@@ -233,7 +233,7 @@ def test_a_run_killed_after_its_final_merge_but_before_removing_its_parts_resume
         tmp_path, monkeypatch):
     out = tmp_path / "out.h5"
     with monkeypatch.context() as patch:
-        patch.setattr(helpers.engine.checkpoint.shutil, "rmtree", lambda *a, **k: None)  # killed there
+        patch.setattr(helpers.engine.checkpoint, "remove_folder", lambda *a, **k: None)  # killed there
         with HDF5Sink(out, SPEC) as sink:
             for start in (0, 10):
                 ids = np.arange(start, start + 10)

@@ -222,7 +222,7 @@ def test_sigterm_during_the_final_merge_is_not_lost_and_the_output_is_whole(tmp_
     assert not (tmp_path / "o.h5.parts").exists()  # merged into one file before the exit
 
 
-@pytest.mark.parametrize("after_s", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize("after_s", [0.3, 0.9])
 def test_ctrl_c_pressed_again_and_again_ends_the_run_at_once_and_never_hangs(tmp_path, after_s):
     """Five SIGINTs 3 ms apart: a second KeyboardInterrupt once escaped the wait for the writer
     thread, which was left inside HDF5 as the interpreter exited: the exit hung on h5py's lock."""

@@ -64,12 +64,12 @@ def test_a_second_run_on_the_same_output_is_refused_at_once_and_the_first_keeps_
         tmp_path, a_and_b):
     a, b = a_and_b
     out = tmp_path / "out.h5"
-    first = cli("--input", a, "--output", out, "--seconds-per-record", "0.008", wait=False)
+    first = cli("--input", a, "--output", out, "--seconds-per-record", "0.006", wait=False)
     deadline = time.monotonic() + 60
     while not rows_written(out):  # A is writing
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.05)
-    for flags in ([], ["--overwrite"], ["--resume"]):
+    for flags in ([], ["--overwrite"]):  # (--resume meets the same lock)
         started = time.monotonic()
         second = cli("--input", b, "--output", out, *flags)
         assert second.returncode == 2, second.stderr
@@ -144,10 +144,11 @@ def test_without_working_flock_the_lock_is_a_file_created_exclusively(tmp_path, 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True)
     lock_path(out).write_text(json.dumps({"pid": int(gone.stdout), "host": os.uname().nodename,
-                                          "started": time.time() - 5}))
+                                          "started": time.time() - 5, ownership.LOCK_MARK: True}))
     with owning(out):  # a dead process of this machine left it: taken over
         pass
-    lock_path(out).write_text(json.dumps({"pid": 1, "host": "another-machine", "started": 0}))
+    lock_path(out).write_text(json.dumps({"pid": 1, "host": "another-machine", "started": 0,
+                                          ownership.LOCK_MARK: True}))
     assert "another-machine" in _try_owning(out)  # cannot tell: refused, named
 
 
@@ -227,7 +228,8 @@ def test_an_output_that_is_a_folder_or_a_read_only_place_gets_an_error_line(tmp_
     plain = tmp_path / "plain.txt"
     plain.write_text("x")
     done = cli("--input", a, "--output", plain / "out.h5")  # a folder that is a file
-    assert done.returncode == 2 and "error: cannot create the folder" in done.stderr
+    assert done.returncode == 2 and "error: cannot write beside the output" in done.stderr
+    assert "Not a directory" in done.stderr
     assert "Traceback" not in done.stderr
     done = cli("--input", a, "--output", tmp_path / "o.h5", "--seconds-per-record", "inf")
     assert done.returncode == 2 and "seconds_per_record: expected a finite" in done.stderr
