@@ -71,6 +71,15 @@ def _can_mount() -> bool:
 needs_tmpfs = pytest.mark.skipif(not _can_mount(), reason="cannot mount a tmpfs here "
                                                           "(unshare -rm)")
 
+SMALL = """
+import sys
+import helpers.engine.atomic, helpers.engine.checkpoint, helpers.engine.hdf5_sink
+from helpers.cli import main
+# a disk of a few hundred KiB stands for a big one: parts of 4,096 rows, 64 KiB kept free
+helpers.engine.atomic.ROOM_MARGIN = (64 << 10, 0.05)
+helpers.engine.checkpoint.PART_ROWS = helpers.engine.hdf5_sink.PART_ROWS = 4096
+sys.exit(main(sys.argv[1:]))
+"""
 CHECK = """
 import json, sys
 import numpy as np
@@ -79,24 +88,26 @@ data = read_output(sys.argv[1])
 print(json.dumps({"rows": len(data["ids"]), "once": bool(np.array_equal(data["ids"],
                   np.arange(int(sys.argv[2])))), "complete": bool(data["attrs"]["complete"])}))
 """
+RECORDS = 16_000  # four parts of ~160 KiB
 
 
-def _in_tmpfs(tmp_path: Path, size: str, steps: str, records: int) -> list[dict]:
+def _in_tmpfs(tmp_path: Path, size: str, steps: str) -> list[dict]:
     """Run ``steps`` (shell, with $RUN, $COMPACT, $OUT and $CHECK) in a namespace with a tmpfs of
     ``size`` at $DISK; returns the JSON lines they printed."""
     source = tmp_path / "in.jsonl"
-    source.write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(records)))
+    source.write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(RECORDS)))
     disk = tmp_path / "disk"
     disk.mkdir()
-    run = (f"{sys.executable} -m helpers run --input {source} --output {disk}/out.h5 "
+    (tmp_path / "small.py").write_text(SMALL)
+    (tmp_path / "check.py").write_text(CHECK)
+    run = (f"{sys.executable} {tmp_path}/small.py run --input {source} --output {disk}/out.h5 "
            f"--workload synthetic --seconds-per-record 0 --devices cpu --backend thread "
-           f"--workunit-size 8192 --no-progress")
+           f"--workunit-size 1000 --no-progress")
     script = (f"mount -t tmpfs -o size={size} tmpfs {disk}\n"
               f"RUN='{run}'; OUT={disk}/out.h5; DISK={disk}\n"
-              f"COMPACT='{sys.executable} -m helpers compact {disk}/out.h5'\n"
-              f"CHECK='{sys.executable} -c \"$(cat {tmp_path}/check.py)\" $OUT {records}'\n"
+              f"COMPACT='{sys.executable} {tmp_path}/small.py compact {disk}/out.h5'\n"
+              f"CHECK='{sys.executable} {tmp_path}/check.py $OUT {RECORDS}'\n"
               f"{steps}\n")
-    (tmp_path / "check.py").write_text(CHECK)
     done = subprocess.run(["unshare", "-rm", "bash", "-c", script], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=200, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -111,10 +122,10 @@ def test_no_room_for_the_final_merge_leaves_the_output_complete_as_its_index(tmp
              "$COMPACT 2> compact.err; echo \"{\\\"compact\\\": $?}\"\n"
              "grep -c 'error: .*No space left' compact.err | sed 's/.*/{\"said\": &}/'\n"
              "eval $CHECK")
-    results = _in_tmpfs(tmp_path, "13m", steps, 160_000)
+    results = _in_tmpfs(tmp_path, "1200k", steps)
     merged = {k: v for line in results for k, v in line.items()}
-    assert results[0] == {"exit": 0}  # the run is complete: every row is in its parts
-    assert results[1] == {"rows": 160_000, "once": True, "complete": True}
+    assert results[0] == {"exit": 0}, (tmp_path / "run.err").read_text()[-2000:]  # not -11
+    assert results[1] == {"rows": RECORDS, "once": True, "complete": True}
     assert merged["warned"] == 1
     assert merged["compact"] == 1 and merged["said"] == 1  # no room to compact either: said so
     assert results[-1] == results[1]  # and the output is as it was
@@ -125,12 +136,12 @@ def test_a_disk_that_fills_mid_run_is_an_error_line_and_resume_finishes_once(tmp
     steps = ("$RUN > run.out 2> run.err; echo \"{\\\"exit\\\": $?}\"\n"
              "grep -c '^error: .*No space left on device' run.err | "
              "sed 's/.*/{\"said\": &}/'\n"
-             "mount -o remount,size=40m $DISK\n"
+             "mount -o remount,size=4m $DISK\n"
              "$RUN --resume > resume.out 2> resume.err; echo \"{\\\"resumed\\\": $?}\"\n"
              "eval $CHECK")
-    results = _in_tmpfs(tmp_path, "7m", steps, 160_000)
+    results = _in_tmpfs(tmp_path, "500k", steps)
     assert results[0] == {"exit": 1}, (tmp_path / "run.err").read_text()[-2000:]  # not -11
     assert results[1] == {"said": 1}
     assert "Traceback" not in (tmp_path / "run.err").read_text()
     assert results[2] == {"resumed": 0}, (tmp_path / "resume.err").read_text()[-2000:]
-    assert results[3] == {"rows": 160_000, "once": True, "complete": True}
+    assert results[3] == {"rows": RECORDS, "once": True, "complete": True}

@@ -50,15 +50,17 @@ def test_workers_die_with_their_parent_even_mid_workunit(tmp_path, started_from)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     killed = time.monotonic()
-    gone, alive = psutil.wait_procs(workers, timeout=GONE_SECONDS)
-    alive = [p for p in alive if _running(p)]  # a zombie is dead: init reaps it when it can
+    while (alive := [w for w in workers if _running(w)]) and \
+            time.monotonic() - killed < GONE_SECONDS:
+        time.sleep(0.02)
     assert not alive, f"workers outlived their parent: {[p.pid for p in alive]}"
-    assert time.monotonic() - killed < GONE_SECONDS
-    _, left = psutil.wait_procs(tracker, timeout=5)  # ... and multiprocessing's tracker after them
-    assert not [p for p in left if _running(p)]
+    while any(_running(t) for t in tracker) and time.monotonic() - killed < 5:
+        time.sleep(0.05)  # ... and multiprocessing's tracker after them
+    assert not [t for t in tracker if _running(t)]
 
 
 def _running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (a dead worker whose new parent, init, has not reaped it yet)."""
     try:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
