@@ -13,15 +13,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 LEFTOVER_GRACE_SECONDS = 5.0  # a finished run's children must be gone within this
 
 
-def _children() -> list[psutil.Process]:
-    """Live child processes, ignoring multiprocessing's resource tracker (one per interpreter)."""
+def live_children(parent: psutil.Process | None = None) -> list[psutil.Process]:
+    """``parent``'s live descendants (default: this process's), ignoring multiprocessing's
+    resource tracker (one per interpreter) and any that ends or is a zombie while looked at (a
+    short-lived helper such as platform's ``uname -p``)."""
     alive = []
-    for child in psutil.Process().children(recursive=True):
+    for child in (parent or psutil.Process()).children(recursive=True):
         try:
             if child.status() != psutil.STATUS_ZOMBIE and \
                     "resource_tracker" not in " ".join(child.cmdline()):
                 alive.append(child)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
             pass
     return alive
 
@@ -29,10 +31,10 @@ def _children() -> list[psutil.Process]:
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
     """Every test must leave no worker process behind, and shut down quickly."""
-    before = {p.pid for p in _children()}
+    before = {p.pid for p in live_children()}
     yield
     deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
-    while (left := [p for p in _children() if p.pid not in before]) and time.monotonic() < deadline:
+    while (left := [p for p in live_children() if p.pid not in before]) and time.monotonic() < deadline:
         time.sleep(0.05)
     for process in left:
         process.kill()

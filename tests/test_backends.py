@@ -7,6 +7,7 @@ import numpy as np
 import psutil
 import pytest
 
+from conftest import live_children
 from helpers.engine.backends import Backend, ProcessBackend, ThreadBackend, Wakeup, make_backend
 from helpers.engine.messages import Died, Ready, Result, WorkerInfo, Workunit
 from helpers.engine.settings import PoolSettings
@@ -39,8 +40,7 @@ def test_a_worker_starts_answers_dies_when_killed_and_leaves_nothing(name):
         assert isinstance(next_event(backend)[1], Ready)
     finally:
         backend.shutdown(clean=True)
-    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
-    assert not [p for p in map(psutil.Process, left) if "resource_tracker" not in " ".join(p.cmdline())]
+    assert not [p for p in live_children() if p.pid not in before]
 
 
 def test_both_backends_have_every_member_of_the_protocol_and_no_other_name_is_one():

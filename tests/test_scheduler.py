@@ -10,9 +10,9 @@ import threading
 import time
 
 import numpy as np
-import psutil
 import pytest
 
+from conftest import live_children
 from helpers import PipelineError, SyntheticWorkload, WorkerPool, read_output, run_pipeline
 from helpers.workloads.synthetic import record_vector
 
@@ -36,8 +36,7 @@ def assert_exactly_once(path, n, missing=()):
 
 
 def worker_pids():
-    return [c.pid for c in psutil.Process().children()
-            if "resource_tracker" not in " ".join(c.cmdline())]
+    return [c.pid for c in live_children()]
 
 
 class Killer(threading.Thread):

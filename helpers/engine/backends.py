@@ -27,6 +27,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import threading
+import time
 from typing import Any, Protocol
 
 from helpers.engine import transfer
@@ -100,15 +101,17 @@ class ProcessBackend:
 
     def shutdown(self, clean: bool) -> None:
         """End every worker (cleanly: END_OF_WORK, else terminate); kill any left after
-        JOIN_SECONDS. Returns once no worker process is left."""
+        JOIN_SECONDS, one deadline for them all (eight stuck workers cost 5 s, not 40). Returns
+        once no worker process is left."""
         workers = list(self._workers.values())
         for worker in workers:
             if clean:
                 worker.outgoing.put(END_OF_WORK)
             elif worker.process.is_alive():
                 worker.process.terminate()
+        deadline = time.monotonic() + JOIN_SECONDS
         for worker in workers:
-            worker.stop(JOIN_SECONDS)
+            worker.stop(deadline)
         self._workers.clear()
 
 
@@ -165,14 +168,15 @@ class _Process:
         self.outgoing.put(None)  # the sender thread ends with its worker
         self._events.put((self.info.index, Died(self.info.index, self.process.exitcode)))
 
-    def stop(self, timeout: float) -> None:
-        self.process.join(timeout)
+    def stop(self, deadline: float) -> None:
+        """Wait until ``deadline`` (time.monotonic) for the process to end, then kill it."""
+        self.process.join(max(0.0, deadline - time.monotonic()))
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
         self.outgoing.put(None)
-        for thread in self._threads:
-            thread.join(timeout)
+        for thread in self._threads:  # they end with the process
+            thread.join(max(0.1, deadline - time.monotonic()))
         for conn in (self._inbox, self._outbox):
             conn.close()
 
@@ -218,8 +222,9 @@ class ThreadBackend:
                 inbox.put(END_OF_WORK)
             else:
                 abandoned.set()
+        deadline = time.monotonic() + JOIN_SECONDS
         for thread, _, _ in self._workers.values():
-            thread.join(None if clean else JOIN_SECONDS)
+            thread.join(None if clean else max(0.0, deadline - time.monotonic()))
         self._workers.clear()
 
 
