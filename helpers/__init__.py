@@ -8,7 +8,7 @@ Three floors, each importing only the floors below it:
   engine's protocol and nothing else of it;
 - ``helpers.study``: what the notebooks use: experiments, findings, plots, result tables.
 
-``helpers.cli`` and ``helpers.bench`` stand on all three. The public names below are imported on
+``helpers.cli``, ``helpers.bench`` and ``helpers.embed`` (the one-liner) stand on all three. The public names below are imported on
 first use (PEP 562), so that a worker process, which imports this package on its way to
 ``helpers.engine.worker``, loads the worker loop and its workload only: not h5py, the scheduler or
 the writer it never runs.
@@ -25,10 +25,14 @@ _PUBLIC = {
     "JobSettings": "helpers.engine.settings",
     "OutputError": "helpers.engine.ownership",
     "PipelineError": "helpers.engine.scheduler",
+    "embed": "helpers.embed",
+    "export": "helpers.engine.export",
     "PipelineStats": "helpers.engine.stats",
     "PoolSettings": "helpers.engine.settings",
     "SyntheticWorkload": "helpers.workloads.synthetic",
     "WorkerPool": "helpers.engine.pipeline",
+    "Source": "helpers.engine.protocol",
+    "TableSource": "helpers.engine.tables",
     "WorkerStats": "helpers.engine.stats",
     "Workload": "helpers.engine.protocol",
     "read_output": "helpers.engine.hdf5_sink",

@@ -4,9 +4,11 @@
 sample (helpers.tuner); ``python -m helpers run --config tuned.yaml ...`` runs it.
 ``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.study.notebooks).
 ``python -m helpers compact out.h5``: a big run's output (an index over its parts) as one file.
+``python -m helpers export out.h5 --to parquet --output out.parquet``: for other tools (also npy).
 
-Exit status: 0 done, 1 failed (a model that does not load, every worker gone, an unreadable
-input, a full disk), 2 bad arguments (an output that is not this run's to write: another run holds
+Exit status: 0 done, 1 failed (a model that does not load, every worker gone, a full disk), 2 bad
+arguments or input (no such input, a format gpufeed does not read, a column that is not there, files
+that disagree on a column's type; an output that is not this run's to write: another run holds
 it, it exists and neither --resume nor --overwrite was given, it is the input, or gpufeed did not
 write it; a --resume of another input or workload), 3 partial (the run finished but some records
 are in the output's ``errors`` table), 130 interrupted (Ctrl-C or SIGTERM: every worker is
@@ -32,7 +34,7 @@ from helpers.engine.hdf5_sink import check_parts, read_output
 from helpers.engine.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
 from helpers.engine.settings import AUTO, BACKENDS, JobSettings, PoolSettings
-from helpers.engine.sources import ImageFolderSource, JSONLSource, SourceError
+from helpers.engine.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
 from helpers.workloads.binning.table import is_table, write_csv
@@ -74,8 +76,8 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
     change the other's."""
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("--input", required=True,
-                        help=".h5 (batches/0, 1, ...) or .jsonl file; a folder of images for "
-                             "binning")
+                        help="a Parquet, CSV/TSV, Arrow, .jsonl or .h5 (batches/0, 1, ...) "
+                             "file, a folder or glob of tables; a folder of images for binning")
     shared.add_argument("--workload", choices=WORKLOADS, default="embedding")
     shared.add_argument("--devices", default=devices,
                         help="one entry per worker, e.g. cuda:0,cuda:0,cpu or cuda:0*2,cpu; "
@@ -84,7 +86,16 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
                         help="process: a spawned process per worker; thread: threads sharing one "
                              "model per device; ray: a Ray actor per worker (pip install "
                              "'gpufeed[ray]')")
-    shared.add_argument("--text-field", default="text", help="JSONL field holding the text")
+    shared.add_argument("--text-column", "--text-field", dest="text_column", default="text",
+                        help="the column (JSONL: field) holding the text")
+    shared.add_argument("--id-column", "--id-field", dest="id_column",
+                        help="the column holding each record's id: integers are the ids; "
+                             "strings are kept as the output's 'keys' (ids: row numbers). "
+                             "Default: row numbers (JSONL: its 'id' field if there)")
+    shared.add_argument("--keep-columns", type=lambda text: [c for c in text.split(",") if c],
+                        default=[], metavar="A,B",
+                        help="a table's other columns to carry to the output beside each row "
+                             "(numbers, booleans, strings)")
     emb = shared.add_argument_group("embedding workload")
     emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
                                      "all-MiniLM-L6-v2, offline); binning: its similarity model")
@@ -178,6 +189,13 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                       help="where tune_trials.csv goes, with its provenance ('' for nowhere)")
     pack = commands.add_parser("compact", help="copy a run's index and its parts into one file")
     pack.add_argument("output", help="the output of a run: an index beside OUTPUT.parts/")
+    out = commands.add_parser("export", help="an output as Parquet or NumPy files (streamed)")
+    out.add_argument("source", metavar="OUTPUT", help="a run's output (.h5)")
+    out.add_argument("--to", choices=("parquet", "npy"), required=True,
+                     help="parquet: one file, vectors as fixed-size lists; npy: a folder of "
+                          "memory-mappable <dataset>.npy")
+    out.add_argument("--output", required=True, help="the file (parquet) or folder (npy) to write")
+    out.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     books = commands.add_parser("notebooks", help="run the notebook suite with papermill")
     books.add_argument("--params", default="cpu",
                        help="parameter set: smoke, cpu, gpu (notebooks/params/) or a .yaml path")
@@ -208,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return notebooks(args)
     if args.command == "compact":
         return compact_output(args.output)
+    if args.command == "export":
+        return export_output(args)
     if args.command == "run" and args.config:
         try:
             args = build_parser(_config_defaults(args.config)).parse_args(argv)
@@ -340,6 +360,24 @@ def compact_output(output: str) -> int:
     return 0
 
 
+def export_output(args: argparse.Namespace) -> int:
+    from helpers.engine.export import export
+
+    started = time.monotonic()
+    try:
+        with owning(args.source):  # not while a run writes it
+            rows = export(args.source, args.to, args.output, overwrite=args.overwrite)
+    except ValueError as exc:  # ExportError, OutputError
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"error: {exc}; nothing was written at {args.output}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{args.output}: {rows:,} rows as {args.to} ({time.monotonic() - started:.1f} s)",
+          file=sys.stderr)
+    return 0
+
+
 def tune(args: argparse.Namespace) -> int:
     """``python -m helpers tune``: the search, its trials table, tuned.yaml."""
     try:
@@ -398,9 +436,8 @@ def _config_defaults(path: str) -> dict[str, Any]:
 def _source(args: argparse.Namespace) -> Any:
     if args.workload == "binning":
         return ImageFolderSource(args.input, follow_symlinks=args.follow_symlinks)
-    if args.text_field != "text":
-        return JSONLSource(args.input, text_field=args.text_field)
-    return args.input
+    return open_source(args.input, text_column=args.text_column, id_column=args.id_column,
+                       keep_columns=args.keep_columns)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -425,8 +462,8 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None) -> Any:
 
 
 def _is_usage(exc: Exception) -> bool:
-    """A bad argument (ValueError from validation), not a failed run or an unreadable input."""
-    return isinstance(exc, ValueError) and not isinstance(exc, SourceError)
+    """A bad argument or input (ValueError from validation, SourceError), not a failed run."""
+    return isinstance(exc, ValueError)
 
 
 if __name__ == "__main__":

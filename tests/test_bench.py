@@ -106,3 +106,18 @@ def test_ray_bench_reports_the_median_ratio_spin_ups_and_the_driver_limit(capsys
     assert "steady state: ray / process = 0.900 (median of 3 interleaved repeats" in out
     assert "spin-up: process 6.0 s; ray 7.0 s after Ray's own start of 12.0 s" in out
     assert "process 100,000, ray 80,000, writer alone 200,000" in out
+
+
+def test_sources_bench_reads_every_format_and_runs_parquet_end_to_end(tmp_path, capsys):
+    from helpers.bench import sources
+
+    table = sources.measure(read_records=30_000, records=60_000, baseline_records=20_000,
+                            repeats=2, folder=str(tmp_path))
+    reads = table[table["run"] == "read"]
+    assert sorted(reads["format"].unique()) == ["csv", "jsonl", "parquet"]
+    assert (reads["rows"] == 30_000).all() and (reads["cpu_s_per_million_rows"] > 0).all()
+    runs = table.set_index("run")
+    assert runs.loc["end_to_end", "rows"] == 60_000 and runs.loc["baseline", "rows"] == 20_000
+    figures = sources.report(table)
+    assert set(figures) == set(sources.GOALS)
+    assert "parquet_read_rows_per_s" in capsys.readouterr().out

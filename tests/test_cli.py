@@ -73,9 +73,9 @@ def test_a_self_tuning_run_from_the_command_line(tmp_path):
     assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(3000))
 
 
-def test_missing_input_exits_1(tmp_path):
+def test_missing_input_exits_2(tmp_path):
     done = cli("--input", str(tmp_path / "nope.h5"), "--output", str(tmp_path / "o.h5"))
-    assert done.returncode == 1 and "no such file" in done.stderr
+    assert done.returncode == 2 and "no such file" in done.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

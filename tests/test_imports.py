@@ -11,7 +11,8 @@ PARENT_ONLY = ["h5py", "pandas", "helpers.engine.scheduler", "helpers.engine.pip
                "helpers.engine.hdf5_sink", "helpers.engine.checkpoint", "helpers.engine.reader",
                "helpers.cli"]
 FLOORS = ("helpers.engine", "helpers.workloads", "helpers.study")  # bottom to top
-ON_TOP = ("helpers", "helpers.__main__", "helpers.cli", "helpers.tuner", "helpers.bench")  # may import any floor
+ON_TOP = ("helpers", "helpers.__main__", "helpers.cli", "helpers.tuner", "helpers.bench",
+          "helpers.embed")  # may import any floor
 WORKLOAD_SEES = {"helpers.engine.protocol"}  # all of the engine a workload may import
 
 

@@ -399,7 +399,7 @@ def test_an_in_place_overwrite_keeps_another_name_of_the_old_file(tmp_path, a_an
 def test_a_refused_run_leaves_no_folder_it_made_and_a_too_long_name_is_refused(tmp_path, a_and_b):
     a, _ = a_and_b
     done = cli("--input", tmp_path / "missing.jsonl", "--output", tmp_path / "new" / "o.h5")
-    assert done.returncode == 1 and not (tmp_path / "new").exists()
+    assert done.returncode == 2 and not (tmp_path / "new").exists()
     long = tmp_path / ("x" * 245 + ".h5")
     done = cli("--input", a, "--output", long)
     assert done.returncode == 2 and "is too long" in done.stderr and not list(

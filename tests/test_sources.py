@@ -54,8 +54,11 @@ def test_hdf5_wrong_layout_names_the_problem(tmp_path, layout, message):
 def test_missing_and_unknown_inputs_fail_before_any_work(tmp_path):
     with pytest.raises(SourceError, match="no such file"):
         open_source(tmp_path / "missing.h5")
-    (tmp_path / "in.csv").write_text("a,b\n")
+    (tmp_path / "in.xlsx").write_text("a,b\n")
     with pytest.raises(SourceError, match="unknown format"):
+        open_source(tmp_path / "in.xlsx")
+    (tmp_path / "in.csv").write_text("a,b\n")
+    with pytest.raises(SourceError, match="no column 'text' .*its columns: a, b"):
         open_source(tmp_path / "in.csv")
     (tmp_path / "junk.h5").write_bytes(b"not hdf5 at all")
     with pytest.raises(SourceError, match="not a readable HDF5"):
@@ -169,3 +172,42 @@ def test_a_fingerprint_changes_with_the_content_and_not_with_a_second_look(tmp_p
     os.utime(path, ns=(modified, modified))
     second = JSONLSource(path).fingerprint()
     assert second["digest"] != first["digest"] and second["modified"] == first["modified"]
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_jsonl_blocks_parsed_by_pyarrow_or_line_by_line_give_the_same_slices(tmp_path, monkeypatch,
+                                                                            keyed):
+    """Blocks of a few lines: most parse whole in pyarrow, those holding a blank line, a broken
+    line, a missing text or an id of another type fall back to the line parser; the records,
+    ids, keys and errors are the same as when every block is parsed line by line."""
+    from helpers.engine import jsonl
+
+    lines = []
+    for i in range(300):
+        record = {"text": f"t{i}", "id": f"k{i}" if keyed else 1000 + i, "extra": [i]}
+        if i % 41 == 5:
+            del record["id"]
+        lines.append(json.dumps(record))
+    lines[17], lines[60], lines[99] = "", "{broken", json.dumps({"id": "x" if not keyed else 5})
+    lines[150] = json.dumps({"text": None, "id": "k150" if keyed else 1150})
+    lines[200] = json.dumps({"text": "dup", "id": "k3" if keyed else 1003})
+    (tmp_path / "in.jsonl").write_text("\n".join(lines))  # no newline at the end
+    monkeypatch.setattr(jsonl, "BLOCK_BYTES", 700)
+
+    def read(**limits):
+        got = list(read_slices(JSONLSource(tmp_path / "in.jsonl"), IdRanges.from_ids(
+            np.arange(1010, 1020) if not keyed else np.arange(10, 20)), **limits,
+            carry=lambda ids, c: keys.extend(c["keys"].tolist())))
+        return [(i, r if not isinstance(r, BadRecord) else (r.error_type, r.position))
+                for ids, records in got for i, r in zip(ids.tolist(), records)]
+
+    keys: list = []
+    parse, whole = jsonl.parse, []
+    monkeypatch.setattr(jsonl, "parse", lambda *a: whole.append(parse(*a)) or whole[-1])
+    fast, fast_keys = read(limit=290), keys
+    assert len(fast) > 250 and sum(p is not None for p in whole) > len(whole) // 2
+    keys = []
+    monkeypatch.setattr(jsonl, "parse", lambda *a: None)
+    assert read(limit=290) == fast and keys == fast_keys
+    assert ("DuplicateId", 200) in [r for _, r in fast]
+    assert max(i for i, _ in fast) == (289 if keyed else 1289)  # the limit: 290 lines

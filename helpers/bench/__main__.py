@@ -1,4 +1,4 @@
-"""``python -m helpers.bench overhead|failures|scale|autotune|ray [--records N] ...``"""
+"""``python -m helpers.bench overhead|failures|scale|autotune|ray|sources [--records N] ...``"""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from helpers.bench import autotune, failures, overhead, ray_backend, scale
+from helpers.bench import autotune, failures, overhead, ray_backend, scale, sources
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     on_ray.add_argument("--repeats", type=int, default=5)
     on_ray.add_argument("--results-dir", default="data/results/cpu",
                         help="where ray_bench_*.csv go ('' to save nothing)")
+    data = commands.add_parser("sources", help=sources.__doc__.splitlines()[0])
+    data.add_argument("--read-records", type=int, default=2_000_000, help="rows per format read")
+    data.add_argument("--records", type=int, default=2_000_000, help="rows of the end-to-end run")
+    data.add_argument("--baseline-records", type=int, default=100_000,
+                      help="the run whose parent RSS the end-to-end run is compared with (0: none)")
+    data.add_argument("--repeats", type=int, default=3)
+    data.add_argument("--folder", help="where the corpora are written (default: the temp folder)")
+    data.add_argument("--results-dir", default="data/results/cpu",
+                      help="where sources_bench.csv goes ('' to save nothing)")
+    data_one = commands.add_parser("sources-run", help="one end-to-end run of `sources`")
+    data_one.add_argument("--input", required=True)
+    data_one.add_argument("--output", required=True)
+    for command in (data, data_one):
+        command.add_argument("--workers", type=int, default=2)
+        command.add_argument("--workunit-size", type=int, default=4096)
     one = commands.add_parser("scale-run", help="one run of `scale`, in this process")
     one.add_argument("--records", type=int, required=True)
     one.add_argument("--output", required=True)
@@ -68,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "ray":
         ray_backend.main(args.records, args.repeats, args.results_dir)
+        return 0
+    if args.command == "sources":
+        sources.main(args.read_records, args.records, args.baseline_records, args.repeats,
+                     args.workers, args.workunit_size, args.folder, args.results_dir)
+        return 0
+    if args.command == "sources-run":
+        print(json.dumps(sources.run_once(args.input, args.output, args.workers,
+                                          args.workunit_size)))
         return 0
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,

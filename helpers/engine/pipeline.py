@@ -63,7 +63,7 @@ import os
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.backends import make_backend
+from helpers.engine.carried import Carried
 from helpers.engine.devices import check_available
 from helpers.engine.fingerprint import as_attrs, input_paths
 from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
@@ -84,7 +85,8 @@ from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery,
 from helpers.engine.settings import (JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
                                      split_options)
 from helpers.engine.sizing import Sizing
-from helpers.engine.sources import open_source, read_slices, records_left, source_length
+from helpers.engine.sources import (carried, open_source, read_slices, records_left,
+                                    source_length)
 from helpers.engine.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
                                   add_phases)
 from helpers.engine.telemetry import Telemetry
@@ -230,13 +232,13 @@ class WorkerPool:
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
         self._sizing.seconds = settings.workunit_seconds
-        with self._guard(), self._sink(output, settings, attrs) as sink:
-            job = _Job(scheduler, settings, sink, started, self._growth)
+        with self._guard(), self._sink(output, settings, attrs, records) as sink:
+            job = _Job(scheduler, settings, sink, started, self._growth, carried(records))
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.done)
             size = self._sizing.largest() if settings.auto_size else settings.workunit_size
             reader = Reader(read_slices(records, sink.done, settings.limit, job.rejected.extend,
-                                        sink.done_positions), size,
+                                        sink.done_positions, job.carried.add), size,
                             self.settings.depth, scheduler.wakeup.wake, settings.window, cost,
                             total)
             job.start_clock()
@@ -259,11 +261,11 @@ class WorkerPool:
         started = time.monotonic()
         settings, records, attrs = self._job(source, changes)
         scheduler = self._scheduler
-        with self._guard(), self._sink(output, settings, attrs) as sink:
-            job = _Job(scheduler, settings, sink, started)
+        with self._guard(), self._sink(output, settings, attrs, records) as sink:
+            job = _Job(scheduler, settings, sink, started, carried=carried(records))
             job.start_clock()
             read = list(read_slices(records, sink.done, settings.limit, job.rejected.extend,
-                                    sink.done_positions))
+                                    sink.done_positions, job.carried.add))
             ids = np.concatenate([ids for ids, _ in read]) if read else np.empty(0, np.int64)
             items = [item for _, chunk in read for item in chunk]
             read_seconds = time.monotonic() - job.clock
@@ -292,11 +294,17 @@ class WorkerPool:
         self._scheduler.dispatches = Dispatches()
         return job, records, attrs
 
-    def _sink(self, output: str | os.PathLike, job: JobSettings, attrs: dict[str, Any]
-              ) -> HDF5Sink:
-        """The job's writer, once the output is this job's to write (else OutputError)."""
-        return HDF5Sink(output, self.outputs, attrs, job.durable, job.resume, job.overwrite,
-                        input_paths(attrs))
+    def _sink(self, output: str | os.PathLike, job: JobSettings, attrs: dict[str, Any],
+              records: Any) -> HDF5Sink:
+        """The job's writer, once the output is this job's to write (else OutputError); its
+        datasets: the workload's and the source's carried columns."""
+        own = carried(records)
+        clash = sorted(set(own) & set(self.outputs))
+        if clash:
+            raise ValueError(f"the source carries {', '.join(clash)} and the workload writes "
+                             f"it too: rename the workload's output")
+        return HDF5Sink(output, {**self.outputs, **own}, attrs, job.durable, job.resume,
+                        job.overwrite, input_paths(attrs))
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
@@ -350,7 +358,8 @@ class _Job:
     (running totals per worker and a bounded timeline: nothing per record)."""
 
     def __init__(self, scheduler: Scheduler, settings: JobSettings, sink: HDF5Sink,
-                 started: float, growth: Growth | None = None) -> None:
+                 started: float, growth: Growth | None = None,
+                 carried: dict[str, Any] | None = None) -> None:
         self.scheduler, self.settings, self.sink, self.started = scheduler, settings, sink, started
         self.growth = growth
         self._decided = len(growth.decisions) if growth is not None else 0
@@ -360,6 +369,7 @@ class _Job:
                         if scheduler.slots[index].state is not State.RETIRED}
         self.timeline = Timeline()
         self.rejected: deque[tuple] = deque()  # the reader's rejects, for errors/ (thread-safe)
+        self.carried = Carried(carried or {})  # the source's columns of the records in flight
         self.clock = self.wall = self.read_seconds = self.reader_blocked_seconds = 0.0
 
     def start_clock(self) -> None:
@@ -399,6 +409,7 @@ class _Job:
                     written, given_up = scheduler.handle(slot, message)
                     for result in written:
                         bar.update(self._write(result))
+                    self.carried.drop(row[0] for row in given_up)
                     sink.append_errors(given_up)
                     bar.update(len(given_up))
                 sink.poll()
@@ -427,7 +438,10 @@ class _Job:
     def _write(self, result: Result) -> int:
         """Hand a result to the writer and add it to the totals; returns its records."""
         if len(result.ids):
-            self.sink.append(result.ids, result.arrays)
+            arrays = {**result.arrays, **self.carried.take(result.ids)} if self.carried \
+                else result.arrays
+            self.sink.append(result.ids, arrays)
+        self.carried.drop(row[0] for row in result.rejected)
         for record_id, error_type, message, _ in result.rejected:
             log.warning("record %d failed: %s: %s", record_id, error_type, message)
         self.sink.append_errors(result.rejected)
@@ -512,11 +526,15 @@ def static_split(records: int, workers: int) -> np.ndarray:
 def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str = ("cpu",),
                  workunit_size: int = JobSettings.workunit_size,
                  output: str | os.PathLike = "out.h5", backend: str = PoolSettings.backend,
-                 strategy: str = "queue", **options: Any) -> PipelineStats:
+                 strategy: str = "queue", text_column: str = "text", id_column: str | None = None,
+                 keep_columns: Sequence[str] = (), **options: Any) -> PipelineStats:
     """Run ``workload`` over every record of ``source`` and write the results to ``output``.
 
-    ``source``: an ``.h5`` file (``batches/0, 1, ...``), a ``.jsonl`` file, an ImageFolderSource or
-    an iterable of ``(id, record)`` pairs. ``devices``: one entry per worker. ``strategy``:
+    ``source``: an ``.h5`` file (``batches/0, 1, ...``), a ``.jsonl`` file, Parquet, CSV or Arrow
+    files (a file, a folder, a glob: helpers.engine.tables), an ImageFolderSource, any Source, or
+    an iterable of ``(id, record)`` pairs. ``text_column``/``id_column``: a table's or a JSONL
+    file's columns (an id column of strings is kept as the output's ``keys``); ``keep_columns``:
+    a table's other columns to carry to the output, row-aligned with ``ids``. ``devices``: one entry per worker. ``strategy``:
     "queue" (workers pull workunits) or "static" (one even slice per worker; with fewer than
     MIN_STATIC_SLICE records per worker it falls back to one worker). ``options``: the other
     fields of PoolSettings (threads_per_worker, queue_depth, adaptive, max_workers_per_device,
@@ -531,7 +549,8 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     pool_options, job_options = split_options(options)
     settings = PoolSettings(devices, backend, **pool_options)  # validated before anything spawns
     job = JobSettings(workunit_size, **job_options)
-    records = open_source(source)
+    records = open_source(source, text_column=text_column, id_column=id_column,
+                          keep_columns=keep_columns)
     if strategy == "static":
         known = records_left(source_length(records), job.limit)
         if known is not None and known < MIN_STATIC_SLICE * len(settings.worker_devices):

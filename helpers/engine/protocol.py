@@ -1,4 +1,5 @@
-"""The workload protocol: what every model-running job gives the pipeline.
+"""The two protocols: what a workload gives the pipeline (a model's job) and what a source gives it
+(the records).
 
 A workload is a small frozen, picklable description (model name, batch size, ...), never a loaded
 model, so that any backend can ship it to a worker: a spawned process, a thread, a Ray actor. A worker
@@ -32,6 +33,7 @@ import numpy as np
 MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # set in each worker process: the n-th model copy on its
 # device, from 0 (like torchrun's LOCAL_RANK), for a workload that places copies itself
 TEXT = "str"  # OutputSpec dtype of a UTF-8 string column (a path, a caption, a class list)
+INT64_MAX = int(np.iinfo(np.int64).max)
 NO_ID = np.iinfo(np.int64).min  # errors/ids of a record that has no usable id (a line that is not
 # JSON, an id outside int64): its errors/position says where it is. No record may have this id.
 
@@ -57,6 +59,19 @@ class OutputSpec:
             declared = "str" if self.dtype == TEXT else np.dtype(self.dtype)
             raise ValueError(f"output {name!r}: got shape {array.shape} dtype {array.dtype}, "
                              f"declared {expected} {declared}")
+
+
+class SourceError(ValueError):
+    """The source as a whole cannot be read (missing, wrong layout, no such column)."""
+
+
+def id_problem(record_id: Any) -> str:
+    """What makes ``record_id`` unusable as an id ("" if nothing): ids are int64, NO_ID aside."""
+    if isinstance(record_id, bool) or not isinstance(record_id, (int, np.integer)):
+        return f"is not an integer: {repr(record_id)[:80]}"
+    if not NO_ID < int(record_id) <= INT64_MAX:
+        return f"{record_id} is outside the ids gpufeed takes ({NO_ID + 1} to {INT64_MAX})"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -97,3 +112,29 @@ class Workload(Protocol):
 
     def attrs(self) -> dict[str, Any]:
         """Provenance written to the output file (model, batch size, ...)."""
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the pipeline needs of a record source (helpers.engine.sources, helpers.engine.tables):
+    a new format is one class with ``describe`` and one way to give its records:
+
+    - ``slices(skip: IdRanges, limit: int | None)``: ``(ids, records)`` or ``(ids, records,
+      carried)`` a slice at a time, int64 ids checked by the source (unusable or repeated ones as
+      BadRecords under NO_ID), the first ``limit`` records only, and records whose ids are in
+      ``skip`` (what a resumed run has done) dropped, best before they are read or decoded;
+      ``carried``: ``{name: array}`` row-aligned with ``ids``, the source's own columns for the
+      output (a string key column: ``keys``), declared by ``carried() -> dict[str, OutputSpec]``;
+    - or ``items()``: ``(position, id, record)`` triples; the reader checks the ids (int64,
+      each once) a slice at a time and skips done ones (the whole source is read);
+    - or iteration over ``(id, record)`` pairs, checked like ``items``.
+
+    Optional: ``__len__`` (records, for the progress bar's total and ``tune``'s estimate),
+    ``where(position) -> str`` (how a message names a record's id), ``fingerprint() -> dict``
+    (what a resumed run must read again; else ``describe()``). A record the source cannot decode
+    is a ``BadRecord`` carrying its position: it goes to ``errors/`` and costs no other record.
+    What is wrong with the source as a whole raises ``SourceError`` (a ValueError) when it is
+    opened, before any worker starts."""
+
+    def describe(self) -> str:
+        """What the source is, for the output's attrs (``parquet:corpus/#text``)."""

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,10 @@ import numpy as np
 
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds
-from helpers.engine.protocol import NO_ID, BadRecord
+from helpers.engine.protocol import (NO_ID, TEXT, BadRecord, OutputSpec, Source,
+                                     SourceError, id_problem)
+from helpers.engine import jsonl
+from helpers.engine.tables import FORMATS, KEYS, TableSource, count_lines, key_problems
 
 log = logging.getLogger("gpufeed")
 
@@ -45,11 +48,6 @@ HDF5_SUFFIXES = (".h5", ".hdf5")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 READ_SLICE = 1024  # strings read from an HDF5 batch at a time: bounded memory for huge batches
-INT64_MAX = int(np.iinfo(np.int64).max)
-
-
-class SourceError(ValueError):
-    """The source as a whole cannot be read (missing, wrong layout)."""
 
 
 class HDF5BatchesSource:
@@ -166,28 +164,92 @@ class JSONLSource:
         self.path, self.text_field, self.id_field = Path(path), text_field, id_field
         if not self.path.is_file():
             raise SourceError(f"input {str(self.path)!r}: no such file")
+        self.keyed = isinstance(self._first_id(), str)
+
+    def _first_id(self) -> Any:
+        """The first line's id field that the first MiB holds (None if none): a string makes
+        the file keyed (ids: line numbers; the field: the output's keys)."""
+        with open(self.path, "rb") as lines:
+            for line in lines.read(1 << 20).splitlines():
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if type(obj) is dict and self.id_field in obj:
+                    return obj[self.id_field]
+        return None
+
+    def __len__(self) -> int:
+        """Lines (a blank one counts): the progress bar's total."""
+        return count_lines([str(self.path)], header=False)
+
+    def carried(self) -> dict[str, OutputSpec]:
+        return {KEYS: OutputSpec((), TEXT)} if self.keyed else {}
+
+    def slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple]:
+        """A block of lines at a time (helpers.engine.jsonl: pyarrow, or line by line where a
+        block has a bad line). Integer ids are checked like any source's; string ids make the
+        ids line numbers and go with them as ``keys`` (a null, non-string or repeated one costs
+        its record)."""
+        seen = SeenIds()
+        for first, block in jsonl.blocks(self.path, limit):
+            parsed = jsonl.parse(block, self.text_field, self.id_field,
+                                 "str" if self.keyed else "int")
+            if parsed is not None:
+                records, raw = parsed
+                positions = np.arange(first, first + len(records), dtype=np.int64)
+            else:
+                positions, raw, records = self._lines(first, block)
+            if limit is not None and len(positions) and positions[-1] >= limit:
+                n = int(np.searchsorted(positions, limit))
+                positions, records = positions[:n], records[:n]
+                raw = (raw[0][:n], None if raw[1] is None else raw[1][:n]) \
+                    if type(raw) is tuple else raw[:n]
+            if not len(positions):
+                continue
+            if self.keyed:
+                ids, columns = positions, {KEYS: np.array(
+                    [k if type(k) is str else "" for k in raw], dtype=object)}
+                for k, problem in key_problems(list(raw), seen):
+                    if not isinstance(records[k], BadRecord):
+                        records[k] = BadRecord(
+                            "DuplicateId" if "earlier" in problem else "ValueError",
+                            f"{self.where(int(positions[k]))} {problem}", int(positions[k]))
+                screened = _screen(ids, records, positions, None, skip)
+            elif type(raw) is tuple and not (raw[0] == NO_ID).any():
+                columns = {}
+                screened = _screen(jsonl.fill_missing(*raw, first), records, positions, seen, skip)
+            else:
+                columns = {}
+                raw = jsonl.fill_missing(*raw, first).tolist() if type(raw) is tuple else raw
+                ids = checked_ids(tuple(raw), records, tuple(positions.tolist()), self.where)
+                screened = _screen(ids, records, positions, seen, skip)
+            if screened is not None:
+                ids, records, keep = screened
+                yield ids, records, {c: v[keep] for c, v in columns.items()}
+
+    def _lines(self, first: int, block: bytes) -> tuple[np.ndarray, list, list]:
+        """A block parsed a line at a time: ``(positions, ids, records)`` of its lines that are
+        not blank (items' rules)."""
+        positions, raw, records = [], [], []
+        text, key, loads = self.text_field, self.id_field, json.loads
+        for number, line in enumerate(jsonl.lines_of(block), first):
+            try:
+                obj = loads(line)
+            except ValueError:  # a blank line, or not JSON
+                if line.strip():
+                    positions.append(number), raw.append(NO_ID)
+                    records.append(self._bad(number, line))
+                continue
+            positions.append(number)
+            raw.append(obj.get(key, number) if type(obj) is dict else NO_ID)
+            records.append(obj[text] if type(obj) is dict and text in obj
+                           else self._bad(number, line))
+        return np.array(positions, dtype=np.int64), raw, records
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         for ids, records in read_slices(self, IdRanges()):  # ids checked, bad records kept
             yield from zip(ids.tolist(), records)
-
-    def items(self) -> Iterator[tuple[int, Any, Any]]:
-        """``(position, id, record)`` of every line that is not blank; position: its 0-based
-        line number. Ids are checked a slice at a time (``checked_ids``)."""
-        text, key, loads = self.text_field, self.id_field, json.loads
-        with open(self.path, "rb") as lines:
-            for number, line in enumerate(lines):
-                try:
-                    obj = loads(line)
-                except ValueError:  # a blank line, or not JSON: said at its own pace
-                    if line.strip():
-                        yield number, NO_ID, self._bad(number, line)
-                    continue
-                if type(obj) is dict and text in obj:
-                    yield number, obj.get(key, number), obj[text]
-                else:
-                    yield number, obj.get(key, number) if type(obj) is dict else NO_ID, \
-                        self._bad(number, line)
 
     def _bad(self, number: int, line: bytes) -> BadRecord:
         """Why line ``number`` gives no record."""
@@ -210,15 +272,6 @@ class JSONLSource:
     def fingerprint(self) -> dict[str, Any]:
         return {"format": "jsonl", "text_field": self.text_field, "id_field": self.id_field,
                 **file_identity(self.path)}
-
-
-def id_problem(record_id: Any) -> str:
-    """What makes ``record_id`` unusable as an id ("" if nothing): ids are int64, NO_ID aside."""
-    if isinstance(record_id, bool) or not isinstance(record_id, (int, np.integer)):
-        return f"is not an integer: {_short(record_id)}"
-    if not NO_ID < int(record_id) <= INT64_MAX:
-        return f"{record_id} is outside the ids gpufeed takes ({NO_ID + 1} to {INT64_MAX})"
-    return ""
 
 
 def checked_ids(raw: tuple, records: list, positions: tuple, where: Callable[[int], str]
@@ -340,24 +393,59 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def open_source(source: Any, *, text_field: str = "text", id_field: str = "id"):
-    """The right source for a path (``.h5``/``.hdf5``, ``.jsonl``, a folder of images) or pairs."""
+def open_source(source: Any, *, text_column: str = "text", id_column: str | None = None,
+                keep_columns: Sequence[str] = (), text_field: str | None = None,
+                id_field: str | None = None) -> Source:
+    """The right source for ``source``: a path (``.h5``/``.hdf5``; ``.jsonl``/``.ndjson``;
+    Parquet, CSV/TSV or Arrow files, a folder or a glob of them; a folder of images), pairs, or a
+    Source as it is. ``keep_columns``: a table's columns to carry to the output (TableSource).
+    ``text_field``/``id_field``: the older names of the two column options."""
+    text_column = text_field if text_field is not None else text_column
+    id_column = id_field if id_field is not None else id_column
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        if path.is_dir():
-            return ImageFolderSource(path)
-        if path.suffix.lower() in HDF5_SUFFIXES:
+        if keep_columns and not _is_table(path):
+            raise SourceError(f"keep_columns: only a Parquet, CSV/TSV or Arrow input keeps "
+                              f"columns ({str(path)!r} is not one)")
+        if path.suffix.lower() in HDF5_SUFFIXES and path.is_file():
             return HDF5BatchesSource(path)
         if path.suffix.lower() in JSONL_SUFFIXES:
-            return JSONLSource(path, text_field, id_field)
+            return JSONLSource(path, text_column, id_column or "id")
+        if _is_table(path):
+            return TableSource(path, text_column, id_column, keep_columns)
+        if path.is_dir():
+            return ImageFolderSource(path)
+        if not path.exists():
+            raise SourceError(f"input {str(path)!r}: no such file")
         raise SourceError(f"input {str(path)!r}: unknown format; expected one of "
-                          f"{HDF5_SUFFIXES + JSONL_SUFFIXES} or an iterable of (id, record) pairs")
-    if hasattr(source, "describe"):  # already a source: ours, ImageFolderSource, or a user's
+                          f"{HDF5_SUFFIXES + JSONL_SUFFIXES + tuple(FORMATS)}, a folder or glob "
+                          f"of tables, a folder of images, or an iterable of (id, record) pairs")
+    if keep_columns:
+        raise SourceError("keep_columns: give the input as a path (a table), or keep_columns "
+                          "to the TableSource itself")
+    if isinstance(source, Source):  # already a source: ours, or a user's
         return source
     if isinstance(source, Iterable):
         return IterableSource(source)
     raise SourceError(f"source: expected a file path or an iterable of (id, record) pairs, "
                       f"got {type(source).__name__}")
+
+
+def _is_table(path: Path) -> bool:
+    """Whether ``path`` names a table: a file with a table suffix, a glob, or a folder whose
+    files are tables and not images (images with a labels.csv beside them are an image source)."""
+    if not path.is_dir():
+        return any(c in str(path) for c in "*?[") or path.suffix.lower() in FORMATS
+    if (path / "dataset_dict.json").is_file():
+        return True
+    suffixes = {p.suffix.lower() for p in path.rglob("*") if p.is_file()}
+    return bool(suffixes & set(FORMATS)) and not suffixes & set(IMAGE_SUFFIXES)
+
+
+def carried(source: Any) -> dict[str, OutputSpec]:
+    """The columns ``source`` carries to the output (Source protocol), none by default."""
+    own = getattr(source, "carried", None)
+    return own() if own is not None else {}
 
 
 def source_length(source: Any) -> int | None:
@@ -370,7 +458,9 @@ def source_length(source: Any) -> int | None:
 
 def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
                 reject: Callable[[list[tuple]], None] | None = None,
-                skip_positions: IdRanges | None = None) -> Iterator[tuple[np.ndarray, list]]:
+                skip_positions: IdRanges | None = None,
+                carry: Callable[[np.ndarray, dict[str, np.ndarray]], None] | None = None
+                ) -> Iterator[tuple[np.ndarray, list]]:
     """The first ``limit`` records of ``source`` as ``(ids, records)`` slices, less the ids in
     ``skip`` (what a resumed run has done). A source with a ``slices(skip, limit)`` method (HDF5
     batches, whose ids are positions) skips what is done before reading it; any other is read
@@ -379,14 +469,20 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
 
     With ``reject``, bad records leave the slices: ``reject`` gets them as ``(id, error type,
     message, unix time, position)`` rows, but for those whose position is in ``skip_positions``
-    (a resumed run filed them already). Without it they stay in the slices, as BadRecords."""
+    (a resumed run filed them already). Without it they stay in the slices, as BadRecords.
+
+    A source's carried columns (Source protocol) leave the slices too: ``carry(ids, columns)``
+    gets those of the records yielded (without ``carry`` they are dropped)."""
     own = getattr(source, "slices", None)
     pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
-    if reject is None:
-        yield from pieces
-        return
     skip_positions = skip_positions if skip_positions is not None else IdRanges()
-    for ids, records in pieces:
+    for ids, records, *more in pieces:
+        columns = more[0] if more else {}
+        if reject is None:
+            if carry is not None and columns:
+                carry(ids, columns)
+            yield ids, records
+            continue
         bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
         if bad:
             now = time.time()
@@ -399,7 +495,10 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
             keep = np.ones(len(records), dtype=bool)
             keep[bad] = False
             ids, records = ids[keep], list(itertools.compress(records, keep))
+            columns = {name: values[keep] for name, values in columns.items()}
         if len(ids):
+            if carry is not None and columns:
+                carry(ids, columns)
             yield ids, records
 
 
@@ -417,23 +516,34 @@ def _checked(source: Any, skip: IdRanges, limit: int | None) -> Iterator[tuple[n
         positions, raw, records = zip(*chunk)
         records = list(records)
         ids = checked_ids(raw, records, positions, where)
+        screened = _screen(ids, records, np.array(positions, dtype=np.int64), seen, skip)
+        if screened is not None:
+            yield screened[:2]
+
+
+def _screen(ids: np.ndarray, records: list, positions: np.ndarray, seen: SeenIds | None,
+            skip: IdRanges) -> tuple[np.ndarray, list, np.ndarray] | None:
+    """A slice's checked ids further screened: an id ``seen`` earlier (done or not) makes its
+    record a BadRecord, bad records get their positions, done ids are dropped (bad records are
+    kept: known by their position). ``(ids, records, kept mask)``, or None if nothing is left."""
+    if seen is not None:
         usable = ids != NO_ID
         again = np.zeros(len(ids), dtype=bool)
         again[usable] = seen.add(ids[usable])
         for k in np.flatnonzero(again).tolist():
             records[k] = BadRecord("DuplicateId", f"id {ids[k]} appeared earlier in the input; "
-                                   f"this record is not processed", positions[k])
-        bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
-        for k in bad:
-            if records[k].position < 0:  # a BadRecord of the caller's own
-                records[k] = replace(records[k], position=positions[k])
-        if skip.runs:
-            keep = ~skip.contains(ids)
-            keep[bad] = True  # known by their position, not their id
-            if not keep.all():
-                ids, records = ids[keep], list(itertools.compress(records, keep))
-        if len(ids):
-            yield ids, records
+                                   f"this record is not processed", int(positions[k]))
+    bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
+    for k in bad:
+        if records[k].position < 0:  # a BadRecord of the caller's own
+            records[k] = replace(records[k], position=int(positions[k]))
+    keep = np.ones(len(ids), dtype=bool)
+    if skip.runs:
+        keep = ~skip.contains(ids)
+        keep[bad] = True
+        if not keep.all():
+            ids, records = ids[keep], list(itertools.compress(records, keep))
+    return (ids, records, keep) if len(ids) else None
 
 
 def records_left(total: int | None, limit: int | None, skip: IdRanges | None = None

@@ -1,0 +1,52 @@
+"""A source's own columns on their way to the output (Source protocol: ``carried``).
+
+The reader meets a record's key (a string id column, say) long before its workunit comes back
+from a worker, and the worker never needs it: the key waits here, by id, in the parent, and joins
+its row when the row is written (or leaves with the record when it fails). Only the records in
+flight are held: memory is bounded by the queue, not the input.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from helpers.engine.protocol import TEXT, OutputSpec
+
+
+class Carried:
+    """``{column: {id: value}}`` for the records in flight; the reader adds, the writer takes."""
+
+    def __init__(self, columns: Mapping[str, OutputSpec] | None = None) -> None:
+        self._dtypes = {name: object if spec.dtype == TEXT else np.dtype(spec.dtype)
+                        for name, spec in (columns or {}).items()}
+        self._values: dict[str, dict[int, object]] = {name: {} for name in self._dtypes}
+        self._lock = threading.Lock()  # the reader's thread adds, the main thread takes
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def __len__(self) -> int:
+        """Records held now."""
+        return max((len(held) for held in self._values.values()), default=0)
+
+    def add(self, ids: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+        keys = ids.tolist()
+        with self._lock:
+            for name, values in columns.items():
+                self._values[name].update(zip(keys, values.tolist()))
+
+    def take(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The columns' values for ``ids``, in their order; they are held no more."""
+        keys = ids.tolist()
+        with self._lock:
+            return {name: np.array([held.pop(k) for k in keys], dtype=self._dtypes[name])
+                    for name, held in self._values.items()}
+
+    def drop(self, ids: Iterable[int]) -> None:
+        """Forget the values of records that will not be written (they failed)."""
+        with self._lock:
+            for held in self._values.values():
+                for k in ids:
+                    held.pop(k, None)

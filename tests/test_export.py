@@ -1,0 +1,85 @@
+"""Exports (helpers.engine.export): read back, they hold every row of the output, with its id."""
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import SyntheticWorkload, read_output, run_pipeline
+from helpers.engine import export as export_module
+from helpers.engine.export import ExportError, export
+from helpers.study.paths import ROOT
+
+pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
+
+
+@pytest.fixture
+def output(tmp_path, monkeypatch):
+    """An output with string keys, a kept column and 16-d vectors, exported in chunks of 300."""
+    monkeypatch.setattr(export_module, "EXPORT_ROWS", 300)
+    table = pa.table({"text": [f"r{i}" for i in range(1000)],
+                      "doc": [f"doc-{i}" for i in range(1000)],
+                      "score": np.arange(1000) / 4})
+    pq.write_table(table, tmp_path / "in.parquet")
+    run_pipeline(tmp_path / "in.parquet", SyntheticWorkload(0.0, dim=16), devices="cpu,cpu",
+                 workunit_size=64, output=tmp_path / "out.h5", id_column="doc",
+                 keep_columns=["score"], progress=False)
+    return tmp_path / "out.h5"
+
+
+def by_id(ids: np.ndarray, *columns):
+    order = np.argsort(ids)
+    return [np.asarray(c)[order] for c in (ids, *columns)]
+
+
+def test_parquet_export_reads_back_with_vectors_as_fixed_size_lists(output, tmp_path):
+    assert export(output, "parquet", tmp_path / "e.parquet") == 1000
+    table = pq.read_table(tmp_path / "e.parquet")
+    assert table.column_names == ["ids", "keys", "score", "values"]
+    assert pa.types.is_fixed_size_list(table.schema.field("values").type)
+    data = read_output(output)
+    ids, keys, score = by_id(table["ids"].to_numpy(), table["keys"].to_pylist(),
+                             table["score"].to_numpy())
+    values = np.stack(table["values"].to_numpy(zero_copy_only=False))[np.argsort(table["ids"])]
+    assert ids.tolist() == data["ids"].tolist() and keys.tolist() == data["keys"].tolist()
+    np.testing.assert_array_equal(values, data["values"])
+    np.testing.assert_array_equal(score, ids / 4)
+
+
+def test_npy_export_is_memory_mappable_and_equal(output, tmp_path):
+    export(output, "npy", tmp_path / "e")
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == [
+        "ids.npy", "keys.npy", "score.npy", "values.npy"]
+    values = np.load(tmp_path / "e" / "values.npy", mmap_mode="r")
+    ids, keys = np.load(tmp_path / "e" / "ids.npy"), np.load(tmp_path / "e" / "keys.npy")
+    data = read_output(output)
+    order = np.argsort(ids)
+    assert isinstance(values, np.memmap) and values.shape == (1000, 16)
+    np.testing.assert_array_equal(np.asarray(values)[order], data["values"])
+    assert keys[order].tolist() == data["keys"].tolist()
+
+
+def test_an_existing_target_is_refused_and_only_an_export_is_overwritten(output, tmp_path):
+    (tmp_path / "mine.parquet").write_text("my notes")
+    with pytest.raises(ExportError, match="exists; give another path"):
+        export(output, "parquet", tmp_path / "mine.parquet")
+    with pytest.raises(ExportError, match="is not a parquet export; it is left as it is"):
+        export(output, "parquet", tmp_path / "mine.parquet", overwrite=True)
+    assert (tmp_path / "mine.parquet").read_text() == "my notes"
+    export(output, "npy", tmp_path / "e")
+    export(output, "npy", tmp_path / "e", overwrite=True)
+    assert len(np.load(tmp_path / "e" / "ids.npy")) == 1000
+    assert not [p for p in tmp_path.iterdir() if "gpufeed-tmp" in p.name]
+
+
+def test_the_cli_exports_and_says_what_it_wrote(output, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "helpers", "export", str(output), "--to",
+                           "parquet", "--output", str(tmp_path / "x.parquet")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and "1,000 rows as parquet" in done.stderr
+    again = subprocess.run([sys.executable, "-m", "helpers", "export", str(output), "--to",
+                            "parquet", "--output", str(tmp_path / "x.parquet")],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 2 and "exists" in again.stderr
