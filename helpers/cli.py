@@ -195,7 +195,10 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                      help="parquet: one file, vectors as fixed-size lists; npy: a folder of "
                           "memory-mappable <dataset>.npy")
     out.add_argument("--output", required=True, help="the file (parquet) or folder (npy) to write")
-    out.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    out.add_argument("--overwrite", action="store_true",
+                     help="replace an earlier export at --output (never another file)")
+    out.add_argument("--partial", action="store_true",
+                     help="export an unfinished run's rows written so far")
     books = commands.add_parser("notebooks", help="run the notebook suite with papermill")
     books.add_argument("--params", default="cpu",
                        help="parameter set: smoke, cpu, gpu (notebooks/params/) or a .yaml path")
@@ -366,7 +369,8 @@ def export_output(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         with owning(args.source):  # not while a run writes it
-            rows = export(args.source, args.to, args.output, overwrite=args.overwrite)
+            rows = export(args.source, args.to, args.output, overwrite=args.overwrite,
+                          partial=args.partial)
     except ValueError as exc:  # ExportError, OutputError
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -51,7 +51,7 @@ def test_parquet_export_reads_back_with_vectors_as_fixed_size_lists(output, tmp_
 def test_npy_export_is_memory_mappable_and_equal(output, tmp_path):
     export(output, "npy", tmp_path / "e")
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == [
-        "ids.npy", "keys.npy", "score.npy", "values.npy"]
+        ".gpufeed-export", "ids.npy", "keys.npy", "score.npy", "values.npy"]
     values = np.load(tmp_path / "e" / "values.npy", mmap_mode="r")
     ids, keys = np.load(tmp_path / "e" / "ids.npy"), np.load(tmp_path / "e" / "keys.npy")
     data = read_output(output)
@@ -65,7 +65,7 @@ def test_an_existing_target_is_refused_and_only_an_export_is_overwritten(output,
     (tmp_path / "mine.parquet").write_text("my notes")
     with pytest.raises(ExportError, match="exists; give another path"):
         export(output, "parquet", tmp_path / "mine.parquet")
-    with pytest.raises(ExportError, match="is not a parquet export; it is left as it is"):
+    with pytest.raises(ExportError, match="is not a gpufeed parquet export; it is left as it is"):
         export(output, "parquet", tmp_path / "mine.parquet", overwrite=True)
     assert (tmp_path / "mine.parquet").read_text() == "my notes"
     export(output, "npy", tmp_path / "e")
@@ -83,3 +83,34 @@ def test_the_cli_exports_and_says_what_it_wrote(output, tmp_path):
                             "parquet", "--output", str(tmp_path / "x.parquet")],
                            capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_overwrite_replaces_only_gpufeed_s_exports_and_an_unfinished_run_needs_partial(
+        output, tmp_path):
+    (tmp_path / "arrays").mkdir()
+    np.save(tmp_path / "arrays" / "train.npy", np.arange(3))
+    with pytest.raises(ExportError, match="not a gpufeed npy export"):
+        export(output, "npy", tmp_path / "arrays", overwrite=True)
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "theirs.parquet")
+    with pytest.raises(ExportError, match="not a gpufeed parquet export"):
+        export(output, "parquet", tmp_path / "theirs.parquet", overwrite=True)
+    assert np.load(tmp_path / "arrays" / "train.npy").tolist() == [0, 1, 2]
+    with pytest.raises(ExportError, match="not a gpufeed output .not an HDF5 file"):
+        export(tmp_path / "theirs.parquet", "npy", tmp_path / "x")
+    import h5py
+
+    with h5py.File(output, "a") as f:
+        f.attrs["complete"] = False  # as a killed run leaves it
+    with pytest.raises(ExportError, match="has not finished .1,000 rows so far.*--partial"):
+        export(output, "parquet", tmp_path / "p.parquet")
+    assert export(output, "parquet", tmp_path / "p.parquet", partial=True) == 1000
+
+
+def test_npy_refuses_a_string_column_too_wide_for_fixed_width(tmp_path):
+    table = pa.table({"text": ["a", "b"], "note": ["x" * 5000, "y"]})
+    pq.write_table(table, tmp_path / "in.parquet")
+    run_pipeline(tmp_path / "in.parquet", SyntheticWorkload(0.0), devices="cpu",
+                 output=tmp_path / "o.h5", keep_columns=["note"], progress=False)
+    with pytest.raises(ExportError, match="'note' holds a string of 5,000 characters.*parquet"):
+        export(tmp_path / "o.h5", "npy", tmp_path / "e")
+    assert not (tmp_path / "e").exists()

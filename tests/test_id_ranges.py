@@ -77,3 +77,18 @@ def test_seen_ids_agrees_with_a_set_on_scattered_ids_and_stays_few_levels(seed):
             members.add(i)
         assert seen.add(chunk).tolist() == expected
     assert len(seen._levels) <= 20  # merged like a binary counter: log2(slices) levels at most
+
+
+def test_seen_values_tells_a_repeat_from_a_first_sighting_like_a_set():
+    from helpers.engine.id_ranges import SeenValues
+
+    rng, seen, reference = np.random.default_rng(1), SeenValues(), set()
+    for _ in range(400):
+        values = rng.integers(-2**63, 2**63 - 1, size=int(rng.integers(0, 30)), dtype=np.int64)
+        values[: len(values) // 3] = rng.integers(-40, 40, size=len(values) // 3)  # repeats
+        expected = []
+        for v in values.tolist():
+            expected.append(v in reference)
+            reference.add(v)
+        assert seen.add(values).tolist() == expected
+    assert len(seen) == len(reference)

@@ -65,16 +65,36 @@ def test_missing_and_unknown_inputs_fail_before_any_work(tmp_path):
         open_source(tmp_path / "junk.h5")
 
 
-def test_jsonl_uses_id_field_or_line_number_and_reports_bad_lines(tmp_path):
+def test_jsonl_ids_are_all_given_or_all_line_numbers_and_bad_lines_are_reported(tmp_path,
+                                                                                 monkeypatch):
+    from helpers.engine import jsonl
+
     lines = [json.dumps({"text": "zero"}), "", json.dumps({"id": 40, "text": "forty"}),
              "{not json", json.dumps({"body": "no text"}), json.dumps({"text": "five"})]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
-    records = dict(JSONLSource(tmp_path / "in.jsonl"))
-    assert records[0] == "zero" and records[40] == "forty" and records[5] == "five"
-    # a line that is not JSON has no id: it is filed by its line, never under another record's id
-    assert isinstance(records[NO_ID], BadRecord) and "line 4" in records[NO_ID].message
-    assert records[NO_ID].position == 3
+    given = dict(JSONLSource(tmp_path / "in.jsonl"))  # an id among the first lines: ids given
+    assert given[40] == "forty" and "'id' is missing: other lines have ids" in given[NO_ID].message
+    monkeypatch.setattr(jsonl, "ID_LINES", 1)  # the first line decides: no id, line numbers
+    source = JSONLSource(tmp_path / "in.jsonl")
+    records = dict(source)
+    assert source.ids == "lines" and records[0] == "zero" and records[5] == "five"
+    # an id where the first lines have none would collide with a line number: filed, not used
+    assert isinstance(records[2], BadRecord) and "'id' is there, but the first lines have no ids" \
+        in records[2].message and 40 not in records
+    # ids are line numbers: a line that is not JSON is filed under its own
+    assert isinstance(records[3], BadRecord) and "line 4" in records[3].message
+    assert records[3].position == 3
     assert isinstance(records[4], BadRecord) and "no field 'text'" in records[4].message
+
+
+def test_jsonl_ids_are_decided_by_the_first_line_that_has_one(tmp_path):
+    long = "x" * (2 << 20)  # a first line over any block: the ids are still seen
+    for first, kind in ((json.dumps({"text": long, "id": None}), "keys"),
+                        (json.dumps({"text": long, "id": "doc-0"}), "keys"),
+                        (json.dumps({"text": long, "id": 7}), "given")):
+        rest = [json.dumps({"text": "a", "id": "doc-1" if kind == "keys" else 8})]
+        (tmp_path / "in.jsonl").write_text("\n".join([first] + rest) + "\n")
+        assert JSONLSource(tmp_path / "in.jsonl").ids == kind, first[-30:]
 
 
 def test_iterable_checks_pairs_as_they_stream():
@@ -96,25 +116,28 @@ def slices_and_rejects(source, skip=IdRanges(), positions=None, limit=None):
 def test_duplicate_and_unusable_ids_are_rejected_by_position_and_cost_no_other_record(tmp_path):
     top = np.iinfo(np.int64).max
     lines = [{"id": 5, "text": "first five"}, {"id": 5, "text": "second five"},
-             "{broken", {"text": "line three"}, {"id": 2**63, "text": "too big"},
+             "{broken", {"text": "line three has no id"}, {"id": 2**63, "text": "too big"},
              {"id": -2**63, "text": "reserved"}, {"id": top, "text": "the largest id"},
-             {"id": 3, "text": "takes line three's id"}, {"id": "doc-7", "text": "a string"}]
+             {"id": 3, "text": "three"}, {"id": "doc-7", "text": "a string"},
+             {"id": 3, "text": "three again"}]
     (tmp_path / "in.jsonl").write_text("\n".join(
         line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
     ids, records, rejected = slices_and_rejects(JSONLSource(tmp_path / "in.jsonl"))
-    assert ids == [5, 3, top] and records == ["first five", "line three", "the largest id"]
+    assert ids == [5, top, 3] and records == ["first five", "the largest id", "three"]
     by_position = {row[4]: row for row in rejected}
-    assert sorted(by_position) == [1, 2, 4, 5, 7, 8]
-    assert by_position[1][:2] == (5, "DuplicateId") and by_position[7][:2] == (3, "DuplicateId")
+    assert sorted(by_position) == [1, 2, 3, 4, 5, 8, 9]
+    assert by_position[1][:2] == (5, "DuplicateId") and by_position[9][:2] == (3, "DuplicateId")
     assert by_position[2][0] == NO_ID and "line 3: not JSON" in by_position[2][2]
+    assert by_position[3][0] == NO_ID and "'id' is missing: other lines have ids" in \
+        by_position[3][2]
     assert by_position[4][0] == NO_ID and "outside the ids" in by_position[4][2]
     assert by_position[5][0] == NO_ID and by_position[8][0] == NO_ID
     # resumed: the done ids are skipped, the filed rejects too; a duplicate of a done id is
     # still a duplicate (it is known by its position, not by its id)
     ids, _, rejected = slices_and_rejects(JSONLSource(tmp_path / "in.jsonl"),
                                           IdRanges.from_ids(np.array([5, top])),
-                                          IdRanges.from_ids(np.array([2, 4, 5, 8])))
-    assert ids == [3] and sorted(row[4] for row in rejected) == [1, 7]
+                                          IdRanges.from_ids(np.array([2, 3, 4, 5, 8])))
+    assert ids == [3] and sorted(row[4] for row in rejected) == [1, 9]
 
 
 def test_an_hdf5_record_that_is_not_utf8_is_rejected_at_its_row(tmp_path):
@@ -211,3 +234,12 @@ def test_jsonl_blocks_parsed_by_pyarrow_or_line_by_line_give_the_same_slices(tmp
     assert read(limit=290) == fast and keys == fast_keys
     assert ("DuplicateId", 200) in [r for _, r in fast]
     assert max(i for i, _ in fast) == (289 if keyed else 1289)  # the limit: 290 lines
+
+
+def test_jsonl_lines_that_pyarrow_would_miscount_are_read_line_by_line(tmp_path):
+    """Two objects on one line and a blank line in one block: pyarrow's row count would match
+    the block's line count and shift every id after them; the line parser says what is wrong."""
+    lines = [b'{"text": "a"} {"text": "b"}', b"", b'{"text": "c"}', b'{"text": "d"}']
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    got = dict(JSONLSource(tmp_path / "in.jsonl"))
+    assert got[2] == "c" and got[3] == "d" and isinstance(got[0], BadRecord)

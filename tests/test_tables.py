@@ -141,15 +141,15 @@ def test_missing_columns_odd_types_and_disagreeing_files_are_refused_when_opened
     path = write(corpus(10), tmp_path / "c", "parquet")
     with pytest.raises(SourceError, match=r"no column 'text'.*its columns: body, doc, n, other"):
         open_source(path)
-    with pytest.raises(SourceError, match="'other' holds double, not text"):
+    with pytest.raises(SourceError, match="'other' holds float, not text"):
         open_source(path, text_column="other")
-    with pytest.raises(SourceError, match="id column 'other' holds double"):
+    with pytest.raises(SourceError, match="id column 'other' holds float"):
         open_source(path, text_column="body", id_column="other")
     folder = tmp_path / "mixed"
     folder.mkdir()
     pq.write_table(pa.table({"text": ["a"], "id": pa.array([1], pa.int64())}), folder / "a.parquet")
     pq.write_table(pa.table({"text": ["b"], "id": ["x"]}), folder / "b.parquet")
-    with pytest.raises(SourceError, match="files disagree on column 'id': int64 in .*a.parquet"):
+    with pytest.raises(SourceError, match="files disagree on column 'id': integer in .*a.parquet"):
         open_source(folder, id_column="id")
     (tmp_path / "fake.parquet").write_text("text,id\na,1\n")
     with pytest.raises(SourceError, match="not a readable parquet file"):
@@ -161,12 +161,14 @@ def test_missing_columns_odd_types_and_disagreeing_files_are_refused_when_opened
         open_source(splits)
 
 
-def test_a_folder_of_images_with_a_labels_csv_is_still_images(tmp_path):
+def test_a_folder_of_both_images_and_tables_is_refused_as_ambiguous(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
     (tmp_path / "labels.csv").write_text("file,label\na.png,x\n")
-    assert type(open_source(tmp_path)).__name__ == "ImageFolderSource"
+    with pytest.raises(SourceError, match=r"both tables \(.csv\) and images \(.png\); name the "
+                                          r"tables \(a glob such as .*\*.csv'\)"):
+        open_source(tmp_path)
 
 
 def test_jsonl_with_string_ids_keeps_them_as_keys(tmp_path):
@@ -227,10 +229,144 @@ def test_keep_columns_are_refused_clearly(tmp_path):
     path = write(table, tmp_path / "c", "parquet")
     with pytest.raises(SourceError, match="'tags' holds list<.*>; only numbers"):
         open_source(path, text_column="body", keep_columns=["tags"])
-    with pytest.raises(SourceError, match="no column 'url' to keep .*its columns: body"):
+    with pytest.raises(SourceError, match="no column 'url' .a column to keep. .*its columns: body"):
         open_source(path, text_column="body", keep_columns=["url"])
     with pytest.raises(SourceError, match="doc cannot be kept under its own name"):
         open_source(path, text_column="body", id_column="doc", keep_columns=["doc"])
     (tmp_path / "in.jsonl").write_text('{"text": "a"}\n')
     with pytest.raises(SourceError, match="only a Parquet, CSV/TSV or Arrow input keeps"):
         open_source(tmp_path / "in.jsonl", keep_columns=["x"])
+
+
+def keyed(n: int, repeat_at: int | None = None) -> pa.Table:
+    keys = [f"k{i}" for i in range(n)]
+    if repeat_at is not None:
+        keys[repeat_at] = "k5"
+    return pa.table({"text": [f"r{i}" for i in range(n)], "k": keys})
+
+
+def test_a_resume_still_finds_a_key_repeated_in_the_rows_it_skips(tmp_path):
+    pq.write_table(keyed(3000, repeat_at=2500), tmp_path / "c.parquet", row_group_size=500)
+    run_pipeline(tmp_path / "c.parquet", synthetic(), devices="cpu", output=tmp_path / "o.h5",
+                 id_column="k", limit=1000, progress=False)
+    source = TableSource(tmp_path / "c.parquet", id_column="k")
+    run_pipeline(source, synthetic(), devices="cpu", output=tmp_path / "o.h5", resume=True,
+                 progress=False)
+    assert source.reads == 4  # the first two row groups: their keys only
+    data = read_output(tmp_path / "o.h5")
+    assert len(data["ids"]) == 2999 and data["keys"].tolist().count("k5") == 1
+    (error,) = data["errors"]
+    assert error["position"] == 2500 and error["type"] == "DuplicateId"
+    assert "c.parquet row 2500: 'k' 'k5' appeared earlier" in error["message"]
+
+
+def test_a_resume_that_drops_or_changes_the_id_or_kept_columns_is_refused(tmp_path):
+    from helpers import OutputError
+
+    table = keyed(600).append_column("n", pa.array(range(600)))
+    pq.write_table(table, tmp_path / "c.parquet", row_group_size=100)
+    common = dict(devices="cpu", output=tmp_path / "o.h5", progress=False)
+    run_pipeline(tmp_path / "c.parquet", synthetic(), id_column="k", keep_columns=["n"],
+                 limit=200, **common)
+    for change, named in (({}, "id_column"), ({"id_column": "k"}, "keep_columns"),
+                          ({"id_column": "n", "keep_columns": ["k"]}, "id_column")):
+        with pytest.raises(OutputError, match=named):
+            run_pipeline(tmp_path / "c.parquet", synthetic(), resume=True, **change, **common)
+    data = read_output(tmp_path / "o.h5")  # untouched by the refusals
+    assert len(data["ids"]) == 200 and data["keys"][:2].tolist() == ["k0", "k1"]
+
+
+def test_a_csv_quote_left_open_and_a_ragged_row_cost_their_rows_and_say_why(tmp_path):
+    rows = [f"k{i},r{i}" for i in range(4000)]
+    rows[40] = 'k40,a,ragged row'
+    rows[2000] = 'k2000,"a quote left open'
+    (tmp_path / "c.csv").write_text("k,text\n" + "\n".join(rows) + "\n")
+    stats = run_pipeline(tmp_path / "c.csv", synthetic(), devices="cpu", id_column="k",
+                         output=tmp_path / "o.h5", progress=False)
+    data = read_output(tmp_path / "o.h5")
+    messages = sorted((e["message"] for e in data["errors"]), key=lambda m: "ragged" not in m)
+    assert stats.failed_records == 2 and len(data["ids"]) == 1999
+    assert "a row with the wrong number of fields: 'k40,a,ragged row'" in messages[0]
+    assert "spans over 1000 lines: a quote left open" in messages[1]
+    assert data["keys"][-1] == "k1999" and data["keys"][40] == "k41"
+
+
+def test_odd_ids_keys_and_kept_values_cost_only_their_rows(tmp_path):
+    """A repeated integer id (no null in its slice), a key or kept string holding NUL, a kept
+    unsigned value above 2**63: the run finishes; each bad row is one error."""
+    big = 2**64 - 5
+    table = pa.table({"text": ["a", "b", "c", "d"], "n": pa.array([1, 2, 1, 3], pa.int32()),
+                      "k": ["x", "y\0", "z", "w"], "note": ["", "", "n\0", ""],
+                      "u": pa.array([big, 0, 1, 2], pa.uint64())})
+    pq.write_table(table, tmp_path / "c.parquet")
+    run_pipeline(tmp_path / "c.parquet", synthetic(), devices="cpu", output=tmp_path / "o.h5",
+                 id_column="n", progress=False)
+    data = read_output(tmp_path / "o.h5")
+    assert data["ids"].tolist() == [1, 2, 3] and [e["position"] for e in data["errors"]] == [2]
+    run_pipeline(tmp_path / "c.parquet", synthetic(), devices="cpu", output=tmp_path / "k.h5",
+                 id_column="k", keep_columns=["note", "u"], progress=False)
+    data = read_output(tmp_path / "k.h5")
+    assert data["keys"].tolist() == ["x", "w"] and data["u"].tolist() == [big, 2]
+    assert sorted(e["position"] for e in data["errors"]) == [1, 2]
+    assert any("NUL" in e["message"] for e in data["errors"])
+
+
+def test_column_names_and_encodings_users_have(tmp_path):
+    (tmp_path / "dup.csv").write_text("id,text,text\n1,a,b\n")
+    with pytest.raises(SourceError, match="column 'text' appears 2 times"):
+        open_source(tmp_path / "dup.csv")
+    pq.write_table(keyed(4), tmp_path / "c.parquet")
+    with pytest.raises(SourceError, match="'text' is the text column too"):
+        open_source(tmp_path / "c.parquet", id_column="text")
+    with pytest.raises(SourceError, match="'a/b'.*no '/'"):
+        open_source(tmp_path / "c.parquet", keep_columns=["a/b"])
+    with pytest.raises(SourceError, match="attrs cannot be kept"):
+        open_source(tmp_path / "c.parquet", keep_columns=["attrs"])
+    folder = tmp_path / "mixed"  # pandas writes string, polars large_string; a category column
+    folder.mkdir()
+    pq.write_table(pa.table({"text": pa.array(["a", "b"]).dictionary_encode(), "k": ["x", "y"]}),
+                   folder / "1.parquet")
+    pq.write_table(pa.table({"text": pa.array(["c"], pa.large_string()),
+                             "k": pa.array(["z"], pa.large_string())}), folder / "2.parquet")
+    run_pipeline(folder, synthetic(), devices="cpu", output=tmp_path / "o.h5", id_column="k",
+                 progress=False)
+    data = read_output(tmp_path / "o.h5")
+    assert data["keys"].tolist() == ["x", "y", "z"]
+    assert data["values"][2].tolist() == record_vector("c", 8).tolist()
+
+
+def test_text_that_is_not_utf8_costs_its_row_in_csv_and_jsonl(tmp_path):
+    (tmp_path / "c.csv").write_bytes(b"k,text\nk0,fine\nk1,caf\xe9\nk2,also fine\n")
+    lines = [b'{"text": "fine"}', b'{"text": "caf\xe9"}', b'{"text": "also fine"}']
+    (tmp_path / "j.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    for name, id_column in (("c.csv", "k"), ("j.jsonl", None)):
+        run_pipeline(tmp_path / name, synthetic(), devices="cpu", id_column=id_column,
+                     output=tmp_path / f"{name}.h5", progress=False)
+        data = read_output(tmp_path / f"{name}.h5")
+        assert data["ids"].tolist() == [0, 2], name
+        assert [(e["position"], e["type"]) for e in data["errors"]] == [
+            (1, "UnicodeDecodeError")], name
+
+
+def test_zero_padded_csv_ids_are_keys_kept_as_written(tmp_path):
+    (tmp_path / "c.csv").write_text("id,text\n000123,a\n123,b\n7,c\n")
+    run_pipeline(tmp_path / "c.csv", synthetic(), devices="cpu", id_column="id",
+                 output=tmp_path / "o.h5", progress=False)
+    data = read_output(tmp_path / "o.h5")
+    assert data["keys"].tolist() == ["000123", "123", "7"] and not data["errors"]
+    (tmp_path / "n.csv").write_text("id,text\n-5,a\n123,b\n")
+    run_pipeline(tmp_path / "n.csv", synthetic(), devices="cpu", id_column="id",
+                 output=tmp_path / "n.h5", progress=False)
+    assert read_output(tmp_path / "n.h5")["ids"].tolist() == [-5, 123]
+
+
+def test_carried_values_of_failed_records_are_all_let_go():
+    from helpers.engine.carried import Carried
+    from helpers.engine.protocol import OutputSpec
+
+    held = Carried({"keys": OutputSpec((), "str"), "n": OutputSpec((), "int64")})
+    held.add(np.arange(4), {"keys": np.array(list("abcd"), dtype=object), "n": np.arange(4)})
+    held.drop(i for i in (1, 3))  # a generator, as the pipeline passes
+    taken = held.take(np.array([2, 0]))
+    assert taken["keys"].tolist() == ["c", "a"] and taken["n"].tolist() == [2, 0]
+    assert len(held) == 0

@@ -46,6 +46,7 @@ class Carried:
 
     def drop(self, ids: Iterable[int]) -> None:
         """Forget the values of records that will not be written (they failed)."""
+        ids = list(ids)  # (a generator would be used up by the first column)
         with self._lock:
             for held in self._values.values():
                 for k in ids:

@@ -10,8 +10,10 @@ output's ``errors/``.
 - ``npy``: a folder of ``<dataset>.npy`` files (``ids.npy``, ``embeddings.npy``, ...), each
   memory-mappable (``np.load(path, mmap_mode="r")``); strings as fixed-width Unicode.
 
-The export is written under a temporary name and renamed when whole; an existing ``path`` is
-refused unless ``overwrite``.
+The export is written under a temporary name and renamed when whole, and marked as gpufeed's
+(the Parquet file's metadata, a MARK file in the npy folder): an existing ``path`` is refused, and
+with ``overwrite`` replaced only if it is such an export. An unfinished run's output (killed,
+interrupted) is refused unless ``partial``: its rows are only those written so far.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from helpers.engine.hdf5_sink import check_parts
 
 TARGETS = ("parquet", "npy")
 EXPORT_ROWS = 65536
+MARK = ".gpufeed-export"  # in an npy export's folder; in a Parquet export's metadata (a key)
+NPY_MAX_CHARS = 4096  # a longer string makes every row of its fixed-width .npy that wide
 FIRST = ("ids", "keys")  # these columns first, then the rest in the file's order
 
 
@@ -36,9 +40,9 @@ class ExportError(ValueError):
 
 
 def export(output: str | os.PathLike, to: str, path: str | os.PathLike,
-           overwrite: bool = False) -> int:
-    """Write ``output`` (a gpufeed output: a finished file or a run's index) as ``to`` at
-    ``path`` (module docstring); returns the rows written."""
+           overwrite: bool = False, partial: bool = False) -> int:
+    """Write ``output`` (a gpufeed output: a finished file or, with ``partial``, a run's index)
+    as ``to`` at ``path`` (module docstring); returns the rows written."""
     if to not in TARGETS:
         raise ExportError(f"to: expected one of {TARGETS}, got {to!r}")
     output, path = Path(output), Path(path)
@@ -47,13 +51,19 @@ def export(output: str | os.PathLike, to: str, path: str | os.PathLike,
     if path.exists() and not overwrite:
         raise ExportError(f"{path} exists; give another path, or overwrite=True (--overwrite)")
     if path.exists() and not _is_export(path, to):
-        raise ExportError(f"{path} exists and is not a {to} export; it is left as it is "
-                          f"(overwrite replaces only an earlier export)")
+        raise ExportError(f"{path} exists and is not a gpufeed {to} export; it is left as it "
+                          f"is (overwrite replaces only an earlier export)")
     if path.resolve() == output.resolve():
         raise ExportError(f"{path} is the output itself")
+    if not h5py.is_hdf5(output):
+        raise ExportError(f"{output}: not a gpufeed output (not an HDF5 file)")
     with h5py.File(output, "r") as f:
         if "ids" not in f:
             raise ExportError(f"{output}: not a gpufeed output (no ids)")
+        if not f.attrs.get("complete", True) and not partial:
+            raise ExportError(f"{output}: the run that writes it has not finished "
+                              f"({len(f['ids']):,} rows so far); --resume it first, or export "
+                              f"what is there with partial=True (--partial)")
         check_parts(f, output)
         names = [n for n in FIRST if n in f] + [
             n for n in f if n not in FIRST and isinstance(f[n], h5py.Dataset)]
@@ -75,11 +85,14 @@ def _is_export(path: Path, to: str) -> bool:
     if path.is_symlink():
         return False
     if to == "parquet":
-        if not path.is_file():
+        import pyarrow.parquet as pq
+
+        try:
+            return MARK.encode() in (pq.read_schema(path).metadata or {})
+        except Exception:  # not Parquet at all
             return False
-        with open(path, "rb") as f:
-            return f.read(4) == b"PAR1"
-    return path.is_dir() and all(p.suffix == ".npy" and p.is_file() for p in path.iterdir())
+    return path.is_dir() and (path / MARK).is_file() and \
+        all(p.suffix == ".npy" and p.is_file() for p in path.iterdir() if p.name != MARK)
 
 
 def _remove(path: Path) -> None:
@@ -106,7 +119,7 @@ def _parquet(f: h5py.File, names: list[str], path: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([(n, _arrow_type(f[n])) for n in names])
+    schema = pa.schema([(n, _arrow_type(f[n])) for n in names], metadata={MARK: "1"})
     rows = 0
     with pq.ParquetWriter(path, schema) as writer:
         for chunk in _chunks(f, names):
@@ -137,16 +150,24 @@ def _arrow_array(values: np.ndarray, arrow_type: Any) -> Any:
 
 
 def _npy(f: h5py.File, names: list[str], folder: Path) -> int:
-    folder.mkdir()
     total = len(f["ids"])
-    for name in names:
+    dtypes = {}
+    for name in names:  # first: is every string column narrow enough?
         dataset = f[name]
         if h5py.check_string_dtype(dataset.dtype) is not None:
             longest = max((len(max(c[name], key=len, default="")) for c in _chunks(f, [name])),
                           default=0)
-            dtype = np.dtype(f"<U{max(1, longest)}")
+            if longest > NPY_MAX_CHARS:
+                raise ExportError(f"{name!r} holds a string of {longest:,} characters: as a "
+                                  f"fixed-width .npy every row would take that much; export "
+                                  f"to parquet instead")
+            dtypes[name] = np.dtype(f"<U{max(1, longest)}")
         else:
-            dtype = dataset.dtype
+            dtypes[name] = dataset.dtype
+    folder.mkdir()
+    (folder / MARK).write_text("written by python -m helpers export\n")
+    for name in names:
+        dataset, dtype = f[name], dtypes[name]
         target = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=dtype,
                                            shape=(total, *dataset.shape[1:]))
         for start, chunk in zip(range(0, total, EXPORT_ROWS), _chunks(f, [name])):

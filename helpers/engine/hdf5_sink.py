@@ -52,6 +52,7 @@ from helpers.engine.protocol import NO_ID, TEXT, OutputSpec
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
 WRITE_AHEAD_BYTES = 128 << 20  # rows handed to the writer and not yet on disk, at most
 IDLE_SECONDS = 0.5  # an idle writer thread looks this often whether the index is due
+STR_OVERHEAD = 49  # bytes of a Python str beside its characters (sys.getsizeof("") == 49)
 
 log = logging.getLogger("gpufeed")
 
@@ -171,7 +172,7 @@ class HDF5Sink:
             self._since = time.monotonic()
         self._blocks.append(block)
         self._rows += rows
-        self._bytes += sum(a.nbytes for a in block.values())
+        self._bytes += sum(_memory(a) for a in block.values())
         if self._rows >= PART_ROWS or self._bytes >= PART_BYTES:
             self._hand_off()
         else:
@@ -344,6 +345,14 @@ class _WriterThread(threading.Thread):
                     self._queued_bytes -= item[1]
                 self._busy = False
                 self._lock.notify_all()
+
+
+def _memory(array: np.ndarray) -> int:
+    """The bytes ``array`` holds: its strings too, not only their pointers (8 bytes each), so
+    that the write-ahead bound holds for a run that carries keys."""
+    if array.dtype != object:
+        return array.nbytes
+    return array.nbytes + sum(map(len, array.tolist())) + STR_OVERHEAD * len(array)
 
 
 def read_output(path: str | os.PathLike) -> dict[str, Any]:

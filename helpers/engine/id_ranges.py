@@ -120,14 +120,13 @@ class SeenIds:
         seen = np.zeros(len(ids), dtype=bool)
         if not len(ids):
             return seen
-        for level in self._levels:
-            seen |= level.contains(ids)
         order = np.argsort(ids, kind="stable")  # equal ids in input order: the first is not a repeat
         ordered = ids[order]
-        again = np.empty(len(ids), dtype=bool)
-        again[order] = np.r_[False, ordered[1:] == ordered[:-1]]
-        seen |= again
-        fresh = IdRanges.from_ids(ids[~seen])
+        again = np.r_[False, ordered[1:] == ordered[:-1]]
+        for level in self._levels:  # sorted look-ups: each search starts where the last ended
+            again |= level.contains(ordered)
+        seen[order] = again
+        fresh = IdRanges.from_ids(ordered[~again])
         if not fresh.runs:
             return seen
         while self._levels and self._levels[-1].runs <= 2 * fresh.runs:
@@ -138,3 +137,35 @@ class SeenIds:
     @property
     def runs(self) -> int:
         return sum(level.runs for level in self._levels)
+
+
+class SeenValues:
+    """Scattered int64 values seen so far (the 64-bit hashes of string keys), 8 bytes each: a
+    few sorted arrays of doubling size, merged like SeenIds' levels (a range per hash would take
+    16)."""
+
+    def __init__(self) -> None:
+        self._levels: list[np.ndarray] = []
+
+    def add(self, values: np.ndarray) -> np.ndarray:
+        """Record ``values``; returns a mask of those seen before (earlier in ``values``
+        included)."""
+        values = np.asarray(values, dtype=np.int64)
+        order = np.argsort(values, kind="stable")
+        ordered = values[order]
+        again = np.r_[False, ordered[1:] == ordered[:-1]] if len(values) else \
+            np.zeros(0, dtype=bool)
+        for level in self._levels:  # sorted look-ups: each search starts where the last ended
+            at = np.minimum(np.searchsorted(level, ordered), len(level) - 1)
+            again |= level[at] == ordered
+        seen = np.empty(len(values), dtype=bool)
+        seen[order] = again
+        fresh = ordered[~again]
+        if len(fresh):
+            while self._levels and len(self._levels[-1]) <= 2 * len(fresh):
+                fresh = np.sort(np.concatenate([self._levels.pop(), fresh]), kind="stable")
+            self._levels.append(fresh)
+        return seen
+
+    def __len__(self) -> int:
+        return sum(len(level) for level in self._levels)

@@ -1,4 +1,10 @@
-"""JSON lines parsed a block at a time with pyarrow, for JSONLSource.
+"""JSONLSource: one JSON object per line with a text field, parsed a block at a time by pyarrow.
+
+A record's id is decided for the whole file by its first lines (ID_LINES of them): if one has the
+id field, every record's id is its id field (integers: the ids; strings: the ids are line numbers
+and the strings the output's ``keys``), and a line without one goes to ``errors/``; if none has
+it, every id is the 0-based line number, and a line that has one goes to ``errors/``. (A file that
+mixed the two would give a line number that another line names as its id: two records, one id.)
 
 A file is cut into blocks of whole lines (BLOCK_BYTES); pyarrow parses a block's text and id fields
 into columns at C speed, other fields ignored. A block pyarrow cannot take whole, or takes in a
@@ -8,12 +14,156 @@ is wrong with each line: one bad line costs its block's speed, never a record.
 """
 from __future__ import annotations
 
+import json
+import os
+import re
 from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from helpers.engine.fingerprint import file_identity
+from helpers.engine.id_checks import checked_ids, key_problems, screen
+from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
+from helpers.engine.protocol import NO_ID, TEXT, BadRecord, OutputSpec, SourceError
+from helpers.engine.table_files import count_lines
+from helpers.engine.tables import KEYS
+
 BLOCK_BYTES = 4 << 20
+BLANK = re.compile(rb"(?:^|\n)[ \t\r]*\n|\n[ \t\r]+\Z")  # a line of nothing but white space
+ID_LINES = 1000  # lines that decide what the file's ids are
+
+
+class JSONLSource:
+    """Records from the ``text_field`` of each line of a JSON-lines file; ids: module docstring."""
+
+    def __init__(self, path: str | os.PathLike, text_field: str = "text",
+                 id_field: str = "id") -> None:
+        self.path, self.text_field, self.id_field = Path(path), text_field, id_field
+        if not self.path.is_file():
+            raise SourceError(f"input {str(self.path)!r}: no such file")
+        self.ids = self._id_kind()
+        self.keyed = self.ids == "keys"
+
+    def _id_kind(self) -> str:
+        """"keys", "given" (integers) or "lines", from the first ID_LINES lines."""
+        with open(self.path, "rb") as lines:
+            for line in islice(lines, ID_LINES):
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if type(obj) is dict and obj.get(self.id_field) is not None:
+                    return "keys" if isinstance(obj[self.id_field], str) else "given"
+        return "lines"
+
+    def __len__(self) -> int:
+        """Lines (a blank one counts): the progress bar's total."""
+        return count_lines([str(self.path)], header=False)
+
+    def carried(self) -> dict[str, OutputSpec]:
+        return {KEYS: OutputSpec((), TEXT)} if self.keyed else {}
+
+    def slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple]:
+        """A block of lines at a time (pyarrow, or line by line where a block has a bad line),
+        ids as the module docstring says, the first ``limit`` lines only, done ids dropped."""
+        seen = SeenValues() if self.keyed else SeenIds()
+        for first, block in blocks(self.path, limit):
+            parsed = parse(block, self.text_field, self.id_field,
+                           "str" if self.keyed else "int")
+            if parsed is not None:
+                records, raw = parsed
+                positions = np.arange(first, first + len(records), dtype=np.int64)
+            else:
+                positions, raw, records = self._lines(first, block)
+            if limit is not None and len(positions) and positions[-1] >= limit:
+                n = int(np.searchsorted(positions, limit))
+                positions, records, raw = positions[:n], records[:n], raw[:n]
+            if not len(positions):
+                continue
+            columns: dict[str, np.ndarray] = {}
+            if self.ids == "keys":
+                columns[KEYS] = np.array([k if type(k) is str else "" for k in raw], dtype=object)
+                done = skip.contains(positions) if skip.runs else np.zeros(len(raw), dtype=bool)
+                self._file(records, positions, [(k, p) for k, p in key_problems(list(raw), seen)
+                                                if not done[k]])  # (judged when written)
+                screened = screen(positions, records, positions, None, skip)
+            elif self.ids == "lines":
+                given = [k for k, value in enumerate(raw) if value is not None]
+                self._file(records, positions, [(k, "is there, but the first lines have no ids: "
+                                                    "ids are the line numbers") for k in given])
+                screened = screen(positions, records, positions, None, skip)
+            else:
+                if not isinstance(raw, np.ndarray):
+                    self._file(records, positions, [(k, "is missing: other lines have ids")
+                                                    for k, v in enumerate(raw) if v is None])
+                if isinstance(raw, np.ndarray) and not (raw == NO_ID).any():
+                    ids = raw.astype(np.int64)  # (a copy: screen writes into it)
+                else:
+                    values = raw.tolist() if isinstance(raw, np.ndarray) else raw
+                    ids = checked_ids(tuple(NO_ID if v is None else v for v in values), records,
+                                      tuple(positions.tolist()), self.where)
+                screened = screen(ids, records, positions, seen, skip)
+            if screened is not None:
+                ids, records, keep = screened
+                yield ids, records, {c: v[keep] for c, v in columns.items()}
+
+    def _file(self, records: list, positions: np.ndarray, problems: list[tuple[int, str]]
+              ) -> None:
+        """Each ``(k, problem)``'s record made a BadRecord (a bad line stays as it is)."""
+        for k, problem in problems:
+            if not isinstance(records[k], BadRecord):
+                records[k] = BadRecord("DuplicateId" if "earlier" in problem else "ValueError",
+                                       f"{self.where(int(positions[k]))} {problem}",
+                                       int(positions[k]))
+
+    def _lines(self, first: int, block: bytes) -> tuple[np.ndarray, list, list]:
+        """A block parsed a line at a time: ``(positions, ids, records)`` of its lines that are
+        not blank; an id is None where the line has none."""
+        positions, raw, records = [], [], []
+        text, key, loads = self.text_field, self.id_field, json.loads
+        for number, line in enumerate(lines_of(block), first):
+            try:
+                obj = loads(line)
+            except ValueError:  # a blank line, or not JSON
+                if line.strip():
+                    positions.append(number), raw.append(NO_ID)
+                    records.append(self._bad(number, line))
+                continue
+            positions.append(number)
+            raw.append(obj.get(key) if type(obj) is dict else NO_ID)
+            records.append(obj[text] if type(obj) is dict and text in obj
+                           else self._bad(number, line))
+        return np.array(positions, dtype=np.int64), raw, records
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        for ids, records, _ in self.slices(IdRanges(), None):  # ids checked, bad records kept
+            yield from zip(ids.tolist(), records)
+
+    def _bad(self, number: int, line: bytes) -> BadRecord:
+        """Why line ``number`` gives no record."""
+        where = f"{self.path.name} line {number + 1}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+            return BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})", number)
+        if not isinstance(obj, dict):
+            return BadRecord("ValueError", f"{where}: expected a JSON object", number)
+        return BadRecord("KeyError", f"{where}: no field {self.text_field!r}", number)
+
+    def describe(self) -> str:
+        return f"jsonl:{self.path}#{self.text_field}"
+
+    def where(self, position: int) -> str:
+        """How a message names a record's id: its line, as an editor counts, and the field."""
+        return f"{self.path.name} line {position + 1}: {self.id_field!r}"
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"format": "jsonl", "text_field": self.text_field, "id_field": self.id_field,
+                "ids": self.ids, **file_identity(self.path)}
+
 
 
 def blocks(path: Any, limit_lines: int | None = None) -> Iterator[tuple[int, bytes]]:
@@ -41,12 +191,14 @@ def blocks(path: Any, limit_lines: int | None = None) -> Iterator[tuple[int, byt
 
 def parse(block: bytes, text: str, key: str, key_type: str) -> tuple[list, Any] | None:
     """``(texts, ids)`` of every line of ``block``, or None where the caller must parse it a
-    line at a time (module docstring). ``key_type`` "int": ``ids`` is ``(int64 array, missing)``,
-    ``missing`` a mask of the lines without the id field (None if none); "str": a list of keys,
-    None where missing."""
+    line at a time (module docstring). ``key_type`` "int": ``ids`` is a list with None where a
+    line has no id (an int64 array when every line has one); "str": a list of keys, None where
+    missing."""
     import pyarrow as pa
     import pyarrow.json as pajson
 
+    if _blank_line(block):  # pyarrow skips a blank line: line numbers would shift
+        return None
     lines = block.count(b"\n") + (not block.endswith(b"\n"))
     schema = pa.schema([(text, pa.string()), (key, pa.int64() if key_type == "int"
                                               else pa.string())])
@@ -59,23 +211,29 @@ def parse(block: bytes, text: str, key: str, key_type: str) -> tuple[list, Any] 
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     if table.num_rows != lines or table.column(text).null_count:
-        return None  # a blank line (pyarrow skips it), a missing or null text
-    texts = table.column(text).to_pylist()
-    ids = table.column(key)
-    if key_type == "int":
-        missing = ids.is_null().to_numpy(zero_copy_only=False) if ids.null_count else None
-        return texts, (ids.fill_null(-1).to_numpy(), missing)
+        return None  # two objects on a line, a missing or null text
+    try:
+        texts = table.column(text).to_pylist()
+        ids = table.column(key)
+        if key_type == "str":
+            return texts, ids.to_pylist()
+    except UnicodeDecodeError:  # pyarrow's JSON reader does not check UTF-8: the lines will
+        return None
+    if not ids.null_count:
+        return texts, ids.to_numpy()
     return texts, ids.to_pylist()
+
+
+def _blank_line(block: bytes) -> bool:
+    """Whether ``block`` has a line of nothing but white space (byte searches in C first: the
+    pattern only where a line starts with a space or a tab)."""
+    if block[:1] in (b"\n", b"\r") or b"\n\n" in block or b"\n\r\n" in block:
+        return True
+    if block[:1] in (b" ", b"\t") or b"\n " in block or b"\n\t" in block:
+        return BLANK.search(block) is not None
+    return False
 
 
 def lines_of(block: bytes) -> list[bytes]:
     """The block's lines, as the line-at-a-time parser takes them."""
     return block.split(b"\n")[:block.count(b"\n") + (not block.endswith(b"\n"))]
-
-
-def fill_missing(ids: np.ndarray, missing: np.ndarray | None, first: int) -> np.ndarray:
-    """Ids with each line that has none given its line number (JSONLSource's rule)."""
-    if missing is not None:
-        ids = ids.copy()
-        ids[missing] = first + np.flatnonzero(missing)
-    return ids

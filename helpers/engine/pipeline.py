@@ -232,7 +232,8 @@ class WorkerPool:
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
         self._sizing.seconds = settings.workunit_seconds
-        with self._guard(), self._sink(output, settings, attrs, records) as sink:
+        outputs = self._outputs(records)  # (a clash is refused before the pool is at risk)
+        with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
             job = _Job(scheduler, settings, sink, started, self._growth, carried(records))
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.done)
@@ -261,7 +262,8 @@ class WorkerPool:
         started = time.monotonic()
         settings, records, attrs = self._job(source, changes)
         scheduler = self._scheduler
-        with self._guard(), self._sink(output, settings, attrs, records) as sink:
+        outputs = self._outputs(records)
+        with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
             job = _Job(scheduler, settings, sink, started, carried=carried(records))
             job.start_clock()
             read = list(read_slices(records, sink.done, settings.limit, job.rejected.extend,
@@ -294,17 +296,20 @@ class WorkerPool:
         self._scheduler.dispatches = Dispatches()
         return job, records, attrs
 
-    def _sink(self, output: str | os.PathLike, job: JobSettings, attrs: dict[str, Any],
-              records: Any) -> HDF5Sink:
-        """The job's writer, once the output is this job's to write (else OutputError); its
-        datasets: the workload's and the source's carried columns."""
+    def _outputs(self, records: Any) -> dict[str, Any]:
+        """The output's datasets: the workload's and the source's carried columns."""
         own = carried(records)
         clash = sorted(set(own) & set(self.outputs))
         if clash:
             raise ValueError(f"the source carries {', '.join(clash)} and the workload writes "
                              f"it too: rename the workload's output")
-        return HDF5Sink(output, {**self.outputs, **own}, attrs, job.durable, job.resume,
-                        job.overwrite, input_paths(attrs))
+        return {**self.outputs, **own}
+
+    def _sink(self, output: str | os.PathLike, job: JobSettings, attrs: dict[str, Any],
+              outputs: dict[str, Any]) -> HDF5Sink:
+        """The job's writer, once the output is this job's to write (else OutputError)."""
+        return HDF5Sink(output, outputs, attrs, job.durable, job.resume, job.overwrite,
+                        input_paths(attrs))
 
     @contextmanager
     def _guard(self) -> Iterator[None]:

@@ -2,8 +2,9 @@
 
 - ``HDF5BatchesSource``: a group ``batches/`` of 1-D UTF-8 string datasets ``0, 1, ...``; a
   record's id is its global position across the batches in numeric order.
-- ``JSONLSource``: one JSON object per line with a text field; the id is the object's id field if it
-  has one, else the 0-based line number.
+- ``JSONLSource`` (helpers.engine.jsonl): one JSON object per line with a text field; the ids are
+  the id field or the 0-based line numbers, for the whole file.
+- ``TableSource`` (helpers.engine.tables): Parquet, CSV/TSV and Arrow files.
 - ``IterableSource``: any Python iterable of ``(id, record)`` pairs.
 - ``ImageFolderSource``: the image files of a folder, as paths, in sorted relative-path order (ids
   0, 1, ... in that order, so a rerun over the same folder gives the same ids). The workload
@@ -24,23 +25,26 @@ read the same one.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from helpers.engine.fingerprint import file_identity, listing_identity
+from helpers.engine.id_checks import checked_ids, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds
-from helpers.engine.protocol import (NO_ID, TEXT, BadRecord, OutputSpec, Source,
-                                     SourceError, id_problem)
-from helpers.engine import jsonl
-from helpers.engine.tables import FORMATS, KEYS, TableSource, count_lines, key_problems
+from helpers.engine.jsonl import JSONLSource
+from helpers.engine.protocol import BadRecord, OutputSpec, Source, SourceError
+from helpers.engine.table_files import FORMATS
+from helpers.engine.tables import TableSource
+
+__all__ = ["HDF5BatchesSource", "ImageFolderSource", "IterableSource", "JSONLSource",
+           "SourceError", "TableSource", "carried", "open_source", "read_slices",
+           "records_left", "source_length"]
 
 log = logging.getLogger("gpufeed")
 
@@ -66,7 +70,8 @@ class HDF5BatchesSource:
                 if not allow_external:
                     _refuse_external(f, group, self._names, self.path)
         except OSError as exc:
-            raise SourceError(f"input {str(self.path)!r}: not a readable HDF5 file ({exc})") from exc
+            raise SourceError(f"input {str(self.path)!r}: not a readable HDF5 file "
+                              f"({exc})") from exc
 
     def __len__(self) -> int:
         return self._length
@@ -154,149 +159,6 @@ def _decode(raw: bytes | str, position: int) -> str | BadRecord:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return BadRecord("UnicodeDecodeError", f"record is not valid UTF-8: {exc}", position)
-
-
-class JSONLSource:
-    """Records from the ``text_field`` of each line of a JSON-lines file."""
-
-    def __init__(self, path: str | os.PathLike, text_field: str = "text",
-                 id_field: str = "id") -> None:
-        self.path, self.text_field, self.id_field = Path(path), text_field, id_field
-        if not self.path.is_file():
-            raise SourceError(f"input {str(self.path)!r}: no such file")
-        self.keyed = isinstance(self._first_id(), str)
-
-    def _first_id(self) -> Any:
-        """The first line's id field that the first MiB holds (None if none): a string makes
-        the file keyed (ids: line numbers; the field: the output's keys)."""
-        with open(self.path, "rb") as lines:
-            for line in lines.read(1 << 20).splitlines():
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    continue
-                if type(obj) is dict and self.id_field in obj:
-                    return obj[self.id_field]
-        return None
-
-    def __len__(self) -> int:
-        """Lines (a blank one counts): the progress bar's total."""
-        return count_lines([str(self.path)], header=False)
-
-    def carried(self) -> dict[str, OutputSpec]:
-        return {KEYS: OutputSpec((), TEXT)} if self.keyed else {}
-
-    def slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple]:
-        """A block of lines at a time (helpers.engine.jsonl: pyarrow, or line by line where a
-        block has a bad line). Integer ids are checked like any source's; string ids make the
-        ids line numbers and go with them as ``keys`` (a null, non-string or repeated one costs
-        its record)."""
-        seen = SeenIds()
-        for first, block in jsonl.blocks(self.path, limit):
-            parsed = jsonl.parse(block, self.text_field, self.id_field,
-                                 "str" if self.keyed else "int")
-            if parsed is not None:
-                records, raw = parsed
-                positions = np.arange(first, first + len(records), dtype=np.int64)
-            else:
-                positions, raw, records = self._lines(first, block)
-            if limit is not None and len(positions) and positions[-1] >= limit:
-                n = int(np.searchsorted(positions, limit))
-                positions, records = positions[:n], records[:n]
-                raw = (raw[0][:n], None if raw[1] is None else raw[1][:n]) \
-                    if type(raw) is tuple else raw[:n]
-            if not len(positions):
-                continue
-            if self.keyed:
-                ids, columns = positions, {KEYS: np.array(
-                    [k if type(k) is str else "" for k in raw], dtype=object)}
-                for k, problem in key_problems(list(raw), seen):
-                    if not isinstance(records[k], BadRecord):
-                        records[k] = BadRecord(
-                            "DuplicateId" if "earlier" in problem else "ValueError",
-                            f"{self.where(int(positions[k]))} {problem}", int(positions[k]))
-                screened = _screen(ids, records, positions, None, skip)
-            elif type(raw) is tuple and not (raw[0] == NO_ID).any():
-                columns = {}
-                screened = _screen(jsonl.fill_missing(*raw, first), records, positions, seen, skip)
-            else:
-                columns = {}
-                raw = jsonl.fill_missing(*raw, first).tolist() if type(raw) is tuple else raw
-                ids = checked_ids(tuple(raw), records, tuple(positions.tolist()), self.where)
-                screened = _screen(ids, records, positions, seen, skip)
-            if screened is not None:
-                ids, records, keep = screened
-                yield ids, records, {c: v[keep] for c, v in columns.items()}
-
-    def _lines(self, first: int, block: bytes) -> tuple[np.ndarray, list, list]:
-        """A block parsed a line at a time: ``(positions, ids, records)`` of its lines that are
-        not blank (items' rules)."""
-        positions, raw, records = [], [], []
-        text, key, loads = self.text_field, self.id_field, json.loads
-        for number, line in enumerate(jsonl.lines_of(block), first):
-            try:
-                obj = loads(line)
-            except ValueError:  # a blank line, or not JSON
-                if line.strip():
-                    positions.append(number), raw.append(NO_ID)
-                    records.append(self._bad(number, line))
-                continue
-            positions.append(number)
-            raw.append(obj.get(key, number) if type(obj) is dict else NO_ID)
-            records.append(obj[text] if type(obj) is dict and text in obj
-                           else self._bad(number, line))
-        return np.array(positions, dtype=np.int64), raw, records
-
-    def __iter__(self) -> Iterator[tuple[int, Any]]:
-        for ids, records in read_slices(self, IdRanges()):  # ids checked, bad records kept
-            yield from zip(ids.tolist(), records)
-
-    def _bad(self, number: int, line: bytes) -> BadRecord:
-        """Why line ``number`` gives no record."""
-        where = f"{self.path.name} line {number + 1}"
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
-            return BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})", number)
-        if not isinstance(obj, dict):
-            return BadRecord("ValueError", f"{where}: expected a JSON object", number)
-        return BadRecord("KeyError", f"{where}: no field {self.text_field!r}", number)
-
-    def describe(self) -> str:
-        return f"jsonl:{self.path}#{self.text_field}"
-
-    def where(self, position: int) -> str:
-        """How a message names a record's id: its line, as an editor counts, and the field."""
-        return f"{self.path.name} line {position + 1}: {self.id_field!r}"
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {"format": "jsonl", "text_field": self.text_field, "id_field": self.id_field,
-                **file_identity(self.path)}
-
-
-def checked_ids(raw: tuple, records: list, positions: tuple, where: Callable[[int], str]
-                ) -> np.ndarray:
-    """A slice's ids as int64; a record whose id is unusable becomes a BadRecord (in
-    ``records``) under NO_ID. Plain ints inside int64, the usual case, cost one array."""
-    if all(type(i) is int for i in raw):
-        try:
-            ids = np.array(raw, dtype=np.int64)
-        except OverflowError:
-            pass
-        else:
-            if not (ids == NO_ID).any():
-                return ids
-    ids = np.empty(len(raw), dtype=np.int64)
-    for k, record_id in enumerate(raw):
-        problem = id_problem(record_id)
-        if problem:
-            ids[k] = NO_ID
-            if not isinstance(records[k], BadRecord):  # (one already, a line not JSON: kept)
-                records[k] = BadRecord("ValueError", f"{where(positions[k])} {problem}",
-                                       positions[k])
-        else:
-            ids[k] = int(record_id)
-    return ids
 
 
 class IterableSource:
@@ -432,14 +294,20 @@ def open_source(source: Any, *, text_column: str = "text", id_column: str | None
 
 
 def _is_table(path: Path) -> bool:
-    """Whether ``path`` names a table: a file with a table suffix, a glob, or a folder whose
-    files are tables and not images (images with a labels.csv beside them are an image source)."""
+    """Whether ``path`` names a table: a file with a table suffix, a glob, or a folder of table
+    files (one that holds images too is refused: which did the user mean?)."""
     if not path.is_dir():
         return any(c in str(path) for c in "*?[") or path.suffix.lower() in FORMATS
     if (path / "dataset_dict.json").is_file():
         return True
     suffixes = {p.suffix.lower() for p in path.rglob("*") if p.is_file()}
-    return bool(suffixes & set(FORMATS)) and not suffixes & set(IMAGE_SUFFIXES)
+    tables, images = suffixes & set(FORMATS), suffixes & set(IMAGE_SUFFIXES)
+    if tables and images:
+        raise SourceError(f"input {str(path)!r}: a folder of both tables ({', '.join(tables)}) "
+                          f"and images ({', '.join(images)}); name the tables (a glob such as "
+                          f"{str(path / ('*' + sorted(tables)[0]))!r}) or give an "
+                          f"ImageFolderSource")
+    return bool(tables)
 
 
 def carried(source: Any) -> dict[str, OutputSpec]:
@@ -476,8 +344,14 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
     own = getattr(source, "slices", None)
     pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
     skip_positions = skip_positions if skip_positions is not None else IdRanges()
+    declared = set(carried(source))
     for ids, records, *more in pieces:
         columns = more[0] if more else {}
+        if set(columns) != declared:
+            raise SourceError(f"source {getattr(source, 'describe', type(source).__name__)!s}: "
+                              f"its slices carry "
+                              f"{sorted(columns) or 'nothing'}, its carried() declares "
+                              f"{sorted(declared) or 'nothing'}")
         if reject is None:
             if carry is not None and columns:
                 carry(ids, columns)
@@ -516,34 +390,9 @@ def _checked(source: Any, skip: IdRanges, limit: int | None) -> Iterator[tuple[n
         positions, raw, records = zip(*chunk)
         records = list(records)
         ids = checked_ids(raw, records, positions, where)
-        screened = _screen(ids, records, np.array(positions, dtype=np.int64), seen, skip)
+        screened = screen(ids, records, np.array(positions, dtype=np.int64), seen, skip)
         if screened is not None:
             yield screened[:2]
-
-
-def _screen(ids: np.ndarray, records: list, positions: np.ndarray, seen: SeenIds | None,
-            skip: IdRanges) -> tuple[np.ndarray, list, np.ndarray] | None:
-    """A slice's checked ids further screened: an id ``seen`` earlier (done or not) makes its
-    record a BadRecord, bad records get their positions, done ids are dropped (bad records are
-    kept: known by their position). ``(ids, records, kept mask)``, or None if nothing is left."""
-    if seen is not None:
-        usable = ids != NO_ID
-        again = np.zeros(len(ids), dtype=bool)
-        again[usable] = seen.add(ids[usable])
-        for k in np.flatnonzero(again).tolist():
-            records[k] = BadRecord("DuplicateId", f"id {ids[k]} appeared earlier in the input; "
-                                   f"this record is not processed", int(positions[k]))
-    bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
-    for k in bad:
-        if records[k].position < 0:  # a BadRecord of the caller's own
-            records[k] = replace(records[k], position=int(positions[k]))
-    keep = np.ones(len(ids), dtype=bool)
-    if skip.runs:
-        keep = ~skip.contains(ids)
-        keep[bad] = True
-        if not keep.all():
-            ids, records = ids[keep], list(itertools.compress(records, keep))
-    return (ids, records, keep) if len(ids) else None
 
 
 def records_left(total: int | None, limit: int | None, skip: IdRanges | None = None

@@ -114,14 +114,32 @@ def release_memory(device: str) -> None:
 
 
 def peak_memory(device: str) -> tuple[float, float | None]:
-    """This process's peak resident memory in MiB, and torch's peak allocation on ``device``."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+    """This process's peak resident memory in MiB, and torch's peak allocation on ``device``.
+
+    On Linux the peak of this program alone (VmHWM): ``ru_maxrss`` also counts the process it was
+    forked from, as big as it was when it forked (a worker spawned by a parent of 500 MiB would
+    report at least 500 MiB)."""
+    rss_mb = _own_peak_mb()
+    if rss_mb is None:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS
     torch = sys.modules.get("torch")
     gpu = None
     if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
         gpu = torch.cuda.max_memory_allocated(device) / 2**20
     return rss_mb, gpu
+
+
+def _own_peak_mb() -> float | None:
+    """VmHWM from /proc/self/status in MiB (None where there is no such file)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
 
 
 def device_memory(workload: Any, model: Any, device: str) -> tuple[float | None, float | None]:

@@ -1,0 +1,259 @@
+"""What a table path holds, checked before anything is read: its files, their one format, the
+columns asked for (present once in every file, of kinds that agree), and each file's pieces.
+
+A piece is what is read at once: a Parquet row group, an Arrow file's record batch, a whole Arrow
+stream (all know their rows from metadata, so a resumed run can skip them unread) or a whole
+CSV/TSV file (streamed a block at a time; rows unknown until read). A CSV row with too many or too few fields is handed to
+``bad_rows`` and the rest of the file is read on.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from helpers.engine.protocol import TEXT, SourceError
+
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
+           ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
+CSV_BLOCK_BYTES = 4 << 20  # a CSV is parsed this much at a time (a longer row: the block grows)
+CSV_MAX_BLOCK_BYTES = 256 << 20
+RESERVED = {"ids", "errors", "resume", "attrs", "keys"}  # names an output or read_output uses
+
+
+def table_files(path: str | os.PathLike) -> tuple[list[str], str]:
+    """The files a table path names (a file, a folder, a glob), sorted, and their one format."""
+    text = str(path)
+    if any(c in text for c in "*?["):
+        files = sorted(f for f in glob.glob(text, recursive=True) if os.path.isfile(f))
+    elif os.path.isdir(text):
+        if (Path(text) / "dataset_dict.json").is_file():  # datasets' DatasetDict.save_to_disk
+            splits = sorted(p.name for p in Path(text).iterdir() if p.is_dir())
+            raise SourceError(f"input {text!r}: a dataset with splits ({', '.join(splits)}); "
+                              f"name one split's folder, e.g. {os.path.join(text, splits[0])!r}"
+                              if splits else f"input {text!r}: a dataset with no splits")
+        files = sorted(str(p) for p in Path(text).rglob("*")
+                       if p.is_file() and p.suffix.lower() in FORMATS
+                       and not any(part.startswith(".") for part in p.relative_to(text).parts))
+    elif os.path.isfile(text):
+        files = [text]
+    else:
+        raise SourceError(f"input {text!r}: no such file, folder or glob match")
+    if not files:
+        raise SourceError(f"input {text!r}: no table files ({', '.join(sorted(FORMATS))})")
+    kinds = {FORMATS.get(Path(f).suffix.lower()) for f in files}
+    if None in kinds:
+        odd = next(f for f in files if Path(f).suffix.lower() not in FORMATS)
+        raise SourceError(f"input {text!r}: {odd!r} is not a table file "
+                          f"({', '.join(sorted(FORMATS))})")
+    if len(kinds) > 1:
+        raise SourceError(f"input {text!r}: files of several formats ({', '.join(sorted(kinds))})"
+                          f"; give one format at a time")
+    return files, kinds.pop()
+
+
+def schema(path: str, fmt: str) -> Any:
+    """A file's schema (a CSV's inferred from its first block, grown until a row fits)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if fmt == "parquet":
+        return pq.read_schema(path)
+    if fmt == "arrow":
+        return open_arrow(path).schema
+    block = CSV_BLOCK_BYTES
+    while True:
+        try:
+            with pacsv.open_csv(path, parse_options=csv_parse(fmt, lambda row: "skip"),
+                                read_options=pacsv.ReadOptions(block_size=block)) as reader:
+                return reader.schema  # (a ragged row is the reading's to file)
+        except pa.ArrowInvalid as exc:  # "straddling object": a row longer than the block
+            if "straddling" not in str(exc) or block >= CSV_MAX_BLOCK_BYTES:
+                raise
+            block *= 4
+
+
+def open_arrow(path: str) -> Any:
+    """An Arrow IPC file, or a stream (what ``datasets``' save_to_disk writes)."""
+    import pyarrow as pa
+
+    try:
+        return pa.ipc.open_file(pa.memory_map(path))
+    except pa.ArrowInvalid:
+        return pa.ipc.open_stream(pa.memory_map(path))
+
+
+def csv_parse(fmt: str, bad_rows: Callable[[Any], str] | None = None) -> Any:
+    import pyarrow.csv as pacsv
+
+    return pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True,
+                              invalid_row_handler=bad_rows)
+
+
+def kind(arrow_type: Any) -> str:
+    """What a column holds, whatever its width or encoding: text, binary, integer, float, bool,
+    null (no values at all) or the type itself."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    for name, test in (("text", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
+                       ("binary", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)),
+                       ("unsigned", pa.types.is_unsigned_integer), ("integer", pa.types.is_integer),
+                       ("float", pa.types.is_floating), ("bool", pa.types.is_boolean),
+                       ("null", pa.types.is_null)):
+        if test(arrow_type):
+            return name
+    return str(arrow_type)
+
+
+def column_kind(schemas: list, files: list[str], column: str, path: str, what: str) -> str:
+    """``column``'s kind, the same in every file (a file where it holds no values at all agrees
+    with any); SourceError naming the file if it is missing, twice there, or of another kind.
+    A CSV column that pyarrow would read as a date, a time or a decimal is text here: it is
+    read as text."""
+    csv = Path(files[0]).suffix.lower() in (".csv", ".tsv")
+    kinds: dict[str, str] = {}
+    for schema_, f in zip(schemas, files):
+        found = schema_.get_all_field_indices(column)
+        if not found:
+            raise SourceError(f"input {path!r}: no column {column!r} ({what}) in {f!r}; its "
+                              f"columns: {', '.join(schema_.names)}")
+        if len(found) > 1:
+            raise SourceError(f"input {path!r}: column {column!r} appears {len(found)} times in "
+                              f"{f!r}; name the columns apart")
+        found_kind = kind(schema_.field(column).type)
+        if csv and found_kind not in ("integer", "unsigned", "float", "bool", "null"):
+            found_kind = "text"
+        kinds.setdefault(found_kind, f)
+    known = {k: f for k, f in kinds.items() if k != "null"}
+    if len(known) > 1:
+        raise SourceError(f"input {path!r}: files disagree on column {column!r}: " +
+                          "; ".join(f"{k} in {f!r}" for k, f in known.items()))
+    return next(iter(known), "null")
+
+
+def kept_dtypes(schemas: list, files: list[str], names: Sequence[str], taken: set[str],
+                path: str) -> dict[str, str]:
+    """``{column: OutputSpec dtype}`` of the columns to carry to the output: scalars only, under
+    a name the output can hold (else SourceError)."""
+    clash = sorted(set(names) & (taken | RESERVED))
+    if clash:
+        raise SourceError(f"keep_columns: {', '.join(clash)} cannot be kept under its own name "
+                          f"(the text, the ids or the keys, or a name the output uses)")
+    odd = [n for n in names if "/" in n or n.startswith(".") or not n]
+    if odd:
+        raise SourceError(f"keep_columns: {odd!r}: an output dataset's name holds no '/' and does "
+                          f"not start with '.'")
+    dtypes = {"integer": "int64", "unsigned": "uint64", "float": "float64", "bool": "int8",
+              "text": TEXT, "null": TEXT}
+    kept = {}
+    for name in names:
+        found = column_kind(schemas, files, name, path, "a column to keep")
+        if found not in dtypes:
+            raise SourceError(f"keep_columns: {name!r} holds {found}; only numbers, booleans "
+                              f"and strings are carried to the output")
+        kept[name] = dtypes[found]
+    return kept
+
+
+def pieces(path: str, fmt: str) -> list[tuple[str, int | None, Callable]]:
+    """``(file, rows or None, read(columns, bad_rows) -> batches)`` of each piece of a file."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(path).metadata
+        return [(path, meta.row_group(i).num_rows, _parquet_reader(path, i))
+                for i in range(meta.num_row_groups)]
+    if fmt == "arrow":
+        reader = open_arrow(path)
+        if hasattr(reader, "num_record_batches"):
+            return [(path, reader.get_batch(i).num_rows, _arrow_reader(path, i))
+                    for i in range(reader.num_record_batches)]
+        rows = sum(b.num_rows for b in reader)  # one piece: a stream is read in order
+        return [(path, rows, _stream_reader(path))]
+    return [(path, None, _csv_reader(path, fmt))]
+
+
+def _parquet_reader(path: str, group: int) -> Callable:
+    def read(columns: list[str], bad_rows: Any = None) -> Iterator[Any]:
+        import pyarrow.parquet as pq
+
+        with pq.ParquetFile(path) as f:
+            yield from f.iter_batches(batch_size=65536, row_groups=[group], columns=columns)
+    return read
+
+
+def _arrow_reader(path: str, index: int) -> Callable:
+    def read(columns: list[str], bad_rows: Any = None) -> Iterator[Any]:
+        yield open_arrow(path).get_batch(index).select(columns)
+    return read
+
+
+def _stream_reader(path: str) -> Callable:
+    def read(columns: list[str], bad_rows: Any = None) -> Iterator[Any]:
+        for batch in open_arrow(path):
+            yield batch.select(columns)
+    return read
+
+
+def _csv_reader(path: str, fmt: str) -> Callable:
+    def read(columns: list[str], bad_rows: Any = None) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        as_bytes = {c: pa.binary() for c in columns}  # converted later: a bad value its row's
+        convert = pacsv.ConvertOptions(include_columns=columns, column_types=as_bytes,
+                                       strings_can_be_null=True, quoted_strings_can_be_null=False)
+        block, yielded = CSV_BLOCK_BYTES, False
+        while True:
+            try:
+                with pacsv.open_csv(path, parse_options=csv_parse(fmt, bad_rows),
+                                    convert_options=convert,
+                                    read_options=pacsv.ReadOptions(block_size=block)) as reader:
+                    for batch in reader:
+                        yielded = True
+                        yield batch
+                return
+            except pa.ArrowInvalid as exc:  # a first row longer than the block: a bigger one
+                if yielded or "straddling" not in str(exc) or block >= CSV_MAX_BLOCK_BYTES:
+                    raise
+                block *= 4
+    return read
+
+
+def canonical_integers(path: str, fmt: str, column: str) -> bool:
+    """Whether a CSV column's first block, read as text, holds integers as integers are written
+    (``000123`` is a key that looks like a number: read as 123 it would lose its zeros and meet
+    ``123``)."""
+    import re
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    convert = pacsv.ConvertOptions(include_columns=[column], column_types={column: pa.string()})
+    with pacsv.open_csv(path, parse_options=csv_parse(fmt, lambda row: "skip"),
+                        convert_options=convert,
+                        read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES)) as reader:
+        batch = next(iter(reader), None)
+    if batch is None:
+        return True
+    integer = re.compile(r"-?(0|[1-9][0-9]*)\Z")
+    return all(v is None or integer.match(v) for v in batch.column(0).to_pylist())
+
+
+def count_lines(files: list[str], header: bool) -> int:
+    """Rows of CSV or JSONL files by counting newlines (a quoted value with a newline in it counts
+    twice: a total for progress, not for ids)."""
+    total = 0
+    for f in files:
+        lines, last = 0, b"\n"
+        with open(f, "rb") as data:
+            while chunk := data.read(8 << 20):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+        total += lines + (last != b"\n") - (1 if header and lines else 0)
+    return total
