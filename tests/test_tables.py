@@ -161,14 +161,17 @@ def test_missing_columns_odd_types_and_disagreeing_files_are_refused_when_opened
         open_source(splits)
 
 
-def test_a_folder_of_both_images_and_tables_is_refused_as_ambiguous(tmp_path):
+def test_a_folder_of_both_images_and_tables_is_read_as_what_it_most_likely_is(tmp_path, caplog):
     from PIL import Image
 
     Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
-    (tmp_path / "labels.csv").write_text("file,label\na.png,x\n")
-    with pytest.raises(SourceError, match=r"both tables \(.csv\) and images \(.png\); name the "
-                                          r"tables \(a glob such as .*\*.csv'\)"):
-        open_source(tmp_path)
+    (tmp_path / "labels.csv").write_text("file,text\na.png,x\n")
+    assert type(open_source(tmp_path)).__name__ == "ImageFolderSource"  # a manifest beside them
+    assert type(open_source(tmp_path, id_column="file")).__name__ == "TableSource"  # asked
+    pq.write_table(keyed(3), tmp_path / "data.parquet")
+    (tmp_path / "labels.csv").unlink()
+    assert type(open_source(tmp_path)).__name__ == "TableSource"  # a logo beside the data
+    assert "holds both tables (.parquet) and images (.png): read as tables" in caplog.text
 
 
 def test_jsonl_with_string_ids_keeps_them_as_keys(tmp_path):

@@ -266,14 +266,15 @@ def open_source(source: Any, *, text_column: str = "text", id_column: str | None
     id_column = id_field if id_field is not None else id_column
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        if keep_columns and not _is_table(path):
+        named = text_column != "text" or id_column is not None or bool(keep_columns)
+        if keep_columns and not _is_table(path, named):
             raise SourceError(f"keep_columns: only a Parquet, CSV/TSV or Arrow input keeps "
                               f"columns ({str(path)!r} is not one)")
         if path.suffix.lower() in HDF5_SUFFIXES and path.is_file():
             return HDF5BatchesSource(path)
         if path.suffix.lower() in JSONL_SUFFIXES:
             return JSONLSource(path, text_column, id_column or "id")
-        if _is_table(path):
+        if _is_table(path, named):
             return TableSource(path, text_column, id_column, keep_columns)
         if path.is_dir():
             return ImageFolderSource(path)
@@ -293,9 +294,10 @@ def open_source(source: Any, *, text_column: str = "text", id_column: str | None
                       f"got {type(source).__name__}")
 
 
-def _is_table(path: Path) -> bool:
+def _is_table(path: Path, columns_named: bool = False) -> bool:
     """Whether ``path`` names a table: a file with a table suffix, a glob, or a folder of table
-    files (one that holds images too is refused: which did the user mean?)."""
+    files. A folder of both: the tables if one is Parquet or Arrow (a logo beside the data) or
+    if columns were named; else the images (a manifest.csv beside them)."""
     if not path.is_dir():
         return any(c in str(path) for c in "*?[") or path.suffix.lower() in FORMATS
     if (path / "dataset_dict.json").is_file():
@@ -303,10 +305,13 @@ def _is_table(path: Path) -> bool:
     suffixes = {p.suffix.lower() for p in path.rglob("*") if p.is_file()}
     tables, images = suffixes & set(FORMATS), suffixes & set(IMAGE_SUFFIXES)
     if tables and images:
-        raise SourceError(f"input {str(path)!r}: a folder of both tables ({', '.join(tables)}) "
-                          f"and images ({', '.join(images)}); name the tables (a glob such as "
-                          f"{str(path / ('*' + sorted(tables)[0]))!r}) or give an "
-                          f"ImageFolderSource")
+        table = columns_named or bool(tables - {".csv", ".tsv"})
+        log.warning("input %s holds both tables (%s) and images (%s): read as %s (%s)", path,
+                    ", ".join(sorted(tables)), ", ".join(sorted(images)),
+                    "tables" if table else "images", "a glob such as " +
+                    str(path / ("*" + sorted(tables)[0])) + " names the tables" if not table
+                    else "an ImageFolderSource reads the images")
+        return table
     return bool(tables)
 
 
