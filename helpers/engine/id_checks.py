@@ -18,6 +18,15 @@ import numpy as np
 from helpers.engine.id_ranges import IdRanges, SeenIds
 from helpers.engine.protocol import NO_ID, BadRecord, id_problem
 
+REPEAT = "appeared earlier in the input; this record is not processed"
+
+
+def id_record(problem: str, where: str, position: int) -> BadRecord:
+    """The BadRecord of a record whose id or key has ``problem`` (a repeat: DuplicateId);
+    ``where`` names the record and its id field."""
+    return BadRecord("DuplicateId" if problem.endswith(REPEAT) else "ValueError",
+                     f"{where} {problem}", position)
+
 
 def checked_ids(raw: tuple, records: list, positions: tuple, where: Callable[[int], str]
                 ) -> np.ndarray:
@@ -54,8 +63,7 @@ def screen(ids: np.ndarray, records: list, positions: np.ndarray, seen: SeenIds 
         again = np.zeros(len(ids), dtype=bool)
         again[usable] = seen.add(ids[usable])
         for k in np.flatnonzero(again).tolist():
-            records[k] = BadRecord("DuplicateId", f"id {ids[k]} appeared earlier in the input; "
-                                   f"this record is not processed", int(positions[k]))
+            records[k] = BadRecord("DuplicateId", f"id {ids[k]} {REPEAT}", int(positions[k]))
     bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
     for k in bad:
         if records[k].position < 0:  # a BadRecord of the caller's own
@@ -108,8 +116,7 @@ def integer_ids(values: Any, seen: SeenIds) -> tuple[np.ndarray, list[tuple[int,
     again = np.zeros(len(ids), dtype=bool)
     again[usable] = seen.add(ids[usable])
     for k in np.flatnonzero(again).tolist():
-        problems.append((k, f"{ids[k]} appeared earlier in the input; this record is not "
-                            f"processed"))
+        problems.append((k, f"{ids[k]} {REPEAT}"))
         ids[k] = NO_ID
     return ids, problems
 
@@ -132,6 +139,5 @@ def key_problems(keys: list, seen: Any) -> list[tuple[int, str]]:
                           dtype=np.int64)
     again = np.zeros(len(keys), dtype=bool)
     again[usable] = seen.add(hashes[usable])
-    problems += [(k, f"{keys[k]!r:.60} appeared earlier in the input; this record is not "
-                     f"processed") for k in np.flatnonzero(again).tolist()]
+    problems += [(k, f"{keys[k]!r:.60} {REPEAT}") for k in np.flatnonzero(again).tolist()]
     return problems

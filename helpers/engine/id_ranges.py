@@ -103,69 +103,73 @@ class IdRanges:
         return f"IdRanges({len(self)} ids: {shown}{more})"
 
 
-class SeenIds:
-    """The ids a reader has seen so far, to tell a duplicate from a first sighting.
-
-    Ids in runs cost a range each; scattered ids (hashes, say) 16 bytes each. They are kept in a
-    few IdRanges of doubling size, merged like a binary counter, so that adding n ids costs
-    O(n log n) in all instead of one ever-growing union per slice.
-    """
+class _Seen:
+    """Values seen so far, to tell a repeat from a first sighting: a few sorted levels of
+    doubling size, merged like a binary counter, so that adding n values costs O(n log n) in all
+    instead of one ever-growing union per slice. A subclass says what a level is."""
 
     def __init__(self) -> None:
-        self._levels: list[IdRanges] = []
-
-    def add(self, ids: np.ndarray) -> np.ndarray:
-        """Record ``ids``; returns a mask of those seen before (earlier in ``ids`` included)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        seen = np.zeros(len(ids), dtype=bool)
-        if not len(ids):
-            return seen
-        order = np.argsort(ids, kind="stable")  # equal ids in input order: the first is not a repeat
-        ordered = ids[order]
-        again = np.r_[False, ordered[1:] == ordered[:-1]]
-        for level in self._levels:  # sorted look-ups: each search starts where the last ended
-            again |= level.contains(ordered)
-        seen[order] = again
-        fresh = IdRanges.from_ids(ordered[~again])
-        if not fresh.runs:
-            return seen
-        while self._levels and self._levels[-1].runs <= 2 * fresh.runs:
-            fresh = self._levels.pop().union(fresh)
-        self._levels.append(fresh)
-        return seen
-
-    @property
-    def runs(self) -> int:
-        return sum(level.runs for level in self._levels)
-
-
-class SeenValues:
-    """Scattered int64 values seen so far (the 64-bit hashes of string keys), 8 bytes each: a
-    few sorted arrays of doubling size, merged like SeenIds' levels (a range per hash would take
-    16)."""
-
-    def __init__(self) -> None:
-        self._levels: list[np.ndarray] = []
+        self._levels: list = []
 
     def add(self, values: np.ndarray) -> np.ndarray:
         """Record ``values``; returns a mask of those seen before (earlier in ``values``
-        included)."""
+        included: equal values in input order, the first is not a repeat)."""
         values = np.asarray(values, dtype=np.int64)
         order = np.argsort(values, kind="stable")
         ordered = values[order]
         again = np.r_[False, ordered[1:] == ordered[:-1]] if len(values) else \
             np.zeros(0, dtype=bool)
         for level in self._levels:  # sorted look-ups: each search starts where the last ended
-            at = np.minimum(np.searchsorted(level, ordered), len(level) - 1)
-            again |= level[at] == ordered
+            again |= self._contains(level, ordered)
         seen = np.empty(len(values), dtype=bool)
         seen[order] = again
-        fresh = ordered[~again]
-        if len(fresh):
-            while self._levels and len(self._levels[-1]) <= 2 * len(fresh):
-                fresh = np.sort(np.concatenate([self._levels.pop(), fresh]), kind="stable")
+        fresh = self._level(ordered[~again])
+        if self._size(fresh):
+            while self._levels and self._size(self._levels[-1]) <= 2 * self._size(fresh):
+                fresh = self._merge(self._levels.pop(), fresh)
             self._levels.append(fresh)
         return seen
+
+
+class SeenIds(_Seen):
+    """The ids a reader has seen so far: ids in runs cost a range each (IdRanges levels)."""
+
+    _level = staticmethod(IdRanges.from_ids)
+
+    @staticmethod
+    def _contains(level: IdRanges, ordered: np.ndarray) -> np.ndarray:
+        return level.contains(ordered)
+
+    @staticmethod
+    def _size(level: IdRanges) -> int:
+        return level.runs
+
+    @staticmethod
+    def _merge(a: IdRanges, b: IdRanges) -> IdRanges:
+        return a.union(b)
+
+    @property
+    def runs(self) -> int:
+        return sum(level.runs for level in self._levels)
+
+
+class SeenValues(_Seen):
+    """Scattered int64 values seen so far (the 64-bit hashes of string keys), 8 bytes each in
+    sorted arrays (a range per hash would take 16)."""
+
+    @staticmethod
+    def _level(ordered: np.ndarray) -> np.ndarray:
+        return ordered  # sorted, and repeats are out already
+
+    @staticmethod
+    def _contains(level: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+        return level[np.minimum(np.searchsorted(level, ordered), len(level) - 1)] == ordered
+
+    _size = staticmethod(len)
+
+    @staticmethod
+    def _merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.sort(np.concatenate([a, b]), kind="stable")
 
     def __len__(self) -> int:
         return sum(len(level) for level in self._levels)

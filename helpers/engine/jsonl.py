@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.fingerprint import file_identity
-from helpers.engine.id_checks import checked_ids, key_problems, screen
+from helpers.engine.id_checks import checked_ids, id_record, key_problems, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.protocol import NO_ID, TEXT, BadRecord, OutputSpec, SourceError
 from helpers.engine.table_files import count_lines
-from helpers.engine.tables import KEYS
+from helpers.engine.tables import KEYS, as_text
 
 BLOCK_BYTES = 4 << 20
 BLANK = re.compile(rb"(?:^|\n)[ \t\r]*\n|\n[ \t\r]+\Z")  # a line of nothing but white space
@@ -85,7 +85,7 @@ class JSONLSource:
                 continue
             columns: dict[str, np.ndarray] = {}
             if self.ids == "keys":
-                columns[KEYS] = np.array([k if type(k) is str else "" for k in raw], dtype=object)
+                columns[KEYS] = as_text(raw)
                 done = skip.contains(positions) if skip.runs else np.zeros(len(raw), dtype=bool)
                 self._file(records, positions, [(k, p) for k, p in key_problems(list(raw), seen)
                                                 if not done[k]])  # (judged when written)
@@ -100,7 +100,7 @@ class JSONLSource:
                     self._file(records, positions, [(k, "is missing: other lines have ids")
                                                     for k, v in enumerate(raw) if v is None])
                 if isinstance(raw, np.ndarray) and not (raw == NO_ID).any():
-                    ids = raw.astype(np.int64)  # (a copy: screen writes into it)
+                    ids = raw.astype(np.int64)  # (writable: Arrow's arrays are read-only)
                 else:
                     values = raw.tolist() if isinstance(raw, np.ndarray) else raw
                     ids = checked_ids(tuple(NO_ID if v is None else v for v in values), records,
@@ -115,9 +115,7 @@ class JSONLSource:
         """Each ``(k, problem)``'s record made a BadRecord (a bad line stays as it is)."""
         for k, problem in problems:
             if not isinstance(records[k], BadRecord):
-                records[k] = BadRecord("DuplicateId" if "earlier" in problem else "ValueError",
-                                       f"{self.where(int(positions[k]))} {problem}",
-                                       int(positions[k]))
+                records[k] = id_record(problem, self.where(int(positions[k])), int(positions[k]))
 
     def _lines(self, first: int, block: bytes) -> tuple[np.ndarray, list, list]:
         """A block parsed a line at a time: ``(positions, ids, records)`` of its lines that are

@@ -232,9 +232,10 @@ class WorkerPool:
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
         self._sizing.seconds = settings.workunit_seconds
-        outputs = self._outputs(records)  # (a clash is refused before the pool is at risk)
+        own = carried(records)
+        outputs = self._outputs(own)  # (a clash is refused before the pool is at risk)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
-            job = _Job(scheduler, settings, sink, started, self._growth, carried(records))
+            job = _Job(scheduler, settings, sink, started, self._growth, own)
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.done)
             size = self._sizing.largest() if settings.auto_size else settings.workunit_size
@@ -262,9 +263,10 @@ class WorkerPool:
         started = time.monotonic()
         settings, records, attrs = self._job(source, changes)
         scheduler = self._scheduler
-        outputs = self._outputs(records)
+        own = carried(records)
+        outputs = self._outputs(own)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
-            job = _Job(scheduler, settings, sink, started, carried=carried(records))
+            job = _Job(scheduler, settings, sink, started, carried=own)
             job.start_clock()
             read = list(read_slices(records, sink.done, settings.limit, job.rejected.extend,
                                     sink.done_positions, job.carried.add))
@@ -296,9 +298,8 @@ class WorkerPool:
         self._scheduler.dispatches = Dispatches()
         return job, records, attrs
 
-    def _outputs(self, records: Any) -> dict[str, Any]:
-        """The output's datasets: the workload's and the source's carried columns."""
-        own = carried(records)
+    def _outputs(self, own: dict[str, Any]) -> dict[str, Any]:
+        """The output's datasets: the workload's and the source's carried columns (``own``)."""
         clash = sorted(set(own) & set(self.outputs))
         if clash:
             raise ValueError(f"the source carries {', '.join(clash)} and the workload writes "
@@ -539,9 +540,10 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     files (a file, a folder, a glob: helpers.engine.tables), an ImageFolderSource, any Source, or
     an iterable of ``(id, record)`` pairs. ``text_column``/``id_column``: a table's or a JSONL
     file's columns (an id column of strings is kept as the output's ``keys``); ``keep_columns``:
-    a table's other columns to carry to the output, row-aligned with ``ids``. ``devices``: one entry per worker. ``strategy``:
-    "queue" (workers pull workunits) or "static" (one even slice per worker; with fewer than
-    MIN_STATIC_SLICE records per worker it falls back to one worker). ``options``: the other
+    a table's other columns to carry to the output, row-aligned with ``ids``. ``devices``: one
+    entry per worker. ``strategy``: "queue" (workers pull workunits) or "static" (one even slice
+    per worker; with fewer than MIN_STATIC_SLICE records per worker it falls back to one
+    worker). ``options``: the other
     fields of PoolSettings (threads_per_worker, queue_depth, adaptive, max_workers_per_device,
     retries, max_restarts, workunit_timeout, load_timeout, ray_address) and of JobSettings (limit,
     sort_window, progress, durable, resume, overwrite). An existing ``output`` is refused unless

@@ -87,6 +87,16 @@ class BadRecord:
     position: int = -1
 
 
+def decoded(raw: bytes | str, position: int, what: str = "record") -> str | BadRecord:
+    """``raw`` as text, or the BadRecord saying that ``what`` is not valid UTF-8."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadRecord("UnicodeDecodeError", f"{what} is not valid UTF-8: {exc}", position)
+
+
 @runtime_checkable
 class Workload(Protocol):
     """What the pipeline needs of a workload (see the module docstring for the call order)."""

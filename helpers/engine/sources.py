@@ -38,7 +38,7 @@ from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_checks import checked_ids, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds
 from helpers.engine.jsonl import JSONLSource
-from helpers.engine.protocol import BadRecord, OutputSpec, Source, SourceError
+from helpers.engine.protocol import BadRecord, OutputSpec, Source, SourceError, decoded
 from helpers.engine.table_files import FORMATS
 from helpers.engine.tables import TableSource
 
@@ -99,7 +99,7 @@ class HDF5BatchesSource:
                     if skip.runs:
                         keep = ~skip.contains(ids)
                         ids, raw = ids[keep], raw[keep]
-                    yield ids, [_decode(value, i) for value, i in zip(raw, ids.tolist())]
+                    yield ids, [decoded(value, i) for value, i in zip(raw, ids.tolist())]
                 offset += len(dataset)
                 if offset >= end:
                     return
@@ -150,15 +150,6 @@ def _refuse_external(f: Any, group: str, names: list[str], path: Path) -> None:
             raise SourceError(f"input {str(path)!r}: {group}/{name} keeps its data outside the "
                               f"file ({where}); HDF5BatchesSource(path, allow_external=True) "
                               f"reads it")
-
-
-def _decode(raw: bytes | str, position: int) -> str | BadRecord:
-    if isinstance(raw, str):
-        return raw
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return BadRecord("UnicodeDecodeError", f"record is not valid UTF-8: {exc}", position)
 
 
 class IterableSource:
@@ -267,14 +258,15 @@ def open_source(source: Any, *, text_column: str = "text", id_column: str | None
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         named = text_column != "text" or id_column is not None or bool(keep_columns)
-        if keep_columns and not _is_table(path, named):
+        table = _is_table(path, named)  # (a folder is listed once)
+        if keep_columns and not table:
             raise SourceError(f"keep_columns: only a Parquet, CSV/TSV or Arrow input keeps "
                               f"columns ({str(path)!r} is not one)")
         if path.suffix.lower() in HDF5_SUFFIXES and path.is_file():
             return HDF5BatchesSource(path)
         if path.suffix.lower() in JSONL_SUFFIXES:
             return JSONLSource(path, text_column, id_column or "id")
-        if _is_table(path, named):
+        if table:
             return TableSource(path, text_column, id_column, keep_columns)
         if path.is_dir():
             return ImageFolderSource(path)
@@ -353,16 +345,11 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
     for ids, records, *more in pieces:
         columns = more[0] if more else {}
         if set(columns) != declared:
-            raise SourceError(f"source {getattr(source, 'describe', type(source).__name__)!s}: "
-                              f"its slices carry "
+            raise SourceError(f"source {source.describe()}: its slices carry "
                               f"{sorted(columns) or 'nothing'}, its carried() declares "
                               f"{sorted(declared) or 'nothing'}")
-        if reject is None:
-            if carry is not None and columns:
-                carry(ids, columns)
-            yield ids, records
-            continue
-        bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)]
+        bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)] \
+            if reject is not None else []
         if bad:
             now = time.time()
             rows = [(int(ids[k]), records[k].error_type, records[k].message, now,
@@ -375,10 +362,11 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
             keep[bad] = False
             ids, records = ids[keep], list(itertools.compress(records, keep))
             columns = {name: values[keep] for name, values in columns.items()}
-        if len(ids):
-            if carry is not None and columns:
-                carry(ids, columns)
-            yield ids, records
+        if reject is not None and not len(ids):
+            continue
+        if carry is not None and columns:
+            carry(ids, columns)
+        yield ids, records
 
 
 def _checked(source: Any, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, list]]:

@@ -3,7 +3,8 @@ columns asked for (present once in every file, of kinds that agree), and each fi
 
 A piece is what is read at once: a Parquet row group, an Arrow file's record batch, a whole Arrow
 stream (all know their rows from metadata, so a resumed run can skip them unread) or a whole
-CSV/TSV file (streamed a block at a time; rows unknown until read). A CSV row with too many or too few fields is handed to
+CSV/TSV file (streamed a block at a time; rows unknown until read). A file's schema and pieces
+come from one look at it (``layout``). A CSV row with too many or too few fields is handed to
 ``bad_rows`` and the rest of the file is read on.
 """
 from __future__ import annotations
@@ -54,22 +55,32 @@ def table_files(path: str | os.PathLike) -> tuple[list[str], str]:
     return files, kinds.pop()
 
 
-def schema(path: str, fmt: str) -> Any:
-    """A file's schema (a CSV's inferred from its first block, grown until a row fits)."""
+def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callable]]]:
+    """A file's schema and its pieces, ``(file, rows or None, read(columns, bad_rows) ->
+    batches)``, from one look at it: a Parquet footer, an Arrow file's batches, a CSV's first
+    block (its types inferred, the block grown until a row fits)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
     if fmt == "parquet":
-        return pq.read_schema(path)
+        with pq.ParquetFile(path) as f:
+            meta = f.metadata
+            return f.schema_arrow, [(path, meta.row_group(i).num_rows, _parquet_reader(path, i))
+                                    for i in range(meta.num_row_groups)]
     if fmt == "arrow":
-        return open_arrow(path).schema
-    block = CSV_BLOCK_BYTES
+        reader = open_arrow(path)
+        if hasattr(reader, "num_record_batches"):
+            return reader.schema, [(path, reader.get_batch(i).num_rows, _arrow_reader(path, i))
+                                   for i in range(reader.num_record_batches)]
+        rows = sum(b.num_rows for b in reader)  # one piece: a stream is read in order
+        return reader.schema, [(path, rows, _stream_reader(path))]
+    block = CSV_BLOCK_BYTES  # (a ragged row is skipped here: the reading files it)
     while True:
         try:
             with pacsv.open_csv(path, parse_options=csv_parse(fmt, lambda row: "skip"),
                                 read_options=pacsv.ReadOptions(block_size=block)) as reader:
-                return reader.schema  # (a ragged row is the reading's to file)
+                return reader.schema, [(path, None, _csv_reader(path, fmt))]
         except pa.ArrowInvalid as exc:  # "straddling object": a row longer than the block
             if "straddling" not in str(exc) or block >= CSV_MAX_BLOCK_BYTES:
                 raise
@@ -158,24 +169,6 @@ def kept_dtypes(schemas: list, files: list[str], names: Sequence[str], taken: se
                               f"and strings are carried to the output")
         kept[name] = dtypes[found]
     return kept
-
-
-def pieces(path: str, fmt: str) -> list[tuple[str, int | None, Callable]]:
-    """``(file, rows or None, read(columns, bad_rows) -> batches)`` of each piece of a file."""
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        meta = pq.ParquetFile(path).metadata
-        return [(path, meta.row_group(i).num_rows, _parquet_reader(path, i))
-                for i in range(meta.num_row_groups)]
-    if fmt == "arrow":
-        reader = open_arrow(path)
-        if hasattr(reader, "num_record_batches"):
-            return [(path, reader.get_batch(i).num_rows, _arrow_reader(path, i))
-                    for i in range(reader.num_record_batches)]
-        rows = sum(b.num_rows for b in reader)  # one piece: a stream is read in order
-        return [(path, rows, _stream_reader(path))]
-    return [(path, None, _csv_reader(path, fmt))]
 
 
 def _parquet_reader(path: str, group: int) -> Callable:

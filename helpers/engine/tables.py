@@ -33,10 +33,10 @@ import numpy as np
 
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
-from helpers.engine.id_checks import integer_ids, key_problems
-from helpers.engine.protocol import NO_ID, TEXT, BadRecord, OutputSpec, SourceError
+from helpers.engine.id_checks import id_record, integer_ids, key_problems
+from helpers.engine.protocol import NO_ID, TEXT, BadRecord, OutputSpec, SourceError, decoded
 from helpers.engine.table_files import (canonical_integers, column_kind, count_lines, kept_dtypes,
-                                        pieces, schema, table_files)
+                                        layout, table_files)
 
 SLICE_ROWS = 8192  # rows handed on at a time (a piece may hold millions)
 KEYS = "keys"  # the output dataset of a string id column
@@ -55,10 +55,12 @@ class TableSource:
         self.keep_columns = tuple(keep_columns)
         self.files, self.format = table_files(path)
         try:
-            schemas = [schema(f, self.format) for f in self.files]
+            layouts = [layout(f, self.format) for f in self.files]
         except Exception as exc:  # pyarrow's ArrowInvalid and OSError alike
             raise SourceError(f"input {self.path!r}: not a readable {self.format} file "
                               f"({type(exc).__name__}: {exc})") from exc
+        schemas = [found for found, _ in layouts]
+        self._pieces = [piece for _, found in layouts for piece in found]
         if id_column is not None and id_column == text_column:
             raise SourceError(f"id_column: {id_column!r} is the text column too")
         text = column_kind(schemas, self.files, text_column, self.path, "the text column")
@@ -76,7 +78,6 @@ class TableSource:
         self.keyed = key in ("text", "null")
         self._kept = kept_dtypes(schemas, self.files, self.keep_columns,
                                  {text_column, id_column} - {None}, self.path)
-        self._pieces = [piece for f in self.files for piece in pieces(f, self.format)]
         self._length = (sum(rows for _, rows, _ in self._pieces)
                         if all(rows is not None for _, rows, _ in self._pieces) else None)
         self.reads = 0  # pieces read so far (what a resume skipped is never read)
@@ -141,7 +142,7 @@ class TableSource:
             if self.keyed:
                 keys = _strings(values)
                 problems = key_problems(keys, seen)
-                carried[KEYS] = np.array([k if type(k) is str else "" for k in keys], dtype=object)
+                carried[KEYS] = as_text(keys)
             else:
                 ids, problems = integer_ids(values, seen)
         keep = ~skip.contains(ids) if skip.runs else np.ones(len(ids), dtype=bool)
@@ -152,14 +153,12 @@ class TableSource:
             return None
         records = self._texts(batch.column(self.text_column), rows)
         for k, problem in problems:
-            records[k] = BadRecord("DuplicateId" if "earlier" in problem else "ValueError",
-                                   f"{_where(file, int(rows[k]))}: {self.id_column!r} {problem}",
+            records[k] = id_record(problem, f"{_where(file, int(rows[k]))}: {self.id_column!r}",
                                    int(rows[k]))
         for name, dtype in self._kept.items():
             if dtype == TEXT:
                 values = _strings(batch.column(name))
-                carried[name] = np.array([v if type(v) is str else "" for v in values],
-                                         dtype=object)
+                carried[name] = as_text(values)
                 odd = _with_nul(carried[name]) + [k for k, v in enumerate(values)
                                                   if isinstance(v, bytes)]
                 for k in odd:
@@ -189,7 +188,7 @@ class TableSource:
             try:
                 column = column.cast(pa.string())  # checks UTF-8, in C
             except pa.ArrowInvalid:
-                return [_decode_text(t, r) if isinstance(t, bytes) else t
+                return [decoded(t, r, f"row {r}: text") if t is not None else t
                         for t, r in zip(column.to_pylist(), rows.tolist())]
         return column.to_pylist()
 
@@ -226,17 +225,15 @@ def _strings(values: Any) -> list:
         try:
             values = values.cast(pa.string())
         except pa.ArrowInvalid:  # bytes that are not UTF-8: kept as bytes, each one's problem
-            return [v.decode() if isinstance(v, bytes) and _utf8(v) else v
+            return [v if v is None or isinstance(decoded(v, -1), BadRecord) else decoded(v, -1)
                     for v in values.to_pylist()]
     return values.to_pylist()
 
 
-def _utf8(raw: bytes) -> bool:
-    try:
-        raw.decode()
-        return True
-    except UnicodeDecodeError:
-        return False
+def as_text(values: list) -> np.ndarray:
+    """Strings as an output's text column: "" where a value is not a string (its record is a
+    BadRecord, never written)."""
+    return np.array([v if type(v) is str else "" for v in values], dtype=object)
 
 
 def _with_nul(values: np.ndarray) -> list[int]:
@@ -266,13 +263,12 @@ def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec]) -> tu
 
 
 def kept_values(array: Any, dtype: str) -> np.ndarray:
-    """A kept column's slice as its output dtype; a null is NULLS[dtype]."""
+    """A kept column of numbers or booleans, a slice as its output dtype; a null is
+    NULLS[dtype] (a text column: ``_strings`` and ``as_text``)."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
-    if dtype == TEXT:
-        return np.array(array.cast(pa.string()).fill_null("").to_pylist(), dtype=object)
     if pa.types.is_binary(array.type):  # a CSV's: numbers as text
         try:
             array = array.cast(pa.string())
@@ -301,9 +297,3 @@ def _number(value: Any, dtype: str) -> Any:
     except (TypeError, ValueError):
         return None
 
-
-def _decode_text(raw: bytes, row: int) -> str | BadRecord:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return BadRecord("UnicodeDecodeError", f"row {row}: text is not valid UTF-8: {exc}", row)
