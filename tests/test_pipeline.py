@@ -298,8 +298,8 @@ def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch
                 backend="thread", limit=1700)
     assert first.records == 1700
     decoded = []
-    decode = helpers.engine.sources._decode
-    monkeypatch.setattr(helpers.engine.sources, "_decode",
+    decode = helpers.engine.sources.decoded
+    monkeypatch.setattr(helpers.engine.sources, "decoded",
                         lambda raw, position: decoded.append(raw) or decode(raw, position))
     stats = run(tmp_path / "in.h5", workload, tmp_path, devices=["cpu"], workunit_size=50,
                 backend="thread", resume=True)
