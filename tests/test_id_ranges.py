@@ -86,9 +86,23 @@ def test_seen_values_tells_a_repeat_from_a_first_sighting_like_a_set():
     for _ in range(400):
         values = rng.integers(-2**63, 2**63 - 1, size=int(rng.integers(0, 30)), dtype=np.int64)
         values[: len(values) // 3] = rng.integers(-40, 40, size=len(values) // 3)  # repeats
+        edges = np.array([(k - 8) << 60 for k in range(17) if k < 16] + [2**63 - 1],
+                         dtype=np.int64)  # each part's first value, and the last of all
+        values = np.concatenate([values, rng.choice(edges, 2) + rng.integers(-1, 1, 2)])
         expected = []
         for v in values.tolist():
             expected.append(v in reference)
             reference.add(v)
         assert seen.add(values).tolist() == expected
     assert len(seen) == len(reference)
+
+
+def test_seen_values_merge_one_part_at_a_time():
+    """A merge copies one part's levels (a sixteenth of the hashes), never all of them."""
+    from helpers.engine.id_ranges import SeenValues
+
+    rng, seen = np.random.default_rng(2), SeenValues()
+    for _ in range(64):
+        seen.add(rng.integers(-2**63, 2**63 - 1, size=4096, dtype=np.int64))
+    largest = max(len(level) for levels in seen._parts for level in levels)
+    assert len(seen) == 64 * 4096 and largest < len(seen) / 8

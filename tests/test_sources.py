@@ -233,6 +233,11 @@ def test_jsonl_blocks_parsed_by_pyarrow_or_line_by_line_give_the_same_slices(tmp
     monkeypatch.setattr(jsonl, "parse", lambda *a: None)
     assert read(limit=290) == fast and keys == fast_keys
     assert ("DuplicateId", 200) in [r for _, r in fast]
+    assert ("ValueError", 150) in [r for _, r in fast]  # the null text, filed by the reader
+    (null,) = [r for _, r in JSONLSource(tmp_path / "in.jsonl") if isinstance(r, BadRecord)
+               and r.position == 150]
+    assert null.message.endswith(": the text is null" if not keyed else
+                                 " (id 'k150'): the text is null")
     assert max(i for i, _ in fast) == (289 if keyed else 1289)  # the limit: 290 lines
 
 

@@ -83,7 +83,20 @@ def test_each_format_keeps_its_string_keys_and_files_a_null_text_alone(tmp_path,
     data = read_output(tmp_path / "o.h5")
     check_rows(data)
     assert [e["id"] for e in data["errors"]] == [NULL_TEXT] and stats.failed_records == 1
+    error = data["errors"][0]  # filed by the reader, naming the row and its key; known by its
+    assert error["position"] is None and f"row {NULL_TEXT}" in error["message"]  # id (its own)
+    assert f"(doc 'doc-00{NULL_TEXT}'): the text is null" in error["message"]
     assert data["attrs"]["source"].endswith("#body")
+
+
+def test_a_record_failing_in_a_keyed_run_is_named_by_its_key(tmp_path):
+    """The id of a keyed run's record is its row number; its error names the user's key too."""
+    source = write(corpus(300), tmp_path / "corpus", "parquet")
+    run_pipeline(source, SyntheticWorkload(0.0, dim=8, fail_on_records=frozenset({"r17"})),
+                 devices="cpu", workunit_size=50, output=tmp_path / "o.h5", text_column="body",
+                 id_column="doc", progress=False)
+    (error,) = read_output(tmp_path / "o.h5")["errors"]
+    assert error["id"] == 17 and error["message"].endswith("(key 'doc-000017')")
 
 
 def test_an_integer_id_column_is_the_ids_and_a_repeated_or_null_one_costs_its_row(tmp_path):
@@ -369,7 +382,9 @@ def test_carried_values_of_failed_records_are_all_let_go():
 
     held = Carried({"keys": OutputSpec((), "str"), "n": OutputSpec((), "int64")})
     held.add(np.arange(4), {"keys": np.array(list("abcd"), dtype=object), "n": np.arange(4)})
-    held.drop(i for i in (1, 3))  # a generator, as the pipeline passes
+    named = held.drop([(1, "E", "failed", 0.0), (3, "E", "failed", 0.0), (9, "E", "x", 0.0)])
+    assert named == [(1, "E", "failed (key 'b')", 0.0), (3, "E", "failed (key 'd')", 0.0),
+                     (9, "E", "x", 0.0)]  # (9: none held, the row as it was)
     taken = held.take(np.array([2, 0]))
     assert taken["keys"].tolist() == ["c", "a"] and taken["n"].tolist() == [2, 0]
     assert len(held) == 0

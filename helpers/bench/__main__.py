@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     data_one = commands.add_parser("sources-run", help="one end-to-end run of `sources`")
     data_one.add_argument("--input", required=True)
     data_one.add_argument("--output", required=True)
+    data_one.add_argument("--no-keys", action="store_true", help="ids the row numbers, no keys")
     for command in (data, data_one):
         command.add_argument("--workers", type=int, default=2)
         command.add_argument("--workunit-size", type=int, default=4096)
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "sources-run":
         print(json.dumps(sources.run_once(args.input, args.output, args.workers,
-                                          args.workunit_size)))
+                                          args.workunit_size, not args.no_keys)))
         return 0
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,

@@ -8,11 +8,11 @@ flight are held: memory is bounded by the queue, not the input.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
-from helpers.engine.protocol import TEXT, OutputSpec
+from helpers.engine.protocol import KEYS, TEXT, OutputSpec
 
 
 class Carried:
@@ -44,10 +44,15 @@ class Carried:
             return {name: np.array([held.pop(k) for k in keys], dtype=self._dtypes[name])
                     for name, held in self._values.items()}
 
-    def drop(self, ids: Iterable[int]) -> None:
-        """Forget the values of records that will not be written (they failed)."""
-        ids = list(ids)  # (a generator would be used up by the first column)
+    def drop(self, rows: list[tuple]) -> list[tuple]:
+        """Forget the values of the records of error ``rows`` (``(id, type, message, ...)``:
+        they will not be written); returns the rows, each message naming its record's key
+        where the source has keys (the user's name for it: the id is a row number)."""
         with self._lock:
-            for held in self._values.values():
-                for k in ids:
-                    held.pop(k, None)
+            for name, held in self._values.items():
+                values = [held.pop(row[0], None) for row in rows]
+                if name == KEYS:
+                    rows = [(i, kind, f"{message} (key {key!r})", *rest) if key else
+                            (i, kind, message, *rest)
+                            for (i, kind, message, *rest), key in zip(rows, values)]
+        return rows

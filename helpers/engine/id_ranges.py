@@ -119,16 +119,23 @@ class _Seen:
         ordered = values[order]
         again = np.r_[False, ordered[1:] == ordered[:-1]] if len(values) else \
             np.zeros(0, dtype=bool)
-        for level in self._levels:  # sorted look-ups: each search starts where the last ended
-            again |= self._contains(level, ordered)
+        self._add_sorted(ordered, again)
         seen = np.empty(len(values), dtype=bool)
         seen[order] = again
+        return seen
+
+    def _add_sorted(self, ordered: np.ndarray, again: np.ndarray) -> None:
+        self._add_to(self._levels, ordered, again)
+
+    def _add_to(self, levels: list, ordered: np.ndarray, again: np.ndarray) -> None:
+        """Marks in ``again`` the ``ordered`` values in ``levels``, then adds the others."""
+        for level in levels:  # sorted look-ups: each search starts where the last ended
+            again |= self._contains(level, ordered)
         fresh = self._level(ordered[~again])
         if self._size(fresh):
-            while self._levels and self._size(self._levels[-1]) <= 2 * self._size(fresh):
-                fresh = self._merge(self._levels.pop(), fresh)
-            self._levels.append(fresh)
-        return seen
+            while levels and self._size(levels[-1]) <= 2 * self._size(fresh):
+                fresh = self._merge(levels.pop(), fresh)
+            levels.append(fresh)
 
 
 class SeenIds(_Seen):
@@ -155,7 +162,22 @@ class SeenIds(_Seen):
 
 class SeenValues(_Seen):
     """Scattered int64 values seen so far (the 64-bit hashes of string keys), 8 bytes each in
-    sorted arrays (a range per hash would take 16)."""
+    sorted arrays (a range per hash would take 16), in PARTS sets by their top bits: a merge
+    copies one part's levels, so that the memory a merge needs beside the values is an
+    eighth of theirs, not twice (160 MB of hashes for 20 M keys, not 480 at a merge)."""
+
+    PARTS = 16
+    _BOUNDS = np.array([(k - 8) << 60 for k in range(1, 16)], dtype=np.int64)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parts: list[list] = [[] for _ in range(self.PARTS)]
+
+    def _add_sorted(self, ordered: np.ndarray, again: np.ndarray) -> None:
+        cuts = [0, *np.searchsorted(ordered, self._BOUNDS).tolist(), len(ordered)]
+        for levels, start, stop in zip(self._parts, cuts, cuts[1:]):
+            if stop > start:  # (views: the part's marks land in ``again``)
+                self._add_to(levels, ordered[start:stop], again[start:stop])
 
     @staticmethod
     def _level(ordered: np.ndarray) -> np.ndarray:
@@ -172,4 +194,4 @@ class SeenValues(_Seen):
         return np.sort(np.concatenate([a, b]), kind="stable")
 
     def __len__(self) -> int:
-        return sum(len(level) for level in self._levels)
+        return sum(len(level) for levels in self._parts for level in levels)

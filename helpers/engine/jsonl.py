@@ -27,9 +27,10 @@ import numpy as np
 from helpers.engine.fingerprint import file_identity
 from helpers.engine.id_checks import checked_ids, id_record, key_problems, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
-from helpers.engine.protocol import NO_ID, TEXT, BadRecord, OutputSpec, SourceError
+from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, SourceError,
+                                     null_texts)
 from helpers.engine.table_files import count_lines
-from helpers.engine.tables import KEYS, as_text
+from helpers.engine.tables import as_text
 
 BLOCK_BYTES = 4 << 20
 BLANK = re.compile(rb"(?:^|\n)[ \t\r]*\n|\n[ \t\r]+\Z")  # a line of nothing but white space
@@ -83,6 +84,8 @@ class JSONLSource:
                 positions, records, raw = positions[:n], records[:n], raw[:n]
             if not len(positions):
                 continue
+            null_texts(records, lambda k: self.where(int(positions[k])) + (
+                f" ({self.id_field} {raw[k]!r})" if self.ids == "keys" else ""), positions)
             columns: dict[str, np.ndarray] = {}
             if self.ids == "keys":
                 columns[KEYS] = as_text(raw)

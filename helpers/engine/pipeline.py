@@ -415,8 +415,7 @@ class _Job:
                     written, given_up = scheduler.handle(slot, message)
                     for result in written:
                         bar.update(self._write(result))
-                    self.carried.drop(row[0] for row in given_up)
-                    sink.append_errors(given_up)
+                    sink.append_errors(self.carried.drop(given_up))
                     bar.update(len(given_up))
                 sink.poll()
                 scheduler.check_timeouts()
@@ -447,10 +446,10 @@ class _Job:
             arrays = {**result.arrays, **self.carried.take(result.ids)} if self.carried \
                 else result.arrays
             self.sink.append(result.ids, arrays)
-        self.carried.drop(row[0] for row in result.rejected)
-        for record_id, error_type, message, _ in result.rejected:
+        rejected = self.carried.drop(result.rejected)
+        for record_id, error_type, message, _ in rejected:
             log.warning("record %d failed: %s: %s", record_id, error_type, message)
-        self.sink.append_errors(result.rejected)
+        self.sink.append_errors(rejected)
         slot = self.scheduler.slots[result.worker]
         device = slot.info.device
         span = WorkunitSpan(result.worker, device, result.workunit,

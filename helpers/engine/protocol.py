@@ -25,6 +25,7 @@ a worker that spawns should pay for exactly what it runs.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -85,6 +86,19 @@ class BadRecord:
     error_type: str
     message: str
     position: int = -1
+
+
+KEYS = "keys"  # the carried column of a string id column: the output's ``keys`` dataset
+
+
+def null_texts(records: list, where: Callable[[int], str], positions: Any = None) -> None:
+    """Each null text in a slice's ``records`` made a BadRecord: it goes to ``errors/`` from the
+    reader (``where(k)`` names the k-th record), not to a worker. Without ``positions`` it is
+    known by its id (its own: a resumed run counts it done, and skips a row group holding it)."""
+    if None in records:
+        for k in [k for k, record in enumerate(records) if record is None]:
+            records[k] = BadRecord("ValueError", f"{where(k)}: the text is null",
+                                   -1 if positions is None else int(positions[k]))
 
 
 def decoded(raw: bytes | str, position: int, what: str = "record") -> str | BadRecord:

@@ -34,12 +34,12 @@ import numpy as np
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.id_checks import id_record, integer_ids, key_problems
-from helpers.engine.protocol import NO_ID, TEXT, BadRecord, OutputSpec, SourceError, decoded
+from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, SourceError,
+                                     decoded, null_texts)
 from helpers.engine.table_files import (canonical_integers, column_kind, count_lines, kept_dtypes,
                                         layout, table_files)
 
 SLICE_ROWS = 8192  # rows handed on at a time (a piece may hold millions)
-KEYS = "keys"  # the output dataset of a string id column
 NULLS = {"int64": np.iinfo(np.int64).min, "uint64": np.iinfo(np.uint64).max, "float64": np.nan,
          "int8": -1, TEXT: ""}  # a null kept value as written (booleans as 0/1)
 MAX_LINES_IN_VALUE = 1000
@@ -152,6 +152,8 @@ class TableSource:
         if not keep.any():
             return None
         records = self._texts(batch.column(self.text_column), rows)
+        null_texts(records, lambda k: _where(file, int(rows[k])) + (
+            f" ({self.id_column} {keys[k]!r})" if self.keyed else ""))
         for k, problem in problems:
             records[k] = id_record(problem, f"{_where(file, int(rows[k]))}: {self.id_column!r}",
                                    int(rows[k]))
