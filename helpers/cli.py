@@ -33,7 +33,7 @@ from helpers import tuner
 from helpers.engine.hdf5_sink import check_parts, read_output
 from helpers.engine.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.engine.settings import AUTO, BACKENDS, JobSettings, PoolSettings
+from helpers.engine.settings import AUTO, BACKENDS, WRITES, JobSettings, PoolSettings
 from helpers.engine.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
@@ -172,6 +172,10 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     safe.add_argument("--in-place", action="store_true",
                       help="append to OUTPUT in place instead of crash-safe parts (a little "
                            "faster; a killed run may leave OUTPUT unreadable)")
+    safe.add_argument("--writes", choices=WRITES, default=JobSettings.writes,
+                      help="who writes the rows: the driver's writer thread, or each worker its "
+                           "own part files that the driver commits (the driver then reads none "
+                           "of the rows; OUTPUT must be on storage every worker reaches)")
     safe.add_argument("--adaptive", action="store_true",
                       help="grow workers per device one at a time while memory allows")
     safe.add_argument("--max-workers-per-device", type=int,
@@ -289,7 +293,7 @@ def _run(args: argparse.Namespace) -> Any:
                "durable": not args.in_place, "adaptive": args.adaptive,
                "max_workers_per_device": args.max_workers_per_device,
                "workers_per_device": args.workers_per_device,
-               "workunit_seconds": args.workunit_seconds}
+               "workunit_seconds": args.workunit_seconds, "writes": args.writes}
     if args.ray_address:
         options["ray_address"] = args.ray_address
     source = _source(args)

@@ -156,13 +156,14 @@ def uninterrupted(jsonl, tmp_path_factory):
     return read_output(out)
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed, writes", [(0, "driver"), (1, "driver"), (2, "driver"),
+                                         (0, "workers"), (1, "workers")])
 def test_a_run_killed_with_sigkill_then_resumed_equals_an_uninterrupted_one(
-        tmp_path, jsonl, uninterrupted, seed):
+        tmp_path, jsonl, uninterrupted, seed, writes):
     out = tmp_path / "out.h5"
     command, env = cli("--input", str(jsonl), "--output", str(out), "--workload", "synthetic",
                        "--seconds-per-record", "0.002", "--devices", "cpu,cpu",
-                       "--workunit-size", "20")
+                       "--workunit-size", "20", "--writes", writes)
     kill_run_at(command, env, random.Random(seed).uniform(1.0, 4.0))  # ~1 s start, ~3 s of work
     if out.exists():
         survived = read_output(out)  # opens, whatever moment the kill came
@@ -316,3 +317,58 @@ def test_a_parts_folder_that_is_a_link_to_another_disk_is_used_and_its_target_ke
     assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(30))
     assert not (tmp_path / "out.h5.parts").exists()  # merged: the link goes
     assert (tmp_path / "bigger disk").is_dir() and not list((tmp_path / "bigger disk").iterdir())
+
+
+# -- parts written by workers (writes="workers") ---------------------------------------------------
+
+def worker_rows(ids):
+    return {"values": np.repeat(ids[:, None], 8, 1).astype(np.float32),
+            "label": np.array([f"r{i}" for i in ids], dtype=object)}
+
+
+def test_workers_parts_are_the_output_once_committed_and_orphans_are_removed(tmp_path):
+    """A committed part is in the output; one no commit named (its worker killed after writing
+    it, or its workunit redone elsewhere) is never read, and is gone at the end and at a scan."""
+    from helpers.engine.checkpoint import write_worker_part
+
+    out = tmp_path / "out.h5"
+    with HDF5Sink(out, SPEC) as sink:
+        first = write_worker_part(sink.target("ab12-0"), np.arange(0, 50), worker_rows(np.arange(50)))
+        orphan = write_worker_part(sink.target("ab12-1"), np.arange(50, 60),
+                                   worker_rows(np.arange(50, 60)))
+        sink.commit(first)
+        sink.append(np.arange(60, 70), worker_rows(np.arange(60, 70)))  # the driver's own rows
+        sink.flush()
+        assert not os.path.exists(first.path) and os.path.exists(orphan.path)  # (not committed)
+    data = read_output(out)
+    assert data["ids"].tolist() == list(range(50)) + list(range(60, 70))
+    assert data["label"][49] == "r49" and data["values"][55][0] == 65
+    assert not os.path.exists(orphan.path) and not os.path.exists(first.path)
+
+    # a killed run's orphan, found by the resume's scan: removed, its ids not done
+    out2 = tmp_path / "out2.h5"
+    sink = HDF5Sink(out2, SPEC)
+    sink.commit(write_worker_part(sink.target("cd34-0"), np.arange(10), worker_rows(np.arange(10))))
+    sink.flush()
+    left = write_worker_part(sink.target("cd34-1"), np.arange(10, 20), worker_rows(np.arange(10, 20)))
+    sink.close(complete=False)
+    with HDF5Sink(out2, SPEC, resume=True) as resumed:
+        assert resumed.done.as_spans().tolist() == [[0, 9]] and not os.path.exists(left.path)
+
+
+def test_a_late_result_s_part_is_removed_not_committed(tmp_path):
+    """A worker answers a workunit the scheduler took back (timed out, redone elsewhere): the
+    part it wrote is removed, and nothing of it is written."""
+    from helpers.engine.checkpoint import WorkerPart
+    from helpers.engine.messages import Result, WorkerInfo
+    from helpers.engine.scheduler import Scheduler
+    from helpers.engine.settings import PoolSettings
+
+    class Backend:
+        events = None
+
+    part = tmp_path / "wpart-ab12-7.h5"
+    part.write_bytes(b"rows")
+    scheduler = Scheduler(Backend(), [WorkerInfo(0, "cpu", 1)], PoolSettings(("cpu",)))
+    late = Result(0, 41, np.arange(3), {}, [], 0.0, 1.0, part=WorkerPart(str(part), 3, 4))
+    assert scheduler.handle(0, late) == ([], []) and not part.exists()

@@ -41,8 +41,9 @@ def test_partial_run_exits_3_with_errors_table(tmp_path):
     assert done.returncode == 3, done.stderr
     data = read_output(tmp_path / "out.h5")
     assert data["ids"].tolist() == [0, 3]
-    # ids are line numbers: the broken line is filed under its own, with its position
-    assert sorted((e["id"], e["position"] or -1) for e in data["errors"]) == [(1, 1), (2, -1)]
+    # ids are line numbers: the broken line and the null text are filed by the reader under
+    # their own, with their positions
+    assert sorted((e["id"], e["position"] or -1) for e in data["errors"]) == [(1, 1), (2, 2)]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -132,9 +133,10 @@ def test_bad_records_through_the_cli_exit_3_with_one_error_row_each(tmp_path):
     errors = {e["id"] if e["id"] is not None else f"line {e['position'] + 1}": e
               for e in data["errors"]}
     assert {i: e["type"] for i, e in errors.items()} == {
-        1: "ValueError", 2: "TypeError", 3: "TypeError", 4: "UnicodeDecodeError",
+        1: "ValueError", 2: "ValueError", 3: "TypeError", 4: "UnicodeDecodeError",
         5: "ValueError"}
     assert "line 5" in errors[4]["message"] and errors[4]["position"] == 4
+    assert errors[2]["message"] == "in.jsonl line 3: the text is null"  # (the reader's)
     assert "max_chars" in errors[5]["message"]
     assert all(e["time"] > 1.7e9 for e in errors.values())
     stats = json.loads(done.stdout.splitlines()[-1])

@@ -191,7 +191,8 @@ def test_a_poison_record_costs_one_error_row_and_a_failed_load_its_traceback(clu
     assert "Traceback" in str(raised.value.__cause__)  # the actor's own, brought back
 
 
-def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp_path):
+@pytest.mark.parametrize("writes", ["driver", "workers"])
+def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp_path, writes):
     lost = cluster.add_node(num_cpus=NODE_CPUS)  # a third node, to lose
     cluster.wait_for_nodes()
     n = 1200
@@ -199,7 +200,7 @@ def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp
         remover = threading.Timer(1.0, cluster.remove_node, (lost,), {"allow_graceful": False})
         remover.start()
         started = time.monotonic()
-        stats = pool.run(_records(n), tmp_path / "out.h5", workunit_size=10)
+        stats = pool.run(_records(n), tmp_path / "out.h5", workunit_size=10, writes=writes)
         remover.join()
     _assert_each_once(tmp_path / "out.h5", n)
     assert stats.recovery["deaths"] == 2  # the lost node's two actors
@@ -210,7 +211,8 @@ def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp
     assert time.monotonic() - started < 30
 
 
-def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path):
+@pytest.mark.parametrize("writes", ["driver", "workers"])
+def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path, writes):
     n = 2400
     (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(n)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -218,7 +220,8 @@ def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path):
     command = [sys.executable, "-m", "helpers", "run", "--input", str(tmp_path / "in.jsonl"),
                "--output", str(tmp_path / "o.h5"), "--workload", "synthetic",
                "--seconds-per-record", "0.002", "--devices", "cpu,cpu", "--workunit-size", "20",
-               "--no-progress", "--backend", "ray", "--ray-address", cluster.address]
+               "--no-progress", "--backend", "ray", "--ray-address", cluster.address,
+               "--writes", writes]
     driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 90
     while not rows_written(tmp_path / "o.h5"):  # mid-run: the index shows durable rows

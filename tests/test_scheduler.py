@@ -26,8 +26,10 @@ def records(n):
 
 
 def assert_exactly_once(path, n, missing=()):
-    """Every id in range(n) but ``missing`` once, with the synthetic vector of its record."""
+    """Every id in range(n) but ``missing`` once, with the synthetic vector of its record; no
+    part of a worker's left beside it (committed into the file, or removed)."""
     data = read_output(path)
+    assert not path.with_name(path.name + ".parts").exists()
     expected = [i for i in range(n) if i not in set(missing)]
     assert data["ids"].tolist() == expected
     np.testing.assert_array_equal(data["values"], np.stack([record_vector(f"r{i}", 8)
@@ -57,12 +59,14 @@ class Killer(threading.Thread):
             os.kill(self.killed, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("seed", KILL_SEEDS)
-def test_a_worker_killed_at_a_random_moment_costs_nothing(tmp_path, seed):
+@pytest.mark.parametrize("seed, writes", [(seed, "driver") for seed in KILL_SEEDS] +
+                         [(seed, "workers") for seed in KILL_SEEDS[:8]])
+def test_a_worker_killed_at_a_random_moment_costs_nothing(tmp_path, seed, writes):
     killer = Killer(seed, window=1.2)
     killer.start()
     stats = run_pipeline(records(600), SyntheticWorkload(0.004), ["cpu", "cpu"], 10,
-                         tmp_path / "out.h5", progress=False)  # 1.2 s of work after spin-up
+                         tmp_path / "out.h5", progress=False,
+                         writes=writes)  # 1.2 s of work after spin-up
     killer.join()
     assert killer.killed is not None and stats.recovery["deaths"] >= 1
     assert stats.recovery["restarts"] == stats.recovery["deaths"]
@@ -70,12 +74,13 @@ def test_a_worker_killed_at_a_random_moment_costs_nothing(tmp_path, seed):
     assert stats.records == 600 and not stats.partial
 
 
+@pytest.mark.parametrize("writes", ["driver", "workers"])
 @pytest.mark.parametrize("fault", ["fail_on_records", "exit_on_records"])
-def test_a_poison_record_among_1000_is_isolated(tmp_path, fault, caplog):
+def test_a_poison_record_among_1000_is_isolated(tmp_path, fault, writes, caplog):
     workload = SyntheticWorkload(0.0002, **{fault: {"r500"}})
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         stats = run_pipeline(records(1000), workload, ["cpu", "cpu"], 50, tmp_path / "out.h5",
-                             progress=False)
+                             progress=False, writes=writes)
     data = assert_exactly_once(tmp_path / "out.h5", 1000, missing={500})
     assert [e["id"] for e in data["errors"]] == [500]
     expected = "InjectedFailure" if fault == "fail_on_records" else "WorkerDied"
@@ -85,12 +90,13 @@ def test_a_poison_record_among_1000_is_isolated(tmp_path, fault, caplog):
     assert "splitting it" in caplog.text and "record 500 failed" in caplog.text
 
 
-def test_a_workunit_that_hangs_once_costs_one_timeout(tmp_path):
+@pytest.mark.parametrize("writes", ["driver", "workers"])
+def test_a_workunit_that_hangs_once_costs_one_timeout(tmp_path, writes):
     workload = SyntheticWorkload(0.001, hang_on_records={"r150"}, transient=str(tmp_path))
     timeout = 2.0
     started = time.monotonic()
     stats = run_pipeline(records(300), workload, ["cpu", "cpu"], 10, tmp_path / "out.h5",
-                         workunit_timeout=timeout, progress=False)
+                         workunit_timeout=timeout, progress=False, writes=writes)
     # the issue asks for timeout + a few seconds: here 2 workers' spin-up, the timeout, one
     # restart, with room for a loaded CI machine (a hang waited out would end at 300 s)
     assert time.monotonic() - started < timeout + 12
@@ -108,11 +114,13 @@ def test_a_record_that_always_hangs_ends_in_errors(tmp_path, backend):
     assert "workunit_timeout" in data["errors"][0]["message"] and stats.partial
 
 
-@pytest.mark.parametrize("backend", ["process", "thread"])
-def test_out_of_memory_halves_the_workunit_and_keeps_the_smaller_size(tmp_path, backend, caplog):
+@pytest.mark.parametrize("backend, writes", [("process", "driver"), ("thread", "driver"),
+                                             ("process", "workers")])
+def test_out_of_memory_halves_the_workunit_and_keeps_the_smaller_size(tmp_path, backend, writes,
+                                                                      caplog):
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         stats = run_pipeline(records(200), SyntheticWorkload(0.0, oom_above=8), ["cpu"], 32,
-                             tmp_path / "out.h5", backend, progress=False)
+                             tmp_path / "out.h5", backend, progress=False, writes=writes)
     assert_exactly_once(tmp_path / "out.h5", 200)
     assert "out of memory on workunit" in caplog.text
     assert "at most 16 records" in caplog.text and "at most 8 records" in caplog.text
@@ -306,3 +314,44 @@ def test_a_worker_whose_machine_is_lost_leaves_its_workunits_uncharged(lost):
     assert [u.attempts for u in scheduler.pending] == [0 if lost else 1, 0]
     assert scheduler.recovery.failed_workunits == (0 if lost else 1)
     assert scheduler.recovery.deaths == 1 and scheduler.recovery.restarts == 1
+
+
+def test_a_worker_that_cannot_write_its_part_stops_the_run_naming_it(tmp_path, monkeypatch):
+    """writes="workers": a full disk, or storage the worker cannot reach, is no record's fault:
+    the run stops at once, naming the worker, its machine and the folder (no retry, no split)."""
+    import errno
+
+    from helpers.engine import checkpoint
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "write_worker_part", full)
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match=r"worker \d on cpu failed in workunit .*"
+                                            r"OutputUnwritable: worker \d on .* cannot write its "
+                                            r"part in .*out\.h5\.parts: .*No space left"):
+        run_pipeline(records(200), SyntheticWorkload(0.0), ["cpu"], 10, tmp_path / "out.h5",
+                     "thread", progress=False, writes="workers")
+    assert time.monotonic() - started < 10
+
+
+def test_a_part_the_driver_cannot_see_stops_the_run_saying_where_the_output_must_be(
+        tmp_path, monkeypatch):
+    """A worker on another machine wrote its part on that machine's own disk (the output's
+    folder existed there too): the driver says so at the first commit, not at the end."""
+    from helpers.engine import checkpoint
+
+    write = checkpoint.write_worker_part
+
+    def elsewhere(*args, **kwargs):
+        part = write(*args, **kwargs)
+        os.unlink(part.path)  # as if on another machine's disk
+        return part
+
+    monkeypatch.setattr(checkpoint, "write_worker_part", elsewhere)
+    with pytest.raises(RuntimeError, match=r"worker \d on .* wrote a part this process cannot "
+                                           r"see in .*out\.h5\.parts: .*storage every worker "
+                                           r"and the driver share"):
+        run_pipeline(records(200), SyntheticWorkload(0.0), ["cpu"], 10, tmp_path / "out.h5",
+                     "thread", progress=False, writes="workers")

@@ -45,6 +45,8 @@ def test_devices_are_parsed_once_into_a_tuple_and_the_settings_are_frozen():
     (JobSettings, {"limit": -5}, "limit: expected an integer >= 0, got -5"),
     (JobSettings, {"sort_window": "big"}, "sort_window: expected an integer"),
     (JobSettings, {"resume": True, "durable": False}, "resume: needs durable=True"),
+    (JobSettings, {"writes": "nodes"}, "writes: expected one of ('driver', 'workers'), got 'nodes'"),
+    (JobSettings, {"writes": "workers", "durable": False}, "writes='workers': needs durable=True"),
 ])
 def test_a_bad_value_raises_naming_the_setting_and_what_it_expected(cls, bad, message):
     with pytest.raises(ValueError) as caught:

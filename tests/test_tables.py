@@ -115,17 +115,26 @@ def test_an_integer_id_column_is_the_ids_and_a_repeated_or_null_one_costs_its_ro
     assert errors[20]["type"] == "ValueError" and "'n' is null" in errors[20]["message"]
 
 
-def test_keys_stay_with_their_rows_through_retries_and_splits(tmp_path):
+@pytest.mark.parametrize("writes", ["driver", "workers"])
+def test_keys_stay_with_their_rows_through_retries_and_splits(tmp_path, monkeypatch, writes):
     """A record that fails its workunit makes the scheduler split it down to that record; the
-    keys of the others still land on their own rows."""
+    keys of the others still land on their own rows, whoever writes them (workers: the driver's
+    writer gets no row, only the errors)."""
+    from helpers.engine.hdf5_sink import HDF5Sink
+
+    appended = []
+    append = HDF5Sink.append
+    monkeypatch.setattr(HDF5Sink, "append", lambda self, ids, arrays: appended.append(len(ids))
+                        or append(self, ids, arrays))
     path = write(corpus(), tmp_path / "c", "parquet")
     workload = SyntheticWorkload(seconds_per_record=0.0, dim=8,
                                  fail_on_records=frozenset({"r333", "r1999"}))
     stats = run_pipeline(path, workload, devices="cpu,cpu", workunit_size=256,
                          output=tmp_path / "o.h5", text_column="body", id_column="doc",
-                         progress=False)
-    assert stats.recovery["splits"] > 0
+                         progress=False, writes=writes)
+    assert stats.recovery["splits"] > 0 and stats.records == N - 3
     check_rows(read_output(tmp_path / "o.h5"), missing={NULL_TEXT, 333, 1999})
+    assert sum(appended) == (N - 3 if writes == "driver" else 0)
 
 
 def test_a_resume_reads_no_row_group_the_first_run_finished(tmp_path):

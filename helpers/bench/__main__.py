@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--dim", type=int, default=384)
         command.add_argument("--backend", choices=("process", "thread", "ray"), default="process",
                              help="ray: actors on a local Ray each run starts")
+        command.add_argument("--writes", choices=("driver", "workers"), default="driver",
+                             help="who writes the rows (JobSettings.writes)")
     args = parser.parse_args(argv)
     if args.command == "failures":
         failures.main(args.records, args.repeats, args.results_dir)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale":
         scale.main(args.records, args.workers, args.workunit_size, args.dim,
                    args.baseline_records, args.kill_at or None, args.folder, args.results_dir,
-                   args.backend)
+                   args.backend, args.writes)
         return 0
     if args.command == "autotune":
         autotune.main(args.records, args.repeats, args.results_dir)
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,
                                         args.workunit_size, args.dim, args.resume,
-                                        args.backend)))
+                                        args.backend, args.writes)))
         return 0
     overhead.report(*overhead.measure(args.records, args.block, args.rounds, args.batch_size,
                                       args.workunit_size, args.threads))

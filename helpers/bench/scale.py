@@ -48,7 +48,9 @@ from helpers.study.peers import tree_rss_mb
 
 CORPUS = 20_648_877  # chunks in the study's corpus (notebook 01's days-for-the-corpus estimate)
 GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "uss_growth_mb": 200,
-         "longest_gap_s": 1.0, "write_amplification": 2.0, "resume_first_workunit_s": 10.0}
+         "longest_gap_s": 1.0, "write_amplification": 2.0, "resume_first_workunit_s": 10.0,
+         "driver_cpu_s_per_million": 0.3, "driver_read_fraction": 0.05}  # (the last two: one
+# driver for a cluster, writes="workers")
 
 
 class CycledTexts:
@@ -85,19 +87,25 @@ class CycledTexts:
 
 
 def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,
-             resume: bool, backend: str = "process") -> dict[str, Any]:
-    """One run in this process (``python -m helpers.bench scale-run``): its measurements."""
+             resume: bool, backend: str = "process", writes: str = "driver") -> dict[str, Any]:
+    """One run in this process (``python -m helpers.bench scale-run``): its measurements, with
+    the driver's CPU seconds and the bytes it read (``rchar``: pipes and files; Ray's object
+    store is shared memory, which this does not count) while the job ran."""
     from helpers.engine.pipeline import WorkerPool
     from helpers.engine.settings import JobSettings, PoolSettings
     from helpers.study.paths import sample_texts
     from helpers.workloads.synthetic import SyntheticWorkload
 
     settings = PoolSettings(("cpu",) * workers, backend)
-    job = JobSettings(workunit_size, progress=False, resume=resume)
+    job = JobSettings(workunit_size, progress=False, resume=resume, writes=writes)
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=dim, values="zeros"), settings,
                                   job) as pool, _PeakPrivate() as private:
+        cpu, read = time.process_time(), _read_bytes()
         stats = pool.run(CycledTexts(records, sample_texts()), output)
-    return {"records": stats.records, "wall_s": stats.wall_seconds,
+        cpu, read = time.process_time() - cpu, _read_bytes() - read
+    new = max(1, stats.records - stats.resumed_after)
+    return {"records": stats.records, "driver_cpu_s_per_million": cpu / new * 1e6,
+            "driver_read_fraction": read / (new * (dim * 4 + 8)), "wall_s": stats.wall_seconds,
             "records_per_s": stats.records_per_second, "parent_rss_mb": stats.parent_rss_mb,
             "parent_uss_mb": private.peak_mb,
             "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
@@ -106,6 +114,12 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
             "write_amplification": stats.write_amplification,
             "resumed_after": stats.resumed_after, "write_s": stats.stages["write"],
             "write_blocked_s": stats.stages["write_blocked"]}
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read by system calls (pipes, sockets, files): /proc's rchar."""
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar"))
 
 
 class _PeakPrivate:
@@ -137,10 +151,10 @@ class _PeakPrivate:
 
 
 def _command(records: int, output: Path, workers: int, workunit_size: int, dim: int,
-             backend: str, resume: bool = False) -> list[str]:
+             backend: str, writes: str = "driver", resume: bool = False) -> list[str]:
     return [sys.executable, "-m", "helpers.bench", "scale-run", "--records", str(records),
             "--output", str(output), "--workers", str(workers), "--workunit-size",
-            str(workunit_size), "--dim", str(dim), "--backend", backend] + (
+            str(workunit_size), "--dim", str(dim), "--backend", backend, "--writes", writes] + (
                 ["--resume"] if resume else [])
 
 
@@ -198,7 +212,8 @@ def _remove(output: Path) -> None:
 
 def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, dim: int = 384,
             baseline_records: int = 100_000, kill_at: float | None = 0.9,
-            folder: str | None = None, backend: str = "process") -> pd.DataFrame:
+            folder: str | None = None, backend: str = "process", writes: str = "driver"
+            ) -> pd.DataFrame:
     """The runs described in the module docstring; one tidy row per run. ``baseline_records=0``
     or ``kill_at=None`` leaves those runs out."""
     need = records * (dim * 4 + 8) * 1.1
@@ -209,7 +224,8 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
             raise RuntimeError(f"{tmp}: {free / 1e9:.1f} GB free, a run of {records:,} records of "
                                f"{dim}-d float32 needs {need / 1e9:.1f} GB (--folder elsewhere?)")
         output = Path(tmp) / "out.h5"
-        setting = dict(workers=workers, workunit_size=workunit_size, dim=dim, backend=backend)
+        setting = dict(workers=workers, workunit_size=workunit_size, dim=dim, backend=backend,
+                       writes=writes)
         runs = ([("baseline", baseline_records)] if baseline_records else []) + [("full", records)]
         for name, n in runs:
             row = _child(_command(n, output, **setting))
@@ -221,7 +237,7 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
             row = _child(_command(records, output, resume=True, **setting))
             rows.append({"run": "resumed", **row, "exactly_once": exactly_once(output, records)})
             _remove(output)
-    table = pd.DataFrame(rows).assign(backend=backend, workers=workers,
+    table = pd.DataFrame(rows).assign(backend=backend, writes=writes, workers=workers,
                                       workunit_size=workunit_size, dim=dim, total_records=records)
     table["resume_first_workunit_s"] = np.where(table["run"] == "resumed",
                                                 table["spinup_s"] + table["first_dispatch_s"],
@@ -232,7 +248,7 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
 def report(table: pd.DataFrame) -> dict[str, float]:
     """Print the table and each goal with its verdict; return the figures compared."""
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(table.drop(columns=["backend", "workers", "workunit_size", "dim"]).to_string(
+        print(table.drop(columns=["backend", "writes", "workers", "workunit_size", "dim"]).to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))
     runs = table.set_index("run")
     figures: dict[str, float] = {}
@@ -240,13 +256,15 @@ def report(table: pd.DataFrame) -> dict[str, float]:
     figures["records_per_s"] = full["records_per_s"]
     figures["longest_gap_s"] = full["longest_dispatch_gap_s"]
     figures["write_amplification"] = full["write_amplification"]
+    figures["driver_cpu_s_per_million"] = full["driver_cpu_s_per_million"]
+    figures["driver_read_fraction"] = full["driver_read_fraction"]
     if "baseline" in runs.index:
         figures["rss_growth_mb"] = full["parent_rss_mb"] - runs.loc["baseline", "parent_rss_mb"]
         figures["uss_growth_mb"] = full["parent_uss_mb"] - runs.loc["baseline", "parent_uss_mb"]
     if "resumed" in runs.index:
         figures["resume_first_workunit_s"] = runs.loc["resumed", "resume_first_workunit_s"]
     at_most = {"rss_growth_mb", "uss_growth_mb", "longest_gap_s", "write_amplification",
-               "resume_first_workunit_s"}
+               "resume_first_workunit_s", "driver_cpu_s_per_million", "driver_read_fraction"}
     for name, value in figures.items():
         goal = GOALS[name]
         met = value <= goal if name in at_most else value >= goal
@@ -265,16 +283,17 @@ def report(table: pd.DataFrame) -> dict[str, float]:
 
 def main(records: int, workers: int, workunit_size: int, dim: int, baseline_records: int,
          kill_at: float | None, folder: str | None, results_dir: str | None,
-         backend: str = "process") -> None:
+         backend: str = "process", writes: str = "driver") -> None:
     from helpers.study.results import save_table
 
     table = measure(records, workers, workunit_size, dim, baseline_records, kill_at, folder,
-                    backend)
+                    backend, writes)
     report(table)
     if results_dir:
-        name = "scale" if backend == "process" else f"scale_{backend}"
+        name = ("scale" if backend == "process" else f"scale_{backend}") + (
+            "_workers_write" if writes == "workers" else "")
         path = save_table(table, name, results_dir, "helpers.bench.scale",
                           {"records": records, "workers": workers, "workunit_size": workunit_size,
                            "dim": dim, "baseline_records": baseline_records, "kill_at": kill_at,
-                           "backend": backend})
+                           "backend": backend, "writes": writes})
         print(f"table: {path}")

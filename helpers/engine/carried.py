@@ -37,6 +37,14 @@ class Carried:
             for name, values in columns.items():
                 self._values[name].update(zip(keys, values.tolist()))
 
+    def peek(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The columns' values for ``ids``, in their order; still held (a workunit's, as sent to
+        a worker that writes them: it may fail and be sent again)."""
+        keys = ids.tolist()
+        with self._lock:
+            return {name: np.array([held[k] for k in keys], dtype=self._dtypes[name])
+                    for name, held in self._values.items()}
+
     def take(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """The columns' values for ``ids``, in their order; they are held no more."""
         keys = ids.tolist()

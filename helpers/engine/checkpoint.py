@@ -60,6 +60,7 @@ MERGE_AT_END_BYTES = 256 << 20  # a finished output up to this size becomes one 
 INDEX_EVERY = 10.0  # the index is rewritten once its last rewrite is this many times its cost old
 INDEX_BYTES_PER_SOURCE = 256  # what the index takes per part and column, about (for its room)
 BASE_LEVEL = 9  # a finished file taken over by a resumed run: never merged until the end
+WORKER_LEVEL = 8  # a part a worker wrote (writes="workers"): never merged while the run goes on
 INDEX_MARK = "index_of_parts"  # attribute of an index: the folder of the parts it reads
 OUTPUT_MARK = "gpufeed_output"  # attribute of every file gpufeed writes: its format's version
 FORMAT = 2  # 2: errors/position, resume/id_spans, fingerprints
@@ -68,6 +69,7 @@ RANGES = "resume/id_ranges"  # the same as half-open (start, stop), in outputs o
 ERRORS = {"ids": ((), "int64"), "type": ((), STR), "message": ((), STR), "time": ((), "float64"),
           "position": ((), "int64")}
 _NAME = re.compile(r"part-L(\d)-(\d{8})-(\d{8})\.h5$")
+_WORKER_NAME = re.compile(r"wpart-[0-9a-f]+-\d+\.h5$")  # a worker's, not (yet) committed
 
 log = logging.getLogger("gpufeed")
 
@@ -85,7 +87,7 @@ class Part:
     @property
     def small(self) -> bool:
         """A timed flush of a slow run: worth merging with its neighbours."""
-        return self.level < BASE_LEVEL and self.rows + self.errors < PART_ROWS // 2 \
+        return self.level < WORKER_LEVEL and self.rows + self.errors < PART_ROWS // 2 \
             and self.size < PART_BYTES // 2
 
 
@@ -96,9 +98,63 @@ def parts_folder(path: str | os.PathLike) -> Path:
 
 def _ours(path: Path) -> bool:
     """A part, or a part being written (``.part-...h5.gpufeed-tmp``; ``part-...h5.tmp`` from
-    gpufeed before FORMAT 2)."""
+    gpufeed before FORMAT 2), or a worker's part not committed (``wpart-...h5``)."""
     name = is_temporary(path.name) or path.name.removesuffix(".tmp")
-    return bool(_NAME.match(name)) and path.is_file() and not path.is_symlink()
+    return bool(_NAME.match(name) or _WORKER_NAME.match(name)) and path.is_file() \
+        and not path.is_symlink()
+
+
+@dataclass(frozen=True)
+class PartTarget:
+    """Where and how a worker writes its workunit's rows itself (``writes="workers"``): the
+    parts folder, a name no other part of any run has, the output's columns, the part's attrs."""
+
+    folder: str
+    name: str
+    columns: dict[str, tuple[tuple[int, ...], Any]]
+    attrs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WorkerPart:
+    """A part a worker wrote, whole on disk and not yet in the output: the parent commits it
+    (``Parts.commit``) if its workunit is still the worker's, else removes it."""
+
+    path: str
+    rows: int
+    size: int
+    writer: str = ""  # who wrote it, for a message: "worker 3 on node-2"
+
+    def discard(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+
+def write_rows(path: Path, cols: Mapping[str, tuple], blocks: Sequence[Mapping[str, np.ndarray]],
+               attrs: Mapping[str, Any]) -> None:
+    """A part file at ``path`` holding ``blocks`` (each some of the columns), written block by
+    block with no concatenation, whole or not at all (atomic), with its ids' spans and attrs."""
+    with hdf5_replacing(path, _bytes(blocks)) as f, WriteBack(Path(f.filename)) as write_back:
+        for name, (shape, dtype) in cols.items():
+            pieces = [b[name] for b in blocks if name in b and len(b[name])]
+            dataset = f.create_dataset(name, shape=(sum(map(len, pieces)), *shape), dtype=dtype)
+            start = 0
+            for piece in pieces:
+                dataset[start:start + len(piece)] = piece
+                start += len(piece)
+                write_back()
+        ids = [b["ids"] for b in blocks if "ids" in b]
+        ids += [b["errors/ids"][b["errors/position"] < 0] for b in blocks if "errors/ids" in b]
+        f.create_dataset(SPANS, data=IdRanges.from_ids(np.concatenate(ids) if ids else
+                                                       np.empty(0, np.int64)).as_spans())
+        set_attrs(f, attrs)
+
+
+def write_worker_part(target: PartTarget, ids: np.ndarray, arrays: Mapping[str, np.ndarray],
+                      writer: str = "") -> WorkerPart:
+    """A worker's rows written as a part of their own (``target``), not yet in the output."""
+    path = Path(target.folder) / f"wpart-{target.name}.h5"
+    write_rows(path, target.columns, [{"ids": ids, **arrays}], target.attrs)
+    return WorkerPart(str(path), len(ids), path.stat().st_size, writer)
 
 
 def foreign_files(folder: Path) -> list[Path]:
@@ -207,21 +263,9 @@ class Parts:
         block with no concatenation; then small parts merged, and the index if it is due."""
         number = self.next_number
         path = self.folder / f"part-L0-{number:08d}-{number:08d}.h5"
-        with hdf5_replacing(path, _bytes(blocks)) as f, \
-                WriteBack(Path(f.filename)) as write_back:
-            for name, (shape, dtype) in self.columns.items():
-                pieces = [b[name] for b in blocks if name in b and len(b[name])]
-                dataset = f.create_dataset(name, shape=(sum(map(len, pieces)), *shape), dtype=dtype)
-                start = 0
-                for piece in pieces:
-                    dataset[start:start + len(piece)] = piece
-                    start += len(piece)
-                    write_back()
-            ids = [b["ids"] for b in blocks if "ids" in b]
-            ids += [b["errors/ids"][b["errors/position"] < 0] for b in blocks if "errors/ids" in b]
-            f.create_dataset(SPANS, data=IdRanges.from_ids(np.concatenate(ids)).as_spans())
-            set_attrs(f, self.part_attrs)
-            rows, errors = len(f["ids"]), len(f["errors/ids"])
+        write_rows(path, self.columns, blocks, self.part_attrs)
+        rows = sum(len(b["ids"]) for b in blocks if "ids" in b)
+        errors = sum(len(b["errors/ids"]) for b in blocks if "errors/ids" in b)
         part = Part(path, 0, number, number, rows, errors, path.stat().st_size)
         self.bytes_written += part.size
         self.parts.append(part)
@@ -229,6 +273,40 @@ class Parts:
         if not self._compact():  # a merge writes the index itself
             self.refresh_index()
         return part
+
+    def target(self, name: str) -> PartTarget:
+        """Where a worker writes a part of this output itself, under ``name``."""
+        return PartTarget(str(self.folder), name, self.columns, self.part_attrs)
+
+    def commit(self, parts: Sequence[WorkerPart]) -> None:
+        """Workers' parts taken into the output, in order: each renamed to the next number at
+        WORKER_LEVEL (a part no index names is not the output's: never read, and removed at the
+        end or by the next scan), the folder synced once, the index rewritten when due."""
+        number = self.next_number
+        for part in parts:
+            path = self.folder / f"part-L{WORKER_LEVEL}-{number:08d}-{number:08d}.h5"
+            try:
+                os.replace(part.path, path)
+            except FileNotFoundError:
+                raise OSError(errno.ENOENT, f"{part.writer or 'a worker'} wrote a part this "
+                              f"process cannot see in {self.folder}: with writes='workers' the "
+                              f"output must be on storage every worker and the driver share "
+                              f"(a network filesystem), not a disk of one machine",
+                              part.path) from None
+            self.parts.append(Part(path, WORKER_LEVEL, number, number, part.rows, 0, part.size))
+            self.bytes_written += part.size
+            number += 1
+        fsync(self.folder)
+        self._index_stale = True
+        self.refresh_index()
+
+    def sweep(self) -> None:
+        """Remove the workers' parts that were never committed (their workunits were redone,
+        or their workers killed before they said so)."""
+        if self.folder.is_dir():
+            for path in self.folder.iterdir():
+                if _WORKER_NAME.match(path.name):
+                    path.unlink(missing_ok=True)
 
     def adopt(self, path: Path, discard_parts: bool = False) -> None:
         """Take a finished output file over as a part (a resumed run builds on it); with
@@ -334,6 +412,7 @@ class Parts:
                 remove_folder(self.folder, [p.path for p in self.parts])
                 self.parts = []  # the output is the one file now
                 return
+        self.sweep()
         self.write_index({})
         log.info("%s: %d parts indexed (%.1f GB); `python -m helpers compact %s` makes it one "
                  "file", self.path, len(self.parts), self.output_bytes / 1e9, self.path)

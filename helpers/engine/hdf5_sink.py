@@ -43,7 +43,7 @@ import numpy as np
 
 from helpers.engine.atomic import set_attrs, temporary, uninterrupted
 from helpers.engine.checkpoint import (CHUNK_RECORDS, FORMAT, OUTPUT_MARK, PART_BYTES, PART_ROWS,
-                                       Parts, columns, is_index)
+                                       Parts, PartTarget, WorkerPart, columns, is_index)
 from helpers.engine.fingerprint import INPUT_ATTR, WORKLOAD_ATTR, decode
 from helpers.engine.id_ranges import IdRanges
 from helpers.engine.ownership import check_output, output_path, owning
@@ -198,10 +198,33 @@ class HDF5Sink:
         self._hand_off()
         self._writer.drain()
 
-    def _write(self, blocks: list[dict[str, np.ndarray]]) -> None:
-        """The writer thread's work: one part (durable), or appended in place."""
+    def target(self, name: str) -> PartTarget:
+        """Where a worker writes rows of this output itself (``writes="workers"``), as ``name``."""
+        if self._parts is None:
+            raise ValueError("writes='workers': needs durable=True (workers write parts)")
+        return self._parts.target(name)
+
+    def commit(self, part: WorkerPart) -> None:
+        """Queue a part a worker wrote for the output: the writer thread commits it in order
+        with the rows appended here (a part queued when the run dies is not the output's)."""
+        self._writer.check()
+        if not self._blocks:
+            self._since = time.monotonic()
+        self._blocks.append(part)
+        self.poll()
+
+    def _write(self, blocks: list) -> None:
+        """The writer thread's work: workers' parts committed, then one part (durable) of the
+        rest, or the rest appended in place."""
         started = time.monotonic()
-        if self._parts is not None:
+        committed = [b for b in blocks if isinstance(b, WorkerPart)]
+        if committed:
+            self._parts.commit(committed)
+            self.records_written += sum(p.rows for p in committed)
+            blocks = [b for b in blocks if not isinstance(b, WorkerPart)]
+        if not blocks:
+            rows = errors = 0
+        elif self._parts is not None:
             part = self._parts.write(blocks)
             rows, errors = part.rows, part.errors
         else:

@@ -84,7 +84,7 @@ class JSONLSource:
                 positions, records, raw = positions[:n], records[:n], raw[:n]
             if not len(positions):
                 continue
-            null_texts(records, lambda k: self.where(int(positions[k])) + (
+            null_texts(records, lambda k: self.line(int(positions[k])) + (
                 f" ({self.id_field} {raw[k]!r})" if self.ids == "keys" else ""), positions)
             columns: dict[str, np.ndarray] = {}
             if self.ids == "keys":
@@ -157,9 +157,13 @@ class JSONLSource:
     def describe(self) -> str:
         return f"jsonl:{self.path}#{self.text_field}"
 
+    def line(self, position: int) -> str:
+        """How a message names a record: its line, as an editor counts."""
+        return f"{self.path.name} line {position + 1}"
+
     def where(self, position: int) -> str:
-        """How a message names a record's id: its line, as an editor counts, and the field."""
-        return f"{self.path.name} line {position + 1}: {self.id_field!r}"
+        """How a message names a record's id: its line and the field."""
+        return f"{self.line(position)}: {self.id_field!r}"
 
     def fingerprint(self) -> dict[str, Any]:
         return {"format": "jsonl", "text_field": self.text_field, "id_field": self.id_field,

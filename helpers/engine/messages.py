@@ -2,6 +2,9 @@
 
 Parent to worker: a ``Workunit`` (ids and records), then END_OF_WORK when the pool closes.
 Worker to parent: ``Ready`` once its model is loaded, then a ``Result`` or ``Failed`` per workunit.
+A workunit with a ``target`` (``writes="workers"``) is written by its worker as a part file of
+the output, with the source's ``carried`` columns; its Result then names the part instead of
+holding the rows, and the parent commits it (helpers.engine.checkpoint).
 From the backend itself: ``Died``, when a worker ends without a word. ``WorkerInfo`` names a
 worker: its slot, device, CPU threads and which model copy it is on that device.
 
@@ -16,6 +19,7 @@ Words used for what goes wrong, each for one thing only:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +29,12 @@ END_OF_WORK = "END_OF_WORK"  # sent once to each worker when the pool closes
 POLL_SECONDS = 0.5  # longest a waiting loop blocks before it checks on the world: a worker
 # that its parent lives, the scheduler its timeouts, the reader that its job is not stopped
 OOM_ERRORS = ("OutOfMemoryError", "MemoryError")  # torch.cuda's, and Python's own
+UNWRITABLE = "OutputUnwritable"  # a worker could not write its part: the run stops, naming it
+
+
+class OutputUnwritable(OSError):
+    """A worker could not write its part of the output (a full disk, storage it cannot reach):
+    no retry or split can help, so the run stops with the worker, its machine and the folder."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,8 @@ class Workunit:
     records: list
     attempts: int = 0  # times this workunit has failed already (parent side)
     pinned: int | None = None  # only this worker may take it: a static split's slice
+    target: Any = None  # a PartTarget: the worker writes the rows (set as it is sent)
+    carried: dict[str, np.ndarray] | None = None  # the source's columns for them, row-aligned
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -78,6 +90,7 @@ class Result:
     peak_rss_mb: float = 0.0  # this worker's process, high-water mark
     peak_gpu_mb: float | None = None  # torch's peak allocation on the worker's CUDA device
     phases: dict[str, float] | None = None  # seconds per phase of process (workload.phases)
+    part: Any = None  # the WorkerPart holding the rows (``arrays`` then empty), or None
 
     @property
     def compute_seconds(self) -> float:

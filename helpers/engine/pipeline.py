@@ -57,9 +57,11 @@ neither: ``first_dispatch_seconds`` reports it.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 from collections import Counter, deque
@@ -377,6 +379,15 @@ class _Job:
         self.rejected: deque[tuple] = deque()  # the reader's rejects, for errors/ (thread-safe)
         self.carried = Carried(carried or {})  # the source's columns of the records in flight
         self.clock = self.wall = self.read_seconds = self.reader_blocked_seconds = 0.0
+        self._token, self._sends = secrets.token_hex(4), itertools.count()
+        scheduler.stamp = self._stamp if settings.writes == "workers" else None
+
+    def _stamp(self, unit: Workunit) -> Workunit:
+        """``unit`` as sent when workers write: where its worker writes its part (a name of its
+        own each time it is sent: a retry never takes a late first attempt's file), and the
+        source's columns for its records."""
+        return replace(unit, target=self.sink.target(f"{self._token}-{next(self._sends)}"),
+                       carried=self.carried.peek(unit.ids) if self.carried else None)
 
     def start_clock(self) -> None:
         self.clock = time.monotonic()
@@ -442,7 +453,11 @@ class _Job:
 
     def _write(self, result: Result) -> int:
         """Hand a result to the writer and add it to the totals; returns its records."""
-        if len(result.ids):
+        if result.part is not None:  # written by its worker: committed by the writer thread
+            if self.carried:
+                self.carried.take(result.ids)
+            self.sink.commit(result.part)
+        elif len(result.ids):
             arrays = {**result.arrays, **self.carried.take(result.ids)} if self.carried \
                 else result.arrays
             self.sink.append(result.ids, arrays)

@@ -36,13 +36,15 @@ import logging
 import queue
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from helpers.engine.backends import Backend, Wakeup
-from helpers.engine.messages import POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo, Workunit
+from helpers.engine.messages import (POLL_SECONDS, UNWRITABLE, Died, Failed, Ready, Result,
+                                     WorkerInfo, Workunit)
 from helpers.engine.settings import PoolSettings
 from helpers.engine.sizing import Sizing
 
@@ -160,6 +162,8 @@ class Scheduler:
         self.dispatches = Dispatches()
         self.wakeup = Wakeup(backend.events)
         self.sizing: Sizing | None = None  # per-worker workunit sizes (workunit_size="auto")
+        self.stamp: Callable[[Workunit], Workunit] | None = None  # writes="workers": a workunit
+        # as it is sent, with where its worker writes its part (each sending a part of its own)
         self._numbers = itertools.count()
 
     # -- workers -------------------------------------------------------------------------------
@@ -265,7 +269,7 @@ class Scheduler:
                 if not slot.in_flight:
                     slot.head_since = now
                 slot.in_flight.append(unit)
-                self.backend.send(slot.info.index, unit)
+                self.backend.send(slot.info.index, unit if self.stamp is None else self.stamp(unit))
                 self.dispatches.note(now)
 
     def _enough_left(self, feed: Feed, ready: list[Slot]) -> bool:
@@ -338,6 +342,8 @@ class Scheduler:
             return [], []
         if isinstance(message, Result):
             unit = _take(slot, message.workunit)
+            if unit is None and message.part is not None:
+                message.part.discard()  # its workunit is redone, or done, elsewhere
             slot.failures_in_a_row = 0
             if unit is not None and self.sizing is not None:
                 self.sizing.observe(index, len(message.ids) + len(message.rejected),
@@ -382,6 +388,8 @@ class Scheduler:
         unit = _take(slot, message.workunit)
         if unit is None:
             return []
+        if message.error_type == UNWRITABLE:  # the output's storage, not the records: no retry
+            raise remote_error(message)
         if not message.out_of_memory:
             slot.failures_in_a_row += 1
         recycling = slot.killed is Kill.RECYCLE

@@ -35,8 +35,8 @@ from dataclasses import replace
 from typing import Any
 
 from helpers.engine import transfer
-from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, Ready, Result, WorkerInfo,
-                                     Workunit)
+from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, OutputUnwritable, Ready,
+                                     Result, WorkerInfo, Workunit)
 from helpers.engine.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec
 
 ORPHAN_CHECK_SECONDS = 0.2  # a worker process whose parent died exits within this
@@ -64,7 +64,7 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
         keep.append(position)
         ready.append(record)
     ids = unit.ids[keep]
-    arrays, phases = {}, None
+    arrays, phases, part = {}, None, None
     if keep:
         arrays = workload.process(model, ready)
         for name, spec in specs.items():
@@ -73,8 +73,19 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
             spec.check(name, arrays[name], len(keep))
         split = getattr(workload, "phases", None)
         phases = split(model) if split is not None else None
+        if unit.target is not None:  # the rows go to a part file, not back to the parent
+            from helpers.engine.checkpoint import write_worker_part  # (h5py: only if asked)
+
+            carried = {name: values[keep] for name, values in (unit.carried or {}).items()}
+            try:
+                part = write_worker_part(unit.target, ids, {**arrays, **carried},
+                                         f"worker {worker} on {socket.gethostname()}")
+            except OSError as exc:
+                raise OutputUnwritable(f"worker {worker} on {socket.gethostname()} cannot write "
+                                       f"its part in {unit.target.folder}: {exc}") from exc
+            arrays = {}
     return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic(),
-                  phases=phases)
+                  phases=phases, part=part)
 
 
 def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
