@@ -83,6 +83,40 @@ def test_hdf5_jsonl_and_iterable_sources_give_the_same_output(tmp_path, texts):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_workers_read_an_hdf5_input_themselves_and_write_it_the_driver_reads_no_record(
+        tmp_path, monkeypatch, backend):
+    """writes="workers" on a source with ``rows``: workunits are ids and a way to open the file;
+    each worker reads its records (a broken string: its own error row) and writes its part; a
+    resume skips what is done. The same output as the driver's reading and writing."""
+    import h5py
+
+    from helpers.engine.sources import HDF5BatchesSource
+
+    texts = [f"r{i}" for i in range(1500)]
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        for n, start in enumerate(range(0, len(texts), 400)):
+            batch = [t.encode() for t in texts[start:start + 400]]
+            if n == 1:
+                batch[17] = b"\xff broken"  # record 417: not UTF-8
+            f.create_dataset(f"batches/{n}", data=np.array(batch, dtype=object),
+                             dtype=h5py.string_dtype("ascii"))
+    reference = run_pipeline(tmp_path / "in.h5", SyntheticWorkload(0.0), ["cpu"] * 2, 64,
+                             tmp_path / "driver.h5", backend, progress=False)
+    monkeypatch.setattr(HDF5BatchesSource, "slices", None)  # the driver must not read records
+    run_pipeline(tmp_path / "in.h5", SyntheticWorkload(0.0), ["cpu"] * 2, 64,
+                 tmp_path / "workers.h5", backend, progress=False, writes="workers", limit=700)
+    stats = run_pipeline(tmp_path / "in.h5", SyntheticWorkload(0.0), ["cpu"] * 2, 64,
+                         tmp_path / "workers.h5", backend, progress=False, writes="workers",
+                         resume=True)
+    assert stats.resumed_after == 700 and stats.records == 1500 - 700
+    driver, workers = read_output(tmp_path / "driver.h5"), read_output(tmp_path / "workers.h5")
+    assert workers["ids"].tolist() == [i for i in range(1500) if i != 417]
+    np.testing.assert_array_equal(workers["values"], driver["values"])
+    assert reference.records == 1499
+    assert [(e["id"], e["type"]) for e in workers["errors"]] == [(417, "UnicodeDecodeError")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_failure_at_load_names_worker_and_carries_traceback(tmp_path, backend):
     started = time.monotonic()
     with pytest.raises(PipelineError, match=r"worker \d on cuda:1 failed in loading the model: "

@@ -43,6 +43,41 @@ def test_workunits_are_cut_across_slices_in_order_and_only_the_last_is_short():
     assert len(woken) == 5 and reader.units_put == 4  # one per workunit, one at the end
 
 
+class Opener:
+    """What a source gives its workers to read records by id: picklable, equal for one source."""
+
+    def __eq__(self, other):
+        return isinstance(other, Opener)
+
+    def read(self, ids):
+        return [f"r{i}" for i in ids.tolist()]
+
+
+def test_rows_a_worker_reads_are_cut_like_records_and_never_weighed():
+    """A source's Rows (ids and a way for the worker to open the source) go through the reader
+    as records do: joined across slices, cut into workunits, each workunit's Rows its own ids;
+    a cost function is not called (the driver has no record to weigh)."""
+    import pickle
+
+    from helpers.engine.protocol import Rows
+
+    pieces = [(ids, Rows(Opener(), ids)) for ids, _ in slices([5, 1, 7, 3])]
+    reader = Reader(iter(pieces), workunit_size=4, depth=2, window=8,
+                    cost=lambda record: 1 / 0)
+    reader.start()
+    units = drain(reader)
+    reader.stop()
+    assert [len(u) for u in units] == [4, 4, 4, 4] and reader.error is None
+    for unit in units:
+        rows = pickle.loads(pickle.dumps(unit.records))  # as sent to a worker
+        assert rows.ids.tolist() == unit.ids.tolist()
+        assert rows.read() == [f"r{i}" for i in unit.ids.tolist()]
+    first, rest = units[0].records[:1], units[0].records[1:]
+    assert (first + rest).ids.tolist() == units[0].ids.tolist()
+    with pytest.raises(TypeError, match="a worker reads the records"):
+        units[0].records[0]
+
+
 def test_with_a_cost_each_window_is_ordered_by_it_before_cutting():
     lengths = [9, 1, 8, 2, 7, 3, 6, 4]  # record i costs lengths[i]
     pairs = (np.arange(8, dtype=np.int64), ["x" * n for n in lengths])

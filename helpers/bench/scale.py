@@ -23,6 +23,7 @@ Rows are tidy (units in column names) and saved with provenance like the other b
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,8 @@ GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "uss_growth_mb": 200,
 
 class CycledTexts:
     """``n`` records, ids 0..n-1, the sample paragraphs over and over: a corpus of any size that
-    costs nothing to read. ``slices`` skips done ranges before touching them, like HDF5 batches."""
+    costs nothing to read. ``slices`` skips done ranges before touching them, like HDF5 batches;
+    ``rows`` lets workers read them (``writes="workers"``), as they read an HDF5 input."""
 
     def __init__(self, n: int, texts: list[str]) -> None:
         if len(texts) < READ_SLICE:
@@ -72,6 +75,17 @@ class CycledTexts:
         for ids, records in self.slices(IdRanges(), None):
             yield from zip(ids.tolist(), records)
 
+    def rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, Any]]:
+        from helpers.engine.protocol import Rows
+
+        end, opener = self.n if limit is None else min(self.n, limit), _CycledRows()
+        for start in range(0, end, READ_SLICE * 64):
+            ids = np.arange(start, min(start + READ_SLICE * 64, end), dtype=np.int64)
+            if skip.runs:
+                ids = ids[~skip.contains(ids)]
+            if len(ids):
+                yield ids, Rows(opener, ids)
+
     def slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, list]]:
         end = self.n if limit is None else min(self.n, limit)
         for start in range(0, end, READ_SLICE):
@@ -84,6 +98,22 @@ class CycledTexts:
                 keep = ~skip.contains(ids)
                 ids, records = ids[keep], [r for r, k in zip(records, keep) if k]
             yield ids, records
+
+
+@dataclass(frozen=True)
+class _CycledRows:
+    """CycledTexts' records read by a worker: the sample paragraphs, cycled."""
+
+    def read(self, ids: np.ndarray) -> list:
+        texts = _sample_texts()
+        return [texts[i % len(texts)] for i in ids.tolist()]
+
+
+@functools.lru_cache(maxsize=1)
+def _sample_texts() -> list[str]:
+    from helpers.study.paths import sample_texts
+
+    return sample_texts()
 
 
 def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,

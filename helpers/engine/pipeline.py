@@ -241,10 +241,14 @@ class WorkerPool:
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.done)
             size = self._sizing.largest() if settings.auto_size else settings.workunit_size
-            reader = Reader(read_slices(records, sink.done, settings.limit, job.rejected.extend,
-                                        sink.done_positions, job.carried.add), size,
-                            self.settings.depth, scheduler.wakeup.wake, settings.window, cost,
-                            total)
+            if settings.writes == "workers" and hasattr(records, "rows"):  # workers read too
+                slices, window = records.rows(sink.done, settings.limit), 0
+            else:
+                slices = read_slices(records, sink.done, settings.limit, job.rejected.extend,
+                                     sink.done_positions, job.carried.add)
+                window = settings.window
+            reader = Reader(slices, size, self.settings.depth, scheduler.wakeup.wake, window,
+                            cost, total)
             job.start_clock()
             reader.start()
             try:

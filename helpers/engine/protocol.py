@@ -101,6 +101,44 @@ def null_texts(records: list, where: Callable[[int], str], positions: Any = None
                                    -1 if positions is None else int(positions[k]))
 
 
+class Rows:
+    """Records a worker reads itself: those at ``ids`` (positions) of the source ``opener``
+    opens, a small picklable object with ``read(ids) -> list`` (the records, BadRecords for
+    those it cannot decode). Sliced and joined like the list of records it stands for, so a
+    workunit of Rows is cut, joined, retried and split like any other."""
+
+    __slots__ = ("opener", "ids")
+
+    def __init__(self, opener: Any, ids: np.ndarray) -> None:
+        self.opener, self.ids = opener, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, part: slice) -> Rows:
+        if not isinstance(part, slice):
+            raise TypeError("Rows: a worker reads the records (Rows.read); slice them here")
+        return Rows(self.opener, self.ids[part])
+
+    def __add__(self, other: Any) -> Rows:
+        if isinstance(other, list) and not other:
+            return self
+        if not isinstance(other, Rows) or other.opener != self.opener:
+            return NotImplemented
+        return Rows(self.opener, np.concatenate([self.ids, other.ids]))
+
+    __radd__ = __add__  # ([] + rows: the reader's empty start)
+
+    def __getstate__(self) -> tuple:
+        return self.opener, self.ids
+
+    def __setstate__(self, state: tuple) -> None:
+        self.opener, self.ids = state
+
+    def read(self) -> list:
+        return self.opener.read(self.ids)
+
+
 def decoded(raw: bytes | str, position: int, what: str = "record") -> str | BadRecord:
     """``raw`` as text, or the BadRecord saying that ``what`` is not valid UTF-8."""
     if isinstance(raw, str):
@@ -153,7 +191,11 @@ class Source(Protocol):
       each once) a slice at a time and skips done ones (the whole source is read);
     - or iteration over ``(id, record)`` pairs, checked like ``items``.
 
-    Optional: ``__len__`` (records, for the progress bar's total and ``tune``'s estimate),
+    Optional: ``rows(skip, limit)``, for a source every worker can open by itself (a file on
+    storage they share): ``(ids, Rows)`` pairs like ``slices`` whose ids are positions, made from
+    the source's layout alone, nothing read; with ``writes="workers"`` each worker reads its
+    workunit's records itself (``Rows.read``), so the driver handles no record at all.
+    ``__len__`` (records, for the progress bar's total and ``tune``'s estimate),
     ``where(position) -> str`` (how a message names a record's id), ``fingerprint() -> dict``
     (what a resumed run must read again; else ``describe()``). A record the source cannot decode
     is a ``BadRecord`` carrying its position: it goes to ``errors/`` and costs no other record.

@@ -17,7 +17,7 @@ class Reader(threading.Thread):
     """Cuts the source into workunits and puts them on its bounded work queue, ``depth`` deep.
 
     ``slices``: ``(ids, records)`` pairs of an int64 array and a list
-    (helpers.engine.sources.read_slices). ``wake`` is called after each workunit (and at the end)
+    (helpers.engine.sources.read_slices), or Rows (a source's ``rows``). ``wake`` is called after each workunit (and at the end)
     so that the scheduler, waiting on its workers' messages, need not poll.
 
     The scheduler's side (helpers.engine.scheduler.Feed): ``take()`` the next workunit or None,
@@ -95,7 +95,8 @@ class Reader(threading.Thread):
         while True:
             started = time.perf_counter()
             ids, records = self._next_window(slices, max(self._window, self._size))
-            if self._cost is not None and len(records) > 1:  # similar records together
+            if self._cost is not None and isinstance(records, list) and len(records) > 1:
+                # similar records together (Rows, which workers read, cannot be weighed here)
                 order = np.argsort(_costs(self._cost, records), kind="stable")
                 ids, records = ids[order], [records[i] for i in order.tolist()]
             self.read_seconds += time.perf_counter() - started
@@ -117,7 +118,10 @@ class Reader(threading.Thread):
             if piece is None:
                 break
             id_parts.append(piece[0])
-            records.extend(piece[1])
+            if isinstance(records, list) and isinstance(piece[1], list):
+                records.extend(piece[1])
+            else:  # Rows (helpers.engine.protocol): records a worker reads itself
+                records = records + piece[1]
         ids = np.concatenate(id_parts)
         self._rest = (ids[window:], records[window:])
         return ids[:window], records[:window]

@@ -24,11 +24,13 @@ read the same one.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_checks import checked_ids, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds
 from helpers.engine.jsonl import JSONLSource
-from helpers.engine.protocol import BadRecord, OutputSpec, Source, SourceError, decoded
+from helpers.engine.protocol import BadRecord, OutputSpec, Rows, Source, SourceError, decoded
 from helpers.engine.table_files import FORMATS
 from helpers.engine.tables import TableSource
 
@@ -52,6 +54,7 @@ HDF5_SUFFIXES = (".h5", ".hdf5")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 READ_SLICE = 1024  # strings read from an HDF5 batch at a time: bounded memory for huge batches
+ROWS_SLICE = 65536  # ids per slice of Rows (nothing read: a slice costs its ids, 8 bytes each)
 
 
 class HDF5BatchesSource:
@@ -104,12 +107,65 @@ class HDF5BatchesSource:
                 if offset >= end:
                     return
 
+    def rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, Rows]]:
+        """The records as Rows for the workers to read (Source protocol), ROWS_SLICE ids at a
+        time from the batches' lengths alone, done ids left out."""
+        end = self._length if limit is None else min(limit, self._length)
+        opener = HDF5Rows(str(self.path.resolve()), self.group)
+        for start in range(0, end, ROWS_SLICE):
+            stop = min(start + ROWS_SLICE, end)
+            if skip.runs and skip.covers(start, stop):
+                continue
+            ids = np.arange(start, stop, dtype=np.int64)
+            if skip.runs:
+                ids = ids[~skip.contains(ids)]
+            yield ids, Rows(opener, ids)
+
     def describe(self) -> str:
         return f"hdf5:{self.path}#{self.group}"
 
     def fingerprint(self) -> dict[str, Any]:
         return {"format": "hdf5", "group": self.group, "records": self._length,
                 **file_identity(self.path)}
+
+
+@dataclass(frozen=True)
+class HDF5Rows:
+    """How a worker reads an HDF5 batches input's records by position (Rows' opener): the file
+    is opened once per process and kept while it is the same file (its identity is checked at
+    each read: a file replaced between two jobs of a pool is opened again)."""
+
+    path: str
+    group: str
+
+    def read(self, ids: np.ndarray) -> list:
+        f, names, offsets = _opened(self.path, self.group, _identity(self.path))
+        records: list = []
+        for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []:
+            start, stop = int(run[0]), int(run[-1]) + 1
+            while start < stop:
+                batch = int(np.searchsorted(offsets, start, side="right")) - 1
+                end = min(stop, int(offsets[batch + 1]))
+                raw = f[self.group][names[batch]][start - offsets[batch]:end - offsets[batch]]
+                records += [decoded(value, i) for value, i in zip(raw, range(start, end))]
+                start = end
+        return records
+
+
+def _identity(path: str) -> tuple:
+    stat = os.stat(path)
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=4)
+def _opened(path: str, group: str, identity: tuple) -> tuple[Any, list[str], np.ndarray]:
+    """An input opened for reading by position (``identity``: a changed file is a new key)."""
+    import h5py
+
+    f = h5py.File(path, "r")
+    names, _ = _batch_layout(f, group, Path(path))
+    offsets = np.cumsum([0] + [len(f[group][n]) for n in names])
+    return f, names, offsets
 
 
 def _batch_layout(f: Any, group: str, path: Path) -> tuple[list[str], int]:

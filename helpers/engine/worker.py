@@ -37,7 +37,7 @@ from typing import Any
 from helpers.engine import transfer
 from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, OutputUnwritable, Ready,
                                      Result, WorkerInfo, Workunit)
-from helpers.engine.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec
+from helpers.engine.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec, Rows
 
 ORPHAN_CHECK_SECONDS = 0.2  # a worker process whose parent died exits within this
 EXIT_ORPHANED = 70  # its exit status then (nobody is left to read it; for the tests and logs)
@@ -50,7 +50,8 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
     started = time.monotonic()
     prepare = getattr(workload, "prepare", None)
     keep, ready, rejected = [], [], []
-    for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), unit.records)):
+    records = unit.records.read() if isinstance(unit.records, Rows) else unit.records
+    for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), records)):
         if isinstance(record, BadRecord):
             rejected.append((record_id, record.error_type, record.message, time.time()))
             continue
