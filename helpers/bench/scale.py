@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
+from helpers.engine.checkpoint import WORKER_LEVEL
 from helpers.engine.hdf5_sink import rows_written
 from helpers.engine.id_ranges import IdRanges
 from helpers.engine.sources import READ_SLICE
@@ -133,9 +134,10 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
         cpu, read = time.process_time(), _read_bytes()
         stats = pool.run(CycledTexts(records, sample_texts()), output)
         cpu, read = time.process_time() - cpu, _read_bytes() - read
-    new = max(1, stats.records - stats.resumed_after)
-    return {"records": stats.records, "driver_cpu_s_per_million": cpu / new * 1e6,
-            "driver_read_fraction": read / (new * (dim * 4 + 8)), "wall_s": stats.wall_seconds,
+    new = stats.records  # (this run's: a resumed run's skipped ones are not)
+    return {"records": stats.records,
+            "driver_cpu_s_per_million": cpu / new * 1e6 if new > 0 else None,
+            "driver_read_fraction": read / (new * (dim * 4 + 8)) if new > 0 else None, "wall_s": stats.wall_seconds,
             "records_per_s": stats.records_per_second, "parent_rss_mb": stats.parent_rss_mb,
             "parent_uss_mb": private.peak_mb,
             "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
@@ -204,13 +206,17 @@ def _child(command: list[str]) -> dict[str, Any]:
         return {**json.loads(out.read().strip().splitlines()[-1]), "tree_rss_mb": peak}
 
 
-def _kill_when(command: list[str], output: Path, rows: int) -> float:
+def _kill_when(command: list[str], output: Path, rows: int, part_rows: int = 0) -> float:
     """Start the run in its own process group; SIGKILL the group once ``output``'s index holds
-    ``rows`` rows. Returns the seconds it ran; RuntimeError if it finished first."""
+    ``rows`` rows, or (``part_rows``: workers' parts of that many rows, which commit faster than
+    the index is rewritten) once that many rows are in committed parts. Returns the seconds it
+    ran; RuntimeError if it finished first."""
     started = time.monotonic()
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
-    while run.poll() is None and rows_written(output) < rows:
+    parts = output.with_name(output.name + ".parts")
+    while run.poll() is None and rows_written(output) < rows and \
+            (not part_rows or _committed(parts) * part_rows < rows):
         time.sleep(0.05)
     if run.poll() is not None:
         raise RuntimeError(f"the run ended (exit {run.returncode}) before its output held {rows} "
@@ -218,6 +224,14 @@ def _kill_when(command: list[str], output: Path, rows: int) -> float:
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
     return time.monotonic() - started
+
+
+def _committed(parts: Path) -> int:
+    """Workers' parts committed into the output so far (helpers.engine.checkpoint's names)."""
+    try:
+        return sum(1 for p in os.scandir(parts) if p.name.startswith(f"part-L{WORKER_LEVEL}-"))
+    except FileNotFoundError:
+        return 0
 
 
 def exactly_once(output: Path, records: int) -> bool:
@@ -262,7 +276,8 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
             rows.append({"run": name, **row, "exactly_once": exactly_once(output, n)})
             _remove(output)
         if kill_at is not None:
-            ran = _kill_when(_command(records, output, **setting), output, int(kill_at * records))
+            ran = _kill_when(_command(records, output, **setting), output, int(kill_at * records),
+                             workunit_size if writes == "workers" else 0)
             rows.append({"run": "killed", "records": rows_written(output), "wall_s": ran})
             row = _child(_command(records, output, resume=True, **setting))
             rows.append({"run": "resumed", **row, "exactly_once": exactly_once(output, records)})

@@ -58,6 +58,8 @@ COPY_ROWS = 65536  # rows copied at a time when merging: bounded memory for any 
 COMPACT_PARTS = 32  # small parts in a row at the end that are merged into one
 MERGE_AT_END_BYTES = 256 << 20  # a finished output up to this size becomes one file
 INDEX_EVERY = 10.0  # the index is rewritten once its last rewrite is this many times its cost old
+INDEX_EVERY_COMMITS = 50.0  # ... as workers' parts come (writes="workers": the index is then
+# most of the driver's work, and only a reader mid-run needs it: a resume scans the parts)
 INDEX_BYTES_PER_SOURCE = 256  # what the index takes per part and column, about (for its room)
 BASE_LEVEL = 9  # a finished file taken over by a resumed run: never merged until the end
 WORKER_LEVEL = 8  # a part a worker wrote (writes="workers"): never merged while the run goes on
@@ -212,6 +214,7 @@ class Parts:
         self._done = IdRanges()  # the ids of the parts found on disk (scan, adopt)
         self._positions = IdRanges()  # ... and the positions of the records the reader rejected
         self._index_at, self._index_cost, self._index_stale = 0.0, 0.0, False
+        self._index_every = INDEX_EVERY
 
     def scan(self) -> None:
         """Load the parts on disk; drop unfinished (.tmp) files and parts another one covers.
@@ -297,7 +300,7 @@ class Parts:
             self.bytes_written += part.size
             number += 1
         fsync(self.folder)
-        self._index_stale = True
+        self._index_stale, self._index_every = True, INDEX_EVERY_COMMITS
         self.refresh_index()
 
     def sweep(self) -> None:
@@ -360,9 +363,10 @@ class Parts:
 
     def refresh_index(self, force: bool = False) -> None:
         """Rewrite the index if parts came since the last rewrite and that one is INDEX_EVERY
-        times its own cost old: the index costs at most ~1/INDEX_EVERY of the writer's time."""
+        (INDEX_EVERY_COMMITS once workers' parts come) times its own cost old: the index costs
+        at most that fraction of the writer's time."""
         if force or self._index_stale and \
-                time.monotonic() - self._index_at >= INDEX_EVERY * self._index_cost:
+                time.monotonic() - self._index_at >= self._index_every * self._index_cost:
             self.write_index({})
 
     def write_index(self, attrs: Mapping[str, Any]) -> None:
