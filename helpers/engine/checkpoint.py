@@ -252,9 +252,9 @@ class Parts:
         """A part, the ids it holds and the positions of the records it holds as rejected by
         the reader; ValueError if its columns are not this run's."""
         with h5py.File(path, "r") as f:
-            check_columns(f, self.columns, path)
-            rows, errors = len(f["ids"]), len(f["errors/ids"])
-            ids, rejected = done_in(f)  # one open per part: resume at scale
+            found = check_columns(f, self.columns, path)
+            rows, errors = found["ids"][0][0], found["errors/ids"][0][0]
+            ids, rejected = done_in(f, errors)  # one open per part: resume at scale
         return Part(path, level, first, last, rows, errors, path.stat().st_size), ids, rejected
 
     @property
@@ -448,29 +448,51 @@ def _bytes(blocks: Sequence[Mapping[str, np.ndarray]]) -> int:
     return total
 
 
-def check_columns(f: h5py.File, cols: Mapping[str, tuple], path: Path) -> None:
+def check_columns(f: h5py.File, cols: Mapping[str, tuple], path: Path
+                  ) -> dict[str, tuple | None]:
     """ValueError naming the first dataset of ``f`` that is not this run's (another workload or
-    model wrote it). Files written before errors/position existed pass if they hold no errors."""
+    model wrote it). Files written before errors/position existed pass if they hold no errors.
+    Returns each column's (shape, dtype), None where it is missing: read through h5py's
+    low-level API, a resume's scan of thousands of parts opens no Dataset object."""
+    found = {name: _shape_and_dtype(f, name) for name in cols}
     for name, (shape, dtype) in cols.items():
-        if name == "errors/position" and name not in f and not len(f["errors/ids"]):
+        there = found[name]
+        if name == "errors/position" and there is None and not found["errors/ids"][0][0]:
             continue
-        if name not in f or f[name].shape[1:] != shape or \
-                (dtype is not STR and f[name].dtype != np.dtype(dtype)):
-            found = f"{f[name].shape[1:]} {f[name].dtype}" if name in f else "nothing"
-            raise ValueError(f"{path}: {name!r} holds {found}, this run writes {shape} "
+        if there is None or there[0][1:] != shape or \
+                (dtype is not STR and there[1] != np.dtype(dtype)):
+            held = f"{there[0][1:]} {there[1]}" if there is not None else "nothing"
+            raise ValueError(f"{path}: {name!r} holds {held}, this run writes {shape} "
                              f"{dtype if dtype is not STR else 'str'}: a different workload, "
                              f"model or gpufeed version wrote it")
+    return found
 
 
-def done_in(f: h5py.File) -> tuple[IdRanges, IdRanges]:
+def _shape_and_dtype(f: h5py.File, name: str) -> tuple[tuple, np.dtype] | None:
+    try:
+        dataset = h5py.h5d.open(f.id, name.encode())
+    except KeyError:
+        return None
+    return dataset.shape, dataset.dtype
+
+
+def done_in(f: h5py.File, errors: int | None = None) -> tuple[IdRanges, IdRanges]:
     """A part's (or a finished output's) done ids, and the positions of its records that the
-    reader rejected; read COPY_ROWS at a time where no ranges were stored (an in-place output)."""
+    reader rejected; read COPY_ROWS at a time where no ranges were stored (an in-place output).
+    ``errors``: its errors' count where the caller knows it (0: none to read)."""
     positions = np.empty(0, np.int64)
-    if "errors/position" in f:
+    if errors != 0 and "errors/position" in f:
         positions = f["errors/position"][...]
     rejected = IdRanges.from_ids(positions[positions >= 0])
-    if SPANS in f:
-        return IdRanges.from_spans(f[SPANS][...]), rejected
+    try:
+        stored = h5py.h5d.open(f.id, SPANS.encode())  # (low-level: thousands of parts)
+    except KeyError:
+        pass
+    else:
+        spans = np.empty(stored.shape, stored.dtype)
+        if spans.size:
+            stored.read(h5py.h5s.ALL, h5py.h5s.ALL, spans)
+        return IdRanges.from_spans(spans), rejected
     if RANGES in f:
         return IdRanges.from_pairs(f[RANGES][...]), rejected
     done = IdRanges()
