@@ -175,7 +175,8 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     safe.add_argument("--writes", choices=WRITES, default=JobSettings.writes,
                       help="who writes the rows: the driver's writer thread, or each worker its "
                            "own part files that the driver commits (the driver then reads none "
-                           "of the rows; OUTPUT must be on storage every worker reaches)")
+                           "of the rows; OUTPUT must be on storage every worker reaches); auto: "
+                           "the workers on Ray with an HDF5 input, else the driver")
     safe.add_argument("--adaptive", action="store_true",
                       help="grow workers per device one at a time while memory allows")
     safe.add_argument("--max-workers-per-device", type=int,

@@ -372,3 +372,33 @@ def test_a_late_result_s_part_is_removed_not_committed(tmp_path):
     scheduler = Scheduler(Backend(), [WorkerInfo(0, "cpu", 1)], PoolSettings(("cpu",)))
     late = Result(0, 41, np.arange(3), {}, [], 0.0, 1.0, part=WorkerPart(str(part), 3, 4))
     assert scheduler.handle(0, late) == ([], []) and not part.exists()
+
+
+def test_thousands_of_workers_parts_finish_as_one_file_one_part_open_at_a_time(tmp_path):
+    """An output of many small workers' parts is merged at the end with one part open at a
+    time: 600 parts under a limit of 128 open files (each part once open: 'Too many open
+    files')."""
+    script = f"""
+import resource, sys
+import numpy as np
+from helpers.engine.checkpoint import write_worker_part
+from helpers.engine.hdf5_sink import HDF5Sink, read_output
+from helpers.engine.protocol import OutputSpec
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+spec = {{"values": OutputSpec((8,), "float32"), "label": OutputSpec((), "str")}}
+with HDF5Sink(sys.argv[1], spec) as sink:
+    for i in range(600):
+        ids = np.arange(i * 5, i * 5 + 5)
+        sink.commit(write_worker_part(sink.target(f"ab-{{i}}"), ids, {{
+            "values": np.repeat(ids[:, None], 8, 1).astype(np.float32),
+            "label": np.array([f"r{{j}}" for j in ids], dtype=object)}}))
+data = read_output(sys.argv[1])
+assert data["ids"].tolist() == list(range(3000)), data["ids"][:10]
+assert data["label"][2999] == "r2999" and data["values"][1234][0] == 1234
+print("one file", not data["attrs"].get("index_of_parts"))
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.h5")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "one file True"
+    assert not (tmp_path / "out.h5.parts").exists()

@@ -45,7 +45,7 @@ def test_devices_are_parsed_once_into_a_tuple_and_the_settings_are_frozen():
     (JobSettings, {"limit": -5}, "limit: expected an integer >= 0, got -5"),
     (JobSettings, {"sort_window": "big"}, "sort_window: expected an integer"),
     (JobSettings, {"resume": True, "durable": False}, "resume: needs durable=True"),
-    (JobSettings, {"writes": "nodes"}, "writes: expected one of ('driver', 'workers'), got 'nodes'"),
+    (JobSettings, {"writes": "nodes"}, "writes: expected one of ('auto', 'driver', 'workers')"),
     (JobSettings, {"writes": "workers", "durable": False}, "writes='workers': needs durable=True"),
 ])
 def test_a_bad_value_raises_naming_the_setting_and_what_it_expected(cls, bad, message):
@@ -98,3 +98,19 @@ def test_the_command_line_takes_its_defaults_from_the_settings():
     assert args.workers_per_device == pool.workers_per_device
     assert (not args.no_progress, not args.in_place, args.resume, args.adaptive) == \
         (job.progress, job.durable, job.resume, pool.adaptive)
+
+
+def test_auto_writes_are_the_workers_only_on_ray_with_a_source_they_can_read():
+    from helpers.engine.pipeline import who_writes
+
+    class Openable:
+        def rows(self, skip, limit):
+            return iter(())
+
+    auto = JobSettings()
+    assert auto.writes == "auto"
+    assert who_writes(auto, "ray", Openable()) == "workers"
+    assert who_writes(auto, "ray", [(0, "x")]) == "driver"  # records only the driver holds
+    assert who_writes(auto, "process", Openable()) == "driver"  # one machine: measured faster
+    assert who_writes(JobSettings(durable=False), "ray", Openable()) == "driver"
+    assert who_writes(JobSettings(writes="workers"), "process", [(0, "x")]) == "workers"

@@ -55,6 +55,7 @@ PART_ROWS = 65536  # rows that make a full part: parts this big are never merged
 PART_BYTES = 64 << 20  # ... or this many bytes of rows, whichever comes first
 CHUNK_RECORDS = 1024  # rows per HDF5 chunk in a merged file
 COPY_ROWS = 65536  # rows copied at a time when merging: bounded memory for any part size
+COPY_BYTES = 16 << 20  # small parts' rows gathered up to this much per write when merging
 COMPACT_PARTS = 32  # small parts in a row at the end that are merged into one
 MERGE_AT_END_BYTES = 256 << 20  # a finished output up to this size becomes one file
 INDEX_EVERY = 10.0  # the index is rewritten once its last rewrite is this many times its cost old
@@ -537,30 +538,45 @@ def _datasets(f: h5py.File) -> list[str]:
 
 def merge_into(out: h5py.File, parts: list[Part], cols: Mapping[str, tuple],
                attrs: Mapping | None = None) -> None:
-    """Concatenate ``parts`` (in order) into the new file ``out``, COPY_ROWS rows at a time, with
-    the union of their done ids."""
-    sources = [h5py.File(p.path, "r") for p in parts]
-    try:
-        for name, (shape, dtype) in cols.items():
-            present = [s[name] for s in sources if name in s]  # errors/position: FORMAT 1 lacks it
-            total = sum(len(d) for d in present)
-            chunks = (min(max(total, 1), CHUNK_RECORDS), *shape)
-            dataset = out.create_dataset(name, shape=(total, *shape), dtype=dtype,
-                                         maxshape=(None, *shape), chunks=chunks)
-            start = 0
-            for source in present:
-                for offset in range(0, len(source), COPY_ROWS):
-                    block = source[offset:offset + COPY_ROWS]
-                    dataset[start:start + len(block)] = block
-                    start += len(block)
-        done = IdRanges()
-        for source in sources:
-            done = done.union(done_in(source)[0])
-        out.create_dataset(SPANS, data=done.as_spans())
-        set_attrs(out, attrs or {})
-    finally:
-        for source in sources:
-            source.close()
+    """Concatenate ``parts`` (in order) into the new file ``out``, with the union of their done
+    ids: each part opened once (thousands of workers' parts: one file open at a time), read
+    COPY_ROWS rows at a time, and small parts' rows gathered up to COPY_BYTES per write."""
+    lengths = []  # each part's rows per column (None: the column is missing, FORMAT 1)
+    for part in parts:
+        with h5py.File(part.path, "r") as f:
+            lengths.append({name: None if (found := _shape_and_dtype(f, name)) is None
+                            else found[0][0] for name in cols})
+    datasets = {}
+    for name, (shape, dtype) in cols.items():
+        total = sum(n or 0 for n in (rows[name] for rows in lengths))
+        chunks = (min(max(total, 1), CHUNK_RECORDS), *shape)
+        datasets[name] = out.create_dataset(name, shape=(total, *shape), dtype=dtype,
+                                            maxshape=(None, *shape), chunks=chunks)
+    gathered: dict[str, list] = {name: [] for name in cols}
+    starts, held = dict.fromkeys(cols, 0), dict.fromkeys(cols, 0)  # rows written, bytes held
+
+    def write(name: str) -> None:
+        if gathered[name]:
+            block = np.concatenate(gathered[name]) if len(gathered[name]) > 1 \
+                else gathered[name][0]
+            datasets[name][starts[name]:starts[name] + len(block)] = block
+            starts[name] += len(block)
+            gathered[name], held[name] = [], 0
+
+    done = IdRanges()
+    for part, rows in zip(parts, lengths):
+        with h5py.File(part.path, "r") as f:
+            for name, n in rows.items():
+                for offset in range(0, n or 0, COPY_ROWS):
+                    gathered[name].append(f[name][offset:offset + COPY_ROWS])
+                    held[name] += gathered[name][-1].nbytes
+                    if held[name] >= COPY_BYTES:
+                        write(name)
+            done = done.union(done_in(f, rows["errors/ids"])[0])
+    for name in cols:
+        write(name)
+    out.create_dataset(SPANS, data=done.as_spans())
+    set_attrs(out, attrs or {})
 
 
 def is_index(path: Path) -> bool:

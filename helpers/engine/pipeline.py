@@ -84,7 +84,7 @@ from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
 from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery, RemoteTraceback,
                                       Scheduler, Slot, State)
-from helpers.engine.settings import (JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
+from helpers.engine.settings import (AUTO, JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
                                      split_options)
 from helpers.engine.sizing import Sizing
 from helpers.engine.sources import (carried, open_source, read_slices, records_left,
@@ -231,6 +231,7 @@ class WorkerPool:
         """
         started = time.monotonic()
         settings, records, attrs = self._job(source, changes)
+        settings = replace(settings, writes=who_writes(settings, self.settings.backend, records))
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
         self._sizing.seconds = settings.workunit_seconds
@@ -268,6 +269,8 @@ class WorkerPool:
         """
         started = time.monotonic()
         settings, records, attrs = self._job(source, changes)
+        if settings.writes == AUTO:
+            settings = replace(settings, writes="driver")
         scheduler = self._scheduler
         own = carried(records)
         outputs = self._outputs(own)
@@ -363,6 +366,14 @@ class WorkerPool:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""
         recovery, self._scheduler.recovery = self._scheduler.recovery, Recovery()
         return recovery.as_dict()
+
+
+def who_writes(job: JobSettings, backend: str, source: Any) -> str:
+    """``job.writes``, "auto" decided: the workers on Ray when they can read the source too (the
+    driver then handles no record), else the driver (on one machine it writes faster: README)."""
+    if job.writes != AUTO:
+        return job.writes
+    return "workers" if backend == "ray" and job.durable and hasattr(source, "rows") else "driver"
 
 
 class _Job:

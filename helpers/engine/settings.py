@@ -23,7 +23,7 @@ from helpers.engine.devices import cpu_threads_per_worker, parse_devices
 from helpers.engine.messages import WorkerInfo
 
 BACKENDS = ("process", "thread", "ray")  # helpers.engine.backends and .ray_backend implement them
-WRITES = ("driver", "workers")  # who writes the rows (JobSettings.writes)
+WRITES = ("auto", "driver", "workers")  # who writes the rows (JobSettings.writes)
 QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
 SORT_WORKUNITS = 8  # default sort window, in workunits: most of a global sort's gain, bounded memory
 AUTO = "auto"
@@ -120,8 +120,9 @@ class JobSettings:
     durable: bool = True  # write part files + an index, so that a killed run leaves a readable file
     resume: bool = False  # skip the ids the output already holds (or gave up on); needs durable
     overwrite: bool = False  # replace an existing output (without it, an existing one is refused)
-    writes: str = "driver"  # who writes the rows: the parent's writer thread ("driver"), or each
-    # worker its workunits' own part files, the parent only committing them ("workers"; durable)
+    writes: str = AUTO  # who writes the rows: the parent's writer thread ("driver"), or each
+    # worker its workunits' own part files, the parent only committing them ("workers"; durable);
+    # "auto": workers on Ray when they can read the source too (``rows``), else the driver
 
     def __post_init__(self) -> None:
         if self.workunit_size != AUTO:
