@@ -137,7 +137,8 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
     new = stats.records  # (this run's: a resumed run's skipped ones are not)
     return {"records": stats.records,
             "driver_cpu_s_per_million": cpu / new * 1e6 if new > 0 else None,
-            "driver_read_fraction": read / (new * (dim * 4 + 8)) if new > 0 else None, "wall_s": stats.wall_seconds,
+            "driver_read_fraction": read / (new * (dim * 4 + 8)) if new > 0 else None,
+            "wall_s": stats.wall_seconds,
             "records_per_s": stats.records_per_second, "parent_rss_mb": stats.parent_rss_mb,
             "parent_uss_mb": private.peak_mb,
             "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
@@ -293,8 +294,8 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
 def report(table: pd.DataFrame) -> dict[str, float]:
     """Print the table and each goal with its verdict; return the figures compared."""
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(table.drop(columns=["backend", "writes", "workers", "workunit_size", "dim"]).to_string(
-            index=False, float_format=lambda v: f"{v:.3f}"))
+        shown = table.drop(columns=["backend", "writes", "workers", "workunit_size", "dim"])
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     runs = table.set_index("run")
     figures: dict[str, float] = {}
     full = runs.loc["full"]

@@ -96,7 +96,8 @@ def run_once(path: str, output: str, workers: int, workunit_size: int, keys: boo
     from helpers.workloads.synthetic import SyntheticWorkload
 
     stats = run_pipeline(path, SyntheticWorkload(0.0, dim=8, values="zeros"),
-                         ("cpu",) * workers, workunit_size, output, id_column="doc" if keys else None,
+                         ("cpu",) * workers, workunit_size, output,
+                         id_column="doc" if keys else None,
                          progress=False, overwrite=True)
     return {"records": stats.records, "wall_s": stats.wall_seconds,
             "records_per_s": stats.records_per_second, "parent_rss_mb": stats.parent_rss_mb,

@@ -37,6 +37,20 @@ time to the writer thread, which writes them while the scheduler goes on dispatc
 ``durable`` (the default) the output survives any crash (helpers.engine.checkpoint) and ``resume``
 finishes an interrupted run, skipping what is written before reading it.
 
+Workers write (``writes="workers"``; "auto" chooses it on Ray when the workers can read the
+source too)::
+
+    source.rows() ──► Reader ──► scheduler ──► worker: reads its ids' records (Rows), runs the
+    (ids + a way     (ids only)   (stamps each       model, writes a part file ──► Result names it
+     to open it)                  workunit: where                                     │
+                                  its part goes)  ◄───────────────────────────────────┘
+                                       └──► HDF5Sink: commit = rename into the output's index
+
+The driver then handles no record and no row: its work per workunit is a few hundred bytes each
+way and a rename. A part whose workunit was taken back is removed, never committed; one nobody
+committed is swept (helpers.engine.checkpoint). A source without ``rows`` is read by the driver
+as above and only the rows are written by the workers.
+
 At any scale the parent holds nothing per record once it is written: a worker's figures are
 running totals, the timeline is bounded (helpers.engine.stats), and a resumed run's done ids are ranges.
 
