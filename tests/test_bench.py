@@ -77,6 +77,20 @@ def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
     assert "resume_first_workunit_s" in capsys.readouterr().out
 
 
+def test_scale_bench_on_parquet_the_workers_read_it_and_write_every_row_once(tmp_path):
+    """source="parquet", writes="workers": the corpus is a Parquet file the workers read row
+    group by row group; the driver reads a few bytes per row (the driver reading it would read
+    the file, then every row through its pipes: over 100 % of the rows' bytes). (A kill and
+    resume of workers reading Parquet: tests/test_table_rows.py.)"""
+    from helpers.bench import scale
+
+    table = scale.measure(400_000, workers=2, workunit_size=2048, baseline_records=0,
+                          kill_at=None, folder=str(tmp_path), writes="workers", source="parquet")
+    full = table.set_index("run").loc["full"]
+    assert full["exactly_once"] and full["records"] == 400_000
+    assert full["driver_read_fraction"] < 0.05 and full["source"] == "parquet"
+
+
 def test_autotune_bench_compares_self_tuning_with_the_sweep_s_best(monkeypatch, capsys):
     from helpers.bench import autotune
 

@@ -316,17 +316,31 @@ def test_a_worker_whose_machine_is_lost_leaves_its_workunits_uncharged(lost):
     assert scheduler.recovery.deaths == 1 and scheduler.recovery.restarts == 1
 
 
+def after_the_start(monkeypatch, owner, name, failing, calls=3):
+    """``owner.name`` as it is for its first ``calls`` calls (the start's check among them:
+    helpers.engine.probe), then ``failing(real, *args)``."""
+    real, count = getattr(owner, name), iter(range(calls))
+
+    def wrapped(*args, **kwargs):
+        if next(count, None) is not None:
+            return real(*args, **kwargs)
+        return failing(real, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
 def test_a_worker_that_cannot_write_its_part_stops_the_run_naming_it(tmp_path, monkeypatch):
-    """writes="workers": a full disk, or storage the worker cannot reach, is no record's fault:
-    the run stops at once, naming the worker, its machine and the folder (no retry, no split)."""
+    """writes="workers": a disk that fills, or storage the worker loses, half-way is no record's
+    fault: the run stops at once, naming the worker, its machine and the folder (no retry, no
+    split)."""
     import errno
 
     from helpers.engine import checkpoint
 
-    def full(*args, **kwargs):
+    def full(real, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "write_worker_part", full)
+    after_the_start(monkeypatch, checkpoint, "write_worker_part", full)
     started = time.monotonic()
     with pytest.raises(PipelineError, match=r"worker \d on cpu failed in workunit .*"
                                             r"OutputUnwritable: worker \d on .* cannot write its "
@@ -334,22 +348,48 @@ def test_a_worker_that_cannot_write_its_part_stops_the_run_naming_it(tmp_path, m
         run_pipeline(records(200), SyntheticWorkload(0.0), ["cpu"], 10, tmp_path / "out.h5",
                      "thread", progress=False, writes="workers")
     assert time.monotonic() - started < 10
+    assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(20))
+
+
+def test_an_input_a_worker_loses_half_way_stops_the_run_and_files_no_record(tmp_path,
+                                                                             monkeypatch):
+    """Workers read the input themselves: an OSError reading it is the storage's, not the
+    records' (no bisection down to an error row per record)."""
+    import errno
+
+    import h5py
+
+    from helpers.engine.sources import HDF5Rows
+
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("batches/0", data=np.array([f"r{i}".encode() for i in range(200)],
+                                                    dtype=object), dtype=h5py.string_dtype())
+
+    def gone(real, self, ids):
+        raise OSError(errno.EIO, "Input/output error", self.path)
+
+    after_the_start(monkeypatch, HDF5Rows, "read", gone)
+    with pytest.raises(PipelineError, match=r"worker \d on cpu failed in workunit .*"
+                                            r"InputUnreadable: worker \d on .* cannot read the "
+                                            r"input: .*Input/output error"):
+        run_pipeline(tmp_path / "in.h5", SyntheticWorkload(0.0), ["cpu"], 10, tmp_path / "out.h5",
+                     "thread", progress=False, writes="workers")
+    partial = read_output(tmp_path / "out.h5")
+    assert partial["ids"].tolist() == list(range(20)) and not partial["errors"]
 
 
 def test_a_part_the_driver_cannot_see_stops_the_run_saying_where_the_output_must_be(
         tmp_path, monkeypatch):
-    """A worker on another machine wrote its part on that machine's own disk (the output's
-    folder existed there too): the driver says so at the first commit, not at the end."""
+    """A worker whose storage went its own way half-way (the start's check passed) wrote a part
+    on its machine's own disk: the driver says so at that part's commit, not at the end."""
     from helpers.engine import checkpoint
 
-    write = checkpoint.write_worker_part
-
-    def elsewhere(*args, **kwargs):
-        part = write(*args, **kwargs)
+    def elsewhere(real, *args, **kwargs):
+        part = real(*args, **kwargs)
         os.unlink(part.path)  # as if on another machine's disk
         return part
 
-    monkeypatch.setattr(checkpoint, "write_worker_part", elsewhere)
+    after_the_start(monkeypatch, checkpoint, "write_worker_part", elsewhere)
     with pytest.raises(RuntimeError, match=r"worker \d on .* wrote a part this process cannot "
                                            r"see in .*out\.h5\.parts: .*storage every worker "
                                            r"and the driver share"):

@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--records", type=int, required=True)
     one.add_argument("--output", required=True)
     one.add_argument("--resume", action="store_true")
+    one.add_argument("--parquet", help="read the first --records rows of this Parquet file")
+    big.add_argument("--source", choices=("cycled", "parquet"), default="cycled",
+                     help="parquet: the records written as a Parquet file first, read from it")
     for command in (big, one):
         command.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2),
                              help="zero-cost workers (default: one per core, at least 2)")
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale":
         scale.main(args.records, args.workers, args.workunit_size, args.dim,
                    args.baseline_records, args.kill_at or None, args.folder, args.results_dir,
-                   args.backend, args.writes)
+                   args.backend, args.writes, args.source)
         return 0
     if args.command == "autotune":
         autotune.main(args.records, args.repeats, args.results_dir)
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,
                                         args.workunit_size, args.dim, args.resume,
-                                        args.backend, args.writes)))
+                                        args.backend, args.writes, args.parquet)))
         return 0
     overhead.report(*overhead.measure(args.records, args.block, args.rounds, args.batch_size,
                                       args.workunit_size, args.threads))

@@ -18,7 +18,10 @@ results from, shared memory that Ray owns and bounds), and every run's whole pro
 five times a second (``tree_rss_mb``: the driver, its workers or Ray's raylet, object store and
 actors).
 
-Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time.
+Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time;
+with ``source="parquet"`` they are first written as one Parquet file (row groups of
+PARQUET_GROUP_ROWS, no dictionary: each text stored), which the runs read (each run the first
+``n`` rows of it), by the driver or, with ``writes="workers"``, by the workers themselves.
 Rows are tidy (units in column names) and saved with provenance like the other benchmarks.
 """
 from __future__ import annotations
@@ -46,10 +49,12 @@ import psutil
 from helpers.engine.checkpoint import WORKER_LEVEL
 from helpers.engine.hdf5_sink import rows_written
 from helpers.engine.id_ranges import IdRanges
+from helpers.engine.protocol import positions
 from helpers.engine.sources import READ_SLICE
 from helpers.study.peers import tree_rss_mb
 
 CORPUS = 20_648_877  # chunks in the study's corpus (notebook 01's days-for-the-corpus estimate)
+PARQUET_GROUP_ROWS = 100_000  # rows per row group of the Parquet corpus (source="parquet")
 GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "uss_growth_mb": 200,
          "longest_gap_s": 1.0, "write_amplification": 2.0, "resume_first_workunit_s": 10.0,
          "driver_cpu_s_per_million": 0.3, "driver_read_fraction": 0.05}  # (the last two: one
@@ -77,15 +82,7 @@ class CycledTexts:
             yield from zip(ids.tolist(), records)
 
     def rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, Any]]:
-        from helpers.engine.protocol import Rows
-
-        end, opener = self.n if limit is None else min(self.n, limit), _CycledRows()
-        for start in range(0, end, READ_SLICE * 64):
-            ids = np.arange(start, min(start + READ_SLICE * 64, end), dtype=np.int64)
-            if skip.runs:
-                ids = ids[~skip.contains(ids)]
-            if len(ids):
-                yield ids, Rows(opener, ids)
+        return positions(_CycledRows(), self.n if limit is None else min(self.n, limit), skip)
 
     def slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, list]]:
         end = self.n if limit is None else min(self.n, limit)
@@ -117,8 +114,24 @@ def _sample_texts() -> list[str]:
     return sample_texts()
 
 
+def write_parquet(path: Path, records: int) -> None:
+    """The sample paragraphs over and over, ``records`` rows of a ``text`` column, as Parquet
+    (written a row group at a time)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = _sample_texts()
+    schema = pa.schema([("text", pa.string())])
+    with pq.ParquetWriter(path, schema, use_dictionary=False) as writer:
+        for start in range(0, records, PARQUET_GROUP_ROWS):
+            rows = range(start, min(start + PARQUET_GROUP_ROWS, records))
+            writer.write_table(pa.table({"text": [texts[i % len(texts)] for i in rows]}, schema),
+                               row_group_size=PARQUET_GROUP_ROWS)
+
+
 def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,
-             resume: bool, backend: str = "process", writes: str = "driver") -> dict[str, Any]:
+             resume: bool, backend: str = "process", writes: str = "driver",
+             parquet: str | None = None) -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench scale-run``): its measurements, with
     the driver's CPU seconds and the bytes it read (``rchar``: pipes and files; Ray's object
     store is shared memory, which this does not count) while the job ran."""
@@ -132,7 +145,8 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=dim, values="zeros"), settings,
                                   job) as pool, _PeakPrivate() as private:
         cpu, read = time.process_time(), _read_bytes()
-        stats = pool.run(CycledTexts(records, sample_texts()), output)
+        stats = pool.run(parquet, output, limit=records) if parquet else \
+            pool.run(CycledTexts(records, sample_texts()), output)
         cpu, read = time.process_time() - cpu, _read_bytes() - read
     new = stats.records  # (this run's: a resumed run's skipped ones are not)
     return {"records": stats.records,
@@ -184,11 +198,12 @@ class _PeakPrivate:
 
 
 def _command(records: int, output: Path, workers: int, workunit_size: int, dim: int,
-             backend: str, writes: str = "driver", resume: bool = False) -> list[str]:
+             backend: str, writes: str = "driver", resume: bool = False,
+             parquet: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "helpers.bench", "scale-run", "--records", str(records),
             "--output", str(output), "--workers", str(workers), "--workunit-size",
             str(workunit_size), "--dim", str(dim), "--backend", backend, "--writes", writes] + (
-                ["--resume"] if resume else [])
+                ["--resume"] if resume else []) + (["--parquet", str(parquet)] if parquet else [])
 
 
 def _child(command: list[str]) -> dict[str, Any]:
@@ -235,6 +250,18 @@ def _committed(parts: Path) -> int:
         return 0
 
 
+def _held(output: Path) -> int:
+    """The rows a killed run left: its index's, or more in workers' parts committed since the
+    index was last rewritten."""
+    parts = output.with_name(output.name + ".parts")
+    committed = 0
+    if parts.is_dir():
+        for path in parts.glob(f"part-L{WORKER_LEVEL}-*.h5"):
+            with h5py.File(path, "r") as f:
+                committed += len(f["ids"])
+    return max(rows_written(output), committed)
+
+
 def exactly_once(output: Path, records: int) -> bool:
     """True if ``output`` holds ids 0..records-1, each once (read a million at a time)."""
     with h5py.File(output, "r") as f:
@@ -257,8 +284,8 @@ def _remove(output: Path) -> None:
 
 def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, dim: int = 384,
             baseline_records: int = 100_000, kill_at: float | None = 0.9,
-            folder: str | None = None, backend: str = "process", writes: str = "driver"
-            ) -> pd.DataFrame:
+            folder: str | None = None, backend: str = "process", writes: str = "driver",
+            source: str = "cycled") -> pd.DataFrame:
     """The runs described in the module docstring; one tidy row per run. ``baseline_records=0``
     or ``kill_at=None`` leaves those runs out."""
     need = records * (dim * 4 + 8) * 1.1
@@ -268,9 +295,12 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
         if free < need:
             raise RuntimeError(f"{tmp}: {free / 1e9:.1f} GB free, a run of {records:,} records of "
                                f"{dim}-d float32 needs {need / 1e9:.1f} GB (--folder elsewhere?)")
-        output = Path(tmp) / "out.h5"
+        output, parquet = Path(tmp) / "out.h5", None
+        if source == "parquet":
+            parquet = Path(tmp) / "corpus.parquet"
+            write_parquet(parquet, records)
         setting = dict(workers=workers, workunit_size=workunit_size, dim=dim, backend=backend,
-                       writes=writes)
+                       writes=writes, parquet=parquet)
         runs = ([("baseline", baseline_records)] if baseline_records else []) + [("full", records)]
         for name, n in runs:
             row = _child(_command(n, output, **setting))
@@ -279,11 +309,12 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
         if kill_at is not None:
             ran = _kill_when(_command(records, output, **setting), output, int(kill_at * records),
                              workunit_size if writes == "workers" else 0)
-            rows.append({"run": "killed", "records": rows_written(output), "wall_s": ran})
+            rows.append({"run": "killed", "records": _held(output), "wall_s": ran})
             row = _child(_command(records, output, resume=True, **setting))
             rows.append({"run": "resumed", **row, "exactly_once": exactly_once(output, records)})
             _remove(output)
-    table = pd.DataFrame(rows).assign(backend=backend, writes=writes, workers=workers,
+    table = pd.DataFrame(rows).assign(source=source, backend=backend, writes=writes,
+                                      workers=workers,
                                       workunit_size=workunit_size, dim=dim, total_records=records)
     table["resume_first_workunit_s"] = np.where(table["run"] == "resumed",
                                                 table["spinup_s"] + table["first_dispatch_s"],
@@ -294,7 +325,8 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
 def report(table: pd.DataFrame) -> dict[str, float]:
     """Print the table and each goal with its verdict; return the figures compared."""
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        shown = table.drop(columns=["backend", "writes", "workers", "workunit_size", "dim"])
+        shown = table.drop(columns=["source", "backend", "writes", "workers", "workunit_size",
+                                    "dim"])
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     runs = table.set_index("run")
     figures: dict[str, float] = {}
@@ -329,17 +361,18 @@ def report(table: pd.DataFrame) -> dict[str, float]:
 
 def main(records: int, workers: int, workunit_size: int, dim: int, baseline_records: int,
          kill_at: float | None, folder: str | None, results_dir: str | None,
-         backend: str = "process", writes: str = "driver") -> None:
+         backend: str = "process", writes: str = "driver", source: str = "cycled") -> None:
     from helpers.study.results import save_table
 
     table = measure(records, workers, workunit_size, dim, baseline_records, kill_at, folder,
-                    backend, writes)
+                    backend, writes, source)
     report(table)
     if results_dir:
         name = ("scale" if backend == "process" else f"scale_{backend}") + (
-            "_workers_write" if writes == "workers" else "")
+            "_workers_write" if writes == "workers" else "") + (
+            "_parquet" if source == "parquet" else "")
         path = save_table(table, name, results_dir, "helpers.bench.scale",
                           {"records": records, "workers": workers, "workunit_size": workunit_size,
                            "dim": dim, "baseline_records": baseline_records, "kill_at": kill_at,
-                           "backend": backend, "writes": writes})
+                           "backend": backend, "writes": writes, "source": source})
         print(f"table: {path}")

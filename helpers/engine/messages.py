@@ -30,11 +30,17 @@ POLL_SECONDS = 0.5  # longest a waiting loop blocks before it checks on the worl
 # that its parent lives, the scheduler its timeouts, the reader that its job is not stopped
 OOM_ERRORS = ("OutOfMemoryError", "MemoryError")  # torch.cuda's, and Python's own
 UNWRITABLE = "OutputUnwritable"  # a worker could not write its part: the run stops, naming it
+UNREADABLE = "InputUnreadable"  # a worker could not open the input it reads itself: the same
 
 
 class OutputUnwritable(OSError):
     """A worker could not write its part of the output (a full disk, storage it cannot reach):
     no retry or split can help, so the run stops with the worker, its machine and the folder."""
+
+
+class InputUnreadable(OSError):
+    """A worker could not open or read the input it reads itself (``writes="workers"``): no
+    record is at fault, so the run stops with the worker, its machine and the error."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Workunit:
     pinned: int | None = None  # only this worker may take it: a static split's slice
     target: Any = None  # a PartTarget: the worker writes the rows (set as it is sent)
     carried: dict[str, np.ndarray] | None = None  # the source's columns for them, row-aligned
+    probe: bool = False  # the start's check (helpers.engine.probe): read, write an empty part
 
     def __len__(self) -> int:
         return len(self.ids)

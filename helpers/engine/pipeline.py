@@ -46,7 +46,9 @@ source too)::
                                   its part goes)  ◄───────────────────────────────────┘
                                        └──► HDF5Sink: commit = rename into the output's index
 
-The driver then handles no record and no row: its work per workunit is a few hundred bytes each
+Before the first record each worker reads the input's first rows and writes an empty part that
+the driver must see (helpers.engine.probe): storage a worker cannot reach is named then. The
+driver then handles no record and no row: its work per workunit is a few hundred bytes each
 way and a rename. A part whose workunit was taken back is removed, never committed; one nobody
 committed is swept (helpers.engine.checkpoint). A source without ``rows`` is read by the driver
 as above and only the rows are written by the workers.
@@ -88,6 +90,7 @@ import numpy as np
 
 from helpers.engine.backends import make_backend
 from helpers.engine.carried import Carried
+from helpers.engine.checkpoint import PartTarget
 from helpers.engine.devices import check_available
 from helpers.engine.fingerprint import as_attrs, input_paths
 from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
@@ -101,8 +104,9 @@ from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery,
 from helpers.engine.settings import (AUTO, JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
                                      split_options)
 from helpers.engine.sizing import Sizing
-from helpers.engine.sources import (carried, open_source, read_slices, records_left,
-                                    source_length)
+from helpers.engine.probe import check_workers
+from helpers.engine.sources import (carried, open_source, peek, read_slices, reads_by_position,
+                                    records_left, source_length)
 from helpers.engine.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
                                   add_phases)
 from helpers.engine.telemetry import Telemetry
@@ -256,12 +260,16 @@ class WorkerPool:
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.done)
             size = self._sizing.largest() if settings.auto_size else settings.workunit_size
-            if settings.writes == "workers" and hasattr(records, "rows"):  # workers read too
-                slices, window = records.rows(sink.done, settings.limit), 0
+            first = None
+            if settings.writes == "workers" and reads_by_position(records):  # workers read too
+                first, slices = peek(records.rows(sink.done, settings.limit))
+                window = 0
             else:
                 slices = read_slices(records, sink.done, settings.limit, job.rejected.extend,
                                      sink.done_positions, job.carried.add)
                 window = settings.window
+            if settings.writes == "workers":
+                check_workers(scheduler, job.target, first)
             reader = Reader(slices, size, self.settings.depth, scheduler.wakeup.wake, window,
                             cost, total)
             job.start_clock()
@@ -387,7 +395,8 @@ def who_writes(job: JobSettings, backend: str, source: Any) -> str:
     driver then handles no record), else the driver (on one machine it writes faster: README)."""
     if job.writes != AUTO:
         return job.writes
-    return "workers" if backend == "ray" and job.durable and hasattr(source, "rows") else "driver"
+    return "workers" if backend == "ray" and job.durable and reads_by_position(source) \
+        else "driver"
 
 
 class _Job:
@@ -415,8 +424,12 @@ class _Job:
         """``unit`` as sent when workers write: where its worker writes its part (a name of its
         own each time it is sent: a retry never takes a late first attempt's file), and the
         source's columns for its records."""
-        return replace(unit, target=self.sink.target(f"{self._token}-{next(self._sends)}"),
+        return replace(unit, target=self.target(),
                        carried=self.carried.peek(unit.ids) if self.carried else None)
+
+    def target(self) -> PartTarget:
+        """Where a worker writes its next part: a name no other part of any run has."""
+        return self.sink.target(f"{self._token}-{next(self._sends)}")
 
     def start_clock(self) -> None:
         self.clock = time.monotonic()

@@ -25,7 +25,7 @@ a worker that spawns should pay for exactly what it runs.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -139,6 +139,22 @@ class Rows:
         return self.opener.read(self.ids)
 
 
+ROWS_SLICE = 65536  # ids per slice of Rows (nothing read: a slice costs its ids, 8 bytes each)
+
+
+def positions(opener: Any, end: int, skip: Any) -> Iterator[tuple[np.ndarray, Rows]]:
+    """A source's ``rows``: positions ``0 .. end - 1`` as ``(ids, Rows)`` ROWS_SLICE at a time,
+    those in ``skip`` (IdRanges: what a resumed run has done) left out."""
+    for start in range(0, end, ROWS_SLICE):
+        stop = min(start + ROWS_SLICE, end)
+        if skip.runs and skip.covers(start, stop):
+            continue
+        ids = np.arange(start, stop, dtype=np.int64)
+        if skip.runs:
+            ids = ids[~skip.contains(ids)]
+        yield ids, Rows(opener, ids)
+
+
 def decoded(raw: bytes | str, position: int, what: str = "record") -> str | BadRecord:
     """``raw`` as text, or the BadRecord saying that ``what`` is not valid UTF-8."""
     if isinstance(raw, str):
@@ -194,7 +210,9 @@ class Source(Protocol):
     Optional: ``rows(skip, limit)``, for a source every worker can open by itself (a file on
     storage they share): ``(ids, Rows)`` pairs like ``slices`` whose ids are positions, made from
     the source's layout alone, nothing read; with ``writes="workers"`` each worker reads its
-    workunit's records itself (``Rows.read``), so the driver handles no record at all.
+    workunit's records itself (``Rows.read``), so the driver handles no record at all (a
+    source whose options rule that out this time says ``positional = False``: a table with an id
+    column, say).
     ``__len__`` (records, for the progress bar's total and ``tune``'s estimate),
     ``where(position) -> str`` (how a message names a record's id), ``fingerprint() -> dict``
     (what a resumed run must read again; else ``describe()``). A record the source cannot decode

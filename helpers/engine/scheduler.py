@@ -43,8 +43,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from helpers.engine.backends import Backend, Wakeup
-from helpers.engine.messages import (POLL_SECONDS, UNWRITABLE, Died, Failed, Ready, Result,
-                                     WorkerInfo, Workunit)
+from helpers.engine.messages import (POLL_SECONDS, UNREADABLE, UNWRITABLE, Died, Failed, Ready,
+                                     Result, WorkerInfo, Workunit)
 from helpers.engine.settings import PoolSettings
 from helpers.engine.sizing import Sizing
 
@@ -327,6 +327,30 @@ class Scheduler:
                 return unit
         return None
 
+    def ask_each(self, units: dict[int, Workunit], seconds: float) -> dict[int, Result | Failed]:
+        """Send ``units[slot]`` to each of those slots' workers, outside the job's bookkeeping
+        (nothing else may be in flight), and return their answers; a worker that dies is
+        replaced as usual and not asked again. PipelineError after ``seconds``."""
+        for index, unit in units.items():
+            self.backend.send(index, unit)
+        answers: dict[int, Result | Failed] = {}
+        deadline = time.monotonic() + seconds
+        waiting = set(units)
+        while waiting:
+            if time.monotonic() > deadline:
+                names = ", ".join(str(self.slots[s].info) for s in sorted(waiting))
+                raise PipelineError(f"{names}: no answer to the start's check after "
+                                    f"{seconds:.0f} s (storage that hangs?)")
+            for index, message in self.next_messages(POLL_SECONDS):
+                if index in waiting and isinstance(message, (Result, Failed)):
+                    answers[index] = message
+                    waiting.discard(index)
+                    continue
+                if isinstance(message, Died):
+                    waiting.discard(index)
+                self.handle(index, message)
+        return answers
+
     # -- messages ------------------------------------------------------------------------------
 
     def handle(self, index: int, message: Any) -> tuple[list[Result], list[tuple]]:
@@ -388,7 +412,7 @@ class Scheduler:
         unit = _take(slot, message.workunit)
         if unit is None:
             return []
-        if message.error_type == UNWRITABLE:  # the output's storage, not the records: no retry
+        if message.error_type in (UNWRITABLE, UNREADABLE):  # storage, not records: no retry
             raise remote_error(message)
         if not message.out_of_memory:
             slot.failures_in_a_row += 1

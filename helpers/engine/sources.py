@@ -40,7 +40,8 @@ from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_checks import checked_ids, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds
 from helpers.engine.jsonl import JSONLSource
-from helpers.engine.protocol import BadRecord, OutputSpec, Rows, Source, SourceError, decoded
+from helpers.engine.protocol import (BadRecord, OutputSpec, Rows, Source, SourceError, decoded,
+                                     positions)
 from helpers.engine.table_files import FORMATS
 from helpers.engine.tables import TableSource
 
@@ -54,7 +55,6 @@ HDF5_SUFFIXES = (".h5", ".hdf5")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 READ_SLICE = 1024  # strings read from an HDF5 batch at a time: bounded memory for huge batches
-ROWS_SLICE = 65536  # ids per slice of Rows (nothing read: a slice costs its ids, 8 bytes each)
 
 
 class HDF5BatchesSource:
@@ -108,18 +108,10 @@ class HDF5BatchesSource:
                     return
 
     def rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, Rows]]:
-        """The records as Rows for the workers to read (Source protocol), ROWS_SLICE ids at a
-        time from the batches' lengths alone, done ids left out."""
+        """The records as Rows for the workers to read (Source protocol), from the batches'
+        lengths alone, done ids left out."""
         end = self._length if limit is None else min(limit, self._length)
-        opener = HDF5Rows(str(self.path.resolve()), self.group)
-        for start in range(0, end, ROWS_SLICE):
-            stop = min(start + ROWS_SLICE, end)
-            if skip.runs and skip.covers(start, stop):
-                continue
-            ids = np.arange(start, stop, dtype=np.int64)
-            if skip.runs:
-                ids = ids[~skip.contains(ids)]
-            yield ids, Rows(opener, ids)
+        return positions(HDF5Rows(str(self.path.resolve()), self.group), end, skip)
 
     def describe(self) -> str:
         return f"hdf5:{self.path}#{self.group}"
@@ -367,6 +359,18 @@ def carried(source: Any) -> dict[str, OutputSpec]:
     """The columns ``source`` carries to the output (Source protocol), none by default."""
     own = getattr(source, "carried", None)
     return own() if own is not None else {}
+
+
+def reads_by_position(source: Any) -> bool:
+    """Whether workers can read ``source``'s records themselves (its ``rows``: Source protocol;
+    ``positional`` False where this source's options need the driver to read it)."""
+    return hasattr(source, "rows") and getattr(source, "positional", True)
+
+
+def peek(pieces: Iterator[Any]) -> tuple[Any, Iterator[Any]]:
+    """The first of ``pieces`` (None if there is none), and all of them, that one included."""
+    first = next(pieces, None)
+    return first, itertools.chain([first] if first is not None else [], pieces)
 
 
 def source_length(source: Any) -> int | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers.engine.protocol import TEXT, SourceError
+from helpers.engine.protocol import TEXT, SourceError, decoded
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
            ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
@@ -85,6 +85,29 @@ def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callab
             if "straddling" not in str(exc) or block >= CSV_MAX_BLOCK_BYTES:
                 raise
             block *= 4
+
+
+def column_texts(column: Any, rows: Any) -> list:
+    """A text column's values as str (None for a null); one that is not UTF-8 a BadRecord of
+    its own (``rows``: the records' positions)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        try:
+            column = column.cast(pa.string())  # checks UTF-8, in C
+        except pa.ArrowInvalid:
+            return [decoded(t, r, f"row {r}: text") if t is not None else t
+                    for t, r in zip(column.to_pylist(), rows.tolist())]
+    return column.to_pylist()
+
+
+def row_name(file: tuple[str, int], row: int) -> str:
+    """How a message names a row: in its file (``file``: its name, its first row in the input),
+    and in the input when that has several files."""
+    name, first = file
+    return f"{name} row {row - first}" + (f" (input row {row})" if first else "")
 
 
 def open_arrow(path: str) -> Any:

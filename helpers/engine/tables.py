@@ -24,6 +24,7 @@ source is opened, before any worker starts.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -34,10 +35,12 @@ import numpy as np
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.id_checks import id_record, integer_ids, key_problems
-from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, SourceError,
-                                     decoded, null_texts)
-from helpers.engine.table_files import (canonical_integers, column_kind, count_lines, kept_dtypes,
-                                        layout, table_files)
+from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows,
+                                     SourceError, decoded, null_texts, positions)
+from helpers.engine.table_files import (canonical_integers, column_kind, column_texts,
+                                        count_lines, kept_dtypes, layout, row_name,
+                                        table_files)
+from helpers.engine.table_rows import TableRows, digest, random_access
 
 SLICE_ROWS = 8192  # rows handed on at a time (a piece may hold millions)
 NULLS = {"int64": np.iinfo(np.int64).min, "uint64": np.iinfo(np.uint64).max, "float64": np.nan,
@@ -132,6 +135,24 @@ class TableSource:
                 if limit is not None and offset >= limit:
                     return
 
+    @functools.cached_property
+    def positional(self) -> bool:
+        """Whether workers can read this source's records themselves (``rows``): ids that are
+        row numbers, nothing carried, files read by row (Parquet, Arrow IPC files)."""
+        return self.id_column is None and not self.keep_columns and \
+            random_access(self.files, self.format)
+
+    def rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, Rows]]:
+        """The rows as Rows for the workers to read (Source protocol), from the footers alone,
+        done ones left out; only where ``positional``."""
+        if not self.positional:
+            raise ValueError(f"{self.describe()}: workers cannot read it by row (an id column, "
+                             f"kept columns, or a {self.format} file read in order)")
+        end = len(self) if limit is None else min(limit, len(self))
+        opener = TableRows(os.path.abspath(self.path), self.format, self.text_column,
+                           digest(self.files))
+        return positions(opener, end, skip)
+
     def _slice(self, batch: Any, first: int, seen: Any, skip: IdRanges,
                file: tuple[str, int]) -> tuple[np.ndarray, list, dict[str, np.ndarray]] | None:
         """One slice of rows ``first, first + 1, ...`` as ``(ids, records, carried)``."""
@@ -151,11 +172,11 @@ class TableSource:
         keep[[k for k, _ in problems]] = True  # known by their position, not their id
         if not keep.any():
             return None
-        records = self._texts(batch.column(self.text_column), rows)
-        null_texts(records, lambda k: _where(file, int(rows[k])) + (
+        records = column_texts(batch.column(self.text_column), rows)
+        null_texts(records, lambda k: row_name(file, int(rows[k])) + (
             f" ({self.id_column} {keys[k]!r})" if self.keyed else ""))
         for k, problem in problems:
-            records[k] = id_record(problem, f"{_where(file, int(rows[k]))}: {self.id_column!r}",
+            records[k] = id_record(problem, f"{row_name(file, int(rows[k]))}: {self.id_column!r}",
                                    int(rows[k]))
         for name, dtype in self._kept.items():
             if dtype == TEXT:
@@ -164,7 +185,7 @@ class TableSource:
                 odd = _with_nul(carried[name]) + [k for k, v in enumerate(values)
                                                   if isinstance(v, bytes)]
                 for k in odd:
-                    records[k] = BadRecord("ValueError", f"{_where(file, int(rows[k]))}: kept "
+                    records[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: kept "
                                            f"column {name!r} holds a NUL character or bytes "
                                            f"that are not UTF-8, which an HDF5 string cannot",
                                            int(rows[k]))
@@ -172,27 +193,13 @@ class TableSource:
                 carried[name] = kept_values(batch.column(name), dtype)
         if self.format in ("csv", "tsv"):
             for k in _spanning(batch.column(self.text_column)):
-                records[k] = BadRecord("ValueError", f"{_where(file, int(rows[k]))}: its text "
+                records[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: its text "
                                        f"spans over {MAX_LINES_IN_VALUE} lines: a quote left open "
                                        f"swallows the rows after it", int(rows[k]))
         if not keep.all():
             ids, records = ids[keep], [r for r, k in zip(records, keep) if k]
             carried = {c: v[keep] for c, v in carried.items()}
         return ids, records, carried
-
-    def _texts(self, column: Any, rows: np.ndarray) -> list:
-        """The texts, as str; one that is not UTF-8 a BadRecord of its own."""
-        import pyarrow as pa
-
-        if pa.types.is_dictionary(column.type):
-            column = column.dictionary_decode()
-        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-            try:
-                column = column.cast(pa.string())  # checks UTF-8, in C
-            except pa.ArrowInvalid:
-                return [decoded(t, r, f"row {r}: text") if t is not None else t
-                        for t, r in zip(column.to_pylist(), rows.tolist())]
-        return column.to_pylist()
 
     def describe(self) -> str:
         return f"{self.format}:{self.path}#{self.text_column}"
@@ -208,12 +215,6 @@ class TableSource:
 
 def _rows_within(rows: int, offset: int, limit: int | None) -> int:
     return rows if limit is None else max(0, min(rows, limit - offset))
-
-
-def _where(file: tuple[str, int], row: int) -> str:
-    """How a message names a row: in its file, and in the input when that has several files."""
-    name, first = file
-    return f"{name} row {row - first}" + (f" (input row {row})" if first else "")
 
 
 def _strings(values: Any) -> list:

@@ -34,9 +34,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from helpers.engine import transfer
-from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, OutputUnwritable, Ready,
-                                     Result, WorkerInfo, Workunit)
+from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, InputUnreadable,
+                                     OutputUnwritable, Ready, Result, WorkerInfo, Workunit)
 from helpers.engine.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec, Rows
 
 ORPHAN_CHECK_SECONDS = 0.2  # a worker process whose parent died exits within this
@@ -48,9 +50,13 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
                  worker: int) -> Result:
     """Process one workunit; records the workload rejects come back in ``rejected``, not as exceptions."""
     started = time.monotonic()
+    records = _records(unit, worker)
+    if unit.probe:  # the start's check (helpers.engine.probe): an empty part where it will go
+        part = _write_part(unit, worker, unit.ids[:0], {})
+        return Result(worker, unit.index, unit.ids[:0], {}, [], started, time.monotonic(),
+                      part=part)
     prepare = getattr(workload, "prepare", None)
     keep, ready, rejected = [], [], []
-    records = unit.records.read() if isinstance(unit.records, Rows) else unit.records
     for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), records)):
         if isinstance(record, BadRecord):
             rejected.append((record_id, record.error_type, record.message, time.time()))
@@ -75,18 +81,36 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
         split = getattr(workload, "phases", None)
         phases = split(model) if split is not None else None
         if unit.target is not None:  # the rows go to a part file, not back to the parent
-            from helpers.engine.checkpoint import write_worker_part  # (h5py: only if asked)
-
             carried = {name: values[keep] for name, values in (unit.carried or {}).items()}
-            try:
-                part = write_worker_part(unit.target, ids, {**arrays, **carried},
-                                         f"worker {worker} on {socket.gethostname()}")
-            except OSError as exc:
-                raise OutputUnwritable(f"worker {worker} on {socket.gethostname()} cannot write "
-                                       f"its part in {unit.target.folder}: {exc}") from exc
-            arrays = {}
+            part, arrays = _write_part(unit, worker, ids, {**arrays, **carried}), {}
     return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic(),
                   phases=phases, part=part)
+
+
+def _records(unit: Workunit, worker: int) -> list:
+    """The workunit's records: as sent, or read here (Rows); InputUnreadable if the input
+    cannot be (the storage's fault, not the records')."""
+    if not isinstance(unit.records, Rows):
+        return unit.records
+    try:
+        return unit.records.read()
+    except OSError as exc:
+        raise InputUnreadable(f"worker {worker} on {socket.gethostname()} cannot read the "
+                              f"input: {exc}") from exc
+
+
+def _write_part(unit: Workunit, worker: int, ids: np.ndarray,
+                arrays: dict[str, np.ndarray]) -> Any:
+    """The rows written as a part of their own where ``unit.target`` says (a WorkerPart);
+    OutputUnwritable if they cannot be."""
+    from helpers.engine.checkpoint import write_worker_part  # (h5py: only if asked)
+
+    who = f"worker {worker} on {socket.gethostname()}"
+    try:
+        return write_worker_part(unit.target, ids, arrays, who)
+    except OSError as exc:
+        raise OutputUnwritable(f"{who} cannot write its part in {unit.target.folder}: "
+                               f"{exc}") from exc
 
 
 def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
