@@ -109,14 +109,56 @@ def test_what_workers_cannot_read_by_row_stays_with_the_driver(tmp_path):
     pq.write_table(table, tmp_path / "t.parquet")
     with pa.ipc.new_stream(tmp_path / "s.arrow", table.schema) as f:
         f.write_table(table)
-    assert reads_by_position(TableSource(tmp_path / "t.parquet"))
-    for source in [TableSource(tmp_path / "t.parquet", id_column="doc"),
-                   TableSource(tmp_path / "t.parquet", id_column="n"),
-                   TableSource(tmp_path / "t.parquet", keep_columns=["n"]),
-                   TableSource(tmp_path / "s.arrow")]:
+    for source in [TableSource(tmp_path / "t.parquet"),
+                   TableSource(tmp_path / "t.parquet", id_column="doc", keep_columns=["n"])]:
+        assert reads_by_position(source)
+    for source in [TableSource(tmp_path / "t.parquet", id_column="n"),  # ids are not rows
+                   TableSource(tmp_path / "s.arrow")]:  # a stream is read in order
         assert not reads_by_position(source)
         with pytest.raises(ValueError, match="workers cannot read it by row"):
             source.rows(IdRanges(), None)
+
+
+def keyed_folder(folder, n=3000):
+    """``parquet_folder`` with a ``doc`` key per row (row 77's repeats row 5's, row 90's is
+    null) and a kept ``n`` column."""
+    parquet_folder(folder, n)
+    keys = [f"doc-{i:05d}" for i in range(n)]
+    keys[77], keys[90] = keys[5], None
+    for name, start, stop in (("a.parquet", 0, 1800), ("b.parquet", 1800, n)):
+        texts_only = pq.read_table(folder / name)
+        pq.write_table(texts_only.append_column("doc", pa.array(keys[start:stop]))
+                       .append_column("n", pa.array(np.arange(start, stop) * 3)), folder / name,
+                       row_group_size=700 if name == "a.parquet" else 333)
+    return folder
+
+
+def test_a_keyed_table_s_rows_carry_their_keys_and_bad_keys_come_apart(tmp_path):
+    """Keys and kept columns are read (and checked) by the driver, the texts by the workers:
+    the rows and columns read_slices gives are those of the driver's own reading."""
+    from helpers.engine.sources import read_slices
+
+    source = TableSource(keyed_folder(tmp_path / "in"), id_column="doc", keep_columns=["n"])
+
+    def read(rows):
+        rejected, carried = [], {}
+
+        def carry(ids, columns):
+            carried.update(zip(ids.tolist(), zip(*(c.tolist() for c in columns.values()))))
+
+        pieces = read_slices(source, IdRanges(), None, rejected.extend, None, carry, rows=rows)
+        ids = np.concatenate([ids for ids, _ in pieces]).tolist()
+        return ids, sorted((row[0], row[1]) for row in rejected), carried
+
+    driver_ids, driver_rejected, driver_carried = read(False)
+    ids, rejected, carried = read(True)
+    assert rejected == [(77, "DuplicateId"), (90, "ValueError")]  # keys: found by the driver
+    assert driver_rejected == sorted(rejected + [(NULL, "ValueError"),  # texts: by the workers
+                                                 (BROKEN, "UnicodeDecodeError")])
+    assert ids == [i for i in range(3000) if i not in (77, 90)]
+    assert driver_ids == [i for i in ids if i not in (NULL, BROKEN)]
+    assert {i: carried[i] for i in driver_ids} == driver_carried
+    assert carried[2500] == ("doc-02500", 7500)
 
 
 def test_a_worker_finding_other_files_refuses_to_read_them(tmp_path):
@@ -147,3 +189,29 @@ def test_workers_read_a_parquet_corpus_themselves_and_resume(tmp_path, monkeypat
                                   np.stack([record_vector(f"r{i}", 8) for i in good[::101]]))
     assert sorted((e["id"], e["type"]) for e in data["errors"]) == \
         [(NULL, "ValueError"), (BROKEN, "UnicodeDecodeError")]
+
+
+def test_workers_read_the_texts_of_a_keyed_corpus_the_driver_its_keys(tmp_path, monkeypatch):
+    """writes="workers" with string keys and a kept column: the driver reads no text (its text
+    slices are gone), carries each row's key and kept value to the worker that writes it; a bad
+    key is filed by the driver, a bad text by a worker (named by its key); a resume still finds
+    a repeat of a key in the rows it skips."""
+    folder = keyed_folder(tmp_path / "in")
+    monkeypatch.setattr(TableSource, "_slice", None)
+    options = dict(workunit_size=64, output=tmp_path / "out.h5", backend="process",
+                   progress=False, writes="workers", id_column="doc", keep_columns=["n"])
+    run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, limit=1000, **options)
+    stats = run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, resume=True,
+                         **options)
+    assert stats.resumed_after == 1000 - 2  # (the two bad keys are known by their positions)
+    data = read_output(tmp_path / "out.h5")
+    good = [i for i in range(3000) if i not in (77, 90, NULL, BROKEN)]
+    assert data["ids"].tolist() == good
+    assert data["keys"].tolist() == [f"doc-{i:05d}" for i in good]
+    assert data["n"].tolist() == [3 * i for i in good]
+    np.testing.assert_array_equal(data["values"][::101],
+                                  np.stack([record_vector(f"r{i}", 8) for i in good[::101]]))
+    errors = {e["id"]: e for e in data["errors"]}
+    assert sorted(errors) == [77, 90, NULL, BROKEN]
+    assert errors[77]["type"] == "DuplicateId" and errors[BROKEN]["type"] == "UnicodeDecodeError"
+    assert errors[NULL]["message"].endswith(f"the text is null (key 'doc-0{NULL}')")

@@ -260,14 +260,11 @@ class WorkerPool:
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.done)
             size = self._sizing.largest() if settings.auto_size else settings.workunit_size
-            first = None
-            if settings.writes == "workers" and reads_by_position(records):  # workers read too
-                first, slices = peek(records.rows(sink.done, settings.limit))
-                window = 0
-            else:
-                slices = read_slices(records, sink.done, settings.limit, job.rejected.extend,
-                                     sink.done_positions, job.carried.add)
-                window = settings.window
+            by_workers = settings.writes == "workers" and reads_by_position(records)
+            slices = read_slices(records, sink.done, settings.limit, job.rejected.extend,
+                                 sink.done_positions, job.carried.add, rows=by_workers)
+            first, slices = peek(slices) if by_workers else (None, slices)  # (workers read too)
+            window = 0 if by_workers else settings.window
             if settings.writes == "workers":
                 check_workers(scheduler, job.target, first)
             reader = Reader(slices, size, self.settings.depth, scheduler.wakeup.wake, window,

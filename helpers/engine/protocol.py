@@ -208,11 +208,12 @@ class Source(Protocol):
     - or iteration over ``(id, record)`` pairs, checked like ``items``.
 
     Optional: ``rows(skip, limit)``, for a source every worker can open by itself (a file on
-    storage they share): ``(ids, Rows)`` pairs like ``slices`` whose ids are positions, made from
-    the source's layout alone, nothing read; with ``writes="workers"`` each worker reads its
-    workunit's records itself (``Rows.read``), so the driver handles no record at all (a
-    source whose options rule that out this time says ``positional = False``: a table with an id
-    column, say).
+    storage they share): ``(ids, Rows)`` or ``(ids, Rows, carried)`` like ``slices``, ids that
+    are positions, made from the source's layout and its carried columns alone (a slice of
+    BadRecords for rows those rule out); with ``writes="workers"`` each worker reads its
+    workunit's records itself (``Rows.read``), so the driver handles no record at all (a source
+    whose options rule that out this time says ``positional = False``: a table whose ids are an
+    integer column, say).
     ``__len__`` (records, for the progress bar's total and ``tune``'s estimate),
     ``where(position) -> str`` (how a message names a record's id), ``fingerprint() -> dict``
     (what a resumed run must read again; else ``describe()``). A record the source cannot decode

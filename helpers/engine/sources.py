@@ -384,8 +384,8 @@ def source_length(source: Any) -> int | None:
 def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
                 reject: Callable[[list[tuple]], None] | None = None,
                 skip_positions: IdRanges | None = None,
-                carry: Callable[[np.ndarray, dict[str, np.ndarray]], None] | None = None
-                ) -> Iterator[tuple[np.ndarray, list]]:
+                carry: Callable[[np.ndarray, dict[str, np.ndarray]], None] | None = None,
+                rows: bool = False) -> Iterator[tuple[np.ndarray, list]]:
     """The first ``limit`` records of ``source`` as ``(ids, records)`` slices, less the ids in
     ``skip`` (what a resumed run has done). A source with a ``slices(skip, limit)`` method (HDF5
     batches, whose ids are positions) skips what is done before reading it; any other is read
@@ -397,8 +397,11 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
     (a resumed run filed them already). Without it they stay in the slices, as BadRecords.
 
     A source's carried columns (Source protocol) leave the slices too: ``carry(ids, columns)``
-    gets those of the records yielded (without ``carry`` they are dropped)."""
-    own = getattr(source, "slices", None)
+    gets those of the records yielded (without ``carry`` they are dropped).
+
+    With ``rows``, the source's ``rows`` (Source protocol: the workers read the records), checked
+    and carried alike: the records of a slice are then Rows, or BadRecords the source found."""
+    own = source.rows if rows else getattr(source, "slices", None)
     pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
     skip_positions = skip_positions if skip_positions is not None else IdRanges()
     declared = set(carried(source))
@@ -409,7 +412,7 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
                               f"{sorted(columns) or 'nothing'}, its carried() declares "
                               f"{sorted(declared) or 'nothing'}")
         bad = [k for k, record in enumerate(records) if isinstance(record, BadRecord)] \
-            if reject is not None else []
+            if reject is not None and isinstance(records, list) else []
         if bad:
             now = time.time()
             rows = [(int(ids[k]), records[k].error_type, records[k].message, now,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,7 @@ class _Table:
         self.files, self.format = table_files(path)[0], fmt
         self.pieces: list[tuple[int, int]] = []  # (file, row group or record batch)
         counts, self._handles, self._cursors = [], {}, OrderedDict()
+        self._lock = threading.Lock()
         for n, file in enumerate(self.files):
             if fmt == "parquet":
                 meta = pq.ParquetFile(file).metadata
@@ -107,6 +109,11 @@ class _Table:
         n, index = self.pieces[piece]
         if self.format == "arrow":
             return self._handles[n].get_batch(index).column(column).slice(start, stop - start)
+        with self._lock:  # (thread workers share this process's cursors)
+            return self._parquet(piece, column, start, stop)
+
+    def _parquet(self, piece: int, column: str, start: int, stop: int) -> Any:
+        n, index = self.pieces[piece]
         key = (piece, column)
         cursor = self._cursors.pop(key, None)
         if cursor is None or start < cursor.start:

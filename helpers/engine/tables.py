@@ -99,11 +99,38 @@ class TableSource:
                ) -> Iterator[tuple[np.ndarray, list, dict[str, np.ndarray]]]:
         """``(ids, records, carried)`` SLICE_ROWS at a time, the first ``limit`` rows only; rows
         whose ids are in ``skip`` dropped, a piece of them all not read (module docstring)."""
+        return self._read(skip, limit)
+
+    @functools.cached_property
+    def positional(self) -> bool:
+        """Whether workers can read this source's records themselves (``rows``): ids that are
+        row numbers (none, or keys), files read by row (Parquet, Arrow IPC files)."""
+        return (self.id_column is None or self.keyed) and random_access(self.files, self.format)
+
+    def rows(self, skip: IdRanges, limit: int | None
+             ) -> Iterator[tuple[np.ndarray, Rows | list, dict[str, np.ndarray]]]:
+        """The rows as Rows for the workers to read (Source protocol), done ones left out; only
+        where ``positional``. With nothing carried, from the footers alone; else the carried
+        columns (keys, kept columns: not the texts) are read here, checked as ``slices`` checks
+        them, and a row whose key is bad comes in a slice of BadRecords of its own."""
+        if not self.positional:
+            raise ValueError(f"{self.describe()}: workers cannot read it by row (an integer id "
+                             f"column, or a {self.format} file read in order)")
+        opener = TableRows(os.path.abspath(self.path), self.format, self.text_column,
+                           digest(self.files))
+        if not self.carried():
+            return positions(opener, len(self) if limit is None else min(limit, len(self)), skip)
+        return self._read(skip, limit, opener)
+
+    def _read(self, skip: IdRanges, limit: int | None, opener: TableRows | None = None
+              ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
+        """``slices``, or with ``opener`` ``rows``: the pieces in order, those a resumed run
+        finished not read (but for their keys: a later repeat is still one)."""
         by_row = self.id_column is None or self.keyed
         seen = SeenValues() if self.keyed else SeenIds()
         offset, file, file_first = 0, None, 0
-        columns = [self.text_column] + ([self.id_column] if self.id_column else []) + \
-            list(self.keep_columns)
+        columns = ([self.text_column] if opener is None else []) + \
+            ([self.id_column] if self.id_column else []) + list(self.keep_columns)
         for path, rows, read in self._pieces:
             if limit is not None and offset >= limit:
                 return
@@ -124,10 +151,13 @@ class TableSource:
                 n = _rows_within(batch.num_rows, offset, limit)
                 for start in range(0, n, SLICE_ROWS):
                     piece = batch.slice(start, min(SLICE_ROWS, n - start))
-                    sliced = self._slice(piece, offset + start, seen, skip,
-                                         (Path(path).name, file_first))
-                    if sliced is not None:
-                        yield sliced
+                    where = (Path(path).name, file_first)
+                    if opener is None:
+                        sliced = self._slice(piece, offset + start, seen, skip, where)
+                        yield from [sliced] if sliced is not None else []
+                    else:
+                        yield from self._row_slices(piece, offset + start, seen, skip, where,
+                                                    opener)
                 offset += n
                 if bad:
                     yield _unparsed(bad, Path(path).name, self.carried())
@@ -135,28 +165,10 @@ class TableSource:
                 if limit is not None and offset >= limit:
                     return
 
-    @functools.cached_property
-    def positional(self) -> bool:
-        """Whether workers can read this source's records themselves (``rows``): ids that are
-        row numbers, nothing carried, files read by row (Parquet, Arrow IPC files)."""
-        return self.id_column is None and not self.keep_columns and \
-            random_access(self.files, self.format)
-
-    def rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, Rows]]:
-        """The rows as Rows for the workers to read (Source protocol), from the footers alone,
-        done ones left out; only where ``positional``."""
-        if not self.positional:
-            raise ValueError(f"{self.describe()}: workers cannot read it by row (an id column, "
-                             f"kept columns, or a {self.format} file read in order)")
-        end = len(self) if limit is None else min(limit, len(self))
-        opener = TableRows(os.path.abspath(self.path), self.format, self.text_column,
-                           digest(self.files))
-        return positions(opener, end, skip)
-
-    def _slice(self, batch: Any, first: int, seen: Any, skip: IdRanges,
-               file: tuple[str, int]) -> tuple[np.ndarray, list, dict[str, np.ndarray]] | None:
-        """One slice of rows ``first, first + 1, ...`` as ``(ids, records, carried)``."""
-        rows = np.arange(first, first + batch.num_rows, dtype=np.int64)
+    def _carried(self, batch: Any, rows: np.ndarray, seen: Any, skip: IdRanges,
+                 file: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, dict, dict[int, Any]]:
+        """Rows ``rows``' ids, which to keep (not done, or bad), their carried columns, and the
+        BadRecords of those whose id, key or kept value is unusable (by index)."""
         ids, carried, problems = rows, {}, []
         if self.id_column is not None:
             values = batch.column(self.id_column)
@@ -170,14 +182,8 @@ class TableSource:
         if self.keyed:  # a done row was judged by the run that wrote it (a hash collision
             problems = [(k, p) for k, p in problems if keep[k]]  # now must not file it again)
         keep[[k for k, _ in problems]] = True  # known by their position, not their id
-        if not keep.any():
-            return None
-        records = column_texts(batch.column(self.text_column), rows)
-        null_texts(records, lambda k: row_name(file, int(rows[k])) + (
-            f" ({self.id_column} {keys[k]!r})" if self.keyed else ""))
-        for k, problem in problems:
-            records[k] = id_record(problem, f"{row_name(file, int(rows[k]))}: {self.id_column!r}",
-                                   int(rows[k]))
+        bad = {k: id_record(problem, f"{row_name(file, int(rows[k]))}: {self.id_column!r}",
+                            int(rows[k])) for k, problem in problems}
         for name, dtype in self._kept.items():
             if dtype == TEXT:
                 values = _strings(batch.column(name))
@@ -185,12 +191,26 @@ class TableSource:
                 odd = _with_nul(carried[name]) + [k for k, v in enumerate(values)
                                                   if isinstance(v, bytes)]
                 for k in odd:
-                    records[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: kept "
-                                           f"column {name!r} holds a NUL character or bytes "
-                                           f"that are not UTF-8, which an HDF5 string cannot",
-                                           int(rows[k]))
+                    bad[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: kept "
+                                       f"column {name!r} holds a NUL character or bytes that "
+                                       f"are not UTF-8, which an HDF5 string cannot",
+                                       int(rows[k]))
             else:
                 carried[name] = kept_values(batch.column(name), dtype)
+        return ids, keep, carried, bad
+
+    def _slice(self, batch: Any, first: int, seen: Any, skip: IdRanges,
+               file: tuple[str, int]) -> tuple[np.ndarray, list, dict[str, np.ndarray]] | None:
+        """One slice of rows ``first, first + 1, ...`` as ``(ids, records, carried)``."""
+        rows = np.arange(first, first + batch.num_rows, dtype=np.int64)
+        ids, keep, carried, bad = self._carried(batch, rows, seen, skip, file)
+        if not keep.any():
+            return None
+        records = column_texts(batch.column(self.text_column), rows)
+        null_texts(records, lambda k: row_name(file, int(rows[k])) + (
+            f" ({self.id_column} {carried[KEYS][k]!r})" if self.keyed else ""))
+        for k, record in bad.items():
+            records[k] = record
         if self.format in ("csv", "tsv"):
             for k in _spanning(batch.column(self.text_column)):
                 records[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: its text "
@@ -200,6 +220,20 @@ class TableSource:
             ids, records = ids[keep], [r for r, k in zip(records, keep) if k]
             carried = {c: v[keep] for c, v in carried.items()}
         return ids, records, carried
+
+    def _row_slices(self, batch: Any, first: int, seen: Any, skip: IdRanges,
+                    file: tuple[str, int], opener: TableRows
+                    ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
+        """Rows ``first, first + 1, ...`` for the workers: those with a bad key or kept value as
+        ``(ids, BadRecords, carried)``, the others as ``(ids, Rows, carried)``."""
+        rows = np.arange(first, first + batch.num_rows, dtype=np.int64)
+        ids, keep, carried, bad = self._carried(batch, rows, seen, skip, file)
+        if bad:
+            at = np.array(sorted(bad), dtype=np.int64)
+            yield ids[at], [bad[k] for k in at.tolist()], {c: v[at] for c, v in carried.items()}
+            keep[at] = False
+        if keep.any():
+            yield ids[keep], Rows(opener, ids[keep]), {c: v[keep] for c, v in carried.items()}
 
     def describe(self) -> str:
         return f"{self.format}:{self.path}#{self.text_column}"
