@@ -91,6 +91,19 @@ def test_scale_bench_on_parquet_the_workers_read_it_and_write_every_row_once(tmp
     assert full["driver_read_fraction"] < 0.05 and full["source"] == "parquet"
 
 
+def test_dispatch_bench_times_the_dispatch_loop_of_both_write_paths(capsys):
+    from helpers.bench import dispatch
+
+    table = dispatch.measure(units=300, repeats=1)
+    assert sorted(table["writes"]) == ["driver", "workers"]
+    assert (table["rows"] == 300 * dispatch.WORKUNIT_ROWS).all()
+    assert (table["loop_s"] <= table["job_s"]).all()
+    assert (table["driver_cpu_ms_per_unit"] > 0).all()
+    figures = dispatch.report(table)
+    assert set(figures) == {"driver_ceiling_units_per_s", "workers_ceiling_units_per_s"}
+    assert "ceiling" in capsys.readouterr().out
+
+
 def test_autotune_bench_compares_self_tuning_with_the_sweep_s_best(monkeypatch, capsys):
     from helpers.bench import autotune
 

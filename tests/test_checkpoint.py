@@ -402,3 +402,25 @@ print("one file", not data["attrs"].get("index_of_parts"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "one file True"
     assert not (tmp_path / "out.h5.parts").exists()
+
+
+def test_a_part_of_small_and_big_blocks_holds_them_all_in_order(tmp_path, monkeypatch):
+    """Small blocks are gathered per write, a big one is written alone; the part holds every
+    row of every block in order, strings included, and makes as many writes as runs."""
+    from helpers.engine.checkpoint import write_rows
+
+    monkeypatch.setattr(helpers.engine.checkpoint, "GATHER_BYTES", 4096)
+    sizes = [3, 16, 16, 1, 300, 16, 16, 16, 16, 2000, 5]  # 8-d float32: 300 rows > 4096 bytes
+    starts = np.cumsum([0] + sizes)
+    blocks = [{"ids": np.arange(a, b), "label": np.array([f"r{i}" for i in range(a, b)], object),
+               "values": np.repeat(np.arange(a, b, dtype=np.float32)[:, None], 8, 1)}
+              for a, b in zip(starts[:-1], starts[1:])]
+    runs = helpers.engine.checkpoint._gathered([b["values"] for b in blocks])
+    assert [sum(map(len, run)) for run in runs] == [36, 300, 64, 2000, 5]
+    cols = {"ids": ((), np.int64), "values": ((8,), np.float32),
+            "label": ((), h5py.string_dtype())}
+    write_rows(tmp_path / "part.h5", cols, blocks, {})
+    with h5py.File(tmp_path / "part.h5", "r") as f:
+        assert f["ids"][:].tolist() == list(range(starts[-1]))
+        assert f["values"][:, 5].tolist() == list(range(starts[-1]))
+        assert f["label"].asstr()[:].tolist() == [f"r{i}" for i in range(starts[-1])]

@@ -1,4 +1,4 @@
-"""``python -m helpers.bench overhead|failures|scale|autotune|ray|sources [--records N] ...``"""
+"""``python -m helpers.bench overhead|failures|scale|autotune|ray|sources|dispatch [--records N] ...``"""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from helpers.bench import autotune, failures, overhead, ray_backend, scale, sources
+from helpers.bench import autotune, dispatch, failures, overhead, ray_backend, scale, sources
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     for command in (data, data_one):
         command.add_argument("--workers", type=int, default=2)
         command.add_argument("--workunit-size", type=int, default=4096)
+    ceiling = commands.add_parser("dispatch", help=dispatch.__doc__.splitlines()[0])
+    ceiling.add_argument("--units", type=int, default=20_000, help="workunits per run")
+    ceiling.add_argument("--repeats", type=int, default=3)
+    ceiling.add_argument("--results-dir", default="data/results/cpu",
+                         help="where dispatch_bench.csv goes ('' to save nothing)")
+    ceiling_one = commands.add_parser("dispatch-run", help="one run of `dispatch`")
+    ceiling_one.add_argument("--units", type=int, required=True)
+    ceiling_one.add_argument("--writes", choices=dispatch.WRITES, required=True)
+    ceiling_one.add_argument("--output", required=True)
     one = commands.add_parser("scale-run", help="one run of `scale`, in this process")
     one.add_argument("--records", type=int, required=True)
     one.add_argument("--output", required=True)
@@ -97,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sources-run":
         print(json.dumps(sources.run_once(args.input, args.output, args.workers,
                                           args.workunit_size, not args.no_keys)))
+        return 0
+    if args.command == "dispatch":
+        dispatch.main(args.units, args.repeats, args.results_dir)
+        return 0
+    if args.command == "dispatch-run":
+        print(json.dumps(dispatch.run_once(args.units, args.writes, args.output)))
         return 0
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,

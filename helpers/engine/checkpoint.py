@@ -56,6 +56,7 @@ PART_BYTES = 64 << 20  # ... or this many bytes of rows, whichever comes first
 CHUNK_RECORDS = 1024  # rows per HDF5 chunk in a merged file
 COPY_ROWS = 65536  # rows copied at a time when merging: bounded memory for any part size
 COPY_BYTES = 16 << 20  # small parts' rows gathered up to this much per write when merging
+GATHER_BYTES = 1 << 20  # small blocks of a part gathered up to this much per write
 COMPACT_PARTS = 32  # small parts in a row at the end that are merged into one
 MERGE_AT_END_BYTES = 256 << 20  # a finished output up to this size becomes one file
 INDEX_EVERY = 10.0  # the index is rewritten once its last rewrite is this many times its cost old
@@ -134,14 +135,17 @@ class WorkerPart:
 
 def write_rows(path: Path, cols: Mapping[str, tuple], blocks: Sequence[Mapping[str, np.ndarray]],
                attrs: Mapping[str, Any]) -> None:
-    """A part file at ``path`` holding ``blocks`` (each some of the columns), written block by
-    block with no concatenation, whole or not at all (atomic), with its ids' spans and attrs."""
+    """A part file at ``path`` holding ``blocks`` (each some of the columns), whole or not at
+    all (atomic), with its ids' spans and attrs. A big block is written as it is; small ones in a
+    row are joined up to GATHER_BYTES per write (a write costs HDF5 ~0.1 ms whatever its size: a
+    part of 4,000 workunits of 16 rows took 4,000 writes a column)."""
     with hdf5_replacing(path, _bytes(blocks)) as f, WriteBack(Path(f.filename)) as write_back:
         for name, (shape, dtype) in cols.items():
             pieces = [b[name] for b in blocks if name in b and len(b[name])]
             dataset = f.create_dataset(name, shape=(sum(map(len, pieces)), *shape), dtype=dtype)
             start = 0
-            for piece in pieces:
+            for run in _gathered(pieces):
+                piece = run[0] if len(run) == 1 else np.concatenate(run)
                 dataset[start:start + len(piece)] = piece
                 start += len(piece)
                 write_back()
@@ -434,6 +438,19 @@ class Parts:
     def done_positions(self) -> IdRanges:
         """The positions in the source of the records the reader rejected, found on disk."""
         return self._positions
+
+
+def _gathered(pieces: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """``pieces`` in order, in runs of at most GATHER_BYTES (a bigger piece: a run of its own)."""
+    runs: list[list[np.ndarray]] = []
+    held = GATHER_BYTES
+    for piece in pieces:
+        if held + piece.nbytes > GATHER_BYTES:
+            runs.append([])
+            held = 0
+        runs[-1].append(piece)
+        held += piece.nbytes
+    return runs
 
 
 def _bytes(blocks: Sequence[Mapping[str, np.ndarray]]) -> int:
