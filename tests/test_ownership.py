@@ -459,4 +459,6 @@ def test_without_flock_two_runs_breaking_a_dead_run_s_lock_never_both_hold_it(tm
             thread.start()
         for thread in threads:
             thread.join()
-        assert max(results) == 1 and sorted(results) == [0, 1], results
+        # each got it alone or was refused (one after the other, on a loaded machine: [1, 1]);
+        # a refusal for another reason (the lock gone between two opens) raised, not appended
+        assert max(results) == 1 and len(results) == 2, results

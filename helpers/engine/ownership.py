@@ -202,10 +202,17 @@ def _open(lock: Path) -> tuple[int, bool]:
     """The lock file's descriptor, and whether this call created it; a link or anything but a
     regular file in its place is refused (opening it would write wherever it leads)."""
     try:
-        try:
-            return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), True
-        except FileExistsError:
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        while True:
+            try:
+                return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                               0o644), True
+            except FileExistsError:
+                pass
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+                break
+            except FileNotFoundError:  # gone between the two opens (released, or a dead
+                continue  # run's lock broken by another run): create it, or open the new one
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise IsADirectoryError(errno.EISDIR, "not a file")
