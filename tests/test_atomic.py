@@ -52,7 +52,9 @@ def test_signals_wait_for_the_end_of_an_uninterrupted_block():
     reached = []
     with pytest.raises(KeyboardInterrupt):
         with uninterrupted():
-            os.kill(os.getpid(), signal.SIGINT)
+            # (raise_signal: delivered to this thread now; os.kill may be delivered to another
+            # thread of the process, and so only after the block on a loaded machine)
+            signal.raise_signal(signal.SIGINT)
             reached.append("after the signal")  # not interrupted here ...
     assert reached == ["after the signal"]  # ... but as the block ended
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
