@@ -48,7 +48,16 @@ def test_no_room_is_an_enospc_error_naming_the_folder_before_anything_is_written
         ensure_room(tmp_path, 0)  # the margin alone exceeds 400 KiB
 
 
-def test_signals_wait_for_the_end_of_an_uninterrupted_block():
+@pytest.fixture
+def interruptible():
+    """SIGINT raising KeyboardInterrupt, as in a terminal (a job started in the background by a
+    shell inherits SIGINT ignored, and a held signal is then rightly dropped)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_signals_wait_for_the_end_of_an_uninterrupted_block(interruptible):
     reached = []
     with pytest.raises(KeyboardInterrupt):
         with uninterrupted():
