@@ -57,16 +57,27 @@ def test_each_worker_writes_an_empty_part_before_any_record_and_it_is_removed(
         assert all(rows for rows, _ in writes[2:]) and sum(r for r, _ in writes) == 300
 
 
-def test_a_worker_that_cannot_write_is_named_before_any_record(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fails, says", [
+    ("write", r"OutputUnwritable: worker \d on .* cannot write its part in .*out\.h5\.parts: "
+              r".*No space left"),
+    ("read", r"InputUnreadable: worker \d on .* cannot read the input: .*No such file .*in\.h5")])
+def test_a_worker_that_cannot_write_or_read_is_named_before_any_record(tmp_path, monkeypatch,
+                                                                      fails, says):
     from helpers.engine import checkpoint
+    from helpers.engine.sources import HDF5Rows
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "write_worker_part", full)
+    def unreachable(self, ids):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", self.path)
+
+    if fails == "write":
+        monkeypatch.setattr(checkpoint, "write_worker_part", full)
+    else:
+        monkeypatch.setattr(HDF5Rows, "read", unreachable)
     with pytest.raises(PipelineError, match=r"the start's check \(writes='workers'\): worker \d "
-                                            r"on cpu: OutputUnwritable: worker \d on .* cannot "
-                                            r"write its part in .*out\.h5\.parts: .*No space"):
+                                            r"on cpu: " + says):
         run_pipeline(hdf5_input(tmp_path / "in.h5"), SyntheticWorkload(0.0), ["cpu"], 10,
                      tmp_path / "out.h5", "thread", progress=False, writes="workers")
 
@@ -91,17 +102,3 @@ def test_a_part_the_driver_cannot_see_is_named_before_any_record(tmp_path, monke
         run_pipeline(hdf5_input(tmp_path / "in.h5"), SyntheticWorkload(0.0), ["cpu"] * 2, 10,
                      tmp_path / "out.h5", "thread", progress=False, writes="workers")
     assert sent == [0, 0]  # no record was sent
-
-
-def test_an_input_a_worker_cannot_open_is_named_before_any_record(tmp_path, monkeypatch):
-    from helpers.engine.sources import HDF5Rows
-
-    def unreachable(self, ids):
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory", self.path)
-
-    monkeypatch.setattr(HDF5Rows, "read", unreachable)
-    with pytest.raises(PipelineError, match=r"the start's check .*worker \d on cpu: "
-                                            r"InputUnreadable: worker \d on .* cannot read the "
-                                            r"input: .*No such file .*in\.h5"):
-        run_pipeline(hdf5_input(tmp_path / "in.h5"), SyntheticWorkload(0.0), ["cpu"], 10,
-                     tmp_path / "out.h5", "thread", progress=False, writes="workers")
