@@ -8,7 +8,7 @@ record each worker gets one probe workunit: it reads the first records of its in
 writes an empty part under the name the driver gives; the driver then looks for that file,
 and removes it::
 
-    driver ── probe (Rows of the first ids, a part's name) ──► worker: reads, writes wpart-…-probe-N
+    driver ── probe (Rows of the first ids, a part's name) ──► worker: reads, writes wpart-…-N.h5
       ▲                                                                       │
       └── stat the part's path ◄── Result (the part's path) ◄─────────────────┘
 

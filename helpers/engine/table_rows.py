@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.protocol import null_texts
-from helpers.engine.table_files import column_texts, open_arrow, row_name, table_files
+from helpers.engine.table_files import column_texts, layout, open_arrow, row_name, table_files
 
 ROWS_BATCH = 8192  # rows a Parquet cursor decodes at a time
 CURSORS = 4  # Parquet row groups a worker keeps a cursor in
@@ -33,8 +33,13 @@ CURSORS = 4  # Parquet row groups a worker keeps a cursor in
 
 def digest(files: list[str]) -> str:
     """What the driver and each worker must agree on: the files, their sizes and times."""
-    stats = [(os.path.abspath(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    stats = [(os.path.abspath(f), *_size_and_time(f)) for f in files]
     return hashlib.sha1(repr(stats).encode()).hexdigest()
+
+
+def _size_and_time(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
 
 
 def random_access(files: list[str], fmt: str) -> bool:
@@ -77,21 +82,15 @@ class _Table:
     """A table's pieces as one worker sees them: each piece's file and index, the rows before
     it (``offsets``), and the open files and cursors that read them."""
 
-    def __init__(self, path: str, fmt: str) -> None:
-        import pyarrow.parquet as pq
-
-        self.files, self.format = table_files(path)[0], fmt
+    def __init__(self, files: list[str], fmt: str) -> None:
+        self.files, self.format = files, fmt
         self.pieces: list[tuple[int, int]] = []  # (file, row group or record batch)
         counts, self._handles, self._cursors = [], {}, OrderedDict()
         self._lock = threading.Lock()
-        for n, file in enumerate(self.files):
-            if fmt == "parquet":
-                meta = pq.ParquetFile(file).metadata
-                sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-            else:
-                reader = open_arrow(file)
-                sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
-                self._handles[n] = reader
+        for n, file in enumerate(files):
+            sizes = [rows for _, rows, _ in layout(file, fmt)[1]]  # (the driver's look, again)
+            if fmt == "arrow":
+                self._handles[n] = open_arrow(file)
             self.pieces += [(n, i) for i in range(len(sizes))]
             counts += sizes
         self.offsets = np.cumsum([0] + counts)
@@ -156,9 +155,10 @@ class _Cursor:
 
 @functools.lru_cache(maxsize=2)
 def _opened(path: str, fmt: str, identity: str) -> _Table:
-    """The table at ``path`` as this process reads it, once its files are the driver's."""
-    table = _Table(path, fmt)
-    if digest(table.files) != identity:
+    """The table at ``path`` as this process reads it, once its files are the driver's (checked
+    before any footer is read)."""
+    files = table_files(path)[0]
+    if digest(files) != identity:
         raise OSError(f"{path}: the files differ from those the driver found (another copy, or "
                       f"changed since the run started): every worker must read the same input")
-    return table
+    return _Table(files, fmt)
