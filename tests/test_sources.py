@@ -36,6 +36,27 @@ def test_hdf5_invalid_utf8_becomes_a_bad_record_not_an_error(tmp_path):
     assert isinstance(records[1][1], BadRecord) and "UTF-8" in records[1][1].message
 
 
+def test_hdf5_rows_read_only_the_file_the_driver_found(tmp_path):
+    """A worker reading an HDF5 input by position (Rows): the file written again, or another
+    file in its place, after the driver looked (or while this process held it open) is refused,
+    not read."""
+    from helpers.engine.sources import close_opened
+
+    write_batches(tmp_path / "in.h5", [[f"r{i}" for i in range(50)]])
+    (_, rows), = open_source(tmp_path / "in.h5").rows(IdRanges(), None)
+    assert rows[3:6].read() == ["r3", "r4", "r5"]
+    write_batches(tmp_path / "other.h5", [[f"x{i}" for i in range(50)]])
+    os.replace(tmp_path / "other.h5", tmp_path / "in.h5")
+    with pytest.raises(OSError, match="in.h5: changed since the run started"):
+        rows[6:9].read()  # (the old file still open here)
+    close_opened()
+    with pytest.raises(OSError, match="in.h5: changed since the run started"):
+        rows[6:9].read()  # (opened again)
+    (_, fresh), = open_source(tmp_path / "in.h5").rows(IdRanges(), None)
+    assert fresh[6:8].read() == ["x6", "x7"]  # (a new run reads the new file)
+    close_opened()
+
+
 @pytest.mark.parametrize("layout, message", [
     ({"other/0": ["x"]}, "no group 'batches'"),
     ({"batches/first": ["x"]}, "not a numbered batch"),

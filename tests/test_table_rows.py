@@ -42,7 +42,7 @@ def parquet_folder(folder, n=3000):
 
 def arrow_file(path, n=3000):
     table = pa.table({"text": texts(n)})
-    with pa.ipc.new_file(path, table.schema) as f:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as f:
         for batch in table.to_batches(max_chunksize=450):
             f.write_batch(batch)
     return path
@@ -88,7 +88,7 @@ def test_a_row_group_read_in_order_is_decoded_once(tmp_path, monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(table_rows, "_Cursor", counted)
-    table_rows._opened.cache_clear()
+    table_rows.close_all()
     source = TableSource(parquet_folder(tmp_path / "in"))
     (_, rows), = source.rows(IdRanges(), None)
     for start in range(0, 3000, 64):
@@ -203,7 +203,7 @@ def test_workers_read_the_texts_of_a_keyed_corpus_the_driver_its_keys(tmp_path, 
     run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, limit=1000, **options)
     stats = run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, resume=True,
                          **options)
-    assert stats.resumed_after == 1000 - 2  # (the two bad keys are known by their positions)
+    assert stats.resumed_after == 1000  # (the two bad keys known by their positions)
     data = read_output(tmp_path / "out.h5")
     good = [i for i in range(3000) if i not in (77, 90, NULL, BROKEN)]
     assert data["ids"].tolist() == good
@@ -215,3 +215,131 @@ def test_workers_read_the_texts_of_a_keyed_corpus_the_driver_its_keys(tmp_path, 
     assert sorted(errors) == [77, 90, NULL, BROKEN]
     assert errors[77]["type"] == "DuplicateId" and errors[BROKEN]["type"] == "UnicodeDecodeError"
     assert errors[NULL]["message"].endswith(f"the text is null (key 'doc-0{NULL}')")
+
+
+def error_rows(path):
+    return sorted((e["id"], e["type"], e["message"], e["position"])
+                  for e in read_output(path)["errors"])
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["row-numbers", "keyed"])
+def test_a_bad_text_is_filed_alike_whichever_side_reads_it(tmp_path, keyed):
+    """The error rows of the driver's reading and of the workers' are the same rows: message
+    (its file's row, its key), type, position."""
+    folder = keyed_folder(tmp_path / "in")
+    options = dict(id_column="doc", keep_columns=["n"]) if keyed else {}
+    for writes in ["driver", "workers"]:
+        run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
+                     tmp_path / f"{writes}.h5", "thread", progress=False, writes=writes,
+                     **options)
+    rows = error_rows(tmp_path / "driver.h5")
+    assert rows == error_rows(tmp_path / "workers.h5")
+    broken = [row for row in rows if row[0] == BROKEN]
+    assert broken == [(BROKEN, "UnicodeDecodeError", broken[0][2], BROKEN)]
+    assert broken[0][2].startswith("b.parquet row 201 (input row 2001): the text is not valid")
+    assert broken[0][2].endswith(" (key 'doc-02001')") == keyed
+
+
+@pytest.mark.parametrize("first, then", [("driver", "workers"), ("workers", "driver")])
+def test_a_resume_on_the_other_write_path_files_each_bad_record_once(tmp_path, first, then):
+    folder = parquet_folder(tmp_path / "in")
+    for writes, changes in [(first, dict(limit=2500)), (then, dict(resume=True))]:
+        run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
+                     tmp_path / "out.h5", "process", progress=False, writes=writes, **changes)
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == [i for i in range(3000) if i not in (NULL, BROKEN)]
+    assert [(row[0], row[1]) for row in error_rows(tmp_path / "out.h5")] == \
+        [(NULL, "ValueError"), (BROKEN, "UnicodeDecodeError")]
+
+
+def test_a_file_changed_half_way_stops_the_run_and_is_never_read(tmp_path, monkeypatch):
+    """b.parquet rewritten (same rows, same row groups, other texts) while the workers read
+    a.parquet: the worker that comes to it refuses to read it (its size and time are not the
+    driver's), so no row of the new file is written, nor filed as an error."""
+    from helpers import PipelineError
+
+    folder = parquet_folder(tmp_path / "in")
+    real, calls = table_rows.TableRows.read, []
+
+    def read(self, ids):
+        calls.append(len(ids))
+        if len(calls) == 4:
+            other = pa.array([f"other {i}" for i in range(1200)])
+            pq.write_table(pa.table({"text": other}), folder / "b.parquet", row_group_size=333)
+        return real(self, ids)
+
+    monkeypatch.setattr(table_rows.TableRows, "read", read)
+    with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
+                                            r"input: OSError: .*b\.parquet: changed since the "
+                                            r"run started"):
+        run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
+                     tmp_path / "out.h5", "thread", progress=False, writes="workers")
+    data = read_output(tmp_path / "out.h5")
+    assert len(data["ids"]) and data["ids"].max() < 1800
+    assert [e["id"] for e in data["errors"]] in ([], [NULL])  # (a.parquet's own)
+    np.testing.assert_array_equal(data["values"], np.stack([record_vector(f"r{i}", 8)
+                                                            for i in data["ids"].tolist()]))
+
+
+@pytest.mark.parametrize("change", ["replaced", "cut short"])
+def test_a_worker_reading_a_file_changed_since_it_opened_the_input_refuses(tmp_path, change):
+    folder = parquet_folder(tmp_path / "in")
+    (_, rows), = TableSource(folder).rows(IdRanges(), None)
+    rows[:10].read()  # the input open in this process, a.parquet's first row group read
+    if change == "replaced":
+        other = tmp_path / "other.parquet"
+        pq.write_table(pa.table({"text": [f"x{i}" for i in range(1800)]}), other,
+                       row_group_size=700)
+        os.replace(other, folder / "a.parquet")
+    else:
+        os.truncate(folder / "a.parquet", 100)
+    with pytest.raises(OSError, match="a.parquet: changed since the run started"):
+        rows[700:710].read()
+    table_rows.close_all()
+
+
+def test_a_worker_keeps_only_its_latest_arrow_files_open(tmp_path, monkeypatch):
+    """A folder of many Arrow files (a datasets export, say) read in random order: at most
+    OPEN_FILES of them mapped at a time, each row still the driver's."""
+    monkeypatch.setattr(table_rows, "OPEN_FILES", 3)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in range(12):
+        table = pa.table({"text": [f"r{i}" for i in range(100 * n, 100 * n + 100)]})
+        with pa.OSFile(str(folder / f"{n:02d}.arrow"), "wb") as sink, \
+                pa.ipc.new_file(sink, table.schema) as f:  # (a path given: left open)
+            f.write_table(table, max_chunksize=40)
+    source = TableSource(folder)
+    (_, rows), = source.rows(IdRanges(), None)
+    rng = random.Random(1)
+    for _ in range(50):
+        start = rng.randrange(1200)
+        part = rows[start:start + rng.randrange(1, 150)]
+        assert part.read() == [f"r{i}" for i in part.ids.tolist()]
+        assert len(next(iter(table_rows._OPEN.values()))._maps) <= 3
+    assert len(open_files(folder)) <= 3
+    table_rows.close_all()
+    assert not open_files(folder)
+
+
+def open_files(folder):
+    """The files under ``folder`` this process holds open (its descriptors and its maps)."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # (the listing's own)
+            pass
+    with open("/proc/self/maps") as maps:
+        held |= {line.split(maxsplit=5)[-1].strip() for line in maps}
+    return {path for path in held if path.startswith(str(folder.resolve()))}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_thread_workers_leave_no_input_file_open_after_the_run(tmp_path, fmt):
+    path = parquet_folder(tmp_path / "in") if fmt == "parquet" else \
+        arrow_file(tmp_path / "in.arrow")
+    run_pipeline(path, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64, tmp_path / "out.h5",
+                 "thread", progress=False, writes="workers")
+    assert len(read_output(tmp_path / "out.h5")["ids"]) == 2998
+    assert not open_files(tmp_path)

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from helpers.engine import transfer
 from helpers.engine.messages import END_OF_WORK, Died, WorkerInfo, Workunit
+from helpers.engine.protocol import close_inputs
 from helpers.engine.settings import BACKENDS, PoolSettings
 from helpers.engine.worker import SharedModels, process_main, thread_main
 
@@ -226,6 +227,7 @@ class ThreadBackend:
         for thread, _, _ in self._workers.values():
             thread.join(None if clean else max(0.0, deadline - time.monotonic()))
         self._workers.clear()
+        close_inputs()  # (the files its workers read are open in this process)
 
 
 def make_backend(settings: PoolSettings, workload: Any) -> Backend:

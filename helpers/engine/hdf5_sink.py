@@ -80,6 +80,7 @@ class HDF5Sink:
         self.write_seconds = 0.0  # the writer thread's time writing
         self.done = IdRanges()  # resume: ids a previous run wrote or gave up on
         self.done_positions = IdRanges()  # ... and positions of records its reader rejected
+        self.resumed_after = 0  # records a previous run handled: both of those
         self._parts: Parts | None = None
         self._file: h5py.File | None = None
         self._closed = True
@@ -111,9 +112,11 @@ class HDF5Sink:
         parts.scan()
         self.done, self.done_positions = parts.done(), parts.done_positions()
         if mode == "resume":
-            self.attrs["resumed_after"] = len(self.done)
-            log.info("resume: %s holds %d ids (written or failed, in %d ranges); they are "
-                     "skipped", self.path, len(self.done), self.done.runs)
+            self.resumed_after = len(self.done) + len(self.done_positions)
+            self.attrs["resumed_after"] = self.resumed_after
+            log.info("resume: %s holds %d ids (written or failed, in %d ranges) and %d records "
+                     "the reader rejected; they are skipped", self.path, len(self.done),
+                     self.done.runs, len(self.done_positions))
         self.attrs["complete"] = False
         parts.write_index(self.attrs)  # from now on the output is this run's, even if it dies
 

@@ -91,7 +91,7 @@ class Result:
     workunit: int
     ids: np.ndarray
     arrays: dict[str, np.ndarray]
-    rejected: list[tuple[int, str, str, float]]  # (record id, error type, message, unix time)
+    rejected: list[tuple]  # (record id, error type, message, unix time[, position in the source])
     started: float  # time.monotonic() (system-wide on Linux, macOS, Windows): a shared timeline
     ended: float
     peak_rss_mb: float = 0.0  # this worker's process, high-water mark

@@ -258,7 +258,7 @@ class WorkerPool:
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
             job = _Job(scheduler, settings, sink, started, self._growth, own)
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
-            total = records_left(source_length(records), settings.limit, sink.done)
+            total = records_left(source_length(records), settings.limit, sink.resumed_after)
             size = self._sizing.largest() if settings.auto_size else settings.workunit_size
             by_workers = settings.writes == "workers" and reads_by_position(records)
             slices = read_slices(records, sink.done, settings.limit, job.rejected.extend,
@@ -376,7 +376,7 @@ class WorkerPool:
             sink.records_written, sink.errors_written, job.wall, self.spinup_seconds,
             tuple(workers), stages, tuple(w.device for w in workers), job.settings.workunit_size,
             self.settings.backend, str(output), settings, job.timeline.spans, _peak_rss(workers),
-            self._recovery(), len(sink.done), peak_memory("cpu")[0],
+            self._recovery(), sink.resumed_after, peak_memory("cpu")[0],
             (dispatches.first - job.started) if dispatches.first is not None else 0.0,
             dispatches.longest_gap, sink.bytes_written, sink.output_bytes, job.decisions(),
             job.telemetry.samples, job.phases())
@@ -479,7 +479,8 @@ class _Job:
         while self.rejected:
             rows.append(self.rejected.popleft())
         for record_id, error_type, message, _, position in rows:
-            log.warning("record at position %d failed: %s: %s", position, error_type, message)
+            log.warning("record %s failed: %s: %s", f"at position {position}" if position >= 0
+                        else record_id, error_type, message)
         self.sink.append_errors(rows)
         return len(rows)
 
@@ -501,7 +502,7 @@ class _Job:
                 else result.arrays
             self.sink.append(result.ids, arrays)
         rejected = self.carried.drop(result.rejected)
-        for record_id, error_type, message, _ in rejected:
+        for record_id, error_type, message, *_ in rejected:
             log.warning("record %d failed: %s: %s", record_id, error_type, message)
         self.sink.append_errors(rejected)
         slot = self.scheduler.slots[result.worker]

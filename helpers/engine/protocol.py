@@ -139,6 +139,23 @@ class Rows:
         return self.opener.read(self.ids)
 
 
+_CLOSERS: list[Callable[[], None]] = []  # (``holds_inputs``)
+
+
+def holds_inputs(close: Callable[[], None]) -> Callable[[], None]:
+    """Register ``close``, which closes the inputs a Rows opener's module keeps open in this
+    process between workunits (a decorator)."""
+    _CLOSERS.append(close)
+    return close
+
+
+def close_inputs() -> None:
+    """Close every input Rows openers hold open in this process: a thread pool's end (its
+    workers' files are the driver process's; a worker process's close with it)."""
+    for close in _CLOSERS:
+        close()
+
+
 ROWS_SLICE = 65536  # ids per slice of Rows (nothing read: a slice costs its ids, 8 bytes each)
 
 
@@ -213,7 +230,9 @@ class Source(Protocol):
     BadRecords for rows those rule out); with ``writes="workers"`` each worker reads its
     workunit's records itself (``Rows.read``), so the driver handles no record at all (a source
     whose options rule that out this time says ``positional = False``: a table whose ids are an
-    integer column, say).
+    integer column, say). ``Rows.read`` gives a record it cannot decode as a BadRecord at its
+    position; whatever it raises is the input's fault (gone, cut short, changed since the driver
+    looked), and stops the run.
     ``__len__`` (records, for the progress bar's total and ``tune``'s estimate),
     ``where(position) -> str`` (how a message names a record's id), ``fingerprint() -> dict``
     (what a resumed run must read again; else ``describe()``). A record the source cannot decode

@@ -41,7 +41,7 @@ from helpers.engine.id_checks import checked_ids, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds
 from helpers.engine.jsonl import JSONLSource
 from helpers.engine.protocol import (BadRecord, OutputSpec, Rows, Source, SourceError, decoded,
-                                     positions)
+                                     holds_inputs, positions)
 from helpers.engine.table_files import FORMATS
 from helpers.engine.tables import TableSource
 
@@ -111,7 +111,8 @@ class HDF5BatchesSource:
         """The records as Rows for the workers to read (Source protocol), from the batches'
         lengths alone, done ids left out."""
         end = self._length if limit is None else min(limit, self._length)
-        return positions(HDF5Rows(str(self.path.resolve()), self.group), end, skip)
+        return positions(HDF5Rows(str(self.path.resolve()), self.group,
+                                  _identity(str(self.path.resolve()))), end, skip)
 
     def describe(self) -> str:
         return f"hdf5:{self.path}#{self.group}"
@@ -124,14 +125,15 @@ class HDF5BatchesSource:
 @dataclass(frozen=True)
 class HDF5Rows:
     """How a worker reads an HDF5 batches input's records by position (Rows' opener): the file
-    is opened once per process and kept while it is the same file (its identity is checked at
-    each read: a file replaced between two jobs of a pool is opened again)."""
+    is opened once per process, if it is the one the driver found (``identity``: its inode,
+    size and time), and checked again after each read (a file rewritten since: the run stops)."""
 
     path: str
     group: str
+    identity: tuple
 
     def read(self, ids: np.ndarray) -> list:
-        f, names, offsets = _opened(self.path, self.group, _identity(self.path))
+        f, names, offsets = _opened(self.path, self.group, self.identity)
         records: list = []
         for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []:
             start, stop = int(run[0]), int(run[-1]) + 1
@@ -141,6 +143,7 @@ class HDF5Rows:
                 raw = f[self.group][names[batch]][start - offsets[batch]:end - offsets[batch]]
                 records += [decoded(value, i) for value, i in zip(raw, range(start, end))]
                 start = end
+        _same(self.path, self.identity)
         return records
 
 
@@ -149,11 +152,24 @@ def _identity(path: str) -> tuple:
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
+def _same(path: str, identity: tuple) -> None:
+    if _identity(path) != identity:
+        raise OSError(f"{path}: changed since the run started (another file there, or written "
+                      f"to): every worker must read the input the driver found")
+
+
+@holds_inputs
+def close_opened() -> None:
+    """Close the HDF5 inputs this process holds open."""
+    _opened.cache_clear()  # (an h5py file closes with its last reference)
+
+
 @functools.lru_cache(maxsize=4)
 def _opened(path: str, group: str, identity: tuple) -> tuple[Any, list[str], np.ndarray]:
-    """An input opened for reading by position (``identity``: a changed file is a new key)."""
+    """An input opened for reading by position, if it is still the driver's ``identity``."""
     import h5py
 
+    _same(path, identity)
     f = h5py.File(path, "r")
     names, _ = _batch_layout(f, group, Path(path))
     offsets = np.cumsum([0] + [len(f[group][n]) for n in names])
@@ -400,10 +416,14 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
     gets those of the records yielded (without ``carry`` they are dropped).
 
     With ``rows``, the source's ``rows`` (Source protocol: the workers read the records), checked
-    and carried alike: the records of a slice are then Rows, or BadRecords the source found."""
-    own = source.rows if rows else getattr(source, "slices", None)
-    pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
+    and carried alike: the records of a slice are then Rows, or BadRecords the source found;
+    the ids are positions, so those in ``skip_positions`` are skipped with the done ones."""
     skip_positions = skip_positions if skip_positions is not None else IdRanges()
+    if rows:  # ids are positions: a record a run filed by its position is not read again
+        pieces = source.rows(skip.union(skip_positions), limit)
+    else:
+        own = getattr(source, "slices", None)
+        pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
     declared = set(carried(source))
     for ids, records, *more in pieces:
         columns = more[0] if more else {}
@@ -451,10 +471,10 @@ def _checked(source: Any, skip: IdRanges, limit: int | None) -> Iterator[tuple[n
             yield screened[:2]
 
 
-def records_left(total: int | None, limit: int | None, skip: IdRanges | None = None
-                 ) -> int | None:
-    """Records a (resumed) run has to do, if the source's length is known."""
+def records_left(total: int | None, limit: int | None, handled: int = 0) -> int | None:
+    """Records a (resumed) run has to do, if the source's length is known (``handled``: by an
+    earlier run)."""
     if total is None:
         return None
     total = total if limit is None else min(total, limit)
-    return max(0, total - (len(skip) if skip is not None else 0))
+    return max(0, total - handled)

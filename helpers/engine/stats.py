@@ -144,7 +144,7 @@ class PipelineStats:
     timeline: tuple[WorkunitSpan, ...] = ()  # per workunit (merged past TIMELINE_SPANS)
     peak_rss_mb: float = 0.0  # the parent's high-water mark plus each worker process's
     recovery: dict[str, Any] = field(default_factory=dict)  # deaths, timeouts, retries, splits...
-    resumed_after: int = 0  # ids already in the output (written or failed) that this run skipped
+    resumed_after: int = 0  # records an earlier run handled (written, failed, rejected): skipped
     parent_rss_mb: float = 0.0  # the parent process's own high-water mark
     first_dispatch_seconds: float = 0.0  # from the job's start (output opened, resume scanned)
     longest_dispatch_gap_seconds: float = 0.0  # the worst stall: no workunit sent for this long

@@ -87,9 +87,9 @@ def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callab
             block *= 4
 
 
-def column_texts(column: Any, rows: Any) -> list:
+def column_texts(column: Any, rows: Any, where: Callable[[int], str]) -> list:
     """A text column's values as str (None for a null); one that is not UTF-8 a BadRecord of
-    its own (``rows``: the records' positions)."""
+    its own (``rows``: the records' positions; ``where(k)`` names the k-th)."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(column.type):
@@ -98,8 +98,8 @@ def column_texts(column: Any, rows: Any) -> list:
         try:
             column = column.cast(pa.string())  # checks UTF-8, in C
         except pa.ArrowInvalid:
-            return [decoded(t, r, f"row {r}: text") if t is not None else t
-                    for t, r in zip(column.to_pylist(), rows.tolist())]
+            return [decoded(t, r, f"{where(k)}: the text") if t is not None else t
+                    for k, (t, r) in enumerate(zip(column.to_pylist(), rows.tolist()))]
     return column.to_pylist()
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -206,9 +207,16 @@ class TableSource:
         ids, keep, carried, bad = self._carried(batch, rows, seen, skip, file)
         if not keep.any():
             return None
-        records = column_texts(batch.column(self.text_column), rows)
-        null_texts(records, lambda k: row_name(file, int(rows[k])) + (
-            f" ({self.id_column} {carried[KEYS][k]!r})" if self.keyed else ""))
+        def where(k: int) -> str:
+            return row_name(file, int(rows[k]))
+
+        records = column_texts(batch.column(self.text_column), rows, where)
+        null_texts(records, where)
+        if self.keyed:  # named as a worker's reading names it (carried.Carried.drop)
+            for k, record in enumerate(records):
+                if isinstance(record, BadRecord) and carried[KEYS][k]:
+                    records[k] = replace(record, message=f"{record.message} (key "
+                                                         f"{carried[KEYS][k]!r})")
         for k, record in bad.items():
             records[k] = record
         if self.format in ("csv", "tsv"):

@@ -59,7 +59,8 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
     keep, ready, rejected = [], [], []
     for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), records)):
         if isinstance(record, BadRecord):
-            rejected.append((record_id, record.error_type, record.message, time.time()))
+            rejected.append((record_id, record.error_type, record.message, time.time(),
+                             record.position))
             continue
         try:
             workload.check_record(record)
@@ -89,14 +90,16 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
 
 def _records(unit: Workunit, worker: int) -> list:
     """The workunit's records: as sent, or read here (Rows); InputUnreadable if the input
-    cannot be (the storage's fault, not the records')."""
+    cannot be read. A record the reader cannot decode is a BadRecord of its own, so whatever
+    the reading raises is the input's fault (gone, cut short, changed), not the records': it
+    stops the run, rather than filing good records as errors or reading other data."""
     if not isinstance(unit.records, Rows):
         return unit.records
     try:
         return unit.records.read()
-    except OSError as exc:
+    except Exception as exc:
         raise InputUnreadable(f"worker {worker} on {socket.gethostname()} cannot read the "
-                              f"input: {exc}") from exc
+                              f"input: {type(exc).__name__}: {exc}") from exc
 
 
 def _write_part(unit: Workunit, worker: int, ids: np.ndarray,
