@@ -39,6 +39,7 @@ from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
 from helpers.workloads.binning.table import is_table, write_csv
 from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.runtimes import PRECISIONS, RUNTIMES
 from helpers.workloads.synthetic import MODES, SyntheticWorkload
 
 EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -104,6 +105,11 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
     emb.add_argument("--tokenize-ahead", action="store_true",
                      help="tokenize the next batch in a helper thread while one runs (a GPU's "
                           "host with a core to spare)")
+    emb.add_argument("--precision", choices=PRECISIONS, default=EmbeddingWorkload.precision,
+                     help="the model's precision: bf16 (autocast), fp16 (CUDA only)")
+    emb.add_argument("--runtime", choices=RUNTIMES, default=EmbeddingWorkload.runtime,
+                     help="onnx, onnx-int8 (CPU): the model exported once into GPUFEED_CACHE "
+                          "and run by onnxruntime; checked against fp32 torch first")
     syn = shared.add_argument_group("synthetic workload")
     syn.add_argument("--seconds-per-record", type=float,
                      default=SyntheticWorkload.seconds_per_record)
@@ -457,7 +463,8 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None) -> Any:
     """The workload the arguments name, with the options of its own argument group (and
     ``batch_size`` instead of ``--batch-size`` if given)."""
     options = {"embedding": {"normalize": args.normalize,
-                             "tokenize_ahead": args.tokenize_ahead},
+                             "tokenize_ahead": args.tokenize_ahead,
+                             "precision": args.precision, "runtime": args.runtime},
                "synthetic": {"mode": args.mode,
                              "seconds_per_workunit": args.seconds_per_workunit,
                              "parallelism": args.parallelism},

@@ -104,6 +104,23 @@ def test_dispatch_bench_times_the_dispatch_loop_of_both_write_paths(capsys):
     assert "ceiling" in capsys.readouterr().out
 
 
+def test_runtimes_bench_times_each_variant_against_fp32_in_the_same_round(monkeypatch, capsys):
+    """Two variants (the bench's others load the same way): one row per variant and round, the
+    ratio taken against fp32 torch's own round."""
+    from helpers.bench import runtimes
+
+    monkeypatch.setattr(runtimes, "VARIANTS", (("fp32", "torch"), ("bf16", "torch")))
+    table = runtimes.measure(records=24, repeats=2, batch_size=8)
+    timed = table[table.refused.eq("")]
+    assert sorted(zip(timed.replicate, timed.precision)) == \
+        [(0, "bf16"), (0, "fp32"), (1, "bf16"), (1, "fp32")]
+    assert (timed[timed.precision.eq("fp32")]["speedup"] == 1.0).all()
+    bf16 = timed[timed.precision.eq("bf16")]
+    assert (bf16["speedup"] > 0).all() and (bf16["guard_min_cosine"] < 1.0).all()
+    assert runtimes.report(table)["speedup"] >= 1.0
+    assert "fastest that passes the guard" in capsys.readouterr().out
+
+
 def test_autotune_bench_compares_self_tuning_with_the_sweep_s_best(monkeypatch, capsys):
     from helpers.bench import autotune
 

@@ -1,4 +1,4 @@
-"""``python -m helpers.bench overhead|failures|scale|autotune|ray|sources|dispatch [--records N] ...``"""
+"""``python -m helpers.bench overhead|failures|scale|autotune|ray|sources|dispatch|runtimes ...``"""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,8 @@ import json
 import os
 import sys
 
-from helpers.bench import autotune, dispatch, failures, overhead, ray_backend, scale, sources
+from helpers.bench import (autotune, dispatch, failures, overhead, ray_backend, runtimes, scale,
+                           sources)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     ceiling_one.add_argument("--units", type=int, required=True)
     ceiling_one.add_argument("--writes", choices=dispatch.WRITES, required=True)
     ceiling_one.add_argument("--output", required=True)
+    variants = commands.add_parser("runtimes", help=runtimes.__doc__.splitlines()[0])
+    variants.add_argument("--records", type=int, default=512, help="sample paragraphs a round")
+    variants.add_argument("--repeats", type=int, default=5)
+    variants.add_argument("--batch-size", type=int, default=16)
+    variants.add_argument("--results-dir", default="data/results/cpu",
+                          help="where runtimes_bench.csv goes ('' to save nothing)")
     one = commands.add_parser("scale-run", help="one run of `scale`, in this process")
     one.add_argument("--records", type=int, required=True)
     one.add_argument("--output", required=True)
@@ -112,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "dispatch-run":
         print(json.dumps(dispatch.run_once(args.units, args.writes, args.output)))
+        return 0
+    if args.command == "runtimes":
+        runtimes.main(args.records, args.repeats, args.batch_size, args.results_dir)
         return 0
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,

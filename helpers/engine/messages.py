@@ -18,7 +18,7 @@ Words used for what goes wrong, each for one thing only:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,7 @@ class Ready:
     model_mb: float | None = None  # what this copy takes on the device
     host: str = ""  # the machine the worker runs on (socket.gethostname())
     node: str = ""  # its Ray node ("" off Ray: the parent's machine)
+    report: dict[str, Any] = field(default_factory=dict)  # workload.report(model): how it runs
 
 
 @dataclass(frozen=True)

@@ -355,9 +355,12 @@ class WorkerPool:
 
     def _run_attrs(self, job: JobSettings, source: str) -> dict[str, Any]:
         versions = {f"version_{k}": v for k, v in package_versions().items()}
+        loaded = {s.info.device: s.ready.report for s in self._scheduler.slots.values()
+                  if s.ready is not None and s.ready.report}  # (the guard's figures, say)
         return {"devices": list(self.settings.devices), "workunit_size": job.workunit_size,
                 "backend": self.settings.backend, "source": source,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions}
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions,
+                **({"loaded": json.dumps(loaded, sort_keys=True)} if loaded else {})}
 
     def _stats(self, job: _Job, output: Any) -> PipelineStats:
         if self._growth is not None:  # the workers the next job starts with

@@ -217,7 +217,9 @@ def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], f
 def ready(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
           seconds: float, node: str = "") -> Ready:
     free, used = device_memory(workload, model, info.device)
-    return Ready(info.index, os.getpid(), seconds, specs, free, used, socket.gethostname(), node)
+    report = getattr(workload, "report", None)
+    return Ready(info.index, os.getpid(), seconds, specs, free, used, socket.gethostname(), node,
+                 report(model) if report is not None else {})
 
 
 def watch_parent(parent: int, kernel_signal: bool) -> None:

@@ -32,7 +32,7 @@ def make_workload(name: str, model: str | None = None, batch_size: int | None = 
     line sets for every workload; each takes those that apply to it, and None keeps its default.
 
     - embedding: ``model`` (None: the embedded MiniLM), ``batch_size``; options: ``normalize``,
-      ``tokenize_ahead``;
+      ``tokenize_ahead``, ``precision``, ``runtime``, ``guard``;
     - synthetic: ``seconds_per_record``, ``speed`` (device -> factor); options: ``mode``;
     - binning: ``model`` (its similarity model); options: BinningWorkload's other fields.
     """

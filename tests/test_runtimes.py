@@ -1,0 +1,132 @@
+"""How the embedding model runs (helpers.workloads.runtimes): each variant's clear refusal where it
+cannot run, the ONNX export made once and reused, and the quality guard that passes a faithful
+variant and refuses one that is not (with its numbers)."""
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from helpers import read_output, run_pipeline
+from helpers.workloads import runtimes
+from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.runtimes import QualityRefused, check_variant
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.mark.parametrize("precision, runtime, device, said", [
+    ("fp16", "torch", "cpu", "precision='fp16' runs on CUDA devices only"),
+    ("fp32", "onnx", "cuda:0", "runtime='onnx' runs on CPU devices"),
+    ("bf16", "onnx-int8", "cpu", "precision='bf16' is for runtime='torch'"),
+    ("fp8", "torch", "cpu", "precision: expected one of fp32, bf16, fp16, got 'fp8'"),
+    ("fp32", "tensorrt", "cpu", "runtime: expected one of torch, onnx, onnx-int8"),
+])
+def test_a_variant_that_cannot_run_on_its_device_is_named_before_anything_loads(
+        precision, runtime, device, said):
+    with pytest.raises(ValueError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        check_variant(precision, runtime, device)
+
+
+def test_bf16_on_a_cuda_device_without_it_is_refused(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    with pytest.raises(ValueError, match="cuda:1 does not support bfloat16"):
+        check_variant("bf16", "torch", "cuda:1")
+    with pytest.raises(ValueError, match="fp16"):
+        EmbeddingWorkload(precision="fp16", runtime="onnx")
+    with pytest.raises(ValueError, match="guard: expected"):
+        EmbeddingWorkload(guard=(0.99, 1.5))
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from helpers.workloads.embedding import load_sentence_transformer
+
+    return load_sentence_transformer(None, "cpu", 2)
+
+
+def test_the_onnx_export_is_made_once_and_reused(tmp_path, monkeypatch, minilm):
+    """Two workers asking at once: one exports (under the lock), the other waits and reuses the
+    file; a second ask exports nothing."""
+    made, real = [], runtimes._export
+    monkeypatch.setattr(runtimes, "_export", lambda *args: made.append(1) or real(*args))
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(runtimes.exported(
+        minilm, "onnx", tmp_path))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1 and paths[0] == paths[1] and paths[0].stat().st_size > 10 << 20
+    assert runtimes.exported(minilm, "onnx", tmp_path) == paths[0] and len(made) == 1
+    assert [p.name for p in paths[0].parent.iterdir() if p.suffix == ".onnx"] == ["onnx.onnx"]
+
+
+@pytest.mark.parametrize("runtime", ["onnx", "onnx-int8"])
+def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, monkeypatch,
+                                                                    runtime):
+    """The variant's embeddings of the run's texts are those of float32 PyTorch (cosine), and
+    the output says which variant wrote them and what the guard measured."""
+    from helpers.study.paths import sample_texts
+
+    monkeypatch.setenv(runtimes.CACHE_ENV, str(tmp_path / "cache"))
+    texts = sample_texts(96)
+    reference = run_pipeline(list(enumerate(texts)), EmbeddingWorkload(), ["cpu"], 32,
+                             tmp_path / "fp32.h5", "thread", progress=False)
+    stats = run_pipeline(list(enumerate(texts)), EmbeddingWorkload(runtime=runtime), ["cpu"],
+                         32, tmp_path / "variant.h5", "thread", progress=False)
+    assert reference.records == stats.records == 96
+    fp32, variant = read_output(tmp_path / "fp32.h5"), read_output(tmp_path / "variant.h5")
+    found = runtimes.cosines(fp32["embeddings"], variant["embeddings"])
+    assert found.min() > (0.9999 if runtime == "onnx" else 0.98)
+    loaded = json.loads(variant["attrs"]["loaded"])["cpu"]
+    assert loaded["runtime"] == runtime and loaded["guard_mean_cosine"] >= 0.99
+    assert variant["attrs"]["runtime"] == runtime
+
+
+def test_a_variant_that_fails_the_guard_is_refused_with_its_numbers(tmp_path, monkeypatch):
+    """int8 weights cannot give float32's embeddings to 5 nines: asked for that, the worker
+    refuses to load the variant (no record is embedded by it) and says by how much."""
+    from helpers import PipelineError
+
+    monkeypatch.setenv(runtimes.CACHE_ENV, str(tmp_path / "cache"))
+    strict = EmbeddingWorkload(runtime="onnx-int8", guard=(0.99999, 0.9999))
+    with pytest.raises(PipelineError, match=r"QualityRefused: precision='fp32' "
+                                            r"runtime='onnx-int8' on cpu: .* mean cosine "
+                                            r"0\.\d+ \(needs >= 0\.99999\), least 0\.\d+ "
+                                            r"\(needs >= 0\.9999\): refused"):
+        run_pipeline([(0, "a text")], strict, ["cpu"], 8, tmp_path / "out.h5", "thread",
+                     progress=False)
+
+
+def test_a_resume_with_another_variant_is_refused(tmp_path, monkeypatch):
+    """Embeddings of two variants must not mix in one output."""
+    from helpers import OutputError
+
+    monkeypatch.setenv(runtimes.CACHE_ENV, str(tmp_path / "cache"))
+    records = [(i, f"text number {i}") for i in range(40)]
+    run_pipeline(records, EmbeddingWorkload(), ["cpu"], 8, tmp_path / "out.h5", "thread",
+                 progress=False, limit=16)
+    with pytest.raises(OutputError, match="runtime"):
+        run_pipeline(records, EmbeddingWorkload(runtime="onnx"), ["cpu"], 8,
+                     tmp_path / "out.h5", "thread", progress=False, resume=True)
+    assert len(read_output(tmp_path / "out.h5")["ids"]) == 16
+
+
+def test_bf16_on_cpu_passes_the_guard_and_is_not_float32(tmp_path):
+    """The weights cast to bfloat16 (what this machine's CPU runs fastest): close to float32's
+    embeddings, not equal to them, and said so in the output."""
+    texts = [(i, text) for i, text in enumerate(runtimes.guard_texts())]
+    run_pipeline(texts, EmbeddingWorkload(), ["cpu"], 16, tmp_path / "fp32.h5", "thread",
+                 progress=False)
+    run_pipeline(texts, EmbeddingWorkload(precision="bf16"), ["cpu"], 16, tmp_path / "bf16.h5",
+                 "thread", progress=False)
+    fp32, bf16 = read_output(tmp_path / "fp32.h5"), read_output(tmp_path / "bf16.h5")
+    assert bf16["embeddings"].dtype == np.float32
+    found = runtimes.cosines(fp32["embeddings"], bf16["embeddings"])
+    assert 0.98 < found.min() and found.max() < 1.0 - 1e-7  # (close, and not float32 itself)
+    loaded = json.loads(bf16["attrs"]["loaded"])["cpu"]
+    assert loaded["precision"] == "bf16" and loaded["guard_min_cosine"] == \
+        pytest.approx(found.min(), abs=1e-3)
