@@ -196,6 +196,10 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     tune.add_argument("--sample", type=int, default=tuner.SAMPLE, help="records per trial")
     tune.add_argument("--batch-sizes", type=_counts, default=(),
                       help="batch sizes to try, e.g. 16,32,64 (default: the workload's own)")
+    tune.add_argument("--variants", choices=("auto", "none"), default="auto",
+                      help="auto: first try each precision and runtime the devices support "
+                           "(those the quality guard passes); none, or a --precision or "
+                           "--runtime given: only that one")
     tune.add_argument("--results-dir", default="data/results/tune",
                       help="where tune_trials.csv goes, with its provenance ('' for nowhere)")
     pack = commands.add_parser("compact", help="copy a run's index and its parts into one file")
@@ -397,8 +401,11 @@ def tune(args: argparse.Namespace) -> int:
     """``python -m helpers tune``: the search, its trials table, tuned.yaml."""
     try:
         source = _source(args)
-        tuned = tuner.tune(lambda batch: _workload(args, batch), source, args.devices,
-                           args.backend, args.batch_sizes, args.budget_seconds, args.sample)
+        chosen = args.variants == "none" or (args.precision, args.runtime) != \
+            (EmbeddingWorkload.precision, EmbeddingWorkload.runtime)
+        tuned = tuner.tune(lambda batch, **variant: _workload(args, batch, **variant), source,
+                           args.devices, args.backend, args.batch_sizes, args.budget_seconds,
+                           args.sample, [] if chosen else None)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE if _is_usage(exc) else EXIT_FAILED
@@ -416,7 +423,8 @@ def tune(args: argparse.Namespace) -> int:
     estimate = "" if seconds is None else "; the whole input in about " + (
         f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h")
     print(f"best: {','.join(tuned.devices)}, workunits {tuned.workunit_size}"
-          f"{'' if tuned.batch_size is None else f', batch size {tuned.batch_size}'}: "
+          f"{'' if tuned.batch_size is None else f', batch size {tuned.batch_size}'}"
+          f"{''.join(f', {k} {v}' for k, v in tuned.variant.items())}: "
           f"{tuned.records_per_s:.1f} records/s{estimate}", file=sys.stderr)
     path = tuner.write_config(tuned, args.output, workload=args.workload,
                               **({"model": args.model} if args.model else {}),
@@ -434,7 +442,7 @@ def _config_defaults(path: str) -> dict[str, Any]:
         values["devices"] = ",".join(map(str, values["devices"]))
     read = {"workload": str, "model": str, "devices": str, "backend": str, "batch_size": int,
             "workunit_size": _count_or_auto, "workunit_seconds": float,
-            "threads_per_worker": int}
+            "threads_per_worker": int, "precision": str, "runtime": str}
     defaults = {}
     for field, value in values.items():
         if field in read:
@@ -459,9 +467,9 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _workload(args: argparse.Namespace, batch_size: int | None = None) -> Any:
+def _workload(args: argparse.Namespace, batch_size: int | None = None, **variant: Any) -> Any:
     """The workload the arguments name, with the options of its own argument group (and
-    ``batch_size`` instead of ``--batch-size`` if given)."""
+    ``batch_size`` instead of ``--batch-size`` if given, ``variant``'s options over theirs)."""
     options = {"embedding": {"normalize": args.normalize,
                              "tokenize_ahead": args.tokenize_ahead,
                              "precision": args.precision, "runtime": args.runtime},
@@ -474,7 +482,7 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None) -> Any:
                            "threads": args.model_threads, "clip_model": args.clip_model,
                            "caption_model": args.caption_model}}[args.workload]
     return make_workload(args.workload, args.model, batch_size or args.batch_size,
-                         args.seconds_per_record, args.speed, **options)
+                         args.seconds_per_record, args.speed, **{**options, **variant})
 
 
 def _is_usage(exc: Exception) -> bool:

@@ -3,6 +3,11 @@ input, written to ``tuned.yaml`` for ``python -m helpers run --config tuned.yaml
 
 Phases, in the order our users tune by hand, each reusing what it can::
 
+    0. variant       how the model runs (the workload's ``variants(devices)``: its precisions
+                     and runtimes these devices support): one worker per device, a pool per
+                     variant, one job on the sample each; a variant whose workers refuse it
+                     (the embedding workload's quality guard) is a row saying why, never picked;
+                     the later phases run the fastest
     1. batch size    one worker per device; a pool per candidate (the workload holds its batch
                      size), one job on the sample each; workunits sized automatically
     2. workers       one pool with the best batch size and workers_per_device="auto": jobs on
@@ -17,13 +22,15 @@ Phases, in the order our users tune by hand, each reusing what it can::
 The budget is checked between trials: a phase that would start past it is skipped, and the best
 configuration so far stands. Every trial is a row of a tidy table (phase, batch_size,
 workers_per_device, devices, threads_per_worker, workunit_size, records, wall_s, records_per_s).
-The pick is the fastest trial of phases 1 and 3, all on the same sample (phase 2's jobs change
+The pick is the fastest trial of phases 0, 1 and 3, all on the same sample (phase 2's jobs change
 their worker count midway, so none is a configuration to run): where growth added a worker that
 did not pay, one worker per device with the best batch size still wins. The estimate for the
 whole input is its length ÷ the pick's rate (spin-up not included).
 """
 from __future__ import annotations
 
+import functools
+import json
 import tempfile
 import time
 from collections import Counter
@@ -36,6 +43,7 @@ import yaml
 
 from helpers.engine.pipeline import WorkerPool
 from helpers.engine.protocol import Workload
+from helpers.engine.scheduler import PipelineError
 from helpers.engine.settings import AUTO, JobSettings, PoolSettings
 from helpers.engine.sources import open_source, source_length
 
@@ -46,7 +54,8 @@ CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
     "workload": "a workload name", "model": "a model name or path", "devices": "a device list",
     "backend": "process or thread", "batch_size": "an integer >= 1",
     "workunit_size": "an integer >= 1 or 'auto'", "workunit_seconds": "seconds > 0",
-    "threads_per_worker": "an integer >= 1",
+    "threads_per_worker": "an integer >= 1", "precision": "fp32, bf16 or fp16",
+    "runtime": "torch, onnx or onnx-int8",
     "records_per_s": "the tuned rate (informative)",
     "estimated_seconds": "the estimate for the whole input (informative)",
     "input": "the tuned input (informative)", "created": "when (informative)"}
@@ -65,6 +74,7 @@ class Tuned:
     trials: list[dict] = field(default_factory=list)
     trial: int | None = None  # the trial it comes from
     threads_per_worker: int | None = None  # CPU workers' threads (None: no CPU worker)
+    variant: dict[str, Any] = field(default_factory=dict)  # the workload's options (phase 0)
 
     def config(self, **extra: Any) -> dict[str, Any]:
         """What tuned.yaml holds."""
@@ -76,19 +86,27 @@ class Tuned:
             keep["batch_size"] = self.batch_size
         if self.threads_per_worker is not None:
             keep["threads_per_worker"] = int(self.threads_per_worker)
-        return {**extra, **keep, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        return {**extra, **self.variant, **keep,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def tune(make: Callable[[int | None], Workload], source: Any, devices: Any = "auto",
+def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
          backend: str = PoolSettings.backend, batch_sizes: Sequence[int] = (),
-         budget_seconds: float = BUDGET_SECONDS, sample: int = SAMPLE) -> Tuned:
-    """Search on the first ``sample`` records of ``source``; ``make(batch_size)`` builds the
-    workload (``batch_sizes`` empty: the workload's own, and phase 1 is skipped)."""
+         budget_seconds: float = BUDGET_SECONDS, sample: int = SAMPLE,
+         variants: Sequence[dict[str, Any]] | None = None) -> Tuned:
+    """Search on the first ``sample`` records of ``source``; ``make(batch_size, **variant)``
+    builds the workload (``batch_sizes`` empty: the workload's own, and phase 1 is skipped;
+    ``variants`` None: those the workload offers, empty: phase 0 is skipped)."""
     deadline = time.monotonic() + budget_seconds
     distinct = list(dict.fromkeys(PoolSettings(devices).devices))
     trials: list[dict] = []
+    if variants is None:
+        offered = getattr(make(None), "variants", None)
+        variants = offered(distinct) if offered is not None else []
     with tempfile.TemporaryDirectory() as folder:
         job = _Trials(source, sample, Path(folder), trials, distinct)
+        job.variant = _variant(make, variants, distinct, backend, job, deadline)
+        make = functools.partial(make, **job.variant)
         batch = None
         if batch_sizes:
             for size in batch_sizes:
@@ -116,7 +134,7 @@ def tune(make: Callable[[int | None], Workload], source: Any, devices: Any = "au
                 _workunit_sizes(pool, job, batch, deadline)
     # every trial ran the same sample, spin-up apart; growth's own jobs changed their worker
     # count midway, so they are no configuration to run (unless there is nothing else)
-    fixed = [t for t in trials if t["phase"] != "workers"]
+    fixed = [t for t in trials if t["phase"] != "workers" and not t.get("refused")]
     best = max(fixed or trials, key=lambda t: t["records_per_s"])
     total = source_length(open_source(source))
     devices = best["devices"].split(",")
@@ -124,7 +142,25 @@ def tune(make: Callable[[int | None], Workload], source: Any, devices: Any = "au
     return Tuned(devices, backend, best["batch_size"], best["workunit_size"],
                  best["records_per_s"],
                  total / best["records_per_s"] if total and best["records_per_s"] else None, trials,
-                 best["trial"], threads)
+                 best["trial"], threads, json.loads(best.get("variant") or "{}"))
+
+
+def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
+             devices: list[str], backend: str, job: _Trials, deadline: float) -> dict[str, Any]:
+    """Phase 0: a pool per variant, one job each; the fastest variant its workers accepted."""
+    for variant in variants:
+        if time.monotonic() > deadline and job.rows:
+            break
+        try:
+            with WorkerPool(make(None, **variant), devices, backend, progress=False) as pool:
+                job.run(pool, "variant", None, AUTO, variant=variant)
+        except PipelineError as exc:  # its workers refused it (the guard), or could not load it
+            job.refused(variant, str(exc).splitlines()[0])
+    ran = [t for t in job.rows if t["phase"] == "variant" and not t["refused"]]
+    if variants and not ran:
+        raise RuntimeError("tune: every variant was refused: " +
+                           "; ".join(t["refused"] for t in job.rows))
+    return json.loads(max(ran, key=lambda t: t["records_per_s"])["variant"]) if ran else {}
 
 
 class _Trials:
@@ -134,9 +170,10 @@ class _Trials:
                  order: list[str]) -> None:
         self.source, self.sample, self.folder, self.rows = source, sample, folder, rows
         self.order = order  # the devices as given: a trial's worker devices in that order
+        self.variant: dict[str, Any] = {}  # the phases after 0: the variant they run
 
     def run(self, pool: WorkerPool, phase: str, batch: int | None, size: int | str,
-            records: int | None = None) -> int:
+            records: int | None = None, variant: dict[str, Any] | None = None) -> int:
         """One job on the first ``records`` (default: the sample); returns the records written."""
         output = self.folder / f"trial-{len(self.rows)}.h5"
         stats = pool.run(self.source, output, limit=records or self.sample, workunit_size=size,
@@ -150,8 +187,17 @@ class _Trials:
                           "threads_per_worker": max(info.threads for info in pool.workers),
                           "workunit_size": size, "records": stats.records,
                           "wall_s": stats.wall_seconds, "records_per_s": stats.records_per_second,
-                          "decisions": len(stats.decisions)})
+                          "decisions": len(stats.decisions),
+                          "variant": json.dumps(variant or self.variant, sort_keys=True),
+                          "loaded": json.dumps(pool.loaded, sort_keys=True), "refused": ""})
         return stats.records
+
+    def refused(self, variant: dict[str, Any], why: str) -> None:
+        """A variant's row whose workers refused to load it: no rate, the reason."""
+        self.rows.append({"trial": len(self.rows), "phase": "variant",
+                          "variant": json.dumps(variant, sort_keys=True),
+                          "devices": ",".join(self.order), "records": 0, "records_per_s": 0.0,
+                          "refused": why})
 
 
 def _workunit_sizes(pool: WorkerPool, job: _Trials, batch: int | None,

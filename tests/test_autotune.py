@@ -95,3 +95,35 @@ def test_interleaved_puts_each_configuration_in_every_place_and_after_every_othe
             sorted(list(range(len(configs))) * 2)
     follows = {(order[i], order[i + 1]) for order in orders for i in range(len(configs) - 1)}
     assert len(follows) == len(configs) * (len(configs) - 1)  # every pair, both ways
+
+
+def test_the_trials_table_names_each_variant_its_guard_and_a_refusal():
+    """Phase 0's rows (helpers.tuner): labelled with their variant, the guard's least cosine
+    from what the workers reported, a refused one said so; the finding names the pick's variant
+    and how many were refused."""
+    import json
+
+    from helpers.study import findings
+    from helpers.study.autotune import trials_table
+
+    loaded = json.dumps({"cpu": {"precision": "bf16", "runtime": "torch",
+                                 "guard_mean_cosine": 0.99999, "guard_min_cosine": 0.9999}})
+    rows = [{"trial": 0, "phase": "variant", "variant": '{"precision": "fp32", "runtime": "torch"}',
+             "batch_size": None, "workers_per_device": "cpu=1", "workunit_size": "auto",
+             "records_per_s": 100.0, "loaded": "{}", "refused": ""},
+            {"trial": 1, "phase": "variant", "variant": '{"precision": "bf16", "runtime": "torch"}',
+             "batch_size": None, "workers_per_device": "cpu=1", "workunit_size": "auto",
+             "records_per_s": 280.0, "loaded": loaded, "refused": ""},
+            {"trial": 2, "phase": "variant",
+             "variant": '{"precision": "fp32", "runtime": "onnx-int8"}', "records_per_s": 0.0,
+             "refused": "worker 0 on cpu failed in loading the model: QualityRefused: ..."}]
+    table = trials_table(rows, picked=1)
+    assert table["configuration"].tolist() == [
+        "0: fp32 torch, cpu=1, workunits of auto",
+        "1: bf16 torch, cpu=1, workunits of auto (picked)",
+        "2: fp32 onnx-int8, refused by the quality guard"]
+    assert table["guard_min_cosine"].isna().tolist() == [True, False, True]
+    assert table["guard_min_cosine"][1] == 0.9999
+    finding = findings.trials(table)
+    assert finding.startswith("3 trials (1 variant refused by the quality guard); picked: "
+                              "bf16 torch, cpu=1, workunits of auto at 280.0 records/s")

