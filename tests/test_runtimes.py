@@ -78,6 +78,8 @@ def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, mon
     stats = run_pipeline(list(enumerate(texts)), EmbeddingWorkload(runtime=runtime), ["cpu"],
                          32, tmp_path / "variant.h5", "thread", progress=False)
     assert reference.records == stats.records == 96
+    assert stats.padding >= 1.0 and stats.counts["tokens_needed"] == \
+        reference.counts["tokens_needed"]  # (the model's own tokenizer: the same tokens)
     fp32, variant = read_output(tmp_path / "fp32.h5"), read_output(tmp_path / "variant.h5")
     found = runtimes.cosines(fp32["embeddings"], variant["embeddings"])
     assert found.min() > (0.9999 if runtime == "onnx" else 0.98)

@@ -56,7 +56,8 @@ def test_a_bad_value_raises_naming_the_setting_and_what_it_expected(cls, bad, me
 
 def test_derived_settings_follow_their_rule():
     assert PoolSettings(("cpu",) * 3).depth == 6 and PoolSettings(queue_depth=1).depth == 1
-    assert JobSettings(workunit_size=10).window == 80  # 8 workunits
+    assert JobSettings(workunit_size=10).window == 16384  # at least SORT_RECORDS
+    assert JobSettings(workunit_size=4096).window == 8 * 4096  # 8 workunits
     assert JobSettings(workunit_size=10, sort_window=0).window == 0
     workers = PoolSettings(("cuda:0", "cpu", "cuda:0", "cpu"), threads_per_worker=3).workers()
     assert [(w.index, w.device, w.threads, w.copy) for w in workers] == [
@@ -71,7 +72,7 @@ def test_workers_per_device_multiplies_the_entries_or_starts_one_per_device_to_g
     growing = PoolSettings(("cuda:0", "cuda:1", "cuda:0", "cpu"), workers_per_device="auto")
     assert growing.growing and growing.worker_devices == ("cuda:0", "cuda:1", "cpu")
     assert [w.threads for w in growing.workers()] == [1, 1, 1]  # a cpu worker grows one thread
-    assert JobSettings(workunit_size="auto").auto_size and JobSettings().window == 800
+    assert JobSettings(workunit_size="auto").auto_size and JobSettings().window == 16384
     assert JobSettings(workunit_size="auto").window > 0
 
 

@@ -14,12 +14,15 @@ def test_a_long_timeline_stays_bounded_and_keeps_its_shape():
     workers = 3
     for n in range(200_000):
         timeline.add(WorkunitSpan(n % workers, "cpu", n, 10, n * 1.0, n + 0.5,
-                                  phases={"forward": 0.25, "tokenize": 0.125}))
+                                  phases={"forward": 0.25, "tokenize": 0.125},
+                                  counts={"tokens_computed": 30, "tokens_needed": 20}))
     spans = timeline.spans
     assert len(spans) <= 100 + workers
     assert sum(s.records for s in spans) == 2_000_000  # nothing dropped, only merged
     assert sum(s.phases["forward"] for s in spans) == 50_000  # the phases summed as they merge
     assert sum(s.phases["tokenize"] for s in spans) == 25_000
+    assert sum(s.counts["tokens_needed"] for s in spans) == 4_000_000  # counts too
+    assert {s.padding for s in spans} == {1.5}
     assert sum(s.workunits for s in spans) == 200_000
     for worker in range(workers):
         mine = sorted((s for s in spans if s.worker == worker), key=lambda s: s.start_s)
@@ -32,6 +35,8 @@ def test_a_tally_keeps_totals_and_peaks():
     tally.add(10, 0.5, 100.0, None, {"forward": 0.25})
     tally.add(5, 0.25, 80.0, 300.0, {"forward": 0.125, "tokenize": 0.0625})
     tally.add(5, 0.25, 80.0, 300.0)  # a workload that reports no phases
-    assert (tally.records, tally.workunits, tally.busy_seconds) == (20, 3, 1.0)
+    tally.add(1, 0.0, 80.0, None, None, {"tokens_computed": 12, "tokens_needed": 9})
+    assert (tally.records, tally.workunits, tally.busy_seconds) == (21, 4, 1.0)
     assert tally.phases == {"forward": 0.375, "tokenize": 0.0625}
+    assert tally.counts == {"tokens_computed": 12, "tokens_needed": 9}
     assert tally.peak_rss_mb == 100.0 and tally.peak_gpu_mb == 300.0

@@ -51,6 +51,45 @@ def test_tokenizing_ahead_gives_encode_s_embeddings_and_splits_the_phases(st_mod
         EmbeddingWorkload(tokenize_ahead="yes")
 
 
+def test_padding_is_counted_per_workunit_and_sorting_by_length_cuts_it(tmp_path):
+    """The tokens each batch computes against those its texts need: mixed lengths in a
+    workunit pad; the reader's length-sorted window pads less; the stats and the timeline say
+    so."""
+    from helpers import run_pipeline
+    from helpers.study.paths import sample_texts
+
+    workload = EmbeddingWorkload(batch_size=8)
+    records = list(enumerate(sample_texts(160)))  # (in the corpus's order: lengths mixed)
+    unsorted = run_pipeline(records, workload, ["cpu"], 32, tmp_path / "a.h5", "thread",
+                            progress=False, sort_window=0)
+    ordered = run_pipeline(records, workload, ["cpu"], 32, tmp_path / "b.h5", "thread",
+                           progress=False)
+    assert unsorted.counts["tokens_needed"] == ordered.counts["tokens_needed"] > 160
+    assert 1.0 <= ordered.padding < unsorted.padding
+    assert all(span.padding >= 1.0 for span in ordered.timeline)
+    assert f"padding: {ordered.padding:.2f}x" in ordered.summary()
+    assert ordered.to_dict()["padding"] == ordered.padding
+
+
+def test_batches_by_token_count_pad_less_and_give_encode_s_embeddings(st_model):
+    """A workunit's texts batched by their token counts (TokenOrder), not their characters:
+    the same embeddings as ``encode`` (in the records' order), fewer tokens computed."""
+    from helpers.study.paths import sample_texts
+
+    texts = sorted(sample_texts(400), key=len)[::5]  # 80 texts, sorted by characters
+    workload = EmbeddingWorkload(batch_size=8)
+    model = workload.load("cpu", 2)
+    out = workload.process(model, texts)["embeddings"]
+    by_tokens = workload.counts(model)
+    np.testing.assert_allclose(out, st_model.encode(texts, batch_size=8), atol=1e-5, rtol=0)
+    del model._input_length  # (encode's own sort: by characters)
+    workload.process(model, texts)
+    by_characters = workload.counts(model)
+    assert by_tokens["tokens_needed"] == by_characters["tokens_needed"]
+    assert by_tokens["tokens_computed"] < 0.9 * by_characters["tokens_computed"], \
+        (by_tokens, by_characters)
+
+
 def test_tokenize_ahead_runs_the_next_expected_batch_in_its_helper_and_never_answers_wrong():
     import threading
 

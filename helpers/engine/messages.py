@@ -98,6 +98,7 @@ class Result:
     peak_rss_mb: float = 0.0  # this worker's process, high-water mark
     peak_gpu_mb: float | None = None  # torch's peak allocation on the worker's CUDA device
     phases: dict[str, float] | None = None  # seconds per phase of process (workload.phases)
+    counts: dict[str, int] | None = None  # what process counted (workload.counts: tokens, say)
     part: Any = None  # the WorkerPart holding the rows (``arrays`` then empty), or None
 
     @property

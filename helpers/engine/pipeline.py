@@ -388,7 +388,7 @@ class WorkerPool:
             self._recovery(), sink.resumed_after, peak_memory("cpu")[0],
             (dispatches.first - job.started) if dispatches.first is not None else 0.0,
             dispatches.longest_gap, sink.bytes_written, sink.output_bytes, job.decisions(),
-            job.telemetry.samples, job.phases())
+            job.telemetry.samples, job.phases(), job.counts())
 
     def _recovery(self) -> dict[str, Any]:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""
@@ -519,10 +519,10 @@ class _Job:
         span = WorkunitSpan(result.worker, device, result.workunit,
                             len(result.ids) + len(result.rejected), result.started - self.clock,
                             result.ended - self.clock, node=slot.ready.node if slot.ready else "",
-                            phases=result.phases)
+                            phases=result.phases, counts=result.counts)
         self.tallies.setdefault(result.worker, Tally()).add(
             span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb,
-            result.phases)
+            result.phases, result.counts)
         self.timeline.add(span)
         if self.growth is not None and self._settled(result.worker, span.records):
             self.growth.observe(result.worker, device, span.records, result.started,
@@ -545,6 +545,13 @@ class _Job:
         total: dict[str, float] = {}
         for tally in self.tallies.values():
             add_phases(total, tally.phases)
+        return total
+
+    def counts(self) -> dict[str, int]:
+        """What the workload counted (tokens, say), summed over the workers."""
+        total: dict[str, int] = {}
+        for tally in self.tallies.values():
+            add_phases(total, tally.counts)
         return total
 
     def worker_stats(self, slot: Slot) -> WorkerStats:

@@ -15,7 +15,11 @@ A workload may also define ``record_cost(record) -> float`` (a text's length, sa
 orders a window of records by it before cutting workunits, so records of similar cost share a batch.
 And it may define ``phases(model) -> dict[str, float]``: the seconds the calling thread's last
 ``process`` spent in each of its phases (the embedding workload: tokenize, forward, copy_out); the
-worker asks right after each workunit, and the stats and the timeline carry the answer.
+worker asks right after each workunit, and the stats and the timeline carry the answer. Likewise
+``counts(model) -> dict[str, int]``: what that ``process`` counted (the embedding workload:
+tokens_computed, tokens_needed, whose ratio is ``stats.padding``). And ``report(model) -> dict``:
+what a worker says of the model it loaded (its variant, the quality guard's figures: the output's
+``loaded`` attribute).
 
 And it may define ``fingerprint() -> dict``: what decides its values (model, options), which a
 resumed run must keep; without it, ``attrs()`` is used, every field of it.

@@ -40,6 +40,19 @@ class WorkunitSpan:
     workunits: int = 1  # >1: consecutive workunits of this worker merged (a long run's timeline)
     node: str = ""  # the Ray node the worker ran on ("" off Ray)
     phases: dict[str, float] | None = None  # seconds per phase inside it (workload.phases)
+    counts: dict[str, int] | None = None  # what the workload counted in it (workload.counts)
+
+    @property
+    def padding(self) -> float | None:
+        """Tokens computed ÷ tokens needed (padding's cost; None where nothing was counted)."""
+        return padding(self.counts)
+
+
+def padding(counts: dict[str, int] | None) -> float | None:
+    """``tokens_computed`` ÷ ``tokens_needed`` of a workload's counts, if it counts them."""
+    if not counts or not counts.get("tokens_needed"):
+        return None
+    return counts["tokens_computed"] / counts["tokens_needed"]
 
 
 def add_phases(total: dict[str, float], phases: dict[str, float] | None) -> dict[str, float]:
@@ -59,10 +72,13 @@ class Tally:
     peak_rss_mb: float = 0.0
     peak_gpu_mb: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
 
     def add(self, records: int, busy_seconds: float, rss_mb: float, gpu_mb: float | None,
-            phases: dict[str, float] | None = None) -> None:
+            phases: dict[str, float] | None = None,
+            counts: dict[str, int] | None = None) -> None:
         add_phases(self.phases, phases)
+        add_phases(self.counts, counts)
         self.records += records
         self.workunits += 1
         self.busy_seconds += busy_seconds
@@ -120,8 +136,10 @@ class Timeline:
 def _joined(first: WorkunitSpan, second: WorkunitSpan) -> WorkunitSpan:
     phases = None if first.phases is None and second.phases is None else \
         add_phases(add_phases({}, first.phases), second.phases)
+    counts = None if first.counts is None and second.counts is None else \
+        add_phases(add_phases({}, first.counts), second.counts)
     return replace(first, records=first.records + second.records, end_s=second.end_s,
-                   workunits=first.workunits + second.workunits, phases=phases)
+                   workunits=first.workunits + second.workunits, phases=phases, counts=counts)
 
 
 @dataclass(frozen=True)
@@ -154,6 +172,13 @@ class PipelineStats:
     telemetry: tuple = ()  # helpers.engine.telemetry.Sample: each device's use, twice a second
     phases: dict[str, float] = field(default_factory=dict)  # compute's seconds by the workload's
     # phases, every worker's summed (the embedding workload: tokenize, forward, copy_out)
+    counts: dict[str, int] = field(default_factory=dict)  # what the workload counted, summed
+    # (the embedding workload: tokens_computed, tokens_needed: ``padding``)
+
+    @property
+    def padding(self) -> float | None:
+        """Tokens computed ÷ tokens needed over the job: 1.0 when no batch padded a text."""
+        return padding(self.counts)
 
     @property
     def write_amplification(self) -> float:
@@ -184,6 +209,7 @@ class PipelineStats:
         data["partial"] = self.partial
         data["write_amplification"] = self.write_amplification
         data["efficiency"] = self.efficiency
+        data["padding"] = self.padding
         return data
 
     def summary(self) -> str:
@@ -203,6 +229,9 @@ class PipelineStats:
             compute = sum(self.phases.values()) or 1.0
             lines.append("  inside compute: " + "  ".join(
                 f"{k} {v:.2f} s ({v / compute:.0%})" for k, v in self.phases.items()))
+        if self.padding is not None:
+            lines.append(f"  padding: {self.padding:.2f}x (tokens computed / tokens needed, "
+                         f"{self.counts['tokens_needed']:,} needed)")
         for d in self.decisions:
             lines.append(f"  at {d['seconds']:6.1f} s {d['device']}: {d['action']} -> "
                          f"{d['workers']} workers ({d['reason']})")

@@ -72,20 +72,21 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
         keep.append(position)
         ready.append(record)
     ids = unit.ids[keep]
-    arrays, phases, part = {}, None, None
+    arrays, phases, counts, part = {}, None, None, None
     if keep:
         arrays = workload.process(model, ready)
         for name, spec in specs.items():
             if name not in arrays:
                 raise ValueError(f"workload {workload.name!r} returned no output {name!r}")
             spec.check(name, arrays[name], len(keep))
-        split = getattr(workload, "phases", None)
+        split, count = getattr(workload, "phases", None), getattr(workload, "counts", None)
         phases = split(model) if split is not None else None
+        counts = count(model) if count is not None else None
         if unit.target is not None:  # the rows go to a part file, not back to the parent
             carried = {name: values[keep] for name, values in (unit.carried or {}).items()}
             part, arrays = _write_part(unit, worker, ids, {**arrays, **carried}), {}
     return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic(),
-                  phases=phases, part=part)
+                  phases=phases, part=part, counts=counts)
 
 
 def _records(unit: Workunit, worker: int) -> list:

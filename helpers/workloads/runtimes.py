@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,9 +197,20 @@ def _quantized(source: Path, path: Path) -> None:
         os.replace(temporary, path)
 
 
+def token_lengths(model: Any, texts: list[str]) -> list[int]:
+    """Each text's tokens as the model will see them (special tokens in, truncated at its
+    max_seq_length): what batches should be sorted by. Characters are a poor proxy here: the
+    sample's batches of 16 sorted by characters computed 1.30x the tokens they needed, sorted
+    by tokens 1.01x (texts past the truncation, code against prose)."""
+    tokenizer = model.tokenizer
+    ids = tokenizer(texts, truncation=True, max_length=model.max_seq_length,
+                    return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    return [len(i) for i in ids]
+
+
 class OnnxEncoder:
     """A SentenceTransformer's ``encode`` run by ONNX Runtime: the model's own tokenizer, the
-    exported modules, texts batched longest first as ``encode`` batches them."""
+    exported modules, texts batched by token count, longest first."""
 
     def __init__(self, model: Any, path: Path, threads: int) -> None:
         import onnxruntime as ort
@@ -209,14 +221,20 @@ class OnnxEncoder:
         self.session = ort.InferenceSession(str(path), options,
                                             providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
+        self._local = threading.local()  # this thread's last encode's tokens (take_counts)
 
     def encode(self, texts: list[str], batch_size: int, normalize_embeddings: bool = False,
                **_: Any) -> np.ndarray:
-        order = np.argsort([-len(text) for text in texts], kind="stable")
+        order = np.argsort([-n for n in token_lengths(self.model, texts)], kind="stable")
         out: np.ndarray | None = None
+        self._local.counts = counts = {"tokens_computed": 0, "tokens_needed": 0}
         for start in range(0, len(texts), batch_size):
             take = order[start:start + batch_size]
             features = model_inputs(self.model, [texts[k] for k in take])
+            mask = features.get("attention_mask")
+            if mask is not None:
+                counts["tokens_computed"] += int(mask.numel())
+                counts["tokens_needed"] += int(mask.sum())
             got = self.session.run(None, {name: features[name].numpy()
                                           for name in self.inputs})[0]
             if out is None:
@@ -227,6 +245,10 @@ class OnnxEncoder:
         if normalize_embeddings:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
+
+    def take_counts(self) -> dict[str, int]:
+        """This thread's last ``encode``'s tokens: computed (padded) and needed."""
+        return dict(getattr(self._local, "counts", {}))
 
     def get_embedding_dimension(self) -> int:
         get = getattr(self.model, "get_embedding_dimension", None) \
