@@ -66,3 +66,14 @@ def test_workers_per_device_gives_each_count_its_fair_workunit_size():
     sizes = table.groupby("workers")["workunit_size"].first().to_dict()
     assert sizes == {1: 6, 2: 3}  # 48 records: 8 workunits for 1 worker, 16 for 2
     assert (table["records"] == 48).all()
+
+
+def test_a_timeline_row_carries_the_span_s_phases_and_padding():
+    from helpers.engine.stats import WorkunitSpan
+    from helpers.study.experiments import span_row
+
+    span = WorkunitSpan(0, "cpu", 3, 64, 1.0, 2.0, phases={"forward": 0.75},
+                        counts={"tokens_computed": 130, "tokens_needed": 100})
+    assert span_row(span) == {"worker": 0, "device": "cpu", "workunit": 3, "records": 64,
+                              "start_s": 1.0, "end_s": 2.0, "forward_s": 0.75, "padding": 1.3}
+    assert "padding" not in span_row(WorkunitSpan(0, "cpu", 3, 64, 1.0, 2.0))  # (nothing counted)

@@ -106,7 +106,8 @@ def span_row(span: WorkunitSpan) -> dict[str, Any]:
     return {"worker": span.worker, "device": span.device, "workunit": span.workunit,
             "records": span.records, "start_s": span.start_s, "end_s": span.end_s,
             **({"node": span.node} if span.node else {}),  # a Ray run's node
-            **{f"{phase}_s": seconds for phase, seconds in (span.phases or {}).items()}}
+            **{f"{phase}_s": seconds for phase, seconds in (span.phases or {}).items()},
+            **({"padding": span.padding} if span.padding is not None else {})}  # tokens
 
 
 def workers_per_device(workload: Any, device: str, worker_counts: Sequence[int],
