@@ -71,6 +71,13 @@ def _count_or_auto(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}")
 
 
+def _flag(text: str) -> bool:
+    """A tuned.yaml's true or false."""
+    if text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _workload_arguments(devices: str) -> argparse.ArgumentParser:
     """What run and tune share: the input, the workload and its knobs, the devices (default
     ``devices``), the backend. Each command gets its own copy: a default set on one must not
@@ -106,10 +113,16 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
                      help="tokenize the next batch in a helper thread while one runs (a GPU's "
                           "host with a core to spare)")
     emb.add_argument("--precision", choices=PRECISIONS, default=EmbeddingWorkload.precision,
-                     help="the model's precision: bf16 (autocast), fp16 (CUDA only)")
+                     help="the model's precision, its weights cast: bf16, fp16 (CUDA only); "
+                          "checked against fp32 first")
     emb.add_argument("--runtime", choices=RUNTIMES, default=EmbeddingWorkload.runtime,
                      help="onnx, onnx-int8 (CPU): the model exported once into GPUFEED_CACHE "
                           "and run by onnxruntime; checked against fp32 torch first")
+    emb.add_argument("--compile", action="store_true",
+                     help="torch.compile the transformer in each worker's load (runtime torch; "
+                          "checked against eager fp32 first)")
+    emb.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
+                     help="on CUDA: copy tokenized batches from pageable memory, blocking")
     syn = shared.add_argument_group("synthetic workload")
     syn.add_argument("--seconds-per-record", type=float,
                      default=SyntheticWorkload.seconds_per_record)
@@ -428,6 +441,7 @@ def tune(args: argparse.Namespace) -> int:
           f"{tuned.records_per_s:.1f} records/s{estimate}", file=sys.stderr)
     path = tuner.write_config(tuned, args.output, workload=args.workload,
                               **({"model": args.model} if args.model else {}),
+                              **({"compile": True} if args.compile else {}),
                               input=str(args.input))
     print(f"wrote {path}: python -m helpers run --config {path} --input ... --output ...",
           file=sys.stderr)
@@ -442,7 +456,7 @@ def _config_defaults(path: str) -> dict[str, Any]:
         values["devices"] = ",".join(map(str, values["devices"]))
     read = {"workload": str, "model": str, "devices": str, "backend": str, "batch_size": int,
             "workunit_size": _count_or_auto, "workunit_seconds": float,
-            "threads_per_worker": int, "precision": str, "runtime": str}
+            "threads_per_worker": int, "precision": str, "runtime": str, "compile": _flag}
     defaults = {}
     for field, value in values.items():
         if field in read:
@@ -472,7 +486,8 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None, **variant
     ``batch_size`` instead of ``--batch-size`` if given, ``variant``'s options over theirs)."""
     options = {"embedding": {"normalize": args.normalize,
                              "tokenize_ahead": args.tokenize_ahead,
-                             "precision": args.precision, "runtime": args.runtime},
+                             "precision": args.precision, "runtime": args.runtime,
+                             "compile": args.compile, "pin_memory": args.pin_memory},
                "synthetic": {"mode": args.mode,
                              "seconds_per_workunit": args.seconds_per_workunit,
                              "parallelism": args.parallelism},

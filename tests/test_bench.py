@@ -112,7 +112,7 @@ def test_runtimes_bench_times_each_variant_against_fp32_in_the_same_round(tmp_pa
     from helpers.bench import runtimes
 
     monkeypatch.setenv("GPUFEED_CACHE", str(tmp_path))
-    monkeypatch.setattr(runtimes, "VARIANTS", (("fp32", "torch"), ("bf16", "torch")))
+    monkeypatch.setattr(runtimes, "VARIANTS", (("fp32", "torch", False), ("bf16", "torch", False)))
     table = runtimes.measure(records=24, repeats=2, batch_size=8)
     default, = table[table.runtime.eq("onnx-int8 (onnxruntime defaults)")].itertuples()
     assert default.refused.startswith("mean cosine 0.") and default.guard_mean_cosine < 0.99

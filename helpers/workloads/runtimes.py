@@ -13,6 +13,11 @@ onnxruntime's defaults give fails the guard, see the README). The tokenizer stay
 The guard: the embeddings of GUARD_TEXTS (64 fixed texts, 18 to 935 characters) by the variant
 against float32 PyTorch's, in the worker that loads it: mean cosine ≥ GUARD_MEAN and min ≥
 GUARD_MIN (``EmbeddingWorkload(guard=...)``), else QualityRefused with the numbers.
+
+Two options of the PyTorch runtime: ``compile`` (``torch.compile`` of the transformer, dynamic
+shapes: one graph for every batch size and length; its compilation is paid in the worker's load,
+by the guard's first encode) and, on CUDA, pinned host memory for the tokenized batches (copied
+to the device without blocking, as ``DataLoader(pin_memory=True)`` does).
 """
 from __future__ import annotations
 
@@ -195,6 +200,33 @@ def _quantized(source: Path, path: Path) -> None:
                          weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                          nodes_to_exclude=list(QUANTIZED_EXCLUDE))
         os.replace(temporary, path)
+
+
+def compile_transformer(model: Any) -> None:
+    """``torch.compile`` the transformer inside a SentenceTransformer, in place (dynamic shapes,
+    so batches of any size and length share one graph). The first call compiles."""
+    import torch
+
+    first = model[0]
+    name = next((n for n in ("model", "auto_model") if n in first._modules), None)  # (ST 6, 5)
+    if name is None:
+        raise ValueError(f"compile=True: the model's first module "
+                         f"({type(first).__name__}) holds no transformer to compile")
+    setattr(first, name, torch.compile(first._modules[name], dynamic=True))
+
+
+def pinned(tokenize: Any, device: str) -> Any:
+    """``tokenize``, its tensors put in pinned host memory and copied to ``device`` without
+    blocking (``encode``'s own move then finds them there): the copy overlaps the host's work."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        features = tokenize(*args, **kwargs)
+        for key, value in list(features.items()):
+            if hasattr(value, "pin_memory"):
+                features[key] = value.pin_memory().to(device, non_blocking=True)
+        return features
+
+    return call
 
 
 def token_lengths(model: Any, texts: list[str]) -> list[int]:
