@@ -43,6 +43,8 @@ from helpers.workloads.runtimes import PRECISIONS, RUNTIMES
 from helpers.workloads.synthetic import MODES, SyntheticWorkload
 
 EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+EXIT_STATUS = ("exit status: 0 done, 1 failed, 2 a bad argument or input, 3 partial (some records "
+               "are in the output's errors table), 130 interrupted (--resume finishes it)")
 
 
 def _speeds(text: str) -> dict[str, float]:
@@ -78,15 +80,38 @@ def _flag(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _workload_arguments(devices: str) -> argparse.ArgumentParser:
-    """What run and tune share: the input, the workload and its knobs, the devices (default
-    ``devices``), the backend. Each command gets its own copy: a default set on one must not
-    change the other's."""
-    shared = argparse.ArgumentParser(add_help=False)
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Each option's default after its help, where it has one worth saying."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and "%(default)" not in text and \
+                action.default not in (None, False, True, [], {}, (), "", argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _prog() -> str:
+    return "gpufeed" if Path(sys.argv[0]).name == "gpufeed" else "python -m helpers"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpufeed")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _common_arguments(shared: argparse.ArgumentParser, devices: str) -> None:
+    """What run and tune share, first: the input, the workload, the devices (default
+    ``devices``), the backend, the columns."""
     shared.add_argument("--input", required=True,
                         help="a Parquet, CSV/TSV, Arrow, .jsonl or .h5 (batches/0, 1, ...) "
                              "file, a folder or glob of tables; a folder of images for binning")
-    shared.add_argument("--workload", choices=WORKLOADS, default="embedding")
+    shared.add_argument("--workload", choices=WORKLOADS, default="embedding",
+                        help="what runs on each record (its options: the groups below)")
     shared.add_argument("--devices", default=devices,
                         help="one entry per worker, e.g. cuda:0,cuda:0,cpu or cuda:0*2,cpu; "
                              "'auto': every GPU here (else mps, else cpu), 'auto*2': two on each")
@@ -104,10 +129,15 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
                         default=[], metavar="A,B",
                         help="a table's other columns to carry to the output beside each row "
                              "(numbers, booleans, strings)")
-    emb = shared.add_argument_group("embedding workload")
+
+
+def _workload_groups(shared: argparse.ArgumentParser) -> None:
+    """What run and tune share, last: each workload's own options, a group each."""
+    emb = shared.add_argument_group("embedding workload (--workload embedding, the default)")
     emb.add_argument("--model", help="sentence-transformers name or path (default: embedded "
                                      "all-MiniLM-L6-v2, offline); binning: its similarity model")
-    emb.add_argument("--batch-size", type=int, default=EmbeddingWorkload.batch_size)
+    emb.add_argument("--batch-size", type=int, default=EmbeddingWorkload.batch_size,
+                     help="texts per forward pass")
     emb.add_argument("--normalize", action="store_true", help="unit-length embeddings")
     emb.add_argument("--tokenize-ahead", action="store_true",
                      help="tokenize the next batch in a helper thread while one runs (a GPU's "
@@ -123,21 +153,26 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
                           "checked against eager fp32 first)")
     emb.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
                      help="on CUDA: copy tokenized batches from pageable memory, blocking")
-    syn = shared.add_argument_group("synthetic workload")
+    syn = shared.add_argument_group("synthetic workload (--workload synthetic: a model that "
+                                    "costs a set time, for trying layouts)")
     syn.add_argument("--seconds-per-record", type=float,
-                     default=SyntheticWorkload.seconds_per_record)
-    syn.add_argument("--speed", type=_speeds, default={}, help="e.g. cuda:0=1,cuda:1=0.35")
-    syn.add_argument("--mode", choices=MODES, default=SyntheticWorkload.mode)
+                     default=SyntheticWorkload.seconds_per_record, help="its cost per record")
+    syn.add_argument("--speed", type=_speeds, default={},
+                     help="simulated devices' speed factors, e.g. cuda:0=1,cuda:1=0.35")
+    syn.add_argument("--mode", choices=MODES, default=SyntheticWorkload.mode,
+                     help="sleep: a device's wait (a GPU kernel); busy: spins a core")
     syn.add_argument("--seconds-per-workunit", type=float,
                      default=SyntheticWorkload.seconds_per_workunit,
                      help="a fixed cost per workunit (so that the size matters)")
     syn.add_argument("--parallelism", type=int, default=SyntheticWorkload.parallelism,
                      help="workunits a device runs at once (where k workers saturate it)")
-    img = shared.add_argument_group("binning workload (A: text-rich, B: object-rich scenes, C: rest)")
+    img = shared.add_argument_group("binning workload (--workload binning: images into A: "
+                                    "text-rich, B: object-rich scenes, C: the rest)")
     img.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
                      help="similarity prompt (repeat for several; default: a page of text, a chart)")
     for name, default in asdict(Thresholds()).items():
-        img.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+        img.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                         help="a threshold of the binning rule")
     img.add_argument("--model-threads", type=int, default=BinningWorkload.threads,
                      help="intra-op threads per model")
     img.add_argument("--clip-model", help="transformers CLIP id: score the image, not the text")
@@ -145,16 +180,24 @@ def _workload_arguments(devices: str) -> argparse.ArgumentParser:
     img.add_argument("--follow-symlinks", action="store_true",
                      help="read images through symbolic links too (skipped by default: a link "
                           "can lead anywhere the run may read)")
-    return shared
 
 
 def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The command line; ``run_defaults`` (a tuned.yaml's fields) replace run's defaults, so that
     a flag given on the command line still wins."""
-    parser = argparse.ArgumentParser(prog="python -m helpers", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", parents=[_workload_arguments(",".join(PoolSettings.devices))],
-                              help="run a workload over an input file")
+    parser = argparse.ArgumentParser(
+        prog=_prog(), formatter_class=_Help,
+        description="Run a model over a big dataset and keep every device fed: run it, tune "
+                    "its layout on a sample first, and read, compact or export what it wrote.",
+        epilog=EXIT_STATUS)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser("run", formatter_class=_Help, epilog=EXIT_STATUS,
+                              usage="%(prog)s --input INPUT --output OUTPUT [options]",
+                              help="run a workload over an input file",
+                              description="Run a workload over an input; the stats are the "
+                                          "last line of stdout, as JSON.")
+    _common_arguments(run, ",".join(PoolSettings.devices))
     run.add_argument("--output", required=True, help="HDF5 file to write (binning: a CSV beside it)")
     run.add_argument("--config", help="a tuned.yaml (python -m helpers tune): its fields are the "
                                       "defaults; flags given here override them")
@@ -199,10 +242,18 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     safe.add_argument("--adaptive", action="store_true",
                       help="grow workers per device one at a time while memory allows")
     safe.add_argument("--max-workers-per-device", type=int,
-                      default=PoolSettings.max_workers_per_device)
+                      default=PoolSettings.max_workers_per_device,
+                      help="the most workers --adaptive or --workers-per-device auto puts on a "
+                           "device")
+    _workload_groups(run)
     run.set_defaults(**(run_defaults or {}))
-    tune = commands.add_parser("tune", parents=[_workload_arguments("auto")],
-                               help="find the fastest configuration on a sample; write tuned.yaml")
+    tune = commands.add_parser("tune", formatter_class=_Help,
+                               usage="%(prog)s --input INPUT [--output tuned.yaml] [options]",
+                               help="find the fastest configuration on a sample; write tuned.yaml",
+                               description="Find the fastest configuration on a sample of the "
+                                           "input, trial by trial; write it to tuned.yaml for "
+                                           "run --config.")
+    _common_arguments(tune, "auto")
     tune.add_argument("--output", default="tuned.yaml", help="the YAML file to write")
     tune.add_argument("--budget-seconds", type=float, default=tuner.BUDGET_SECONDS,
                       help="stop starting trials after this long")
@@ -213,8 +264,10 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                       help="auto: first try each precision and runtime the devices support "
                            "(those the quality guard passes); none, or a --precision or "
                            "--runtime given: only that one")
-    tune.add_argument("--results-dir", default="data/results/tune",
-                      help="where tune_trials.csv goes, with its provenance ('' for nowhere)")
+    tune.add_argument("--results-dir",
+                      help="where tune_trials.csv goes, with its provenance (default: beside "
+                           "--output; '' for nowhere)")
+    _workload_groups(tune)
     pack = commands.add_parser("compact", help="copy a run's index and its parts into one file")
     pack.add_argument("output", help="the output of a run: an index beside OUTPUT.parts/")
     out = commands.add_parser("export", help="an output as Parquet or NumPy files (streamed)")
@@ -427,9 +480,13 @@ def tune(args: argparse.Namespace) -> int:
     from helpers.study.results import save_table
 
     trials = pd.DataFrame(tuned.trials)
-    print(trials.to_string(index=False, float_format=lambda v: f"{v:.2f}"), file=sys.stderr)
-    if args.results_dir:
-        table = save_table(trials, "tune_trials", args.results_dir, "python -m helpers tune",
+    print("trials:", *(("  " + tuner.describe(t) + ("  <- picked" if t["trial"] == tuned.trial
+                                                   else "")) for t in tuned.trials),
+          sep="\n", file=sys.stderr)
+    results_dir = str(Path(args.output).resolve().parent) if args.results_dir is None \
+        else args.results_dir
+    if results_dir:
+        table = save_table(trials, "tune_trials", results_dir, "python -m helpers tune",
                            {k: v for k, v in vars(args).items() if k != "speed"})
         print(f"trials: {table}", file=sys.stderr)
     seconds = tuned.estimated_seconds

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import tempfile
 import time
 from collections import Counter
@@ -46,6 +47,8 @@ from helpers.engine.protocol import Workload
 from helpers.engine.scheduler import PipelineError
 from helpers.engine.settings import AUTO, JobSettings, PoolSettings
 from helpers.engine.sources import open_source, source_length
+
+log = logging.getLogger("gpufeed.tune")  # a line as each phase starts and each trial ends
 
 SAMPLE = 2000  # records per trial
 BUDGET_SECONDS = 300.0
@@ -112,10 +115,12 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
             for size in batch_sizes:
                 if time.monotonic() > deadline and trials:
                     break
+                log.info("phase 1, batch size %s: starting one worker per device", size)
                 with WorkerPool(make(size), distinct, backend, progress=False) as pool:
                     job.run(pool, "batch size", size, AUTO)
             batch = max((t for t in trials if t["phase"] == "batch size"),
                         key=lambda t: t["records_per_s"])["batch_size"]
+        log.info("phase 2, workers per device: starting a pool that grows while it pays")
         with WorkerPool(make(batch), distinct, backend, workers_per_device=AUTO,
                         progress=False) as pool:
             records = sample
@@ -130,6 +135,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
         if any(device.startswith("cpu") for device in workers) and time.monotonic() < deadline:
             # growing CPU workers run a thread each (helpers.engine.settings): also try the cores
             # shared among them, as a run of that layout would by default
+            log.info("phase 3 again: %s sharing the cores", _workers(workers))
             with WorkerPool(make(batch), workers, backend, progress=False) as pool:
                 _workunit_sizes(pool, job, batch, deadline)
     # every trial ran the same sample, spin-up apart; growth's own jobs changed their worker
@@ -151,6 +157,8 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
     for variant in variants:
         if time.monotonic() > deadline and job.rows:
             break
+        log.info("phase 0, %s: loading one worker per device (and the quality guard)",
+                 _words(variant))
         try:
             with WorkerPool(make(None, **variant), devices, backend, progress=False) as pool:
                 job.run(pool, "variant", None, AUTO, variant=variant)
@@ -190,6 +198,7 @@ class _Trials:
                           "decisions": len(stats.decisions),
                           "variant": json.dumps(variant or self.variant, sort_keys=True),
                           "loaded": json.dumps(pool.loaded, sort_keys=True), "refused": ""})
+        log.info("%s", describe(self.rows[-1]))
         return stats.records
 
     def refused(self, variant: dict[str, Any], why: str) -> None:
@@ -198,12 +207,40 @@ class _Trials:
                           "variant": json.dumps(variant, sort_keys=True),
                           "devices": ",".join(self.order), "records": 0, "records_per_s": 0.0,
                           "refused": why})
+        log.info("%s", describe(self.rows[-1]))
+
+
+def _words(variant: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in variant.items()) or "the workload as given"
+
+
+def _workers(devices: list[str]) -> str:
+    counts = Counter(devices)
+    return ", ".join(f"{n} worker{'s' * (n > 1)} on {d}" for d, n in counts.items())
+
+
+def describe(trial: dict[str, Any]) -> str:
+    """A trial in words (its configuration, then its rate), for the log and the summary."""
+    head = f"trial {trial['trial']} ({trial['phase']})"
+    variant = json.loads(trial.get("variant") or "{}")
+    if trial.get("refused"):
+        return f"{head}: {_words(variant)}: refused: {trial['refused']}"
+    said = [_words(variant)] if trial["phase"] == "variant" else []
+    if trial.get("batch_size") is not None:
+        said.append(f"batch {trial['batch_size']}")
+    said.append(_workers(trial["devices"].split(",")))
+    if trial.get("threads_per_worker"):
+        said.append(f"{trial['threads_per_worker']} thread{'s' * (trial['threads_per_worker'] > 1)}"
+                    f" each")
+    said.append(f"workunits {trial['workunit_size']}")
+    return f"{head}: {', '.join(said)}: {trial['records_per_s']:.1f} records/s"
 
 
 def _workunit_sizes(pool: WorkerPool, job: _Trials, batch: int | None,
                     deadline: float) -> None:
     """Phase 3: "auto", then fixed sizes of SIZE_FACTORS and 1× what "auto" gave the median
     worker (its rate × workunit_seconds)."""
+    log.info("phase 3, workunit sizes: on %s", _workers([i.device for i in pool.workers]))
     job.run(pool, "workunit size", batch, AUTO)
     rates = sorted(pool.sizing.rates.values())
     middle = rates[len(rates) // 2] * pool.job.workunit_seconds if rates \

@@ -156,3 +156,19 @@ def test_a_disk_that_fills_mid_run_is_an_error_line_and_resume_finishes_once(tmp
     assert "Traceback" not in (tmp_path / "run.err").read_text()
     assert results[2] == {"resumed": 0}, (tmp_path / "resume.err").read_text()[-2000:]
     assert results[3] == {"rows": RECORDS, "once": True, "complete": True}
+
+
+def test_attributes_keep_their_types(tmp_path):
+    """Numbers stay numbers and lists arrays (a reader gets 32, not '32'); a mapping is JSON;
+    None leaves the attribute out, an earlier value of it too."""
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        atomic.set_attrs(f, {"batch_size": 32, "normalize": False, "guard": [0.99, 0.98],
+                             "devices": ["cpu", "cuda:0"], "speed": {"cuda:1": 0.35},
+                             "model": "m", "parallelism": 2})
+        atomic.set_attrs(f, {"parallelism": None})
+        got = dict(f.attrs)
+    assert got["batch_size"] == 32 and not isinstance(got["batch_size"], str)
+    assert isinstance(got["normalize"], (bool, np.bool_)) and not got["normalize"]
+    assert got["guard"].tolist() == [0.99, 0.98]
+    assert [d.decode() if isinstance(d, bytes) else d for d in got["devices"]] == ["cpu", "cuda:0"]
+    assert json.loads(got["speed"]) == {"cuda:1": 0.35} and "parallelism" not in got

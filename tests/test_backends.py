@@ -66,3 +66,27 @@ def test_a_wakeup_ends_a_wait_and_is_never_mistaken_for_a_message():
     wakeup.wake()
     items = [events.get(timeout=1) for _ in range(3)]
     assert Wakeup.drop(items) == [(0, "a message")]
+
+
+def test_a_script_without_the_main_guard_is_told_what_to_do(tmp_path):
+    """The workers of a script that starts a pipeline at import (no ``if __name__ ==
+    "__main__":``) each import it again: they end with one line, not a traceback each, and the
+    run's error names the cause and the fix; nothing is written."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from helpers import run_pipeline\n"
+        "from helpers.workloads import SyntheticWorkload\n"
+        "run_pipeline([(i, f't{i}') for i in range(20)], SyntheticWorkload(0.0), ['cpu', 'cpu'],"
+        " 5, 'out.h5', 'process', progress=False)\n")
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=100, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 1
+    assert "could not start: your script starts a pipeline when it is imported" in done.stderr
+    assert 'if __name__ == "__main__":' in done.stderr and done.stderr.count("Traceback") == 1
+    assert "bootstrapping phase" not in done.stderr and not (tmp_path / "out.h5").exists()

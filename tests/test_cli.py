@@ -49,6 +49,7 @@ def test_partial_run_exits_3_with_errors_table(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--devices", "gpu"], "unknown device 'gpu'"),
     (["--workunit-size", "0"], "workunit_size"),
+    (["--workload", "embedding", "--devices", "cuda:7"], "cuda:7 not available on this machine"),
 ])
 def test_bad_arguments_exit_2_naming_the_argument(tmp_path, args, message):
     (tmp_path / "in.jsonl").write_text('{"text": "x"}\n')

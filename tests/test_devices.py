@@ -41,7 +41,7 @@ def test_missing_cuda_device_is_reported():
     import torch
 
     beyond = torch.cuda.device_count()
-    with pytest.raises(RuntimeError, match=f"cuda:{beyond} not available"):
+    with pytest.raises(ValueError, match=f"cuda:{beyond} not available"):
         check_available(["cpu", f"cuda:{beyond}"])
     check_available(["cpu"])  # never raises
 

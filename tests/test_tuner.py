@@ -48,10 +48,14 @@ def test_tuned_yaml_round_trips_through_run_config_and_a_flag_wins(tmp_path):
     config = tmp_path / "tuned.yaml"
     done = cli("tune", "--input", str(tmp_path / "in.jsonl"), "--workload", "synthetic",
                "--devices", "cpu", "--seconds-per-record", "0.0005", "--sample", "400",
-               "--output", str(config), "--results-dir", str(tmp_path / "results"))
+               "--output", str(config))
     assert done.returncode == 0, done.stderr
-    assert "best: cpu" in done.stderr and (tmp_path / "results" / "tune_trials.csv").is_file()
-    trials = pd.read_csv(tmp_path / "results" / "tune_trials.csv")
+    assert "best: cpu" in done.stderr and (tmp_path / "tune_trials.csv").is_file()  # beside it
+    said = done.stderr.splitlines()  # as it goes: each phase as it starts, each trial as it ends
+    assert said.index(next(x for x in said if "phase 2, workers per device: starting" in x)) < \
+        said.index(next(x for x in said if "gpufeed.tune: trial 0 (workers): 1 worker on cpu" in x))
+    assert sum(line.endswith("<- picked") for line in said) == 1
+    trials = pd.read_csv(tmp_path / "tune_trials.csv")
     sized = trials[trials["phase"] == "workunit size"]
     workers = len(sized["devices"].iloc[0].split(","))  # grown a thread each, then the cores shared
     assert sized["threads_per_worker"].iloc[0] == 1

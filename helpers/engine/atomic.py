@@ -16,6 +16,7 @@ and the run went on as if never interrupted); the signal is delivered as the blo
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import sys
@@ -146,16 +147,22 @@ def uninterrupted(on_signal: Callable[[], None] | None = None) -> Iterator[list[
 
 
 def set_attrs(f: h5py.File, attrs: Mapping[str, Any]) -> None:
-    """File attributes from plain values (lists of strings as string arrays, None as "None")."""
+    """File attributes from plain values, typed as they are: numbers and booleans as such, lists
+    of strings or of numbers as arrays; None (HDF5 has no null) leaves the attribute out, and
+    anything else (a mapping, a mixed list) is its JSON text."""
     for key, value in attrs.items():
-        f.attrs[key] = _attr(value)
+        if value is None:
+            f.attrs.pop(key, None)  # (an earlier value of the key must not stand)
+        else:
+            f.attrs[key] = _attr(value)
 
 
 def _attr(value: Any) -> Any:
-    if value is None:
-        return "None"
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
         return np.asarray(value, dtype=STR)
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return np.asarray(value)
     if isinstance(value, (str, int, float, bool, np.generic, np.ndarray)):
         return value
-    return str(value)
+    return json.dumps(value, sort_keys=True, default=str)

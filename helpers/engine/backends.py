@@ -25,7 +25,9 @@ posts Died at once, so that the pool can put a fresh thread in its slot.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
+import sys
 import threading
 import time
 from typing import Any, Protocol
@@ -37,6 +39,20 @@ from helpers.engine.settings import BACKENDS, PoolSettings
 from helpers.engine.worker import SharedModels, process_main, thread_main
 
 JOIN_SECONDS = 5.0  # a terminated worker gets this long before it is killed
+IMPORTED_MAIN_EXIT = 75  # a spawned worker's start ran the user's script, which started a pool
+IMPORTED_MAIN = ("your script starts a pipeline when it is imported, and each spawned worker "
+                 "imports it: put the lines that run it under `if __name__ == \"__main__\":` "
+                 "(Python's multiprocessing: 'safe importing of main module')")
+
+
+def refuse_in_a_starting_worker() -> None:
+    """End this process with IMPORTED_MAIN_EXIT and one line if it is a spawned worker still
+    importing the user's main script (a script without the ``__main__`` guard starts a pipeline
+    there: each worker would start its own pool). Called before anything is opened."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        sys.stderr.write(f"gpufeed worker (pid {os.getpid()}): {IMPORTED_MAIN}\n")
+        sys.stderr.flush()
+        os._exit(IMPORTED_MAIN_EXIT)
 
 
 class Backend(Protocol):

@@ -57,7 +57,8 @@ def visible_devices() -> tuple[str, ...]:
 
 
 def check_available(devices: Sequence[str]) -> None:
-    """Raise RuntimeError if a listed accelerator is not present on this machine."""
+    """ValueError (a bad argument: the CLI's exit status 2) if a listed accelerator is not
+    present on this machine."""
     cuda = sorted({int(d.split(":")[1]) for d in devices if d.startswith("cuda:")})
     if cuda:
         import torch
@@ -66,13 +67,13 @@ def check_available(devices: Sequence[str]) -> None:
         missing = [f"cuda:{i}" for i in cuda if i >= count]
         if missing:
             have = f"cuda:0..cuda:{count - 1}" if count else "none"
-            raise RuntimeError(f"devices: {', '.join(missing)} not available on this machine "
-                               f"(CUDA devices present: {have})")
+            raise ValueError(f"devices: {', '.join(missing)} not available on this machine "
+                             f"(CUDA devices present: {have})")
     if "mps" in devices:
         import torch
 
         if not torch.backends.mps.is_available():
-            raise RuntimeError("devices: 'mps' is not available on this machine")
+            raise ValueError("devices: 'mps' is not available on this machine")
 
 
 def available_cores() -> int:

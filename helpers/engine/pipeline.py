@@ -88,7 +88,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.backends import make_backend
+from helpers.engine.backends import make_backend, refuse_in_a_starting_worker
 from helpers.engine.carried import Carried
 from helpers.engine.checkpoint import PartTarget
 from helpers.engine.devices import check_available
@@ -155,6 +155,7 @@ class WorkerPool:
         return pool
 
     def _configure(self, workload: Workload, settings: PoolSettings, job: JobSettings) -> None:
+        refuse_in_a_starting_worker()
         if not isinstance(workload, Workload):
             raise TypeError(f"workload: {type(workload).__name__} does not follow the Workload "
                             f"protocol")
@@ -621,6 +622,7 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     any worker starts. Workers that die or hang are replaced and bad records end up in the
     output's ``errors`` table (``stats.partial``); PipelineError if the run cannot go on.
     """
+    refuse_in_a_starting_worker()
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
     pool_options, job_options = split_options(options)

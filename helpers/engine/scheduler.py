@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from helpers.engine.backends import Backend, Wakeup
+from helpers.engine.backends import IMPORTED_MAIN, IMPORTED_MAIN_EXIT, Backend, Wakeup
 from helpers.engine.messages import (POLL_SECONDS, UNREADABLE, UNWRITABLE, Died, Failed, Ready,
                                      Result, WorkerInfo, Workunit)
 from helpers.engine.settings import PoolSettings
@@ -208,6 +208,9 @@ class Scheduler:
                 slot = self.slots.get(index)
                 if isinstance(message, Failed):
                     raise remote_error(message)
+                if isinstance(message, Died) and message.exitcode == IMPORTED_MAIN_EXIT:
+                    raise PipelineError(f"{slot.info if slot else 'a worker'} could not start: "
+                                        f"{IMPORTED_MAIN}")
                 if isinstance(message, Died) and slot is not None \
                         and slot.state is State.LOADING \
                         and slot.restarts >= self.settings.max_restarts:
