@@ -47,6 +47,7 @@ from helpers.engine.protocol import Workload
 from helpers.engine.scheduler import PipelineError
 from helpers.engine.settings import AUTO, JobSettings, PoolSettings
 from helpers.engine.sources import open_source, source_length
+from helpers.workloads.runtimes import variant_label
 
 log = logging.getLogger("gpufeed.tune")  # a line as each phase starts and each trial ends
 
@@ -211,7 +212,7 @@ class _Trials:
 
 
 def _words(variant: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in variant.items()) or "the workload as given"
+    return variant_label(variant) or "the workload as given"
 
 
 def _workers(devices: list[str]) -> str:

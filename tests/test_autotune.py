@@ -111,8 +111,10 @@ def test_the_trials_table_names_each_variant_its_guard_and_a_refusal():
     rows = [{"trial": 0, "phase": "variant", "variant": '{"precision": "fp32", "runtime": "torch"}',
              "batch_size": None, "workers_per_device": "cpu=1", "workunit_size": "auto",
              "records_per_s": 100.0, "loaded": "{}", "refused": ""},
-            {"trial": 1, "phase": "variant", "variant": '{"precision": "bf16", "runtime": "torch"}',
-             "batch_size": None, "workers_per_device": "cpu=1", "workunit_size": "auto",
+            {"trial": 1, "phase": "variant",
+             "variant": '{"compile": true, "precision": "bf16", "runtime": "torch"}',
+             "batch_size": None, "workers_per_device": "cpu=2", "devices": "cpu,cpu",
+             "workunit_size": "auto",
              "records_per_s": 280.0, "loaded": loaded, "refused": ""},
             {"trial": 2, "phase": "variant",
              "variant": '{"precision": "fp32", "runtime": "onnx-int8"}', "records_per_s": 0.0,
@@ -120,10 +122,11 @@ def test_the_trials_table_names_each_variant_its_guard_and_a_refusal():
     table = trials_table(rows, picked=1)
     assert table["configuration"].tolist() == [
         "0: fp32 torch, cpu=1, workunits of auto",
-        "1: bf16 torch, cpu=1, workunits of auto (picked)",
+        "1: bf16 torch compiled, 2 workers on cpu, workunits of auto (picked)",
         "2: fp32 onnx-int8, refused by the quality guard"]
     assert table["guard_min_cosine"].isna().tolist() == [True, False, True]
     assert table["guard_min_cosine"][1] == 0.9999
     finding = findings.trials(table)
     assert finding.startswith("3 trials (1 variant refused by the quality guard); picked: "
-                              "bf16 torch, cpu=1, workunits of auto at 280.0 records/s")
+                              "bf16 torch compiled, 2 workers on cpu, workunits of auto at "
+                              "280.0 records/s")

@@ -125,15 +125,19 @@ def test_the_embedding_workload_offers_what_each_device_runs(monkeypatch):
     from helpers.workloads.embedding import EmbeddingWorkload
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    def pairs(devices):
-        return [(v["precision"], v["runtime"]) for v in EmbeddingWorkload().variants(devices)]
+    def offered(devices, **options):
+        return [(v["precision"], v["runtime"], v["compile"])
+                for v in EmbeddingWorkload(**options).variants(devices)]
 
-    assert pairs(["cpu"]) == [("fp32", "torch"), ("fp32", "onnx"), ("fp32", "onnx-int8"),
-                              ("bf16", "torch")]
-    assert pairs(["cuda:0"]) == [("fp32", "torch"), ("bf16", "torch"), ("fp16", "torch")]
-    assert pairs(["cpu", "cuda:0"]) == [("fp32", "torch"), ("bf16", "torch")]
-    assert [(v["precision"], v["runtime"]) for v in EmbeddingWorkload(compile=True).variants(
-        ["cpu"])] == [("fp32", "torch"), ("bf16", "torch")]  # (torch.compile: torch only)
+    assert offered(["cpu"]) == [("fp32", "torch", False), ("fp32", "onnx", False),
+                                ("fp32", "onnx-int8", False), ("bf16", "torch", False),
+                                ("fp32", "torch", True), ("bf16", "torch", True)]
+    assert offered(["cuda:0"]) == [(p, "torch", c) for c in (False, True)
+                                   for p in ("fp32", "bf16", "fp16")]
+    assert offered(["cpu", "cuda:0"]) == [(p, "torch", c) for c in (False, True)
+                                          for p in ("fp32", "bf16")]
+    assert offered(["cpu"], compile=True) == [("fp32", "torch", True), ("bf16", "torch", True)]
+    # (asked to compile: only compiled ones)
 
 
 def test_a_tuned_variant_round_trips_through_run_config(tmp_path):

@@ -29,6 +29,7 @@ from helpers.engine.settings import AUTO
 from helpers.engine.stats import PipelineStats
 from helpers.study.experiments import layout_row, sample_records, span_row
 from helpers.study.results import load_sidecar, load_table
+from helpers.workloads.runtimes import variant_label
 from helpers.workloads.synthetic import SyntheticWorkload
 
 SELF_TUNING = "self-tuning"
@@ -161,7 +162,7 @@ def trials_table(trials: list[dict], picked: int | None) -> pd.DataFrame:
     its refusal); ``picked``: the trial the tuner chose (Tuned.trial)."""
     table = pd.DataFrame(trials)
     variants = table.get("variant", pd.Series([""] * len(table)))
-    table = table.assign(variant=[" ".join(json.loads(v).values()) if isinstance(v, str) and v
+    table = table.assign(variant=[variant_label(json.loads(v)) if isinstance(v, str) and v
                                   else "" for v in variants],
                          guard_min_cosine=[_guard_min(v) for v in table.get(
                              "loaded", pd.Series([None] * len(table)))])
@@ -169,8 +170,18 @@ def trials_table(trials: list[dict], picked: int | None) -> pd.DataFrame:
         f"{t.trial}: " + (f"{t.variant}, " if t.variant else "") + (
             "refused by the quality guard" if getattr(t, "refused", "") else
             (f"batch {int(t.batch_size)}, " if pd.notna(t.batch_size) else "")
-            + f"{t.workers_per_device}, workunits of {t.workunit_size}")
+            + f"{_workers(t)}, workunits of {t.workunit_size}")
         + (" (picked)" if t.trial == picked else "") for t in table.itertuples()])
+
+
+def _workers(trial: Any) -> str:
+    """'2 workers on cpu, 1 worker on cuda:0': the trial's pool (its devices), else the
+    workers that did records."""
+    devices = getattr(trial, "devices", None)
+    if not isinstance(devices, str) or not devices:
+        return str(trial.workers_per_device)
+    return ", ".join(f"{n} worker{'s' * (n > 1)} on {d}"
+                     for d, n in Counter(devices.split(",")).items())
 
 
 def _guard_min(loaded: Any) -> float | None:

@@ -213,15 +213,12 @@ def trials(table: pd.DataFrame) -> str:
     pick = table[table["picked"]].iloc[0]
     fastest = table["records_per_s"].max()
     refused = int(table["refused"].fillna("").ne("").sum()) if "refused" in table else 0
-    variant = pick.get("variant") or ""
+    said = pick["configuration"].partition(": ")[2].removesuffix(" (picked)")  # (trials_table)
     return (f"{len(table)} trials"
             + (f" ({refused} variant{'s' * (refused != 1)} refused by the quality guard)"
                if refused else "")
-            + f"; picked: {variant + ', ' if variant else ''}"
-            + (f"batch {int(pick['batch_size'])}, " if pd.notna(pick["batch_size"]) else "")
-            + f"{pick['workers_per_device']}, workunits of {pick['workunit_size']} at "
-            f"{pick['records_per_s']:.1f} records/s ({pick['records_per_s'] / fastest:.2f}× the "
-            f"fastest trial)")
+            + f"; picked: {said} at {pick['records_per_s']:.1f} records/s "
+            f"({pick['records_per_s'] / fastest:.2f}× the fastest trial)")
 
 
 def scale_out(table: pd.DataFrame) -> str:

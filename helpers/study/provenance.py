@@ -67,18 +67,19 @@ def _nvidia_driver() -> str | None:
     return done.stdout.splitlines()[0].strip() if done.returncode == 0 and done.stdout else None
 
 
-def git_commit(root: Path) -> str:
-    """The checkout's commit, with ``-dirty`` if tracked files differ from it; 'unknown' outside git.
+CODE = ("helpers", "notebooks", "pyproject.toml", "environment.yml", "Makefile")  # what makes a
+# result: the code, the notebooks and their parameters, the pinned environment (not the README,
+# the tests, nor the tables and figures a run writes as it goes)
 
-    The suite's own outputs (``figures/``, ``data/results/``) do not count: a notebook run
-    rewrites them before it writes its last table.
-    """
+
+def git_commit(root: Path) -> str:
+    """The checkout's commit, with ``-dirty`` if a tracked file of CODE differs from it (the
+    results and figures a run rewrites as it goes do not count); 'unknown' outside git."""
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               check=False)
     head = git("rev-parse", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!figures",
-                ":!data/results").stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", *CODE).stdout.strip()
     return head.stdout.strip() + ("-dirty" if dirty else "")

@@ -305,18 +305,23 @@ class EmbeddingWorkload:
                 f"{quality.min:.4f} (needs >= {self.guard[1]}): refused, not used")
         return variant
 
-    def variants(self, devices: list[str]) -> list[dict[str, str]]:
-        """The precisions and runtimes every one of ``devices`` can run (torch only when
-        compiling: the tuner's phase 0; whether the guard passes each is found when its workers load it)."""
+    def variants(self, devices: list[str]) -> list[dict[str, Any]]:
+        """The ways every one of ``devices`` can run the model, for the tuner's phase 0: each
+        precision and runtime, the torch ones also compiled (only those when this workload
+        compiles); whether the guard passes each is found when its workers load it."""
         found = []
-        for precision in PRECISIONS:
-            for runtime in RUNTIMES if not self.compile else ("torch",):
-                try:
-                    for device in devices:
-                        check_variant(precision, runtime, device)
-                except ValueError:
-                    continue
-                found.append({"precision": precision, "runtime": runtime})
+        for compiled in (False, True):
+            for precision in PRECISIONS:
+                for runtime in RUNTIMES:
+                    if (compiled and runtime != "torch") or (self.compile and not compiled):
+                        continue
+                    try:
+                        for device in devices:
+                            check_variant(precision, runtime, device)
+                    except ValueError:
+                        continue
+                    found.append({"precision": precision, "runtime": runtime,
+                                  "compile": compiled})
         return found
 
     def report(self, model: Any) -> dict[str, Any]:

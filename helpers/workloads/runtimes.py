@@ -71,6 +71,13 @@ def guard_texts() -> list[str]:
     return json.loads(GUARD_TEXTS.read_text(encoding="utf-8"))
 
 
+def variant_label(variant: dict[str, Any]) -> str:
+    """A variant in words: 'bf16 torch', 'fp32 torch compiled' (options set to False unsaid)."""
+    words = [str(v) for v in variant.values() if not isinstance(v, bool)]
+    return " ".join(words + ["compiled" if k == "compile" else k
+                             for k, v in variant.items() if v is True])
+
+
 def check_variant(precision: str, runtime: str, device: str) -> None:
     """ValueError naming what is wrong with running ``precision`` and ``runtime`` on
     ``device`` (before anything is loaded)."""
