@@ -82,6 +82,10 @@ def test_the_timeline_draws_a_lane_per_view_asked_for():
     assert [ax.get_ylabel().split("\n")[0] for ax in fig.axes[1:]] == \
         ["workunit", "workers", "card busy [%]"]
     assert len(plots.timeline(spans, "t").axes) == 1  # no lanes unless asked
+    simulated = plots.timeline(spans, "the self-tuning run", simulated=True)
+    assert simulated._suptitle.get_text() == "Simulated cards: the self-tuning run"
+    assert [t.get_text() for t in simulated.axes[0].get_yticklabels()] == [
+        f"worker {w} · {d} (simulated)" for w, d in ((0, "cuda:0"), (1, "cuda:1"), (2, "cuda:0"))]
 
 
 @pytest.mark.parametrize("configs", [["a", "b"], ["a", "b", "c"]])

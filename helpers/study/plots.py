@@ -44,9 +44,11 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
 def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
              round_ends: pd.Series | None = None, sizes: bool = False,
              decisions: pd.DataFrame | None = None, telemetry: pd.DataFrame | None = None,
-             color_by: str = "device") -> Any:
+             color_by: str = "device", simulated: bool = False) -> Any:
     """Busy bars per worker over time (the gaps are idle time), one panel per value of ``panel``;
     each bar coloured by its ``color_by`` column (the device; a Ray run's ``node``, say).
+    ``simulated``: the devices are the synthetic workload's simulated cards, said in each
+    worker's label and the title, where the eye lands.
 
     With one panel, lanes below it, sharing its time axis: ``sizes``, each workunit's records by
     device; ``decisions`` (growth's), each device's worker count; ``telemetry`` (its samples, or
@@ -76,8 +78,9 @@ def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
             ax.broken_barh(bars, (worker - 0.4, 0.8), facecolors=color, edgecolor="white",
                            linewidth=1.0)
         labels = part.drop_duplicates("worker").sort_values("worker")
-        ax.set_yticks(labels["worker"], labels=[f"worker {w} · {d}" for w, d in
-                                                zip(labels["worker"], labels["device"])])
+        ax.set_yticks(labels["worker"], labels=[
+            f"worker {w} · {d}" + (" (simulated)" if simulated else "")
+            for w, d in zip(labels["worker"], labels["device"])])
         ax.invert_yaxis()
         if round_ends is not None and value is None:
             for end in sorted(set(round_ends)):
@@ -95,7 +98,8 @@ def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
                                    for i in range(len(groups))], labels=groups,
                           fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[-1, 0].set_xlabel("time since start [s] (bars: busy; gaps: idle)")
-    fig.suptitle(title)
+    fig.suptitle(("Simulated cards: " if simulated and "simulated" not in title.lower() else "")
+                 + title)
     return fig
 
 
