@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 PARAMS ?= cpu
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: run test bench clean
+.PHONY: run test bench results clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,22 @@ $(STAMP): pyproject.toml
 # `make run` (cpu), `PARAMS=gpu make run`, `PARAMS=smoke make run` (seconds).
 run: $(STAMP)
 	$(PY) -m helpers notebooks --params $(PARAMS)
+
+# Everything committed under data/results/cpu/ and figures/: the notebooks (`make run`), then each
+# benchmark that writes a committed table, as its table's sidecar says it was run (hours here:
+# each scale run moves the study's 20.6 M rows, about 31 GB written and deleted).
+results: run
+	$(PY) -m helpers.bench runtimes --repeats 7
+	$(PY) -m helpers.bench dispatch
+	$(PY) -m helpers.bench failures
+	$(PY) -m helpers.bench ray
+	$(PY) -m helpers.bench autotune --records 340000 --repeats 1
+	$(PY) -m helpers.bench sources --records 20000000
+	$(PY) -m helpers.bench scale
+	$(PY) -m helpers.bench scale --backend ray
+	$(PY) -m helpers.bench scale --writes workers
+	$(PY) -m helpers.bench scale --writes workers --backend ray
+	$(PY) -m helpers.bench scale --writes workers --source parquet
 
 test: $(STAMP)
 	$(PY) -m pytest

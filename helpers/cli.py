@@ -33,7 +33,7 @@ from helpers import tuner
 from helpers.engine.hdf5_sink import check_parts, read_output
 from helpers.engine.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.engine.settings import AUTO, BACKENDS, WRITES, JobSettings, PoolSettings
+from helpers.engine.settings import AUTO, BACKENDS, FIT, WRITES, JobSettings, PoolSettings
 from helpers.engine.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
@@ -71,6 +71,17 @@ def _count_or_auto(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}")
+
+
+def _workers_per_device(text: str) -> int | str:
+    """An argparse type: a whole number, 'auto' or 'fit'."""
+    if text.strip().lower() == FIT:
+        return FIT
+    try:
+        return _count_or_auto(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 'auto' or 'fit', got "
+                                         f"{text!r}") from None
 
 
 def _flag(text: str) -> bool:
@@ -201,10 +212,11 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     run.add_argument("--output", required=True, help="HDF5 file to write (binning: a CSV beside it)")
     run.add_argument("--config", help="a tuned.yaml (python -m helpers tune): its fields are the "
                                       "defaults; flags given here override them")
-    run.add_argument("--workers-per-device", type=_count_or_auto,
+    run.add_argument("--workers-per-device", type=_workers_per_device,
                      default=PoolSettings.workers_per_device,
                      help="workers on each entry of --devices; 'auto': one, then more while "
-                          "they raise the device's measured rate")
+                          "they raise the device's measured rate; 'fit': as many as fit in its "
+                          "memory, started before any work")
     run.add_argument("--strategy", choices=STRATEGIES, default="queue",
                      help="queue: workers pull workunits; static: one even slice per worker")
     run.add_argument("--workunit-size", type=_count_or_auto, default=JobSettings.workunit_size,
@@ -240,10 +252,10 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                            "of the rows; OUTPUT must be on storage every worker reaches); auto: "
                            "the workers on Ray with an HDF5 input, else the driver")
     safe.add_argument("--adaptive", action="store_true",
-                      help="grow workers per device one at a time while memory allows")
+                      help="the same as --workers-per-device fit (its older name)")
     safe.add_argument("--max-workers-per-device", type=int,
                       default=PoolSettings.max_workers_per_device,
-                      help="the most workers --adaptive or --workers-per-device auto puts on a "
+                      help="the most workers --workers-per-device auto or fit puts on a "
                            "device")
     _workload_groups(run)
     run.set_defaults(**(run_defaults or {}))

@@ -47,6 +47,7 @@ from helpers.engine.protocol import Workload
 from helpers.engine.scheduler import PipelineError
 from helpers.engine.settings import AUTO, JobSettings, PoolSettings
 from helpers.engine.sources import open_source, source_length
+from helpers.engine.versions import created
 from helpers.workloads.runtimes import variant_label
 
 log = logging.getLogger("gpufeed.tune")  # a line as each phase starts and each trial ends
@@ -91,7 +92,7 @@ class Tuned:
         if self.threads_per_worker is not None:
             keep["threads_per_worker"] = int(self.threads_per_worker)
         return {**extra, **self.variant, **keep,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "created": created()}
 
 
 def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",

@@ -114,3 +114,17 @@ def test_cluster_finding_says_what_a_lost_node_cost():
         "2 simulated nodes × 1 actor: 50.0 records/s; with the last node lost at 2 s: 30.0 "
         "records/s (0.60× whole: the simulated nodes share this machine's cores), 1 actor died "
         "and its workunits were redone on the others; every id once: True")
+
+
+def test_the_binning_finding_gives_each_worker_count_its_speed_up_over_one():
+    from helpers.study.binning import speedup
+
+    table = pd.DataFrame({"workers": [1, 1, 2, 2, 1, 2], "replicate": [0, 1, 0, 1, 0, 0],
+                          "strategy": ["queue", "queue", "queue", "queue", "static", "static"],
+                          "records_per_s": [1.0, 1.2, 2.0, 2.2, 1.0, 1.5], "device": "cpu",
+                          "workunit_size": 4})
+    table = table.assign(speedup=speedup(table))
+    assert table["speedup"].round(3).tolist() == [0.909, 1.091, 1.818, 2.0, 1.0, 1.5]
+    assert findings.binning_layouts(table).startswith(
+        "on cpu: 1 worker: queue-fed 1.10 images/s vs static 1.00 (1.10×); 2 workers: queue-fed "
+        "2.10 images/s, 1.91× 1 worker vs static 1.50 (1.40×)")

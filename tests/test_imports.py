@@ -4,6 +4,7 @@ the parent's engine (h5py, pandas, the scheduler, the writer)."""
 import ast
 import subprocess
 import sys
+from pathlib import Path
 
 from helpers.study.paths import ROOT
 
@@ -135,3 +136,11 @@ def test_the_public_names_are_there_when_asked_for():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, check=True)
     assert "has no attribute 'nothing'" in done.stdout
+
+
+def test_the_engine_s_docstring_names_every_one_of_its_modules():
+    import helpers.engine
+
+    folder = Path(helpers.engine.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+    assert {m for m in modules if f"``{m}``" not in helpers.engine.__doc__} == set()

@@ -29,7 +29,8 @@ TABLES = {  # table -> columns it must have
                              "peak_gpu_mb", "wall_s"},
     "best_configurations": {"experiment", "devices", "configuration", "records_per_s",
                             "estimated_days"},
-    "binning_layouts": {"strategy", "workers", "replicate", "records_per_s", "wall_s", "device"},
+    "binning_layouts": {"strategy", "workers", "replicate", "records_per_s", "wall_s", "device",
+                        "speedup"},
     "tune_trials": {"trial", "phase", "batch_size", "workers_per_device", "workunit_size",
                     "records_per_s", "configuration"},
     "self_tuning": {"job", "layout", "configuration", "replicate", "records_per_s", "wall_s",
@@ -146,6 +147,7 @@ def test_smoke_run_saves_every_figure_and_lists_it_with_a_finding(smoke):
         assert png.with_suffix(".svg").stat().st_size > 1000
         meta = json.loads(png.with_suffix(".json").read_text())
         assert meta["finding"] and meta["finding"] in readme and meta["machine"] in readme
+        assert meta["note"] == "smoke run (synthetic workload, tiny samples): not a measurement"
         assert f"({name}.png)" in readme
 
 
@@ -230,3 +232,26 @@ def test_a_committed_table_has_every_column_its_code_writes_now(smoke):
         now = set(made.read_text().splitlines()[0].split(","))
         then = set(committed.read_text().splitlines()[0].split(","))
         assert now <= then, f"{made.stem}: committed without {sorted(now - then)}"
+
+
+def test_make_results_regenerates_every_committed_benchmark_table():
+    """Each committed table a benchmark wrote has a line in the Makefile's ``results`` target
+    that runs that benchmark with the options its sidecar records."""
+    makefile = (ROOT / "Makefile").read_text()
+    target = makefile.split("\nresults:", 1)[1].split("\n\n", 1)[0]
+    lines = [line.split("helpers.bench", 1)[1].split() for line in target.splitlines()
+             if "helpers.bench" in line]
+    for sidecar in sorted((ROOT / "data" / "results" / "cpu").glob("*.json")):
+        made = json.loads(sidecar.read_text())
+        bench = made["notebook"].replace("python -m helpers.bench ", "helpers.bench.")
+        if not bench.startswith("helpers.bench."):
+            continue  # a notebook's table: `make run`
+        wanted = [bench.removeprefix("helpers.bench.")] + [
+            f"--{key}={made['parameters'][key]}" for key in ("backend", "writes", "source")
+            if key in made["parameters"] and made["parameters"][key] not in ("process", "driver",
+                                                                               "cycled")]
+        said = [[words[0]] + [f"{a}={b}" for a, b in zip(words[1::2], words[2::2])]
+                for words in lines]
+        assert any(set(wanted) <= set(line) and not {w for w in line if w.split("=")[0] in (
+            "--backend", "--writes", "--source")} - set(wanted) for line in said), \
+            f"{sidecar.stem}: no `make results` line runs {' '.join(wanted)}"

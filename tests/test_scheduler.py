@@ -170,7 +170,8 @@ def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monke
     # with no headroom asked, it adds copies until one fails to load: the 4th on cuda:0
     monkeypatch.setattr(helpers.engine.pipeline, "ADAPTIVE_HEADROOM", 0.0)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
-        with WorkerPool(workload, ["cuda:0"], adaptive=True, max_workers_per_device=6) as pool:
+        with WorkerPool(workload, ["cuda:0"], workers_per_device="fit",  # (adaptive's new name)
+                        max_workers_per_device=6) as pool:
             assert pool.stable_workers == {"cuda:0": 3}
     assert "worker 4 on cuda:0 failed to start" in caplog.text and "MemoryError" in caplog.text
 

@@ -36,9 +36,10 @@ def test_devices_are_parsed_once_into_a_tuple_and_the_settings_are_frozen():
     (PoolSettings, {"max_restarts": True}, "max_restarts: expected an integer"),
     (PoolSettings, {"workunit_timeout": 0}, "workunit_timeout: expected seconds > 0, got 0"),
     (PoolSettings, {"load_timeout": None}, "load_timeout: expected seconds > 0, got None"),
-    (PoolSettings, {"workers_per_device": 0}, "workers_per_device: expected an integer >= 1 or "
-                                              "'auto', got 0"),
-    (PoolSettings, {"workers_per_device": "auto", "adaptive": True}, "adaptive: choose it or"),
+    (PoolSettings, {"workers_per_device": 0}, "workers_per_device: expected an integer >= 1, "
+                                              "'auto' or 'fit', got 0"),
+    (PoolSettings, {"workers_per_device": "auto", "adaptive": True},
+     "adaptive: the same as workers_per_device='fit'; it cannot go with workers_per_device='auto'"),
     (JobSettings, {"workunit_size": 0}, "workunit_size: expected an integer >= 1 or 'auto', got 0"),
     (JobSettings, {"workunit_size": "big"}, "workunit_size: expected an integer >= 1 or 'auto'"),
     (JobSettings, {"workunit_seconds": 0}, "workunit_seconds: expected seconds > 0, got 0"),
@@ -72,6 +73,10 @@ def test_workers_per_device_multiplies_the_entries_or_starts_one_per_device_to_g
     growing = PoolSettings(("cuda:0", "cuda:1", "cuda:0", "cpu"), workers_per_device="auto")
     assert growing.growing and growing.worker_devices == ("cuda:0", "cuda:1", "cpu")
     assert [w.threads for w in growing.workers()] == [1, 1, 1]  # a cpu worker grows one thread
+    for filling in (PoolSettings(("cuda:0", "cuda:1", "cuda:0"), workers_per_device="fit"),
+                    PoolSettings(("cuda:0", "cuda:1", "cuda:0"), adaptive=True)):  # (its old name)
+        assert filling.filling and not filling.growing and filling.workers_per_device == "fit"
+        assert filling.worker_devices == ("cuda:0", "cuda:1")
     assert JobSettings(workunit_size="auto").auto_size and JobSettings().window == 16384
     assert JobSettings(workunit_size="auto").window > 0
 
@@ -84,6 +89,8 @@ def test_auto_and_counts_on_the_command_line():
         ("auto", "auto", "auto*2")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--input", "a", "--output", "b", "--workunit-size", "x"])
+    assert build_parser().parse_args(["run", "--input", "a", "--output", "b",
+                                      "--workers-per-device", "Fit"]).workers_per_device == "fit"
 
 
 def test_the_command_line_takes_its_defaults_from_the_settings():

@@ -1,4 +1,6 @@
 """Stats hold nothing per record: running totals and a bounded timeline."""
+import pytest
+
 from helpers.engine.stats import Tally, Timeline, WorkunitSpan
 
 
@@ -40,3 +42,25 @@ def test_a_tally_keeps_totals_and_peaks():
     assert tally.phases == {"forward": 0.375, "tokenize": 0.0625}
     assert tally.counts == {"tokens_computed": 12, "tokens_needed": 9}
     assert tally.peak_rss_mb == 100.0 and tally.peak_gpu_mb == 300.0
+
+
+def test_each_device_has_its_share_of_the_job_in_the_stats():
+    """Records, rate, busy share and peak memory per device, in the summary and in to_dict."""
+    from helpers.engine.stats import PipelineStats, WorkerStats
+
+    workers = (WorkerStats(0, "cuda:0", 10, 1.0, 300, 3, 9.0, 1.0, 500.0, 2048.0),
+               WorkerStats(1, "cuda:0", 11, 1.0, 100, 1, 3.0, 7.0, 700.0, 1024.0),
+               WorkerStats(2, "cpu", 12, 1.0, 50, 1, 5.0, 5.0, 300.0, None))
+    stats = PipelineStats(records=450, failed_records=0, wall_seconds=10.0, spinup_seconds=2.0,
+                          workers=workers, stages={}, devices=("cuda:0", "cuda:0", "cpu"),
+                          workunit_size=100, backend="process", output="o.h5")
+    assert stats.per_device == {
+        "cuda:0": {"workers": 2, "records": 400, "records_per_s": 40.0, "busy_share": 0.6,
+                   "peak_rss_mb": 700.0, "peak_gpu_mb": 2048.0},
+        "cpu": {"workers": 1, "records": 50, "records_per_s": 5.0, "busy_share": 0.5,
+                "peak_rss_mb": 300.0, "peak_gpu_mb": None}}
+    assert stats.to_dict()["per_device"] == stats.per_device
+    assert "device cuda:0: 2 workers, 400 records (40.0/s), busy 60%, peak RSS 700 MiB, " \
+           "device memory 2048 MiB" in stats.summary()
+    with pytest.raises(TypeError):
+        PipelineStats(450, 0, 10.0, 2.0, workers, {}, (), 100, "process", "o.h5")  # by name only

@@ -36,9 +36,8 @@ from helpers.engine import transfer
 from helpers.engine.messages import END_OF_WORK, Died, WorkerInfo, Workunit
 from helpers.engine.protocol import close_inputs
 from helpers.engine.settings import BACKENDS, PoolSettings
-from helpers.engine.worker import SharedModels, process_main, thread_main
+from helpers.engine.worker import JOIN_SECONDS, SharedModels, process_main, thread_main
 
-JOIN_SECONDS = 5.0  # a terminated worker gets this long before it is killed
 IMPORTED_MAIN_EXIT = 75  # a spawned worker's start ran the user's script, which started a pool
 IMPORTED_MAIN = ("your script starts a pipeline when it is imported, and each spawned worker "
                  "imports it: put the lines that run it under `if __name__ == \"__main__\":` "

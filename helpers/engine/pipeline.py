@@ -22,7 +22,7 @@ up to two workunits (one running, one waiting), retried ones first; it is the on
 workunit between the reader and the writer, so each is written once. It replaces workers that die
 or hang and retries, splits or gives up on workunits that fail, until only the bad records are left.
 
-Workers: one per entry of ``devices`` (or as many per device as fit: ``adaptive``), started by a
+Workers: one per entry of ``devices`` (or as many per device as fit: ``workers_per_device="fit"``), started by a
 WorkerPool through a backend (helpers.engine.backends: a spawned process with its own pipes per
 worker, or a thread sharing its device's model; helpers.engine.ray_backend: a Ray actor anywhere on
 a cluster, its messages through Ray's object store). Each loads the workload's model once on its device, says
@@ -110,7 +110,7 @@ from helpers.engine.sources import (carried, open_source, peek, read_slices, rea
 from helpers.engine.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
                                   add_phases)
 from helpers.engine.telemetry import Telemetry
-from helpers.engine.versions import package_versions
+from helpers.engine.versions import created, package_versions
 from helpers.engine.worker import peak_memory
 
 __all__ = ["MIN_STATIC_SLICE", "STRATEGIES", "PipelineError", "RemoteTraceback", "WorkerPool",
@@ -122,7 +122,7 @@ STRATEGIES = ("queue", "static")
 MIN_STATIC_SLICE = 4  # records per worker below which a static split runs on one worker
 SETTLED = 0.5  # growth measures a worker on workunits of at least this share of its target size
 HOST = socket.gethostname()  # telemetry samples the workers on this machine
-ADAPTIVE_HEADROOM = MEMORY_HEADROOM  # adaptive: another copy only if free memory exceeds this ×
+ADAPTIVE_HEADROOM = MEMORY_HEADROOM  # "fit": another copy only if free memory exceeds this ×
 # one copy
 
 
@@ -133,9 +133,10 @@ class WorkerPool:
     each has loaded its model; ``pool.run(source, output)`` is one queue-fed job,
     ``pool.run_static(source, output)`` one statically split job. Leaving the block stops every
     worker. ``options``: PoolSettings' other fields, and JobSettings' fields as the defaults of
-    every job (a job may change those, never the pool's). With ``adaptive=True`` each distinct
-    device of ``devices`` gets workers one at a time while it has memory for another model copy
-    (``stable_workers`` reports how many stayed); with ``workers_per_device="auto"`` each starts
+    every job (a job may change those, never the pool's). With ``workers_per_device="fit"`` (or
+    ``adaptive=True``) each distinct device of ``devices`` gets workers one at a time while it
+    has memory for another model copy (``stable_workers`` reports how many stayed); with
+    ``workers_per_device="auto"`` each starts
     with one and gets more during the jobs while they raise its measured rate
     (helpers.engine.growth). With ``workunit_size="auto"`` each worker's workunits are sized from
     its measured rate (helpers.engine.sizing).
@@ -173,10 +174,10 @@ class WorkerPool:
     def __enter__(self) -> WorkerPool:
         started = time.monotonic()
         self._backend = make_backend(self.settings, self.workload)
-        self._scheduler = Scheduler(self._backend, [] if self.settings.adaptive else self.workers,
+        self._scheduler = Scheduler(self._backend, [] if self.settings.filling else self.workers,
                                     self.settings)
         try:
-            if self.settings.adaptive:
+            if self.settings.filling:
                 self._grow()
             else:
                 self._scheduler.start()
@@ -184,8 +185,8 @@ class WorkerPool:
             self._backend.shutdown(clean=False)
             raise
         self.stable_workers = dict(Counter(info.device for info in self.workers))
-        if self.settings.adaptive:
-            log.info("adaptive: stable workers per device: %s", self.stable_workers)
+        if self.settings.filling:
+            log.info("fit: stable workers per device: %s", self.stable_workers)
         self.spinup_seconds = time.monotonic() - started
         return self
 
@@ -193,8 +194,9 @@ class WorkerPool:
         self._backend.shutdown(clean=exc_type is None and not self._broken)
 
     def _grow(self) -> None:
-        """Adaptive spawning: per device, add one worker at a time until one fails to load or
-        the device lacks memory for another copy (ADAPTIVE_HEADROOM), or max_workers_per_device."""
+        """workers_per_device="fit" (adaptive spawning): per device, add one worker at a time
+        until one fails to load or the device lacks memory for another copy
+        (ADAPTIVE_HEADROOM), or max_workers_per_device."""
         workers: list[WorkerInfo] = []
         threads = self.settings.threads_per_worker or 1
         for device in dict.fromkeys(self.settings.devices):
@@ -207,12 +209,12 @@ class WorkerPool:
                     if copy == 0:
                         raise
                     self._scheduler.discard(info.index)
-                    log.warning("adaptive: worker %d on %s failed to start (%s); keeping %d",
+                    log.warning("fit: worker %d on %s failed to start (%s); keeping %d",
                                 copy + 1, device, exc, copy)
                     break
                 workers.append(info)
                 if short_of_memory(ready[info.index], ADAPTIVE_HEADROOM):
-                    log.info("adaptive: %s has %.0f MiB free after %d copies of %.0f MiB; "
+                    log.info("fit: %s has %.0f MiB free after %d copies of %.0f MiB; "
                              "stopping there", device, ready[info.index].free_mb, copy + 1,
                              ready[info.index].model_mb)
                     break
@@ -366,7 +368,7 @@ class WorkerPool:
         loaded = self.loaded  # (the guard's figures, say)
         return {"devices": list(self.settings.devices), "workunit_size": job.workunit_size,
                 "backend": self.settings.backend, "source": source,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions,
+                "created": created(), **versions,
                 **({"loaded": json.dumps(loaded, sort_keys=True)} if loaded else {})}
 
     def _stats(self, job: _Job, output: Any) -> PipelineStats:
@@ -383,13 +385,19 @@ class WorkerPool:
                     if k not in ("devices", "workunit_size", "backend")}
         dispatches, sink = self._scheduler.dispatches, job.sink
         return PipelineStats(
-            sink.records_written, sink.errors_written, job.wall, self.spinup_seconds,
-            tuple(workers), stages, tuple(w.device for w in workers), job.settings.workunit_size,
-            self.settings.backend, str(output), settings, job.timeline.spans, _peak_rss(workers),
-            self._recovery(), sink.resumed_after, peak_memory("cpu")[0],
-            (dispatches.first - job.started) if dispatches.first is not None else 0.0,
-            dispatches.longest_gap, sink.bytes_written, sink.output_bytes, job.decisions(),
-            job.telemetry.samples, job.phases(), job.counts())
+            records=sink.records_written, failed_records=sink.errors_written,
+            wall_seconds=job.wall, spinup_seconds=self.spinup_seconds, workers=tuple(workers),
+            stages=stages, devices=tuple(w.device for w in workers),
+            workunit_size=job.settings.workunit_size, backend=self.settings.backend,
+            output=str(output), config=settings, timeline=job.timeline.spans,
+            peak_rss_mb=_peak_rss(workers), recovery=self._recovery(),
+            resumed_after=sink.resumed_after, parent_rss_mb=peak_memory("cpu")[0],
+            first_dispatch_seconds=(dispatches.first - job.started)
+            if dispatches.first is not None else 0.0,
+            longest_dispatch_gap_seconds=dispatches.longest_gap,
+            bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
+            decisions=job.decisions(), telemetry=job.telemetry.samples, phases=job.phases(),
+            counts=job.counts())
 
     def _recovery(self) -> dict[str, Any]:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""

@@ -53,11 +53,10 @@ import ray.exceptions
 from helpers.engine.devices import available_cores
 from helpers.engine.messages import Died, Result, WorkerInfo, Workunit
 from helpers.engine.protocol import MODEL_COPY_ENV
-from helpers.engine.worker import answer, failed, load, ready
+from helpers.engine.worker import JOIN_SECONDS, answer, failed, load, ready
 
 log = logging.getLogger("gpufeed")
 
-JOIN_SECONDS = 5.0  # at shutdown, how long killed actors get to be reported gone
 NODE_LOST = ("node has died", "node died", "node is dead")  # in Ray's words for an actor whose
 # node went away (ActorUnavailableError says less: its node is unreachable, taken as lost)
 _unclaimed = False  # a local Ray started before any pool (devices="auto"): the next pool owns it
@@ -194,14 +193,14 @@ class RayBackend:
         """``settings``: the pool's PoolSettings (its devices, workers and ray_address)."""
         global _unclaimed
         cpus = sum(info.threads for info in settings.workers())
-        if settings.growing or settings.adaptive:
+        if settings.growing or settings.filling:
             cpus = len(set(settings.devices)) * settings.max_workers_per_device
         self._owns_ray = connect(settings.ray_address, cpus) or _unclaimed
         _unclaimed = False
         self._hardware = getattr(workload, "requires_hardware", True)
         self._workers_per_device = (
             {d: settings.max_workers_per_device for d in settings.devices}
-            if settings.growing or settings.adaptive else
+            if settings.growing or settings.filling else
             {d: settings.worker_devices.count(d) for d in settings.devices})
         self._workload = ray.put(workload)  # shipped once, whatever the number of actors
         self._epoch = time.time() - time.monotonic()

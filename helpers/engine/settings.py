@@ -29,6 +29,7 @@ SORT_WORKUNITS = 8  # default sort window, in workunits, and at least SORT_RECOR
 SORT_RECORDS = 16384  # global sort's gain (a 2,400-text job on a loaded pool: 0.95 of bare encode
 # at 8 workunits of 64, 0.98-1.02 with the whole job in the window) for a few MB of texts
 AUTO = "auto"
+FIT = "fit"  # workers_per_device: as many as fit in each device's memory, added at spin-up
 WORKUNIT_SECONDS = 1.0  # workunit_size="auto": a workunit takes about this long on its device;
 # long enough that a workunit's fixed costs (messages, a kernel launch) are ~1 % of it, short
 # enough that the end of a job (cut finer still) and a retried workunit cost little
@@ -40,11 +41,13 @@ class PoolSettings:
 
     devices: tuple[str, ...] = ("cpu",)  # one entry per worker, e.g. ("cuda:0", "cuda:0", "cpu")
     backend: str = "process"  # one of BACKENDS
-    workers_per_device: int | str = 1  # workers on each entry of devices; "auto": grow while it helps
+    workers_per_device: int | str = 1  # workers on each entry of devices; "auto": grow while the
+    # device's measured rate rises (and its memory allows); "fit": as many as fit in its memory,
+    # started one at a time before any work (the one choice of how many workers a device gets)
     threads_per_worker: int | None = None  # CPU threads per cpu worker; None = an even share
     queue_depth: int | None = None  # workunits on the work queue; None = 2 per worker
-    adaptive: bool = False  # add workers per device one at a time while memory allows
-    max_workers_per_device: int = 8  # adaptive, "auto": the most workers tried on one device
+    adaptive: bool = False  # the same as workers_per_device="fit" (its older name)
+    max_workers_per_device: int = 8  # "auto", "fit": the most workers tried on one device
     retries: int = 1  # times a failed workunit is retried whole before it is split
     max_restarts: int = 10  # replacements per worker slot after deaths and timeouts
     workunit_timeout: float | None = None  # seconds a workunit may run before its worker is killed
@@ -58,10 +61,17 @@ class PoolSettings:
         if self.ray_address is not None and self.backend != "ray":
             raise ValueError(f"ray_address: only for backend='ray' (backend is {self.backend!r})")
         object.__setattr__(self, "devices", parse_devices(self.devices, self._visible()))
-        if self.workers_per_device != AUTO:
-            positive_int("workers_per_device", self.workers_per_device, also=AUTO)
-        if self.growing and self.adaptive:
-            raise ValueError("adaptive: choose it or workers_per_device='auto', not both")
+        if self.adaptive:
+            if self.workers_per_device not in (1, FIT):
+                raise ValueError(f"adaptive: the same as workers_per_device='fit'; it cannot go "
+                                 f"with workers_per_device={self.workers_per_device!r}")
+            object.__setattr__(self, "workers_per_device", FIT)
+        if self.workers_per_device not in (AUTO, FIT):
+            try:
+                positive_int("workers_per_device", self.workers_per_device)
+            except ValueError:
+                raise ValueError(f"workers_per_device: expected an integer >= 1, 'auto' or "
+                                 f"'fit', got {self.workers_per_device!r}") from None
         for name in ("threads_per_worker", "queue_depth"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name))
@@ -87,10 +97,16 @@ class PoolSettings:
         return self.workers_per_device == AUTO
 
     @property
+    def filling(self) -> bool:
+        """True when each device gets as many workers as fit in its memory (workers_per_device=
+        "fit", or adaptive), started one at a time before any work."""
+        return self.workers_per_device == FIT
+
+    @property
     def worker_devices(self) -> tuple[str, ...]:
         """One entry per worker the pool starts with: each entry of ``devices`` workers_per_device
         times; one per distinct device when growing."""
-        if self.growing:
+        if self.growing or self.filling:  # (one each to start; filling starts its own)
             return tuple(dict.fromkeys(self.devices))
         return tuple(d for d in self.devices for _ in range(self.workers_per_device))
 

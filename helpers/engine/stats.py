@@ -142,7 +142,7 @@ def _joined(first: WorkunitSpan, second: WorkunitSpan) -> WorkunitSpan:
                    workunits=first.workunits + second.workunits, phases=phases, counts=counts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # (23 fields: built by name)
 class PipelineStats:
     """A job's measurements. ``wall_seconds`` runs from the job's first read (every worker ready)
     to its output closed, every record written; spin-up (spawning, imports, model loads) is
@@ -197,6 +197,25 @@ class PipelineStats:
         return busy / (len(self.workers) * self.wall_seconds) if self.wall_seconds > 0 else 0.0
 
     @property
+    def per_device(self) -> dict[str, dict[str, Any]]:
+        """Each device's share of the job: its workers, records, records/s, busy share (its
+        workers' busy seconds ÷ (workers × wall)), the largest worker process's peak RSS and the
+        largest peak of device memory (None where torch measured none)."""
+        report: dict[str, dict[str, Any]] = {}
+        for device in dict.fromkeys(w.device for w in self.workers):
+            mine = [w for w in self.workers if w.device == device]
+            records = sum(w.records for w in mine)
+            gpu = [w.peak_gpu_mb for w in mine if w.peak_gpu_mb is not None]
+            report[device] = {
+                "workers": len(mine), "records": records,
+                "records_per_s": records / self.wall_seconds if self.wall_seconds > 0 else 0.0,
+                "busy_share": sum(w.busy_seconds for w in mine) / (len(mine) * self.wall_seconds)
+                if self.wall_seconds > 0 else 0.0,
+                "peak_rss_mb": max(w.peak_rss_mb for w in mine),
+                "peak_gpu_mb": max(gpu) if gpu else None}
+        return report
+
+    @property
     def partial(self) -> bool:
         """True when some records failed and are in the errors table instead of the output."""
         return self.failed_records > 0
@@ -210,6 +229,7 @@ class PipelineStats:
         data["write_amplification"] = self.write_amplification
         data["efficiency"] = self.efficiency
         data["padding"] = self.padding
+        data["per_device"] = self.per_device
         return data
 
     def summary(self) -> str:
@@ -224,6 +244,11 @@ class PipelineStats:
             lines.append(f"  worker {w.worker} {w.device:>7}: {w.records:>7} records "
                          f"{w.workunits:>5} units  busy {w.busy_seconds:7.2f} s  "
                          f"waiting {w.wait_seconds:6.2f} s  load {w.load_seconds:5.2f} s")
+        for device, d in self.per_device.items():
+            gpu = f", device memory {d['peak_gpu_mb']:.0f} MiB" if d["peak_gpu_mb"] else ""
+            lines.append(f"  device {device}: {d['workers']} worker{'s' * (d['workers'] > 1)}, "
+                         f"{d['records']} records ({d['records_per_s']:.1f}/s), busy "
+                         f"{d['busy_share']:.0%}, peak RSS {d['peak_rss_mb']:.0f} MiB{gpu}")
         lines.append("  stages: " + "  ".join(f"{k} {v:.2f} s" for k, v in self.stages.items()))
         if self.phases:
             compute = sum(self.phases.values()) or 1.0

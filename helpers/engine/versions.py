@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import platform
+import time
 from importlib import metadata
 
 PACKAGES = ("gpufeed", "torch", "sentence-transformers", "transformers", "numpy", "h5py",
@@ -17,3 +18,8 @@ def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "missing"
     return versions
+
+
+def created() -> str:
+    """Now, as every record of when a result was made says it (ISO 8601, the local offset)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -42,6 +42,8 @@ from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, InputUnr
 from helpers.engine.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec, Rows
 
 ORPHAN_CHECK_SECONDS = 0.2  # a worker process whose parent died exits within this
+JOIN_SECONDS = 5.0  # at the pool's shutdown, a terminated worker gets this long before it is
+# killed (a killed Ray actor, to be reported gone)
 EXIT_ORPHANED = 70  # its exit status then (nobody is left to read it; for the tests and logs)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

@@ -61,7 +61,15 @@ def layouts(workload: BinningWorkload, device: str, worker_counts: Sequence[int]
                     rows += [{**layout_row(s, name), "replicate": replicate, "workers": workers,
                               "workunit_size": size, "spinup_s": pool.spinup_seconds}
                              for s, name in ((queued, "queue"), (static, "static"))]
-    return pd.DataFrame(rows).assign(device=device, backend=backend)
+    table = pd.DataFrame(rows).assign(device=device, backend=backend)
+    return table.assign(speedup=speedup(table))
+
+
+def speedup(table: pd.DataFrame) -> pd.Series:
+    """Each row's rate ÷ its strategy's mean rate with the fewest workers (one, usually)."""
+    fewest = table[table["workers"] == table["workers"].min()]
+    return table["records_per_s"] / table["strategy"].map(
+        fewest.groupby("strategy")["records_per_s"].mean())
 
 
 def bin_images(workload: BinningWorkload, devices: Sequence[str], pairs: list[tuple[int, str]],

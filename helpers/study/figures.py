@@ -9,13 +9,19 @@ exactly the figures there are.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from helpers.study.paths import FIGURES
 from helpers.study.results import resolve
 
+STRATEGY_LABELS = {"static": "static split", "queue": "queue-fed"}  # the two ways of handing
+# out work, as figures and findings name them
+
 STYLE = {"style": "whitegrid", "context": "notebook"}
+NOTE_ENV = "GPUFEED_FIGURE_NOTE"  # set (by the notebook runner for a synthetic parameter set):
+# every figure's title starts with it
 
 
 def use_style() -> None:
@@ -32,6 +38,10 @@ def save_figure(fig: Any, notebook: str, name: str, figures_dir: str | Path, *, 
 
     folder = resolve(figures_dir) / notebook
     folder.mkdir(parents=True, exist_ok=True)
+    note = os.environ.get(NOTE_ENV, "")
+    if note:  # (not a real model's figure: said in the title, where the eye lands)
+        title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        fig.suptitle(f"{note.upper()}: {title}" if title else note.upper(), color="firebrick")
     caption = f"{machine} · {replicates} replicate{'s' if replicates != 1 else ''}"
     fig.text(0.01, 0.005, caption, fontsize=8, color="0.35", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -40,7 +50,7 @@ def save_figure(fig: Any, notebook: str, name: str, figures_dir: str | Path, *, 
     fig.savefig(png.with_suffix(".svg"))
     plt.close(fig)
     meta = {"notebook": notebook, "name": name, "finding": finding, "machine": machine,
-            "replicates": replicates, "tables": tables}
+            "replicates": replicates, "tables": tables, **({"note": note} if note else {})}
     png.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     write_readme(_readme_root(resolve(figures_dir)))
     return png

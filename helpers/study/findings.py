@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 
 from helpers.study.experiments import MIN_WORKUNITS
+from helpers.study.figures import STRATEGY_LABELS
 from helpers.workloads.binning.rule import BINS
 
 SECONDS_PER_DAY = 86_400
-STRATEGY_WORDS = {"static": "static split", "queue": "queue-fed"}
 
 
 def mean_sd(frame: pd.DataFrame, by: Sequence[str], metric: str = "records_per_s") -> pd.DataFrame:
@@ -73,7 +73,7 @@ def workers_per_device(table: pd.DataFrame, total_records: int) -> str:
         stats = mean_sd(table[table["strategy"] == strategy], ["workers"])
         if not stats.empty:
             named = _ranked(stats, "workers", lambda n: f"{n} worker{'s' if n != 1 else ''}")
-            parts.append(f"{STRATEGY_WORDS[strategy]}: {named}")
+            parts.append(f"{STRATEGY_LABELS[strategy]}: {named}")
     best = mean_sd(table, ["strategy", "workers"]).iloc[0]
     return "; ".join(parts) + f"; {total_records:,} chunks would take " \
         f"{days(total_records, best['mean']):.1f} days at the best rate; {_sizes_used(table)}" \
@@ -153,11 +153,14 @@ def summary(best: pd.DataFrame, total_records: int) -> str:
 
 def binning_layouts(table: pd.DataFrame) -> str:
     """Queue-fed against static split for each worker count of the binning workload."""
-    parts = []
+    parts, fewest = [], table["workers"].min()
     for workers, rows in table.groupby("workers"):
         rates = rows.groupby("strategy")["records_per_s"].mean()
+        scaled = "" if workers == fewest or "speedup" not in rows else \
+            f", {rows[rows['strategy'] == 'queue']['speedup'].mean():.2f}× {fewest} worker" \
+            f"{'s' * int(fewest > 1)}"
         parts.append(f"{workers} worker{'s' if workers > 1 else ''}: queue-fed "
-                     f"{rates['queue']:.2f} images/s vs static {rates['static']:.2f} "
+                     f"{rates['queue']:.2f} images/s{scaled} vs static {rates['static']:.2f} "
                      f"({rates['queue'] / rates['static']:.2f}×)")
     return f"on {table['device'].iloc[0]}: " + "; ".join(parts) + few_workunits(table)
 

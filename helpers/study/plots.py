@@ -8,10 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from helpers.study.figures import use_style
+from helpers.study.figures import STRATEGY_LABELS, use_style
 from helpers.workloads.binning.rule import BINS
 
-STRATEGY_NAMES = {"static": "static split (rounds)", "queue": "queue-fed (persistent)"}
 USE_LABELS = {"nvml": "GPU busy [%]\n(NVML)", "psutil": "CPU [%] of the\nworkers (psutil)",
               "simulated": "card busy [%]\n(simulated)"}  # telemetry lane, by sample source
 
@@ -30,7 +29,7 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
 
     fig, axes = _figure()
     ax = axes[0, 0]
-    data = frame.assign(**{hue: frame[hue].map(lambda v: STRATEGY_NAMES.get(v, v))})
+    data = frame.assign(**{hue: frame[hue].map(lambda v: STRATEGY_LABELS.get(v, v))})
     sns.lineplot(data=data, x=x, y=y, hue=hue, errorbar="sd", err_style="bars", marker="o",
                  ax=ax, err_kws={"capsize": 4})
     if logx:
@@ -85,7 +84,7 @@ def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
         if round_ends is not None and value is None:
             for end in sorted(set(round_ends)):
                 ax.axvline(end, color="0.3", linestyle="--", linewidth=0.8)
-        ax.set_title(STRATEGY_NAMES.get(value, value) if value is not None else "", fontsize=10)
+        ax.set_title(STRATEGY_LABELS.get(value, value) if value is not None else "", fontsize=10)
     for ax, lane in zip(axes[len(panels):, 0], lanes):
         if lane == "sizes":
             _sizes_lane(ax, spans, devices, colors)
@@ -150,7 +149,7 @@ def grouped_bars(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlab
     import seaborn as sns
 
     fig, axes = _figure()
-    data = frame.assign(**{hue: frame[hue].map(lambda v: STRATEGY_NAMES.get(v, v))})
+    data = frame.assign(**{hue: frame[hue].map(lambda v: STRATEGY_LABELS.get(v, v))})
     sns.barplot(data=data, x=x, y=y, hue=hue, errorbar="sd", capsize=0.1, ax=axes[0, 0])
     axes[0, 0].set(title=title, xlabel=xlabel, ylabel=ylabel)
     return fig

@@ -8,13 +8,12 @@ parameters. Plots and the summary read only these files.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from helpers.engine.versions import package_versions
+from helpers.engine.versions import created, package_versions
 from helpers.study.paths import ROOT
 from helpers.study.provenance import git_commit, machine
 
@@ -35,7 +34,7 @@ def save_table(frame: pd.DataFrame, name: str, results_dir: str | Path, notebook
     path = folder / f"{name}.csv"
     frame.to_csv(path, index=False, float_format="%.6g")
     sidecar = {"table": name, "notebook": notebook, "rows": len(frame),
-               "columns": list(frame.columns), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "columns": list(frame.columns), "created": created(),
                "commit": git_commit(ROOT), "machine": machine(gpus=True),
                "packages": package_versions(), "parameters": parameters}
     path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2, default=str) + "\n",
