@@ -33,7 +33,8 @@ from helpers import tuner
 from helpers.engine.hdf5_sink import check_parts, read_output
 from helpers.engine.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.engine.settings import AUTO, BACKENDS, FIT, WRITES, JobSettings, PoolSettings
+from helpers.engine.settings import (AUTO, BACKENDS, FIT, WRITES, JobSettings, PoolSettings,
+                                     or_words)
 from helpers.engine.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
@@ -63,25 +64,20 @@ def _counts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected numbers like 16,32,64, got {text!r}")
 
 
-def _count_or_auto(text: str) -> int | str:
-    """An argparse type: a whole number, or the word 'auto'."""
-    if text.strip().lower() == AUTO:
-        return AUTO
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}")
+def _count_or(*words: str) -> Any:
+    """An argparse type: a whole number, or one of ``words`` (any case)."""
+    def parse(text: str) -> int | str:
+        if text.strip().lower() in words:
+            return text.strip().lower()
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {or_words(['a whole number', *map(repr, words)])}, got {text!r}")
+    return parse
 
 
-def _workers_per_device(text: str) -> int | str:
-    """An argparse type: a whole number, 'auto' or 'fit'."""
-    if text.strip().lower() == FIT:
-        return FIT
-    try:
-        return _count_or_auto(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 'auto' or 'fit', got "
-                                         f"{text!r}") from None
+_count_or_auto, _workers_per_device = _count_or(AUTO), _count_or(AUTO, FIT)
 
 
 def _flag(text: str) -> bool:

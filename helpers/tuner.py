@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from helpers.engine.pipeline import WorkerPool
+from helpers.engine.devices import workers_in_words
 from helpers.engine.protocol import Workload
 from helpers.engine.scheduler import PipelineError
 from helpers.engine.settings import AUTO, JobSettings, PoolSettings
@@ -137,7 +138,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
         if any(device.startswith("cpu") for device in workers) and time.monotonic() < deadline:
             # growing CPU workers run a thread each (helpers.engine.settings): also try the cores
             # shared among them, as a run of that layout would by default
-            log.info("phase 3 again: %s sharing the cores", _workers(workers))
+            log.info("phase 3 again: %s sharing the cores", workers_in_words(workers))
             with WorkerPool(make(batch), workers, backend, progress=False) as pool:
                 _workunit_sizes(pool, job, batch, deadline)
     # every trial ran the same sample, spin-up apart; growth's own jobs changed their worker
@@ -216,11 +217,6 @@ def _words(variant: dict[str, Any]) -> str:
     return variant_label(variant) or "the workload as given"
 
 
-def _workers(devices: list[str]) -> str:
-    counts = Counter(devices)
-    return ", ".join(f"{n} worker{'s' * (n > 1)} on {d}" for d, n in counts.items())
-
-
 def describe(trial: dict[str, Any]) -> str:
     """A trial in words (its configuration, then its rate), for the log and the summary."""
     head = f"trial {trial['trial']} ({trial['phase']})"
@@ -230,7 +226,7 @@ def describe(trial: dict[str, Any]) -> str:
     said = [_words(variant)] if trial["phase"] == "variant" else []
     if trial.get("batch_size") is not None:
         said.append(f"batch {trial['batch_size']}")
-    said.append(_workers(trial["devices"].split(",")))
+    said.append(workers_in_words(trial["devices"].split(",")))
     if trial.get("threads_per_worker"):
         said.append(f"{trial['threads_per_worker']} thread{'s' * (trial['threads_per_worker'] > 1)}"
                     f" each")
@@ -242,7 +238,7 @@ def _workunit_sizes(pool: WorkerPool, job: _Trials, batch: int | None,
                     deadline: float) -> None:
     """Phase 3: "auto", then fixed sizes of SIZE_FACTORS and 1× what "auto" gave the median
     worker (its rate × workunit_seconds)."""
-    log.info("phase 3, workunit sizes: on %s", _workers([i.device for i in pool.workers]))
+    log.info("phase 3, workunit sizes: on %s", workers_in_words([i.device for i in pool.workers]))
     job.run(pool, "workunit size", batch, AUTO)
     rates = sorted(pool.sizing.rates.values())
     middle = rates[len(rates) // 2] * pool.job.workunit_seconds if rates \

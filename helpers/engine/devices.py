@@ -87,3 +87,9 @@ def cpu_threads_per_worker(devices: Sequence[str], cores: int | None = None) -> 
     """An even share of the cores for each ``cpu`` worker, at least one thread."""
     n_cpu = Counter(devices)["cpu"]
     return max(1, (cores or available_cores()) // max(1, n_cpu))
+
+
+def workers_in_words(devices: Sequence[str]) -> str:
+    """'2 workers on cpu, 1 worker on cuda:0': one entry of ``devices`` per worker."""
+    return ", ".join(f"{n} worker{'s' * (n > 1)} on {device}"
+                     for device, n in Counter(devices).items())

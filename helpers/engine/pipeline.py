@@ -22,12 +22,13 @@ up to two workunits (one running, one waiting), retried ones first; it is the on
 workunit between the reader and the writer, so each is written once. It replaces workers that die
 or hang and retries, splits or gives up on workunits that fail, until only the bad records are left.
 
-Workers: one per entry of ``devices`` (or as many per device as fit: ``workers_per_device="fit"``), started by a
-WorkerPool through a backend (helpers.engine.backends: a spawned process with its own pipes per
-worker, or a thread sharing its device's model; helpers.engine.ray_backend: a Ray actor anywhere on
-a cluster, its messages through Ray's object store). Each loads the workload's model once on its device, says
-Ready, then runs workunits until the pool closes, answering each with a Result or a Failed message.
-Workers outlive a job, so one pool runs many jobs on models loaded once.
+Workers: one per entry of ``devices`` (or as many per device as fit: ``workers_per_device=
+"fit"``), started by a WorkerPool through a backend (helpers.engine.backends: a spawned process
+with its own pipes per worker, or a thread sharing its device's model;
+helpers.engine.ray_backend: a Ray actor anywhere on a cluster, its messages through Ray's object
+store). Each loads the workload's model once on its device, says Ready, then runs workunits
+until the pool closes, answering each with a Result or a Failed message. Workers outlive a job,
+so one pool runs many jobs on models loaded once.
 
 Writer (helpers.engine.hdf5_sink): the output is claimed first (helpers.engine.ownership: its lock
 held for the job, and refused unless it is this job's to write, resume or overwrite), then the
@@ -136,9 +137,8 @@ class WorkerPool:
     every job (a job may change those, never the pool's). With ``workers_per_device="fit"`` (or
     ``adaptive=True``) each distinct device of ``devices`` gets workers one at a time while it
     has memory for another model copy (``stable_workers`` reports how many stayed); with
-    ``workers_per_device="auto"`` each starts
-    with one and gets more during the jobs while they raise its measured rate
-    (helpers.engine.growth). With ``workunit_size="auto"`` each worker's workunits are sized from
+    ``workers_per_device="auto"`` each starts with one and gets more during the jobs while they
+    raise its measured rate (helpers.engine.growth). With ``workunit_size="auto"`` each worker's workunits are sized from
     its measured rate (helpers.engine.sizing).
     """
 

@@ -67,11 +67,7 @@ class PoolSettings:
                                  f"with workers_per_device={self.workers_per_device!r}")
             object.__setattr__(self, "workers_per_device", FIT)
         if self.workers_per_device not in (AUTO, FIT):
-            try:
-                positive_int("workers_per_device", self.workers_per_device)
-            except ValueError:
-                raise ValueError(f"workers_per_device: expected an integer >= 1, 'auto' or "
-                                 f"'fit', got {self.workers_per_device!r}") from None
+            positive_int("workers_per_device", self.workers_per_device, also=(AUTO, FIT))
         for name in ("threads_per_worker", "queue_depth"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name))
@@ -144,7 +140,7 @@ class JobSettings:
 
     def __post_init__(self) -> None:
         if self.workunit_size != AUTO:
-            positive_int("workunit_size", self.workunit_size, also=AUTO)
+            positive_int("workunit_size", self.workunit_size, also=(AUTO,))
         seconds("workunit_seconds", self.workunit_seconds)
         for name in ("limit", "sort_window"):
             if getattr(self, name) is not None:
@@ -192,14 +188,19 @@ def _entries(devices: Any) -> list:
     return devices.split(",") if isinstance(devices, str) else list(devices)
 
 
-def positive_int(name: str, value: Any, allow_zero: bool = False, also: str = "") -> None:
+def positive_int(name: str, value: Any, allow_zero: bool = False,
+                 also: tuple[str, ...] = ()) -> None:
     """Raise ValueError naming ``name`` unless ``value`` is an integer >= 1 (>= 0 if allowed);
-    ``also`` names a word the setting takes too, for the message."""
+    ``also`` names the words the setting takes too, for the message."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
             or value < (0 if allow_zero else 1):
-        alternative = f" or {also!r}" if also else ""
-        raise ValueError(f"{name}: expected an integer >= {0 if allow_zero else 1}{alternative}, "
-                         f"got {value!r}")
+        expected = or_words([f"an integer >= {int(not allow_zero)}", *map(repr, also)])
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+
+
+def or_words(words: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def seconds(name: str, value: Any) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from helpers.engine.pipeline import WorkerPool, run_pipeline
+from helpers.engine.devices import workers_in_words
 from helpers.engine.settings import AUTO
 from helpers.engine.stats import PipelineStats
 from helpers.study.experiments import layout_row, sample_records, span_row
@@ -180,8 +181,7 @@ def _workers(trial: Any) -> str:
     devices = getattr(trial, "devices", None)
     if not isinstance(devices, str) or not devices:
         return str(trial.workers_per_device)
-    return ", ".join(f"{n} worker{'s' * (n > 1)} on {d}"
-                     for d, n in Counter(devices.split(",")).items())
+    return workers_in_words(devices.split(","))
 
 
 def _guard_min(loaded: Any) -> float | None:

@@ -59,20 +59,20 @@ def run_notebooks(params: str | Path = "cpu", only: list[str] | None = None,
     note = {NOTE_ENV: f"{name} run (synthetic workload, tiny samples): not a measurement"} \
         if synthetic else {}  # (a smoke set's figures look like real ones: their titles say so)
     with mock.patch.dict(os.environ, note):
-        executed = [_run_one(notebook, params, out, overrides, timeout, log)
+        executed = [_run_one(notebook, params, name, out, overrides, timeout, log)
                     for notebook in notebooks]
     log(f"executed copies: {out}")
     return executed
 
 
-def _run_one(notebook: Path, params: str | Path, out: Path, overrides: dict[str, Any] | None,
-             timeout: float, log: Any) -> Path:
+def _run_one(notebook: Path, params: str | Path, name: str, out: Path,
+             overrides: dict[str, Any] | None, timeout: float, log: Any) -> Path:
     import papermill
 
     parameters = declared(notebook, {**load_parameters(params, notebook.stem),
                                      **(overrides or {})}, common=_common(params))
     started = time.monotonic()
-    log(f"running {notebook.name} with {Path(params).stem} parameters ...")
+    log(f"running {notebook.name} with {name} parameters ...")
     papermill.execute_notebook(str(notebook), str(out / notebook.name), parameters=parameters,
                                cwd=str(ROOT), kernel_name="python3", progress_bar=False,
                                execution_timeout=timeout)

