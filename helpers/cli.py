@@ -246,7 +246,8 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                       help="who writes the rows: the driver's writer thread, or each worker its "
                            "own part files that the driver commits (the driver then reads none "
                            "of the rows; OUTPUT must be on storage every worker reaches); auto: "
-                           "the workers on Ray with an HDF5 input, else the driver")
+                           "the workers on Ray when they can read the input by position (HDF5, "
+                           "Parquet, Arrow), else the driver")
     safe.add_argument("--adaptive", action="store_true",
                       help="the same as --workers-per-device fit (its older name)")
     safe.add_argument("--max-workers-per-device", type=int,

@@ -200,7 +200,7 @@ def self_tuning(runs: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-def tuned_against(table: pd.DataFrame, tuned: str, reference: str, tuner_s: float) -> str:
+def tuned_against(table: pd.DataFrame, tuned: str, reference: str, tuner_seconds: float) -> str:
     """The tuner's pick against a reference configuration, measured side by side."""
     rates = table.groupby("configuration")["records_per_s"]
     mean, sd = rates.mean(), rates.std().fillna(0.0)
@@ -208,7 +208,7 @@ def tuned_against(table: pd.DataFrame, tuned: str, reference: str, tuner_s: floa
     ratio = (ratios[tuned] / ratios[reference]).median()
     return (f"{tuned}: {mean[tuned]:.1f} ± {sd[tuned]:.1f} records/s, {reference}: "
             f"{mean[reference]:.1f} ± {sd[reference]:.1f} (median ratio {ratio:.2f} over "
-            f"{len(ratios)} interleaved replicates); the tuner took {tuner_s:.0f} s")
+            f"{len(ratios)} interleaved replicates); the tuner took {tuner_seconds:.0f} s")
 
 
 def trials(table: pd.DataFrame) -> str:

@@ -134,9 +134,9 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "seconds_per_workunit": _seconds, "parallelism": positive_int, "longer_records": positive_int,
     "sweep_replicates": positive_int, "writer_rows": positive_int, "writer_dim": positive_int,
     "writer_workers": positive_int, "writer_workunit_size": positive_int, "nodes": positive_int,
-    "workers_per_node": positive_int, "node_cpus": positive_int, "lose_at_s": _seconds,
+    "workers_per_node": positive_int, "node_cpus": positive_int, "lose_at_seconds": _seconds,
     "cluster_records": positive_int, "systems": _subset(SYSTEMS), "workers": positive_int,
-    "fault_records": positive_int, "kill_after_s": _seconds, "limit_s": _seconds,
+    "fault_records": positive_int, "kill_after_seconds": _seconds, "limit_seconds": _seconds,
     **{name: _threshold for name in THRESHOLDS},
 }
 

@@ -243,11 +243,11 @@ def victim(system: str, root: psutil.Process) -> psutil.Process | None:
 
 
 def run_system(system: str, device: str, records: int, batch_size: int, workers: int,
-               workunit_size: int, seed: int = 0, kill_after: float | None = None,
-               limit_s: float = 600.0) -> dict[str, Any]:
-    """Run ``system`` in a fresh process and measure it; ``kill_after``: seconds into its steady
+               workunit_size: int, seed: int = 0, kill_after_seconds: float | None = None,
+               limit_seconds: float = 600.0) -> dict[str, Any]:
+    """Run ``system`` in a fresh process and measure it; ``kill_after_seconds``: into its steady
     state to SIGKILL one of its model processes (``victim``). Returns a row: outcome ("finished",
-    "failed" or "hung" past ``limit_s``), seconds, peak memory of the process tree, and the rows
+    "failed" or "hung" past ``limit_seconds``), seconds, peak memory of the process tree, and the rows
     it returned: written, unique, lost, duplicated."""
     with tempfile.TemporaryDirectory() as tmp:
         ids_path = str(Path(tmp) / "ids.npy")
@@ -265,12 +265,12 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
         root = psutil.Process(child.pid)
         peak, steady_at, killed = 0.0, None, None
         reader = _Lines(out_path)
-        while child.poll() is None and time.perf_counter() - started < limit_s:
+        while child.poll() is None and time.perf_counter() - started < limit_seconds:
             peak = max(peak, tree_rss_mb(root))
             if steady_at is None and STEADY in reader.new():
                 steady_at = time.perf_counter()
-            if kill_after is not None and killed is None and steady_at is not None \
-                    and time.perf_counter() - steady_at >= kill_after:
+            if kill_after_seconds is not None and killed is None and steady_at is not None \
+                    and time.perf_counter() - steady_at >= kill_after_seconds:
                 target = victim(system, root)
                 if target is not None:
                     killed = target.pid
@@ -344,19 +344,20 @@ def peers(systems: Sequence[str], device: str, records: int, batch_size: int, wo
 
 
 def faults(systems: Sequence[str], device: str, records: int, batch_size: int, workers: int,
-           workunit_size: int, kill_after: float, limit_s: float, seed: int = 0) -> pd.DataFrame:
-    """Each system once more, one model process SIGKILLed ``kill_after`` seconds into its steady
-    state, ``limit_s`` to finish: a row per system (the thread backend's: no fault possible)."""
+           workunit_size: int, kill_after_seconds: float, limit_seconds: float,
+           seed: int = 0) -> pd.DataFrame:
+    """Each system once more, one model process SIGKILLed ``kill_after_seconds`` into its steady
+    state, ``limit_seconds`` to finish: a row per system (the thread backend's: no fault possible)."""
     _check(systems)
     rows = []
     for system in systems:
         if system == "gpufeed_thread":
             row = run_system(system, device, records, batch_size, workers, workunit_size, seed,
-                             limit_s=limit_s)
+                             limit_seconds=limit_seconds)
             rows.append({**row, "fault": "none possible: a thread cannot be killed alone"})
             continue
         row = run_system(system, device, records, batch_size, workers, workunit_size, seed,
-                         kill_after=kill_after, limit_s=limit_s)
+                         kill_after_seconds=kill_after_seconds, limit_seconds=limit_seconds)
         what = "the process itself" if system == "bare" else "one model process"
         rows.append({**row, "fault": f"SIGKILL {what}" if row["killed_pid"] else
                      "none: it ended before the kill"})

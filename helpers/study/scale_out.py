@@ -164,11 +164,11 @@ class ClusterRuns:
 
 
 def simulated_cluster(workload: Any, nodes: int, workers_per_node: int, node_cpus: int,
-                      records: int, texts: list[str], workunit_size: int, lose_at_s: float,
+                      records: int, texts: list[str], workunit_size: int, lose_at_seconds: float,
                       seed: int = 0) -> ClusterRuns:
     """The job on a Ray cluster of ``nodes`` simulated nodes (``node_cpus`` each) with
     ``workers_per_node`` one-thread actors on each: once whole, then again with the last node
-    removed ``lose_at_s`` seconds into the job (its raylet killed, as a machine lost). Workunits
+    removed ``lose_at_seconds`` seconds into the job (its raylet killed, as a machine lost). Workunits
     are at most ``workunit_size``, fewer records where each worker would get under 8."""
     if nodes < 2:
         raise ValueError(f"nodes: expected at least 2 (the last is lost mid-run), got {nodes}")
@@ -195,7 +195,7 @@ def simulated_cluster(workload: Any, nodes: int, workers_per_node: int, node_cpu
             pool.run(sample_records(texts, WARM_UP_RECORDS, seed), Path(tmp) / "warm.h5",
                      workunit_size=workunit_size)
             for job, lose in (("whole", False), ("a node lost", True)):
-                remover = threading.Timer(lose_at_s, cluster.remove_node, (added[-1],),
+                remover = threading.Timer(lose_at_seconds, cluster.remove_node, (added[-1],),
                                           {"allow_graceful": False}) if lose else None
                 if remover is not None:
                     remover.start()
@@ -204,7 +204,7 @@ def simulated_cluster(workload: Any, nodes: int, workers_per_node: int, node_cpu
                     if remover is not None:
                         remover.join()
                 rows.append({**run_row(stats, "ray", 0, joined), "job": job, "nodes": nodes,
-                             "lost_at_s": lose_at_s if lose else np.nan,
+                             "lost_at_s": lose_at_seconds if lose else np.nan,
                              "exactly_once": _each_once(Path(tmp) / f"{job}.h5", records)})
                 spans += [{**span_row(s), "job": job,
                            "node": names.get(s.node.rsplit("/", 1)[-1], s.node)}
