@@ -88,7 +88,7 @@ def test_only_the_workers_of_devices_still_deciding_get_short_workunits():
     growth.devices["cuda:0"].done = True  # cuda:0's count decided
     assert growth.deciding() == {1}
     sizing = Sizing(seconds=1.0)
-    sizing.capped = dict.fromkeys(growth.deciding(), 0.25)
+    sizing.explore(growth.deciding(), 0.25)
     for slot in (0, 1):
         sizing.observe(slot, 100, 0.1)  # both run 1,000 records/s
     assert (sizing.size(0), sizing.size(1)) == (400, 250)  # 400: at most 4x per result

@@ -61,7 +61,14 @@ Self-tuning, each optional: ``workunit_size="auto"`` sizes each worker's workuni
 measured rate (helpers.engine.sizing: the scheduler joins the reader's workunits for a fast worker
 and cuts them for a slow one, and finer at the end); ``workers_per_device="auto"`` adds workers to
 a device while they raise its rate (helpers.engine.growth, called from the main loop); a
-telemetry thread samples each device's use twice a second (helpers.engine.telemetry).
+telemetry thread samples each device's use twice a second (helpers.engine.telemetry). The sizes'
+loop, all of it in the main thread::
+
+    Result (records, seconds) ──► Sizing.observe ──► each worker's target
+         ▲                                              │
+         │                     the reader's feed cut at │ Sizing.largest()
+         └── worker ◄── dispatch: the feed's workunit ◄─┘ joined or cut to Sizing.size(worker)
+                                                          (Sizing.explore: shorter while growth decides)
 
 Static split (``WorkerPool.run_static``): the layout queue-fed workers replace. Every record is
 read first; worker i gets the i-th of even contiguous slices (``static_split``), pinned to it, as
@@ -262,7 +269,7 @@ class WorkerPool:
         settings = replace(settings, writes=who_writes(settings, self.settings.backend, records))
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
-        self._sizing.seconds = settings.workunit_seconds
+        self._sizing.start_job(settings.workunit_seconds)
         own = carried(records)
         outputs = self._outputs(own)  # (a clash is refused before the pool is at risk)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
@@ -489,7 +496,8 @@ class _Job:
                 scheduler.check_timeouts()
                 if self.growth is not None and not self.growth.settled:
                     self.growth.step(scheduler, time.monotonic(), self.clock)
-                    self._explore(self.growth.deciding())
+                    if scheduler.sizing is not None:  # short workunits while a count is decided
+                        scheduler.sizing.explore(self.growth.deciding(), EXPLORE_SECONDS)
 
     def _file_rejects(self) -> int:
         """Hand the records the reader rejected so far to the writer's errors/; how many."""
@@ -501,13 +509,6 @@ class _Job:
                         else record_id, error_type, message)
         self.sink.append_errors(rows)
         return len(rows)
-
-    def _explore(self, slots: set[int]) -> None:
-        """Short workunits for the workers of devices growth is deciding (each decision comes
-        sooner); the job's for the others."""
-        if self.scheduler.sizing is not None:
-            self.scheduler.sizing.seconds = self.settings.workunit_seconds
-            self.scheduler.sizing.capped = dict.fromkeys(slots, EXPLORE_SECONDS)
 
     def _write(self, result: Result) -> int:
         """Hand a result to the writer and add it to the totals; returns its records."""

@@ -24,10 +24,16 @@ MIN_SECONDS of its worker's work, nor below the work of its fixed cost (half a w
 cost at worst), so that the tail does not turn into single records that are all fixed cost.
 
 The out-of-memory cap (helpers.engine.scheduler) still applies on top of the target.
+
+Who changes a Sizing, only through its methods: the pool starts each job (``start_job``); the
+scheduler feeds it each result (``observe``), forgets a retired worker, asks it at each dispatch
+(``size``) and cuts the reader's feed at its ``largest`` target; growth's loop shortens the
+workunits of the devices whose worker count it is deciding (``explore``).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 FIRST_SIZE = 16  # records in a worker's workunits until its rate is known
 GROWTH = 4.0  # a target grows at most this factor per result
@@ -49,6 +55,15 @@ class Sizing:
         self._costs: dict[int, float] = {}  # worker slot -> seconds per record, fixed cost apart
         self._last: dict[int, tuple[int, float]] = {}  # worker slot -> its last (records, seconds)
         self.capped: dict[int, float] = {}  # worker slot -> shorter seconds for it (while growing)
+
+    def start_job(self, seconds: float) -> None:
+        """A job's seconds per workunit; the rates measured so far carry over from job to job."""
+        self.seconds, self.capped = seconds, {}
+
+    def explore(self, slots: Iterable[int], seconds: float) -> None:
+        """Workunits of at most ``seconds`` for the workers in ``slots`` (those of devices whose
+        worker count is being decided: helpers.engine.growth), the job's for the others."""
+        self.capped = dict.fromkeys(slots, seconds)
 
     def observe(self, slot: int, records: int, seconds: float) -> None:
         """A workunit of ``records`` took ``seconds`` on the worker in ``slot``."""
