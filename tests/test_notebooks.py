@@ -53,14 +53,6 @@ TABLES = {  # table -> columns it must have
                        "classes", "dispersion", "similarity", "caption", "ocr_s", "detector_s",
                        "error"},
 }
-AWAITING_CLEAN_RUN = {  # committed tables made before issue 27's one clean run (at a dirty
-    # commit, or naming none): each leaves this list when it is regenerated, and a table listed
-    # that is clean fails the test, so the list only shrinks
-    "autotune_bench", "best_configurations", "binning_images", "binning_layouts", "driver_limit",
-    "layouts_heterogeneous", "layouts_heterogeneous_timeline", "one_worker_per_device",
-    "one_worker_per_device_timeline", "peers", "peers_faults", "scale", "scale_out_backends",
-    "scale_out_cluster", "scale_out_cluster_timeline", "scale_ray", "threads_vs_processes",
-    "workers_per_device", "workunit_sizes"}
 FIGURES = ["01_workers_per_device/records_per_s-vs-workers",
            "02_one_worker_per_device/timeline-real", "02_one_worker_per_device/timeline-synthetic",
            "03_queue_and_workunit_size/records_per_s-vs-workunit_size",
@@ -216,9 +208,7 @@ def made_at_a_clean_commit(table):
 def test_a_committed_table_names_the_clean_commit_that_made_it(table):
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    assert made_at_a_clean_commit(table) is (table.stem not in AWAITING_CLEAN_RUN), \
-        f"{table.stem}: " + ("regenerated: take it off AWAITING_CLEAN_RUN" if table.stem in
-                             AWAITING_CLEAN_RUN else "its sidecar names no clean commit")
+    assert made_at_a_clean_commit(table), f"{table.stem}: its sidecar names no clean commit"
 
 
 def test_a_committed_table_has_every_column_its_code_writes_now(smoke):
@@ -227,7 +217,7 @@ def test_a_committed_table_has_every_column_its_code_writes_now(smoke):
     out, _ = smoke
     for made in sorted((out / "results").glob("*.csv")):
         committed = ROOT / "data" / "results" / "cpu" / made.name
-        if not committed.is_file() or made.stem in AWAITING_CLEAN_RUN:
+        if not committed.is_file():
             continue
         now = set(made.read_text().splitlines()[0].split(","))
         then = set(committed.read_text().splitlines()[0].split(","))
