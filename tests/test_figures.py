@@ -34,3 +34,22 @@ def test_the_readme_lists_exactly_the_figures_there_are(tmp_path):
     (tmp_path / "nb" / "a.png").unlink()
     readme = write_readme(tmp_path).read_text()
     assert "finding b" in readme and "finding a" not in readme
+
+
+def test_ranked_bars_wrap_a_long_title_and_draw_no_spread_for_single_runs():
+    import pandas as pd
+    from matplotlib.container import ErrorbarContainer
+
+    from helpers.study import plots
+
+    one_run = pd.DataFrame({"configuration": ["a", "b"], "rate": [2.0, 1.0],
+                            "layout": ["fixed", "self-tuning"]})
+    fig = plots.ranked_bars(one_run, "configuration", "rate", "layout",
+                            title="a title long enough to run past the axes " * 3, xlabel="x")
+    ax = fig.axes[0]
+    spread = lambda ax: [c for c in ax.containers if isinstance(c, ErrorbarContainer)]  # noqa: E731
+    assert "\n" in ax.get_title() and not spread(ax)  # one run each: no spread to draw
+    twice = pd.concat([one_run, one_run.assign(rate=[3.0, 1.5])])
+    ax = plots.ranked_bars(twice, "configuration", "rate", "layout", title="t", xlabel="x").axes[0]
+    assert spread(ax)
+    plt.close("all")

@@ -2,6 +2,7 @@
 ``helpers.study.figures.save_figure``; titles say which direction is better, axes carry units."""
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -199,17 +200,18 @@ def ranked_bars(frame: pd.DataFrame, label: str, y: str, hue: str, title: str,
 
     use_style()
     stats = frame.groupby(label).agg(mean=(y, "mean"), sd=(y, "std"), hue=(hue, "first"))
-    stats = stats.fillna({"sd": 0.0}).sort_values("mean", ascending=False)
+    stats = stats.sort_values("mean", ascending=False)
     kinds = list(dict.fromkeys(frame[hue]))
     colors = [plt.get_cmap("tab10")(kinds.index(k)) for k in stats["hue"]]
     fig, ax = plt.subplots(figsize=(8.0, 1.2 + 0.4 * len(stats)))
-    ax.barh(range(len(stats)), stats["mean"], xerr=stats["sd"], capsize=3, color=colors)
+    spread = None if stats["sd"].isna().all() else stats["sd"].fillna(0.0)  # one run: no bars
+    ax.barh(range(len(stats)), stats["mean"], xerr=spread, capsize=3, color=colors)
     ax.set_yticks(range(len(stats)), labels=stats.index, fontsize=8)
     ax.invert_yaxis()
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap("tab10")(i))
                        for i in range(len(kinds))], labels=kinds, fontsize=8, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
-    ax.set(title=title, xlabel=xlabel)
+    ax.set(title=textwrap.fill(title, 70, break_on_hyphens=False), xlabel=xlabel)  # (legend: right)
     return fig
 
 
