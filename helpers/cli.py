@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -155,7 +156,7 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
     emb.add_argument("--runtime", choices=RUNTIMES, default=EmbeddingWorkload.runtime,
                      help="onnx, onnx-int8 (CPU): the model exported once into GPUFEED_CACHE "
                           "and run by onnxruntime; checked against fp32 torch first")
-    emb.add_argument("--compile", action="store_true",
+    emb.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                      help="torch.compile the transformer in each worker's load (runtime torch; "
                           "checked against eager fp32 first)")
     emb.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
@@ -475,6 +476,7 @@ def export_output(args: argparse.Namespace) -> int:
 def tune(args: argparse.Namespace) -> int:
     """``python -m helpers tune``: the search, its trials table, tuned.yaml."""
     try:
+        _writable_folders(args.output, args.results_dir)  # now, not after the tune's minutes
         source = _source(args)
         chosen = args.variants == "none" or (args.precision, args.runtime) != \
             (EmbeddingWorkload.precision, EmbeddingWorkload.runtime)
@@ -508,6 +510,8 @@ def tune(args: argparse.Namespace) -> int:
     path = tuner.write_config(tuned, args.output, workload=args.workload,
                               **({"model": args.model} if args.model else {}),
                               **({"compile": True} if args.compile else {}),
+                              **({"precision": args.precision, "runtime": args.runtime}
+                                 if chosen else {}),  # phase 0 skipped: the variant given
                               input=str(args.input))
     print(f"wrote {path}: python -m helpers run --config {path} --input ... --output ...",
           file=sys.stderr)
@@ -564,6 +568,19 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None, **variant
                            "caption_model": args.caption_model}}[args.workload]
     return make_workload(args.workload, args.model, batch_size or args.batch_size,
                          args.seconds_per_record, args.speed, **{**options, **variant})
+
+
+def _writable_folders(output: str, results_dir: str | None) -> None:
+    """ValueError naming ``output``'s folder, or the results folder, if tune could not write
+    there: said before the tune, not after it."""
+    folders = {"--output": Path(output).resolve().parent}
+    if results_dir:
+        folders["--results-dir"] = Path(results_dir).resolve()
+    for flag, folder in folders.items():
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag}: cannot write in {folder} ({existing} is "
+                             f"{'not a folder' if not existing.is_dir() else 'not writable'})")
 
 
 def _is_usage(exc: Exception) -> bool:

@@ -163,7 +163,12 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
         log.info("phase 0, %s: loading one worker per device (and the quality guard)",
                  _words(variant))
         try:
-            with WorkerPool(make(None, **variant), devices, backend, progress=False) as pool:
+            workload = make(None, **variant)
+        except ValueError as exc:  # another of the workload's options rules this variant out
+            job.refused(variant, str(exc).splitlines()[0])
+            continue
+        try:
+            with WorkerPool(workload, devices, backend, progress=False) as pool:
                 job.run(pool, "variant", None, AUTO, variant=variant)
         except PipelineError as exc:  # its workers refused it (the guard), or could not load it
             job.refused(variant, str(exc).splitlines()[0])

@@ -3,6 +3,7 @@ cannot run, the ONNX export made once and reused, and the quality guard that pas
 variant and refuses one that is not (with its numbers)."""
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -26,6 +27,17 @@ def test_a_variant_that_cannot_run_on_its_device_is_named_before_anything_loads(
         precision, runtime, device, said):
     with pytest.raises(ValueError, match=said.replace("(", r"\(").replace(")", r"\)")):
         check_variant(precision, runtime, device)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_pool_on_a_device_its_variant_cannot_use_is_refused_before_any_worker(tmp_path,
+                                                                              backend):
+    """fp16 on a CPU: a bad argument (ValueError, exit 2), said by the driver; before, a worker
+    spawned, loaded and died with a remote traceback (exit 1)."""
+    with pytest.raises(ValueError, match="precision='fp16' runs on CUDA devices only"):
+        run_pipeline([(0, "a text")], EmbeddingWorkload(precision="fp16"), ["cpu"],
+                     output=tmp_path / "o.h5", backend=backend, progress=False)
+    assert not list(tmp_path.iterdir())
 
 
 def test_bf16_on_a_cuda_device_without_it_is_refused(monkeypatch):
@@ -62,6 +74,42 @@ def test_the_onnx_export_is_made_once_and_reused(tmp_path, monkeypatch, minilm):
     assert len(made) == 1 and paths[0] == paths[1] and paths[0].stat().st_size > 10 << 20
     assert runtimes.exported(minilm, "onnx", tmp_path) == paths[0] and len(made) == 1
     assert [p.name for p in paths[0].parent.iterdir() if p.suffix == ".onnx"] == ["onnx.onnx"]
+
+
+def test_the_export_cache_tells_apart_models_whose_weights_are_the_same(minilm):
+    """Pooling and normalisation hold no weights: the key reads the modules and their settings
+    too, or a model without Normalize would reuse this one's export (and its unit vectors)."""
+    from sentence_transformers import SentenceTransformer
+
+    unnormalised = SentenceTransformer(modules=[minilm[0], minilm[1]], device="cpu")
+    assert runtimes.weights_digest(unnormalised) != runtimes.weights_digest(minilm)
+    assert runtimes.weights_digest(minilm) == runtimes.weights_digest(minilm)
+
+
+def test_measuring_tokens_in_one_thread_never_breaks_another_threads_encode(minilm):
+    """A fast tokenizer keeps its padding on itself: measuring with the shared one switched it
+    off under another thread's encode, which then failed to make its tensors."""
+    texts = [("word " * (i % 37 + 1)).strip() for i in range(64)]
+    stop, errors = time.monotonic() + 3, []
+
+    def measure():
+        while time.monotonic() < stop:
+            runtimes.token_lengths(minilm, texts)
+
+    def tokenize():
+        while time.monotonic() < stop:
+            try:
+                minilm.tokenize(texts)
+            except Exception as exc:  # noqa: BLE001 (what failed is the finding)
+                errors.append(exc)
+
+    threads = [threading.Thread(target=measure), threading.Thread(target=tokenize)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, f"{len(errors)} encode tokenizations failed: {errors[0]}"
+    assert runtimes.token_lengths(minilm, ["one two three"]) == [5]  # [CLS] 3 words [SEP]
 
 
 @pytest.mark.parametrize("runtime", ["onnx", "onnx-int8"])

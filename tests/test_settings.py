@@ -77,6 +77,8 @@ def test_workers_per_device_multiplies_the_entries_or_starts_one_per_device_to_g
                     PoolSettings(("cuda:0", "cuda:1", "cuda:0"), adaptive=True)):  # (its old name)
         assert filling.filling and not filling.growing and filling.workers_per_device == "fit"
         assert filling.worker_devices == ("cuda:0", "cuda:1")
+        one = dataclasses.replace(filling, workers_per_device=1)  # (the static fallback's)
+        assert not one.filling and one.worker_devices == ("cuda:0", "cuda:1", "cuda:0")
     assert JobSettings(workunit_size="auto").auto_size and JobSettings().window == 16384
     assert JobSettings(workunit_size="auto").window > 0
 

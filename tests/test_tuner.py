@@ -113,6 +113,66 @@ def test_the_tuner_runs_the_fastest_variant_the_workers_accept_and_never_a_refus
     assert write_config(tuned, tmp_path / "tuned.yaml").read_text().count("name: fast") == 1
 
 
+def test_a_variant_the_workload_cannot_combine_is_a_refused_row_and_the_tune_goes_on():
+    def make(batch_size=None, name="slow"):
+        if name == "clashing":
+            raise ValueError("tokenize_ahead: for runtime='torch'")
+        return variant(batch_size, name)
+
+    tuned = tune(make, [(i, i) for i in range(2000)], ["cpu"], backend="thread", sample=300,
+                 budget_seconds=120, variants=[{"name": "clashing"}, {"name": "fast"}])
+    first = [t for t in tuned.trials if t["phase"] == "variant"]
+    assert "tokenize_ahead" in first[0]["refused"] and first[1]["records_per_s"] > 0
+    assert tuned.variant == {"name": "fast"}
+
+
+def test_tune_given_a_variant_writes_it_into_tuned_yaml_and_run_config_runs_it(tmp_path,
+                                                                               monkeypatch):
+    """--precision or --runtime skips phase 0: tuned.yaml must still say which variant was
+    measured, or run --config would run fp32 torch; --no-compile undoes a tuned compile."""
+    from helpers import cli as gpufeed_cli
+    from helpers import tuner
+
+    measured = []
+
+    def fake_tune(make, *args):
+        workload = make(None)
+        measured.append((workload.precision, workload.runtime))
+        return tuner.Tuned(["cpu"], "thread", None, 64, 100.0, None,
+                           [{"trial": 0, "phase": "workunit size", "devices": "cpu",
+                             "workunit_size": 64, "records_per_s": 100.0, "batch_size": None,
+                             "variant": "{}"}], 0, 2, {})
+
+    monkeypatch.setattr(tuner, "tune", fake_tune)
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\n')
+    out = str(tmp_path / "tuned.yaml")
+    for flags, variant_run in ((["--precision", "bf16"], ("bf16", "torch")),
+                               (["--runtime", "onnx"], ("fp32", "onnx"))):
+        assert gpufeed_cli.main(["tune", "--input", str(tmp_path / "in.jsonl"), "--devices",
+                                 "cpu", "--output", out, "--results-dir", "", *flags]) == 0
+        args = gpufeed_cli.build_parser(gpufeed_cli._config_defaults(out)).parse_args(
+            ["run", "--input", "x.jsonl", "--output", "o.h5"])
+        workload = gpufeed_cli._workload(args)
+        assert measured[-1] == (workload.precision, workload.runtime) == variant_run
+    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump({"devices": ["cpu"], "compile": True}))
+    parse = gpufeed_cli.build_parser(gpufeed_cli._config_defaults(out)).parse_args
+    assert parse(["run", "--input", "x", "--output", "o"]).compile is True
+    assert parse(["run", "--input", "x", "--output", "o", "--no-compile"]).compile is False
+
+
+def test_tune_refuses_an_output_it_could_not_write_before_tuning(tmp_path, monkeypatch, capsys):
+    from helpers import cli as gpufeed_cli
+    from helpers import tuner
+
+    tuned = []
+    monkeypatch.setattr(tuner, "tune", lambda *args: tuned.append(1))
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "a_file").write_text("")
+    assert gpufeed_cli.main(["tune", "--input", str(tmp_path / "in.jsonl"), "--output",
+                             str(tmp_path / "a_file" / "tuned.yaml")]) == 2
+    assert not tuned and "--output: cannot write in" in capsys.readouterr().err
+
+
 def test_every_variant_refused_is_an_error_naming_why():
     with pytest.raises(RuntimeError, match="every variant was refused: .*fail_on_load"):
         tune(variant, [(i, i) for i in range(100)], ["cpu"], backend="thread", sample=50,
@@ -137,6 +197,9 @@ def test_the_embedding_workload_offers_what_each_device_runs(monkeypatch):
     assert offered(["cpu", "cuda:0"]) == [(p, "torch", c) for c in (False, True)
                                           for p in ("fp32", "bf16")]
     assert offered(["cpu"], compile=True) == [("fp32", "torch", True), ("bf16", "torch", True)]
+    assert offered(["cpu"], tokenize_ahead=True) == [  # (tokenizing ahead is torch's)
+        ("fp32", "torch", False), ("bf16", "torch", False), ("fp32", "torch", True),
+        ("bf16", "torch", True)]
     # (asked to compile: only compiled ones)
 
 

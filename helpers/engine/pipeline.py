@@ -169,6 +169,9 @@ class WorkerPool:
                             f"protocol")
         if workload.requires_hardware:
             check_available(settings.devices)
+        check = getattr(workload, "check_devices", None)  # (optional: protocol.Workload)
+        if check is not None:
+            check(tuple(dict.fromkeys(settings.devices)))
         self.workload, self.settings, self.job = workload, settings, job
         self.workers = settings.workers()
         self.spinup_seconds = 0.0

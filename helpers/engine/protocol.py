@@ -204,7 +204,8 @@ class Workload(Protocol):
 
     # Optional: ``prepare(record) -> Any`` runs in the worker after check_record and turns a record
     # into what ``process`` takes (an image path into pixels); any exception it raises rejects
-    # that record alone.
+    # that record alone. ``check_devices(devices)`` runs in the driver before any worker starts
+    # and raises ValueError naming a device the workload cannot run on.
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
         """Run the model over ``records``; each array has one row per record, in order."""

@@ -66,6 +66,7 @@ class PoolSettings:
                 raise ValueError(f"adaptive: the same as workers_per_device='fit'; it cannot go "
                                  f"with workers_per_device={self.workers_per_device!r}")
             object.__setattr__(self, "workers_per_device", FIT)
+            object.__setattr__(self, "adaptive", False)  # said once: a replace() may change it
         if self.workers_per_device not in (AUTO, FIT):
             positive_int("workers_per_device", self.workers_per_device, also=(AUTO, FIT))
         for name in ("threads_per_worker", "queue_depth"):

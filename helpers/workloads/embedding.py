@@ -269,6 +269,12 @@ class EmbeddingWorkload:
             raise ValueError(f"guard: expected (mean, min) cosines in (0, 1], got {self.guard!r}")
         object.__setattr__(self, "guard", (float(guard[0]), float(guard[1])))
 
+    def check_devices(self, devices: tuple[str, ...]) -> None:
+        """In the driver, before any worker starts: a device this variant cannot run on (fp16 on
+        a CPU, onnx on a GPU) is a bad argument, not a worker's crash."""
+        for device in devices:
+            check_variant(self.precision, self.runtime, device, hardware=False)
+
     def load(self, device: str, threads: int) -> Any:
         check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
@@ -317,11 +323,11 @@ class EmbeddingWorkload:
     def variants(self, devices: list[str]) -> list[dict[str, Any]]:
         """The ways every one of ``devices`` can run the model, for the tuner's phase 0: each
         precision and runtime, the torch ones also compiled (only those when this workload
-        compiles); whether the guard passes each is found when its workers load it."""
+        compiles; only torch ones when it tokenizes ahead); whether the guard passes each is found when its workers load it."""
         return [{"precision": precision, "runtime": runtime, "compile": compiled}
                 for compiled, precision, runtime in product(
                     (True,) if self.compile else (False, True), PRECISIONS, RUNTIMES)
-                if (runtime == "torch" or not compiled)
+                if (runtime == "torch" or not (compiled or self.tokenize_ahead))
                 and all(_runs(precision, runtime, device) for device in devices)]
 
     def report(self, model: Any) -> dict[str, Any]:

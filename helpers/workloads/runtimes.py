@@ -22,6 +22,7 @@ to the device without blocking, as ``DataLoader(pin_memory=True)`` does).
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import hashlib
 import json
@@ -29,6 +30,7 @@ import os
 import tempfile
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -78,9 +80,10 @@ def variant_label(variant: dict[str, Any]) -> str:
                              for k, v in variant.items() if v is True])
 
 
-def check_variant(precision: str, runtime: str, device: str) -> None:
+def check_variant(precision: str, runtime: str, device: str, hardware: bool = True) -> None:
     """ValueError naming what is wrong with running ``precision`` and ``runtime`` on
-    ``device`` (before anything is loaded)."""
+    ``device`` (before anything is loaded); ``hardware`` False: not asking the card itself (in
+    the driver, which should not open a CUDA context)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
     if runtime not in RUNTIMES:
@@ -97,7 +100,7 @@ def check_variant(precision: str, runtime: str, device: str) -> None:
     if precision == "fp16" and not cuda:
         raise ValueError(f"precision='fp16' runs on CUDA devices only ({device} has no fast "
                          f"float16 kernels): use 'bf16' or 'fp32' there")
-    if precision == "bf16" and cuda:
+    if precision == "bf16" and cuda and hardware:
         import torch
 
         if not torch.cuda.is_bf16_supported():
@@ -114,11 +117,17 @@ def torch_dtype(precision: str) -> Any:
 
 
 def weights_digest(model: Any) -> str:
-    """A digest of a torch model's weights (and the versions that export them): the cache key."""
+    """A digest of a torch model's weights, its modules and their settings (and the versions
+    that export them): the cache key. Weights alone would give one key to two models with the
+    same transformer and different pooling or normalisation, which hold no weights."""
     import torch
     import transformers
 
     digest = hashlib.sha1(f"{torch.__version__} {transformers.__version__} {OPSET}".encode())
+    for name, module in getattr(model, "_modules", {}).items():
+        config = getattr(module, "get_config_dict", dict)()
+        digest.update(f"{name} {type(module).__qualname__} "
+                      f"{json.dumps(config, sort_keys=True, default=str)}".encode())
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
@@ -241,10 +250,27 @@ def token_lengths(model: Any, texts: list[str]) -> list[int]:
     max_seq_length): what batches should be sorted by. Characters are a poor proxy here: the
     sample's batches of 16 sorted by characters computed 1.30x the tokens they needed, sorted
     by tokens 1.01x (texts past the truncation, code against prose)."""
-    tokenizer = model.tokenizer
-    ids = tokenizer(texts, truncation=True, max_length=model.max_seq_length,
-                    return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    ids = _own_tokenizer(model)(texts, truncation=True, max_length=model.max_seq_length,
+                                return_attention_mask=False,
+                                return_token_type_ids=False)["input_ids"]
     return [len(i) for i in ids]
+
+
+_copies = threading.local()  # each thread's own copy of each model's tokenizer
+
+
+def _own_tokenizer(model: Any) -> Any:
+    """This thread's copy of ``model``'s tokenizer, for measuring. A fast tokenizer keeps its
+    padding and truncation on itself, set by each call: measuring (no padding) with the one
+    ``encode`` uses (padding) in another thread sharing the model switched its padding off under
+    that thread's call, which then failed ("Unable to create tensor", 413 of 1,387 calls)."""
+    copies = getattr(_copies, "by_model", None)
+    if copies is None:
+        copies = _copies.by_model = weakref.WeakKeyDictionary()
+    tokenizer = copies.get(model)
+    if tokenizer is None:
+        tokenizer = copies[model] = copy.deepcopy(model.tokenizer)
+    return tokenizer
 
 
 class OnnxEncoder:
