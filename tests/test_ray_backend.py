@@ -18,6 +18,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from helpers.engine.backends import visible_devices
+from helpers.engine.devices import visible_devices as visible_devices_here
 from helpers.engine.hdf5_sink import read_output, rows_written
 from helpers.engine.messages import WorkerInfo
 from helpers.engine.pipeline import PipelineError, WorkerPool, run_pipeline
@@ -136,7 +138,8 @@ def test_a_cluster_that_cannot_be_joined_is_named_with_the_token_it_may_want(mon
 
 def test_auto_devices_on_ray_are_the_cluster_s(cluster):
     # no GPU in this cluster: one cpu worker per node
-    assert PoolSettings("auto", "ray").devices == ("cpu", "cpu")
+    assert PoolSettings("auto", "ray", visible=visible_devices("ray")).devices == ("cpu", "cpu")
+    assert PoolSettings("auto", "process").devices == visible_devices_here()  # (this machine's)
 
 
 def test_two_nodes_two_actors_each_every_id_once_equal_to_encode(cluster, tmp_path, texts,

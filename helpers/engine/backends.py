@@ -30,6 +30,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from helpers.engine import transfer
@@ -243,6 +244,22 @@ class ThreadBackend:
             thread.join(None if clean else max(0.0, deadline - time.monotonic()))
         self._workers.clear()
         close_inputs()  # (the files its workers read are open in this process)
+
+
+def visible_devices(backend: str, address: str | None = None
+                    ) -> Callable[[], tuple[str, ...]] | None:
+    """What ``"auto"`` devices stand for on ``backend`` (PoolSettings' ``visible``): None, this
+    machine's, but on Ray every GPU of the cluster at ``address`` (helpers.engine.ray_backend,
+    imported only when asked)."""
+    if backend != "ray":
+        return None
+
+    def cluster() -> tuple[str, ...]:
+        from helpers.engine.ray_backend import cluster_devices
+
+        return cluster_devices(address)
+
+    return cluster
 
 
 def make_backend(settings: PoolSettings, workload: Any) -> Backend:

@@ -14,7 +14,8 @@ into the two. A bad value raises ValueError naming the setting and what it expec
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import InitVar, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -54,13 +55,15 @@ class PoolSettings:
     load_timeout: float = 600.0  # seconds for every worker to load its model
     ray_address: str | None = None  # backend="ray": the cluster's head ("host:6379", "auto");
     # None: a cluster this process already joined, else a local Ray started for the pool
+    visible: InitVar[Callable[[], tuple[str, ...]] | None] = None  # what "auto" devices are where
+    # the workers are not this machine's (the backend says: helpers.engine.backends.visible_devices)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, visible: Callable[[], tuple[str, ...]] | None) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {BACKENDS}, got {self.backend!r}")
         if self.ray_address is not None and self.backend != "ray":
             raise ValueError(f"ray_address: only for backend='ray' (backend is {self.backend!r})")
-        object.__setattr__(self, "devices", parse_devices(self.devices, self._visible()))
+        object.__setattr__(self, "devices", parse_devices(self.devices, visible))
         if self.adaptive:
             if self.workers_per_device not in (1, FIT):
                 raise ValueError(f"adaptive: the same as workers_per_device='fit'; it cannot go "
@@ -78,15 +81,6 @@ class PoolSettings:
         if self.workunit_timeout is not None:
             seconds("workunit_timeout", self.workunit_timeout)
         seconds("load_timeout", self.load_timeout)
-
-    def _visible(self) -> Any:
-        """What ``"auto"`` devices stand for: this machine's, or on Ray every GPU of the cluster
-        (joining it: helpers.engine.ray_backend, imported only then)."""
-        if self.backend != "ray" or not any("auto" in str(d) for d in _entries(self.devices)):
-            return None
-        from helpers.engine import ray_backend
-
-        return lambda: ray_backend.cluster_devices(self.ray_address)
 
     @property
     def growing(self) -> bool:
@@ -183,10 +177,6 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
                         f"{', '.join(JOB_SETTINGS)}")
     return ({k: v for k, v in options.items() if k in POOL_SETTINGS},
             {k: v for k, v in options.items() if k in JOB_SETTINGS})
-
-
-def _entries(devices: Any) -> list:
-    return devices.split(",") if isinstance(devices, str) else list(devices)
 
 
 def positive_int(name: str, value: Any, allow_zero: bool = False,
