@@ -93,8 +93,9 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.option_strings and "%(default)" not in text and \
-                action.default not in (None, False, True, [], {}, (), "", argparse.SUPPRESS):
+        default = action.default  # (1 == True: a bool is told apart by its type)
+        if action.option_strings and "%(default)" not in text and default is not None and \
+                not isinstance(default, bool) and default not in ([], {}, (), "", argparse.SUPPRESS):
             text += " (default: %(default)s)"
         return text
 
@@ -281,11 +282,12 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     pack = commands.add_parser("compact", help="copy a run's index and its parts into one file")
     pack.add_argument("output", help="the output of a run: an index beside OUTPUT.parts/")
     out = commands.add_parser("export", help="an output as Parquet or NumPy files (streamed)")
-    out.add_argument("source", metavar="OUTPUT", help="a run's output (.h5)")
+    out.add_argument("source", metavar="RUN_OUTPUT", help="a run's output (.h5)")
     out.add_argument("--to", choices=("parquet", "npy"), required=True,
                      help="parquet: one file, vectors as fixed-size lists; npy: a folder of "
                           "memory-mappable <dataset>.npy")
-    out.add_argument("--output", required=True, help="the file (parquet) or folder (npy) to write")
+    out.add_argument("--output", metavar="PATH", required=True,
+                     help="the file (parquet) or folder (npy) to write")
     out.add_argument("--overwrite", action="store_true",
                      help="replace an earlier export at --output (never another file)")
     out.add_argument("--partial", action="store_true",

@@ -1,6 +1,7 @@
 """``python -m helpers run``: JSON on the last line, exit status by outcome, Ctrl-C leaves nothing."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +73,24 @@ def test_a_self_tuning_run_from_the_command_line(tmp_path):
     assert [d["action"] for d in stats["decisions"]][:1] == ["add"]
     assert "growth: cpu add -> 2 workers" in done.stderr and ": add -> 2 workers" in done.stderr
     assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(3000))
+
+
+def test_help_shows_every_default_worth_saying_and_names_each_argument_once():
+    """A default of 1 or 1.0 is shown too (1 == True hid them), a flag's off-switch is listed,
+    and export's usage does not call two different things OUTPUT."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "helpers", "run", "--help"], capture_output=True,
+                         text=True, env=env, timeout=60).stdout
+    entries = {" ".join(e.split()).split()[0]: " ".join(e.split())
+               for e in re.split(r"\n  (?=-)", run)[1:]}  # each option's entry, by its flag
+    for flag, default in (("--retries", "1"), ("--workunit-seconds", "1.0"),
+                          ("--max-restarts", "10"), ("--backend", "process")):
+        assert f"(default: {default})" in entries[flag], entries[flag]
+    assert "--no-compile" in entries["--compile,"] and "(default: False)" not in run
+    export = subprocess.run([sys.executable, "-m", "helpers", "export", "--help"],
+                            capture_output=True, text=True, env=env, timeout=60).stdout
+    usage = " ".join(export.split("\n\n")[0].split())
+    assert "--output PATH" in usage and usage.endswith("RUN_OUTPUT")
 
 
 def test_missing_input_exits_2(tmp_path):

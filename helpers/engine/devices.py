@@ -68,7 +68,8 @@ def check_available(devices: Sequence[str]) -> None:
         if missing:
             have = f"cuda:0..cuda:{count - 1}" if count else "none"
             raise ValueError(f"devices: {', '.join(missing)} not available on this machine "
-                             f"(CUDA devices present: {have})")
+                             f"(CUDA devices present: {have}): name one of those, 'cpu', or "
+                             f"'auto' for every device here")
     if "mps" in devices:
         import torch
 
