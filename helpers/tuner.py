@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from helpers.engine.backends import visible_devices
+from helpers.engine.backends import pool_settings
 from helpers.engine.pipeline import WorkerPool
 from helpers.engine.devices import workers_in_words
 from helpers.engine.protocol import Workload
@@ -105,8 +105,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
     builds the workload (``batch_sizes`` empty: the workload's own, and phase 1 is skipped;
     ``variants`` None: those the workload offers, empty: phase 0 is skipped)."""
     deadline = time.monotonic() + budget_seconds
-    distinct = list(dict.fromkeys(PoolSettings(devices, backend,
-                                               visible=visible_devices(backend)).devices))
+    distinct = list(dict.fromkeys(pool_settings(devices, backend).devices))
     trials: list[dict] = []
     if variants is None:
         offered = getattr(make(None), "variants", None)

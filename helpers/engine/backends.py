@@ -262,6 +262,13 @@ def visible_devices(backend: str, address: str | None = None
     return cluster
 
 
+def pool_settings(devices: Any, backend: str = PoolSettings.backend, **options: Any
+                  ) -> PoolSettings:
+    """PoolSettings for ``backend``, its ``"auto"`` devices what that backend says they are."""
+    return PoolSettings(devices, backend, **options,
+                        visible=visible_devices(backend, options.get("ray_address")))
+
+
 def make_backend(settings: PoolSettings, workload: Any) -> Backend:
     """The backend ``settings`` name (one of BACKENDS), with no worker started yet; Ray is
     imported only for the ray backend."""

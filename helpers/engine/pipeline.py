@@ -96,7 +96,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.backends import make_backend, refuse_in_a_starting_worker, visible_devices
+from helpers.engine.backends import make_backend, pool_settings, refuse_in_a_starting_worker
 from helpers.engine.carried import Carried
 from helpers.engine.checkpoint import PartTarget
 from helpers.engine.devices import check_available
@@ -152,9 +152,7 @@ class WorkerPool:
     def __init__(self, workload: Workload, devices: Iterable[str] | str = ("cpu",),
                  backend: str = "process", **options: Any) -> None:
         pool, job = split_options(options)
-        visible = visible_devices(backend, pool.get("ray_address"))  # what "auto" is there
-        self._configure(workload, PoolSettings(devices, backend, **pool, visible=visible),
-                        JobSettings(**job))
+        self._configure(workload, pool_settings(devices, backend, **pool), JobSettings(**job))
 
     @classmethod
     def from_settings(cls, workload: Workload, settings: PoolSettings,
@@ -640,8 +638,7 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
     pool_options, job_options = split_options(options)
-    settings = PoolSettings(devices, backend, **pool_options,  # validated before anything spawns
-                            visible=visible_devices(backend, pool_options.get("ray_address")))
+    settings = pool_settings(devices, backend, **pool_options)  # validated before any spawn
     job = JobSettings(workunit_size, **job_options)
     records = open_source(source, text_column=text_column, id_column=id_column,
                           keep_columns=keep_columns)

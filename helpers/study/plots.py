@@ -16,6 +16,11 @@ USE_LABELS = {"nvml": "GPU busy [%]\n(NVML)", "psutil": "CPU [%] of the\nworkers
               "simulated": "card busy [%]\n(simulated)"}  # telemetry lane, by sample source
 
 
+def _labelled(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """``frame`` with the strategies in ``column`` named as figures name them."""
+    return frame.assign(**{column: frame[column].map(lambda v: STRATEGY_LABELS.get(v, v))})
+
+
 def _figure(ncols: int = 1, width: float = 6.4, height: float = 4.2, **kwargs: Any):
     import matplotlib.pyplot as plt
 
@@ -30,7 +35,7 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
 
     fig, axes = _figure()
     ax = axes[0, 0]
-    data = frame.assign(**{hue: frame[hue].map(lambda v: STRATEGY_LABELS.get(v, v))})
+    data = _labelled(frame, hue)
     sns.lineplot(data=data, x=x, y=y, hue=hue, errorbar="sd", err_style="bars", marker="o",
                  ax=ax, err_kws={"capsize": 4})
     if logx:
@@ -150,7 +155,7 @@ def grouped_bars(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlab
     import seaborn as sns
 
     fig, axes = _figure()
-    data = frame.assign(**{hue: frame[hue].map(lambda v: STRATEGY_LABELS.get(v, v))})
+    data = _labelled(frame, hue)
     sns.barplot(data=data, x=x, y=y, hue=hue, errorbar="sd", capsize=0.1, ax=axes[0, 0])
     axes[0, 0].set(title=title, xlabel=xlabel, ylabel=ylabel)
     return fig

@@ -323,7 +323,8 @@ class EmbeddingWorkload:
     def variants(self, devices: list[str]) -> list[dict[str, Any]]:
         """The ways every one of ``devices`` can run the model, for the tuner's phase 0: each
         precision and runtime, the torch ones also compiled (only those when this workload
-        compiles; only torch ones when it tokenizes ahead); whether the guard passes each is found when its workers load it."""
+        compiles; only torch ones when it tokenizes ahead); whether the guard passes each is
+        found when its workers load it."""
         return [{"precision": precision, "runtime": runtime, "compile": compiled}
                 for compiled, precision, runtime in product(
                     (True,) if self.compile else (False, True), PRECISIONS, RUNTIMES)

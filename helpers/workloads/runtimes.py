@@ -124,7 +124,7 @@ def weights_digest(model: Any) -> str:
     import transformers
 
     digest = hashlib.sha1(f"{torch.__version__} {transformers.__version__} {OPSET}".encode())
-    for name, module in getattr(model, "_modules", {}).items():
+    for name, module in model.named_children():
         config = getattr(module, "get_config_dict", dict)()
         digest.update(f"{name} {type(module).__qualname__} "
                       f"{json.dumps(config, sort_keys=True, default=str)}".encode())
