@@ -40,7 +40,57 @@ def test_workunits_are_cut_across_slices_in_order_and_only_the_last_is_short():
     assert np.concatenate([u.ids for u in units]).tolist() == list(range(16))
     assert all(u.records == [f"r{i}" for i in u.ids.tolist()] for u in units)
     assert [u.index for u in units] == [0, 1, 2, 3]
-    assert len(woken) == 5 and reader.units_put == 4  # one per workunit, one at the end
+    assert woken and reader.units_put == 4  # (when: the next test)
+
+
+def test_the_scheduler_is_woken_for_a_workunit_only_once_it_asked_and_did_not_take():
+    """A wake-up per workunit turned the scheduler's loop once per workunit for nothing when
+    it was busy with results anyway: the reader wakes it only after a look that took nothing (an
+    empty queue, or a backlog too short for a second workunit each), and always at the end."""
+    gate, woken = threading.Semaphore(0), []
+
+    def gated():
+        for start in range(0, 16, 4):
+            gate.acquire()
+            yield np.arange(start, start + 4, dtype=np.int64), ["r"] * 4
+        gate.acquire()  # (the end, when the test says)
+
+    def put(units):  # one more slice through the gate, and wait until it is queued
+        gate.release()
+        deadline = time.monotonic() + 5
+        while reader.units_put < units and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert reader.units_put == units
+
+    reader = Reader(gated(), workunit_size=4, depth=8, wake=lambda: woken.append(1))
+    reader.start()
+    put(1)
+    assert len(woken) == 1  # nothing taken yet: the scheduler may be waiting for it
+    assert reader.take() is not None
+    put(2)
+    assert len(woken) == 1  # it took the last one and has not looked since: not woken
+    assert reader.take() is not None and reader.take() is None
+    put(3)
+    assert len(woken) == 2  # it found the queue empty: woken
+    assert reader.take() is not None and reader.backlog() == 1
+    put(4)
+    assert len(woken) == 3  # it asked how many wait and took none: woken
+    gate.release()
+    reader.join(5)
+    assert reader.done and len(woken) == 4  # the end
+
+
+def test_a_window_is_a_view_of_its_slice_not_a_copy_of_the_rest():
+    """Cutting one slice of 65,536 ids into workunits of 16 copied the rest of the slice for
+    each workunit (the reader's work grew with the slice); every workunit's ids are now a view of
+    one array."""
+    ids = np.arange(65536, dtype=np.int64)
+    reader = Reader(iter([(ids, ["r"] * len(ids))]), workunit_size=16, depth=5000)
+    reader.start()
+    reader.join(10)
+    units = drain(reader)
+    assert len(units) == 4096 and len({id(u.ids.base) for u in units}) == 1
+    assert np.concatenate([u.ids for u in units]).tolist() == ids.tolist()
 
 
 class Opener:

@@ -17,8 +17,12 @@ class Reader(threading.Thread):
     """Cuts the source into workunits and puts them on its bounded work queue, ``depth`` deep.
 
     ``slices``: ``(ids, records)`` pairs of an int64 array and a list
-    (helpers.engine.sources.read_slices), or Rows (a source's ``rows``). ``wake`` is called after each workunit (and at the end)
-    so that the scheduler, waiting on its workers' messages, need not poll.
+    (helpers.engine.sources.read_slices), or Rows (a source's ``rows``). ``wake`` ends the
+    scheduler's wait on its workers' messages (so that it need not poll) after a workunit it may
+    want: once it has asked this feed and not taken (it found the queue empty, or too short to
+    give a worker a second), not after every workunit — a scheduler busy with its workers' results
+    takes the next workunit anyway, and a wake-up per workunit was a turn of its loop for nothing.
+    At the end (and on an error) it is always woken.
 
     The scheduler's side (helpers.engine.scheduler.Feed): ``take()`` the next workunit or None,
     ``backlog()``, ``remaining()`` records (known once the source is read, or from ``total``),
@@ -43,8 +47,10 @@ class Reader(threading.Thread):
         self.error: BaseException | None = None
         self.read_seconds = self.blocked_seconds = 0.0
         self.units_put = 0
+        self._wanted = True  # the scheduler found too little here: wake it at the next workunit
         self.done = False
-        self._rest: tuple[np.ndarray, list] = (np.empty(0, np.int64), [])  # read, not yet cut
+        self._rest: tuple[np.ndarray, list, int] = (np.empty(0, np.int64), [], 0)  # read;
+        # its records from the offset on not yet cut
 
     def run(self) -> None:
         try:
@@ -53,7 +59,8 @@ class Reader(threading.Thread):
                     return
                 self.units_put += 1
                 self._records_put += len(unit)
-                self._wake()
+                if self._wanted:
+                    self._wake()
             self.done = True
             self._wake()
         except BaseException as exc:  # exhausted() re-raises it in the scheduler's thread
@@ -61,17 +68,21 @@ class Reader(threading.Thread):
             self._wake()
 
     def take(self) -> Workunit | None:
+        self._wanted = True  # (before the look: a workunit put meanwhile then wakes it)
         try:
             unit = self._work.get_nowait()
         except queue.Empty:
             return None
+        self._wanted = False
         self._records_taken += len(unit)
         return unit
 
     def backlog(self) -> int:
+        self._wanted = True  # asked, then maybe not taken: too few for a second per worker
         return self._work.qsize() + (not self.done)
 
     def remaining(self) -> int | None:
+        self._wanted = True
         if self.done:
             return self._records_put - self._records_taken
         return None if self._total is None else max(0, self._total - self._records_taken)
@@ -110,21 +121,25 @@ class Reader(threading.Thread):
 
     def _next_window(self, slices: Iterator[tuple[np.ndarray, list]],
                      window: int) -> tuple[np.ndarray, list]:
-        """The next ``window`` records (fewer only at the end); what a slice holds beyond them
-        waits for the next window."""
-        id_parts, records = [self._rest[0]], self._rest[1]
-        while len(records) < window:
-            piece = next(slices, None)
-            if piece is None:
-                break
-            id_parts.append(piece[0])
-            if isinstance(records, list) and isinstance(piece[1], list):
-                records.extend(piece[1])
-            else:  # Rows (helpers.engine.protocol): records a worker reads itself
-                records = records + piece[1]
-        ids = np.concatenate(id_parts)
-        self._rest = (ids[window:], records[window:])
-        return ids[:window], records[:window]
+        """The next ``window`` records (fewer only at the end). What a slice holds beyond them
+        stays where it is, its first record's offset kept: a window is a view of the slice, so
+        that cutting a slice of 65,536 into workunits of 16 copies nothing of the rest each time
+        (a copy of the rest per window made the reader's work grow with the slice)."""
+        ids, records, at = self._rest
+        if len(records) - at < window:  # what is left, then the next slices behind it
+            id_parts, records = [ids[at:]], records[at:]
+            while len(records) < window:
+                piece = next(slices, None)
+                if piece is None:
+                    break
+                id_parts.append(piece[0])
+                if isinstance(records, list) and isinstance(piece[1], list):
+                    records.extend(piece[1])  # (a copy of the rest: never the source's list)
+                else:  # Rows (helpers.engine.protocol): records a worker reads itself
+                    records = records + piece[1]
+            ids, at = np.concatenate(id_parts), 0
+        self._rest = (ids, records, at + window)
+        return ids[at:at + window], records[at:at + window]
 
     def _put(self, item: Any) -> bool:
         started = time.perf_counter()
