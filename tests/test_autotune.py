@@ -134,3 +134,19 @@ def test_the_trials_table_names_each_variant_its_guard_and_a_refusal():
     assert finding.startswith("3 trials (1 variant refused by the quality guard); picked: "
                               "bf16 torch compiled, 2 workers on cpu, workunits of auto at "
                               "280.0 records/s")
+
+
+def test_trials_that_differ_only_in_threads_per_worker_are_labelled_apart():
+    """The tuner's last round runs the grown workers again sharing the cores: at 148 and 265
+    records/s two trials read alike ("2 workers on cpu, workunits of auto") in the figure."""
+    from helpers.study.autotune import trials_table
+
+    rows = [{"trial": t, "phase": "workunit size", "batch_size": 64, "devices": "cpu,cpu",
+             "workers_per_device": "cpu=2", "threads_per_worker": n, "workunit_size": "auto",
+             "records_per_s": rate, "variant": "", "loaded": "{}", "refused": ""}
+            for t, n, rate in [(0, 1, 148.0), (1, 2, 265.0)]]
+    assert trials_table(rows, picked=1)["configuration"].tolist() == [
+        "0: batch 64, 2 workers on cpu, 1 thread each, workunits of auto",
+        "1: batch 64, 2 workers on cpu, 2 threads each, workunits of auto (picked)"]
+    same = trials_table([{**rows[0], "threads_per_worker": 2}, rows[1]], picked=1)
+    assert same["configuration"][0] == "0: batch 64, 2 workers on cpu, workunits of auto"

@@ -167,12 +167,20 @@ def trials_table(trials: list[dict], picked: int | None) -> pd.DataFrame:
                                   else "" for v in variants],
                          guard_min_cosine=[_guard_min(v) for v in table.get(
                              "loaded", pd.Series([None] * len(table)))])
+    threads = "threads_per_worker" in table and table["threads_per_worker"].nunique() > 1
     return table.assign(picked=table["trial"] == picked, configuration=[
         f"{t.trial}: " + (f"{t.variant}, " if t.variant else "") + (
             "refused by the quality guard" if getattr(t, "refused", "") else
             (f"batch {int(t.batch_size)}, " if pd.notna(t.batch_size) else "")
-            + f"{_workers(t)}, workunits of {t.workunit_size}")
+            + f"{_workers(t)}{_threads(t) if threads else ''}, workunits of {t.workunit_size}")
         + (" (picked)" if t.trial == picked else "") for t in table.itertuples()])
+
+
+def _threads(trial: Any) -> str:
+    """', 2 threads each': said where the trials differ in it (the tuner's shared-cores round
+    would otherwise read like the round before it)."""
+    n = getattr(trial, "threads_per_worker", None)
+    return f", {int(n)} thread{'s' * (int(n) > 1)} each" if pd.notna(n) else ""
 
 
 def _workers(trial: Any) -> str:
