@@ -44,7 +44,7 @@ import yaml
 
 from helpers.engine.backends import pool_settings
 from helpers.engine.pipeline import WorkerPool
-from helpers.engine.devices import workers_in_words
+from helpers.engine.devices import threads_in_words, workers_in_words
 from helpers.engine.protocol import Workload
 from helpers.engine.scheduler import PipelineError
 from helpers.engine.settings import AUTO, JobSettings, PoolSettings
@@ -234,8 +234,7 @@ def describe(trial: dict[str, Any]) -> str:
         said.append(f"batch {trial['batch_size']}")
     said.append(workers_in_words(trial["devices"].split(",")))
     if trial.get("threads_per_worker"):
-        said.append(f"{trial['threads_per_worker']} thread{'s' * (trial['threads_per_worker'] > 1)}"
-                    f" each")
+        said.append(threads_in_words(trial["threads_per_worker"]))
     said.append(f"workunits {trial['workunit_size']}")
     return f"{head}: {', '.join(said)}: {trial['records_per_s']:.1f} records/s"
 

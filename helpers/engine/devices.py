@@ -94,3 +94,8 @@ def workers_in_words(devices: Sequence[str]) -> str:
     """'2 workers on cpu, 1 worker on cuda:0': one entry of ``devices`` per worker."""
     return ", ".join(f"{n} worker{'s' * (n > 1)} on {device}"
                      for device, n in Counter(devices).items())
+
+
+def threads_in_words(threads: int) -> str:
+    """'2 threads each': a worker's CPU threads, as the tuner's trials say them."""
+    return f"{threads} thread{'s' * (threads > 1)} each"

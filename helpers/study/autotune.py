@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from helpers.engine.pipeline import WorkerPool, run_pipeline
-from helpers.engine.devices import workers_in_words
+from helpers.engine.devices import threads_in_words, workers_in_words
 from helpers.engine.settings import AUTO
 from helpers.engine.stats import PipelineStats
 from helpers.study.experiments import layout_row, sample_records, span_row
@@ -180,7 +180,7 @@ def _threads(trial: Any) -> str:
     """', 2 threads each': said where the trials differ in it (the tuner's shared-cores round
     would otherwise read like the round before it)."""
     n = getattr(trial, "threads_per_worker", None)
-    return f", {int(n)} thread{'s' * (int(n) > 1)} each" if pd.notna(n) else ""
+    return f", {threads_in_words(int(n))}" if pd.notna(n) else ""
 
 
 def _workers(trial: Any) -> str:
