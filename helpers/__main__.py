@@ -1,6 +1,6 @@
 """``python -m helpers``: see helpers.cli.
 
-A spawned worker of a CLI run imports this module again (as ``__mp_main__``): the CLI, and with it
+A worker process of a CLI run imports this module again (as ``__mp_main__``): the CLI, and with it
 the whole parent side, is imported only when this runs as the program."""
 import sys
 

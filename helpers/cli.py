@@ -125,7 +125,7 @@ def _common_arguments(shared: argparse.ArgumentParser, devices: str) -> None:
                         help="one entry per worker, e.g. cuda:0,cuda:0,cpu or cuda:0*2,cpu; "
                              "'auto': every GPU here (else mps, else cpu), 'auto*2': two on each")
     shared.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend,
-                        help="process: a spawned process per worker; thread: threads sharing one "
+                        help="process: a process per worker; thread: threads sharing one "
                              "model per device; ray: a Ray actor per worker (pip install "
                              "'gpufeed[ray]')")
     shared.add_argument("--text-column", "--text-field", dest="text_column", default="text",

@@ -9,7 +9,8 @@ Phases, in the order our users tune by hand, each reusing what it can::
                      (the embedding workload's quality guard) is a row saying why, never picked;
                      the later phases run the fastest
     1. batch size    one worker per device; a pool per candidate (the workload holds its batch
-                     size), one job on the sample each; workunits sized automatically
+                     size), one job on the sample each (but the workload's own size, which
+                     phase 0's pick ran already); workunits sized automatically
     2. workers       one pool with the best batch size and workers_per_device="auto": jobs on
                      the sample until growth has settled on every device (helpers.engine.growth;
                      each job twice as long as the last, as growth measures within one job),
@@ -116,13 +117,19 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
         make = functools.partial(make, **job.variant)
         batch = None
         if batch_sizes:
+            # phase 0's pick ran the workload's own batch size on the same layout: not again
+            own = [t for t in _fastest(trials, "variant") if t["batch_size"] in batch_sizes]
             for size in batch_sizes:
+                if own and size == own[0]["batch_size"]:
+                    log.info("phase 1, batch size %s: measured already (trial %d)", size,
+                             own[0]["trial"])
+                    continue
                 if time.monotonic() > deadline and trials:
                     break
                 log.info("phase 1, batch size %s: starting one worker per device", size)
                 with WorkerPool(make(size), distinct, backend, progress=False) as pool:
                     job.run(pool, "batch size", size, AUTO)
-            batch = max((t for t in trials if t["phase"] == "batch size"),
+            batch = max(_fastest(trials, "batch size") + own,
                         key=lambda t: t["records_per_s"])["batch_size"]
         log.info("phase 2, workers per device: starting a pool that grows while it pays")
         with WorkerPool(make(batch), distinct, backend, workers_per_device=AUTO,
@@ -170,14 +177,21 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
             continue
         try:
             with WorkerPool(workload, devices, backend, progress=False) as pool:
-                job.run(pool, "variant", None, AUTO, variant=variant)
+                job.run(pool, "variant", getattr(workload, "batch_size", None), AUTO,
+                        variant=variant)
         except PipelineError as exc:  # its workers refused it (the guard), or could not load it
             job.refused(variant, str(exc).splitlines()[0])
-    ran = [t for t in job.rows if t["phase"] == "variant" and not t["refused"]]
+    ran = _fastest(job.rows, "variant")
     if variants and not ran:
         raise RuntimeError("tune: every variant was refused: " +
                            "; ".join(t["refused"] for t in job.rows))
-    return json.loads(max(ran, key=lambda t: t["records_per_s"])["variant"]) if ran else {}
+    return json.loads(ran[0]["variant"]) if ran else {}
+
+
+def _fastest(trials: list[dict], phase: str) -> list[dict]:
+    """The fastest trial of ``phase`` that ran (a list of one, or empty)."""
+    ran = [t for t in trials if t["phase"] == phase and not t.get("refused")]
+    return [max(ran, key=lambda t: t["records_per_s"])] if ran else []
 
 
 class _Trials:

@@ -8,6 +8,8 @@ import numpy as np
 import psutil
 import pytest
 
+from helpers.engine.backends import FORK_SERVER
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 LEFTOVER_GRACE_SECONDS = 5.0  # a finished run's children must be gone within this
@@ -15,17 +17,25 @@ LEFTOVER_GRACE_SECONDS = 5.0  # a finished run's children must be gone within th
 
 def live_children(parent: psutil.Process | None = None) -> list[psutil.Process]:
     """``parent``'s live descendants (default: this process's), ignoring multiprocessing's
-    resource tracker (one per interpreter) and any that ends or is a zombie while looked at (a
-    short-lived helper such as platform's ``uname -p``)."""
+    resource tracker and fork server (one each per interpreter; the server's forked workers are
+    counted) and any that ends or is a zombie while looked at (a short-lived helper such as
+    platform's ``uname -p``)."""
     alive = []
     for child in (parent or psutil.Process()).children(recursive=True):
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and \
-                    "resource_tracker" not in " ".join(child.cmdline()):
+            if child.status() != psutil.STATUS_ZOMBIE and not multiprocessing_own(child):
                 alive.append(child)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             pass
     return alive
+
+
+def multiprocessing_own(process: psutil.Process) -> bool:
+    """Multiprocessing's resource tracker or fork server (whose forked workers share its command
+    line, but not its parent's)."""
+    command = " ".join(process.cmdline())
+    return "resource_tracker" in command or (
+        FORK_SERVER in command and FORK_SERVER not in " ".join(process.parent().cmdline()))
 
 
 @pytest.fixture(autouse=True)

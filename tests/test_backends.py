@@ -90,3 +90,42 @@ def test_a_script_without_the_main_guard_is_told_what_to_do(tmp_path):
     assert "could not start: your script starts a pipeline when it is imported" in done.stderr
     assert 'if __name__ == "__main__":' in done.stderr and done.stderr.count("Traceback") == 1
     assert "bootstrapping phase" not in done.stderr and not (tmp_path / "out.h5").exists()
+
+
+FORKED = """
+import os, sys
+from helpers.engine.pipeline import WorkerPool
+from helpers.workloads import SyntheticWorkload
+
+class Marked(SyntheticWorkload):
+    imports = ("colorsys",)  # imported by nothing else here
+
+    def load(self, device, threads):
+        print("worker", "colorsys" in sys.modules, os.environ.get("GPUFEED_MARK"), flush=True)
+        return super().load(device, threads)
+
+if __name__ == "__main__":
+    for mark in ("first", "second"):
+        os.environ["GPUFEED_MARK"] = mark
+        with WorkerPool(Marked(0.0), ["cpu"], "process", progress=False):
+            pass
+    print("parent", "colorsys" in sys.modules, flush=True)
+"""
+
+
+def test_workers_fork_with_the_workload_imports_done_and_the_parent_environment(tmp_path):
+    """The fork server imports a workload's ``imports`` once, not the pool's process; each
+    worker still sees the parent's environment as of its own start, as a spawned one would."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    script = tmp_path / "script.py"  # (a file: the workers import its Marked)
+    script.write_text(FORKED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100, cwd=tmp_path, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["worker True first", "worker True second",
+                                           "parent False"]

@@ -46,7 +46,7 @@ TABLES = {  # table -> columns it must have
     "scale_out_cluster": {"job", "nodes", "records_per_s", "deaths", "exactly_once"},
     "scale_out_cluster_timeline": {"job", "worker", "node", "start_s", "end_s"},
     "peers": {"system", "label", "family", "replicate", "records", "records_per_s", "spinup_s",
-              "steady_s", "end_to_end_s", "peak_rss_mb", "rows_unique", "outcome"},
+              "steady_s", "end_to_end_s", "peak_pss_mb", "rows_unique", "outcome"},
     "peers_faults": {"system", "label", "fault", "outcome", "killed_pid", "rows_written",
                      "rows_unique", "rows_lost", "rows_duplicated", "error", "end_to_end_s"},
     "binning_images": {"id", "path", "bin", "text_boxes", "text_area", "objects", "unique_classes",

@@ -13,18 +13,20 @@ from helpers.study import findings, peers
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
 
 
-def test_a_fault_kills_a_pool_s_spawned_worker_never_its_resource_tracker_and_bare_s_own():
+@pytest.mark.parametrize("start", ["spawn", "forkserver"])
+def test_a_fault_kills_a_pool_s_worker_never_its_tracker_or_fork_server_and_bare_s_own(start):
     script = textwrap.dedent("""
-        import multiprocessing, time
+        import multiprocessing, sys, time
         if __name__ == "__main__":
-            context = multiprocessing.get_context("spawn")
+            context = multiprocessing.get_context(sys.argv[1])
             context.Lock()  # starts a resource tracker too
             worker = context.Process(target=time.sleep, args=(60,))
             worker.start()
             print(worker.pid, flush=True)
             worker.join()
     """)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", script, start], stdout=subprocess.PIPE,
+                             text=True)
     try:
         worker = int(child.stdout.readline())
         root = psutil.Process(child.pid)
@@ -34,6 +36,7 @@ def test_a_fault_kills_a_pool_s_spawned_worker_never_its_resource_tracker_and_ba
         assert peers.victim("ray_data", root) is None  # no Ray actor in this tree
         alone = [psutil.Process(pid).memory_info().rss / 2**20 for pid in (child.pid, worker)]
         assert peers.tree_rss_mb(root) > max(alone)  # the parent, its worker and its tracker
+        assert 0 < peers.tree_pss_mb(root) < peers.tree_rss_mb(root)  # (pages they share)
     finally:
         for process in psutil.Process(child.pid).children(recursive=True):
             process.kill()
@@ -70,7 +73,7 @@ def test_only_known_systems_are_run_and_each_gets_its_share_of_threads(monkeypat
 def _row(system, replicate, rate, **extra):
     return {"system": system, "label": peers.LABELS[system], "family": peers.FAMILIES[system],
             "replicate": replicate, "records": 100, "records_per_s": rate, "spinup_s": 5.0,
-            "end_to_end_s": 100 / rate + 5.0, "peak_rss_mb": 500.0 * (1 + replicate), **extra}
+            "end_to_end_s": 100 / rate + 5.0, "peak_pss_mb": 500.0 * (1 + replicate), **extra}
 
 
 def test_the_peers_finding_reads_each_system_against_bare_in_its_own_replicate():

@@ -1,5 +1,6 @@
 """The tuner (python -m helpers tune): it finds the known best of a synthetic device model, its
 tuned.yaml round-trips through run --config (a flag still wins), and a bad field is named."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -111,6 +112,30 @@ def test_the_tuner_runs_the_fastest_variant_the_workers_accept_and_never_a_refus
     assert tuned.variant == {"name": "fast"}
     assert {t["variant"] for t in tuned.trials if t["phase"] != "variant"} == {'{"name": "fast"}'}
     assert write_config(tuned, tmp_path / "tuned.yaml").read_text().count("name: fast") == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Batched(SyntheticWorkload):
+    batch_size: int = 16  # (the synthetic model ignores it)
+
+
+def test_phase_1_does_not_run_again_the_batch_size_phase_0_ran():
+    """Phase 0's pick ran the workload's own batch size with one worker per device, as phase 1
+    would: that trial stands for it, and the pool is not started again."""
+    def make(batch_size=None, name="slow"):
+        return Batched(variant(None, name).seconds_per_record, values="zeros",
+                       batch_size=batch_size or 16)
+
+    tuned = tune(make, [(i, i) for i in range(2000)], ["cpu"], backend="thread", sample=300,
+                 budget_seconds=120, variants=[{"name": "slow"}, {"name": "fast"}],
+                 batch_sizes=[8, 16])
+    first = [t for t in tuned.trials if t["phase"] == "variant"]
+    assert [t["batch_size"] for t in first] == [16, 16]
+    assert [t["batch_size"] for t in tuned.trials if t["phase"] == "batch size"] == [8]
+    faster = max([first[1], *(t for t in tuned.trials if t["phase"] == "batch size")],
+                 key=lambda t: t["records_per_s"])
+    assert {t["batch_size"] for t in tuned.trials if t["phase"] == "workers"} == \
+        {faster["batch_size"]}
 
 
 def test_a_variant_the_workload_cannot_combine_is_a_refused_row_and_the_tune_goes_on():

@@ -1,5 +1,5 @@
 """A worker process never outlives its parent: SIGKILL the parent mid-workunit (the workunit hung
-for an hour) and every worker is gone within ORPHAN_CHECK_SECONDS and a little, from either the
+for an hour) and every worker (and the fork server that forked it) is gone within GONE_SECONDS, from either the
 kernel's signal or the watchdog alone (helpers.engine.worker.watch_parent)."""
 import os
 import signal
@@ -43,8 +43,9 @@ def test_workers_die_with_their_parent_even_mid_workunit(tmp_path, started_from)
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     pids = [int(pid) for pid in parent.stdout.readline().split()]
     workers = [psutil.Process(pid) for pid in pids]
-    tracker = [c for c in psutil.Process(parent.pid).children()
-               if "resource_tracker" in " ".join(c.cmdline())]
+    helpers = [c for c in psutil.Process(parent.pid).children()  # multiprocessing's own
+               if any(name in " ".join(c.cmdline())
+                      for name in ("resource_tracker", "multiprocessing.forkserver"))]
     time.sleep(1.0)  # each worker is inside its hung workunit by now
     assert len(workers) == 2 and all(w.is_running() for w in workers)
     parent.send_signal(signal.SIGKILL)
@@ -54,9 +55,9 @@ def test_workers_die_with_their_parent_even_mid_workunit(tmp_path, started_from)
             time.monotonic() - killed < GONE_SECONDS:
         time.sleep(0.02)
     assert not alive, f"workers outlived their parent: {[p.pid for p in alive]}"
-    while any(_running(t) for t in tracker) and time.monotonic() - killed < 5:
-        time.sleep(0.05)  # ... and multiprocessing's tracker after them
-    assert not [t for t in tracker if _running(t)]
+    while any(_running(h) for h in helpers) and time.monotonic() - killed < 5:
+        time.sleep(0.05)  # ... and multiprocessing's tracker and fork server after them
+    assert len(helpers) == 2 and not [h for h in helpers if _running(h)]
 
 
 def _running(process: psutil.Process) -> bool:

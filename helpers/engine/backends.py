@@ -1,4 +1,5 @@
-"""Where workers run: spawned processes (one model each) or threads (one model per device).
+"""Where workers run: processes (one model each; ``process_context``) or threads (one model per
+device).
 
 Every worker has its own channels: an inbox only the parent writes and an outbox only that worker
 writes. Nothing is shared between workers, so a worker killed at any instant (SIGKILL, a segfault,
@@ -39,14 +40,14 @@ from helpers.engine.protocol import close_inputs
 from helpers.engine.settings import BACKENDS, PoolSettings
 from helpers.engine.worker import JOIN_SECONDS, SharedModels, process_main, thread_main
 
-IMPORTED_MAIN_EXIT = 75  # a spawned worker's start ran the user's script, which started a pool
-IMPORTED_MAIN = ("your script starts a pipeline when it is imported, and each spawned worker "
+IMPORTED_MAIN_EXIT = 75  # a worker's start ran the user's script, which started a pool
+IMPORTED_MAIN = ("your script starts a pipeline when it is imported, and each worker process "
                  "imports it: put the lines that run it under `if __name__ == \"__main__\":` "
                  "(Python's multiprocessing: 'safe importing of main module')")
 
 
 def refuse_in_a_starting_worker() -> None:
-    """End this process with IMPORTED_MAIN_EXIT and one line if it is a spawned worker still
+    """End this process with IMPORTED_MAIN_EXIT and one line if it is a worker process still
     importing the user's main script (a script without the ``__main__`` guard starts a pipeline
     there: each worker would start its own pool). Called before anything is opened."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
@@ -95,14 +96,38 @@ class Wakeup:
         return [item for item in items if item is not cls.TOKEN]
 
 
+FORK_SERVER = "multiprocessing.forkserver"  # in the command line of the server and of every
+# process it forks (a worker's parent is the server; the server's is the pool's process)
+
+
+def process_context(workload: Any) -> Any:
+    """multiprocessing's fork server on Linux; elsewhere spawn (macOS forbids forking a process
+    that has loaded its system frameworks, as torch does).
+
+    Spawning, every worker process imports torch and the workload's libraries itself: ~6 s for
+    sentence-transformers, paid again by each worker and by every pool a tuner or a notebook
+    starts. The fork server is started once per Python process, from a clean interpreter (never a
+    fork of the pool's process, whose threads and CUDA state a fork would copy), imports the
+    workload's ``imports`` (the heavy modules its ``load`` imports) once, and forks each worker
+    from there: a worker starts with them imported, sharing their pages. The server keeps the
+    modules of the first process pool that started it; a later workload's others are imported by
+    its workers, as spawned ones would.
+    """
+    if sys.platform != "linux":
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["helpers.engine.worker", *getattr(workload, "imports", ())])
+    return ctx
+
+
 class ProcessBackend:
-    """One spawned process per worker; each loads its own copy of the model."""
+    """One process per worker (``process_context``); each loads its own copy of the model."""
 
     name = "process"
     recyclable = True
 
     def __init__(self, workload: Any) -> None:
-        self._ctx = multiprocessing.get_context("spawn")  # fork is unsafe once torch/CUDA started
+        self._ctx = process_context(workload)
         self._workload = workload
         self.events: queue.Queue = queue.Queue()
         self._workers: dict[int, _Process] = {}
@@ -139,9 +164,13 @@ class _Process:
         self.info, self._events = info, events
         inbox_read, inbox_write = ctx.Pipe(duplex=False)
         outbox_read, outbox_write = ctx.Pipe(duplex=False)
-        main = threading.current_thread() is threading.main_thread()  # see watch_parent
+        # the kernel's death signal (see watch_parent) follows the thread that forked the worker:
+        # the fork server's, or ours when we spawn it from our main thread
+        death_signal = ctx.get_start_method() == "forkserver" or \
+            threading.current_thread() is threading.main_thread()
         self.process = ctx.Process(target=process_main, args=(info, workload, inbox_read,
-                                                              outbox_write, main),
+                                                              outbox_write, death_signal,
+                                                              dict(os.environ)),
                                    name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
         self.process.start()
         inbox_read.close()  # the child holds its own copies: our closing them lets EOF through

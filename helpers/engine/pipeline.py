@@ -23,8 +23,8 @@ workunit between the reader and the writer, so each is written once. It replaces
 or hang and retries, splits or gives up on workunits that fail, until only the bad records are left.
 
 Workers: one per entry of ``devices`` (or as many per device as fit: ``workers_per_device=
-"fit"``), started by a WorkerPool through a backend (helpers.engine.backends: a spawned process
-with its own pipes per worker, or a thread sharing its device's model;
+"fit"``), started by a WorkerPool through a backend (helpers.engine.backends: a process,
+forked by a fork server, with its own pipes per worker, or a thread sharing its device's model;
 helpers.engine.ray_backend: a Ray actor anywhere on a cluster, its messages through Ray's object
 store). Each loads the workload's model once on its device, says Ready, then runs workunits
 until the pool closes, answering each with a Result or a Failed message. Workers outlive a job,
@@ -74,8 +74,10 @@ Static split (``WorkerPool.run_static``): the layout queue-fed workers replace. 
 read first; worker i gets the i-th of even contiguous slices (``static_split``), pinned to it, as
 one workunit; the job lasts as long as its slowest worker.
 
-Timing, the same for both layouts: spin-up (spawning, imports, model loads) runs until every worker
-is Ready and is reported apart (``spinup_seconds``); a job's ``wall_seconds`` runs from its first
+Timing, the same for both layouts: spin-up (starting workers, imports, model loads; the first
+process pool of a Python process also starts the fork server, which imports the workload's
+libraries once for every later pool) runs until every worker is Ready and is reported apart
+(``spinup_seconds``); a job's ``wall_seconds`` runs from its first
 read to its output closed, every record written. Opening the output (a resume's scan) is in
 neither: ``first_dispatch_seconds`` reports it.
 """

@@ -2,7 +2,7 @@
 (the records).
 
 A workload is a small frozen, picklable description (model name, batch size, ...), never a loaded
-model, so that any backend can ship it to a worker: a spawned process, a thread, a Ray actor. A worker
+model, so that any backend can ship it to a worker: a worker process, a thread, a Ray actor. A worker
 then calls, in order::
 
     model = workload.load(device, threads)       # once, on the worker's device
@@ -25,7 +25,9 @@ And it may define ``fingerprint() -> dict``: what decides its values (model, opt
 resumed run must keep; without it, ``attrs()`` is used, every field of it.
 
 A workload imports its heavy libraries (torch, onnxruntime) inside ``load``, never at module level:
-a worker that spawns should pay for exactly what it runs.
+a process that merely unpickles it should pay for nothing it does not run. It may name them in a
+class attribute ``imports`` (module names): the process backend's fork server imports them once,
+and every worker process it forks starts with them imported (helpers.engine.backends).
 """
 from __future__ import annotations
 

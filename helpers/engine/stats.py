@@ -145,7 +145,7 @@ def _joined(first: WorkunitSpan, second: WorkunitSpan) -> WorkunitSpan:
 @dataclass(frozen=True, kw_only=True)  # (23 fields: built by name)
 class PipelineStats:
     """A job's measurements. ``wall_seconds`` runs from the job's first read (every worker ready)
-    to its output closed, every record written; spin-up (spawning, imports, model loads) is
+    to its output closed, every record written; spin-up (starting workers, imports, model loads) is
     ``spinup_seconds``, the same for every job of a pool."""
 
     records: int  # records written to the output

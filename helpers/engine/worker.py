@@ -9,12 +9,13 @@ failed model load end a worker.
 
 A worker process never outlives its parent, even mid-workunit (a hung one included), so that a
 killed run leaves no process holding a GPU's memory beside the run that resumes it: on Linux the
-kernel kills it the moment its parent dies (PR_SET_PDEATHSIG), and everywhere a watchdog thread
-sees the parent gone within ORPHAN_CHECK_SECONDS and ends the process, as torch's DataLoader
-workers do.
+kernel kills it the moment its parent dies (PR_SET_PDEATHSIG: a worker forked by the fork server,
+helpers.engine.backends, dies with the server, which ends with the pool's process), and everywhere
+a watchdog thread sees the parent gone (its sentinel, not its pid: the fork server is our parent in
+the kernel's eyes) and ends the process, as torch's DataLoader workers do.
 
 Every backend's worker answers a workunit with the same ``answer``; the process and thread backends
-run it in the same ``serve`` loop, and differ only in how a worker starts (a spawned process with
+run it in the same ``serve`` loop, and differ only in how a worker starts (a process with
 its own model, or a thread sharing its device's model) and in how messages travel. A Ray actor
 (helpers.engine.ray_backend) calls ``load``, ``ready`` and ``answer`` from its methods instead.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import multiprocessing.connection
 import os
 import resource
 import signal
@@ -41,7 +43,6 @@ from helpers.engine.messages import (END_OF_WORK, POLL_SECONDS, Failed, InputUnr
                                      OutputUnwritable, Ready, Result, WorkerInfo, Workunit)
 from helpers.engine.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec, Rows
 
-ORPHAN_CHECK_SECONDS = 0.2  # a worker process whose parent died exits within this
 JOIN_SECONDS = 5.0  # at the pool's shutdown, a terminated worker gets this long before it is
 # killed (a killed Ray actor, to be reported gone)
 EXIT_ORPHANED = 70  # its exit status then (nobody is left to read it; for the tests and logs)
@@ -225,10 +226,11 @@ def ready(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSp
                  report(model) if report is not None else {})
 
 
-def watch_parent(parent: int, kernel_signal: bool) -> None:
-    """End this process when ``parent`` (a pid) is gone (module docstring). ``kernel_signal``:
-    also ask Linux for SIGKILL at the parent's death; only for a worker started by its parent's
-    main thread, since the kernel acts when the thread that started us ends."""
+def watch_parent(parent: Any, kernel_signal: bool) -> None:
+    """End this process when ``parent`` (multiprocessing's parent process) is gone (module
+    docstring). ``kernel_signal``: also ask Linux for SIGKILL at the death of the process that
+    forked us (the fork server, or a spawning parent's thread: only for a worker spawned by its
+    parent's main thread, since the kernel acts when the thread that started us ends)."""
     if kernel_signal and sys.platform == "linux":
         import ctypes
 
@@ -238,25 +240,28 @@ def watch_parent(parent: int, kernel_signal: bool) -> None:
             pass
 
     def watch() -> None:
-        while os.getppid() == parent:  # a parent that died before prctl is seen here too
-            time.sleep(ORPHAN_CHECK_SECONDS)
+        multiprocessing.connection.wait([parent.sentinel])  # readable once the parent is gone
         os._exit(EXIT_ORPHANED)
 
     threading.Thread(target=watch, name="gpufeed-orphan-watchdog", daemon=True).start()
 
 
 def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any,
-                 kernel_signal: bool = False) -> None:
-    """Entry point of a spawned worker process: one model, loaded once.
+                 kernel_signal: bool = False, environ: dict[str, str] | None = None) -> None:
+    """Entry point of a worker process (forked by the fork server, or spawned): one model,
+    loaded once.
 
     ``inbox``/``outbox``: this worker's own ends of two pipes (multiprocessing Connections);
-    ``kernel_signal``: see ``watch_parent``.
+    ``kernel_signal``: see ``watch_parent``; ``environ``: the parent's environment.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    if environ is not None:  # the parent's, as a spawned process inherits it (a forked one has
+        os.environ.clear()  # the fork server's, from when the server started)
+        os.environ.update(environ)
     os.environ[MODEL_COPY_ENV] = str(info.copy)  # like torchrun's LOCAL_RANK, for the workload
     parent = multiprocessing.parent_process()
     if parent is not None:
-        watch_parent(parent.pid, kernel_signal)
+        watch_parent(parent, kernel_signal)
 
     def receive() -> Any:
         while not inbox.poll(POLL_SECONDS):

@@ -271,7 +271,7 @@ def peers(table: pd.DataFrame) -> str:
     encode's in the same replicate (median), the fastest end to end, and the memory each took."""
     ratios = table.pivot(index="replicate", columns="label", values="records_per_s")
     bare = ratios.pop("bare model.encode") if "bare model.encode" in ratios else None
-    median = table.groupby("label")[["records_per_s", "end_to_end_s", "peak_rss_mb",
+    median = table.groupby("label")[["records_per_s", "end_to_end_s", "peak_pss_mb",
                                      "spinup_s"]].median()
     ranked = median.sort_values("records_per_s", ascending=False)
     steady = ", ".join(
@@ -279,15 +279,15 @@ def peers(table: pd.DataFrame) -> str:
         + (f" ({(ratios[label] / bare).median():.2f}× bare)" if bare is not None else "")
         for label, row in ranked.iterrows() if label != "bare model.encode")
     quickest = median["end_to_end_s"].idxmin()
-    lightest, heaviest = median["peak_rss_mb"].idxmin(), median["peak_rss_mb"].idxmax()
+    lightest, heaviest = median["peak_pss_mb"].idxmin(), median["peak_pss_mb"].idxmax()
     floor = f"bare model.encode {median.loc['bare model.encode', 'records_per_s']:.1f} " \
         "records/s; " if bare is not None else ""
     return (f"steady state (models loaded, medians of {table['replicate'].nunique()}): {floor}"
             f"{steady}; end to end on {int(table['records'].iloc[0])} records, {quickest} is "
             f"quickest ({median.loc[quickest, 'end_to_end_s']:.1f} s, of which spin-up "
             f"{median.loc[quickest, 'spinup_s']:.1f} s); peak memory from {lightest} "
-            f"({median.loc[lightest, 'peak_rss_mb']:,.0f} MiB) to {heaviest} "
-            f"({median.loc[heaviest, 'peak_rss_mb']:,.0f} MiB)")
+            f"({median.loc[lightest, 'peak_pss_mb']:,.0f} MiB) to {heaviest} "
+            f"({median.loc[heaviest, 'peak_pss_mb']:,.0f} MiB)")
 
 
 def faults(table: pd.DataFrame) -> str:

@@ -6,8 +6,8 @@ multi-process pool (its default torch threads, and an even share of the cores), 
 Each run is a fresh ``python -m helpers.study.peers`` process (``run_system``), so that imports,
 model loads and memory start from nothing for every system alike; the process prints its own
 spin-up (until every model copy is loaded and warm) and steady-state seconds, and the ids it got
-back, and this side times it end to end and samples the resident memory of its whole process
-tree (Ray's raylet and actors included) for the peak. ``peers`` runs every system once per
+back, and this side times it end to end and samples the memory of its whole process tree (Ray's
+raylet and actors included; proportional set sizes, ``tree_pss_mb``) for the peak. ``peers`` runs every system once per
 replicate, the order turning (helpers.study.autotune.interleaved).
 
 ``faults`` runs each system again and, once it is in its steady state, SIGKILLs one of its model
@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
+from helpers.engine.backends import FORK_SERVER
 from helpers.study.autotune import interleaved
 from helpers.study.experiments import sample_records
 
@@ -224,6 +225,20 @@ def tree_rss_mb(root: psutil.Process) -> float:
     return total / 2**20
 
 
+def tree_pss_mb(root: psutil.Process) -> float:
+    """The memory ``root`` and all its descendants hold, MiB: their proportional set sizes (a page
+    that n of them share counts 1/n in each), so that processes forked with their libraries
+    loaded, sharing those pages, count them once, as the machine does (the RSS sum counts them
+    in each)."""
+    total = 0
+    for p in _tree(root):
+        try:
+            total += p.memory_full_info().pss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
 def victim(system: str, root: psutil.Process) -> psutil.Process | None:
     """The model process a fault kills: bare's own; a pool's spawned worker; a Ray actor."""
     if system == "bare":
@@ -237,8 +252,9 @@ def victim(system: str, root: psutil.Process) -> psutil.Process | None:
             if line.startswith("ray::") and ("Worker" in line or "Map" in line) \
                     and "IDLE" not in line:
                 return p
-        elif "multiprocessing" in line and "resource_tracker" not in line:
-            return p
+        elif "multiprocessing" in line and "resource_tracker" not in line and not (
+                FORK_SERVER in line and FORK_SERVER not in " ".join(p.parent().cmdline())):
+            return p  # (a worker the fork server forked, never the server)
     return None
 
 
@@ -266,7 +282,7 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
         peak, steady_at, killed = 0.0, None, None
         reader = _Lines(out_path)
         while child.poll() is None and time.perf_counter() - started < limit_seconds:
-            peak = max(peak, tree_rss_mb(root))
+            peak = max(peak, tree_pss_mb(root))
             if steady_at is None and STEADY in reader.new():
                 steady_at = time.perf_counter()
             if kill_after_seconds is not None and killed is None and steady_at is not None \
@@ -294,7 +310,7 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
             "threads": result.get("threads", np.nan), "spinup_s": result.get("spinup_s", np.nan),
             "steady_s": result.get("steady_s", np.nan), "end_to_end_s": end_to_end,
             "records_per_s": records / result["steady_s"] if result.get("steady_s") else np.nan,
-            "peak_rss_mb": peak, "killed_pid": killed, "rows_written": len(ids),
+            "peak_pss_mb": peak, "killed_pid": killed, "rows_written": len(ids),
             "rows_unique": unique, "rows_lost": records - unique,
             "rows_duplicated": len(ids) - unique,
             "error": "" if outcome == "finished" else f"killed by signal {-child.returncode}"

@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -240,6 +240,7 @@ class EmbeddingWorkload:
     pin_memory: bool = True
     name: str = "embedding"
     requires_hardware: bool = True
+    imports: ClassVar[tuple[str, ...]] = ("torch", "sentence_transformers")  # what load imports
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, (str, Path)):

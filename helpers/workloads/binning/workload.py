@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -62,6 +62,8 @@ class BinningWorkload:
     max_side: int = 2048
     name: str = "binning"
     requires_hardware: bool = True
+    imports: ClassVar[tuple[str, ...]] = (  # what load imports (the fork server does it once)
+        "onnxruntime", "rapidocr_onnxruntime", "torch", "sentence_transformers")
 
     def __post_init__(self) -> None:
         if isinstance(self.thresholds, dict):
