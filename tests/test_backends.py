@@ -8,7 +8,8 @@ import psutil
 import pytest
 
 from conftest import live_children
-from helpers.engine.backends import Backend, ProcessBackend, ThreadBackend, Wakeup, make_backend
+from helpers.engine.backends import (START_METHOD_ENV, Backend, ProcessBackend, ThreadBackend,
+                                     Wakeup, make_backend)
 from helpers.engine.messages import Died, Ready, Result, WorkerInfo, Workunit
 from helpers.engine.settings import PoolSettings
 from helpers.workloads import SyntheticWorkload
@@ -113,9 +114,11 @@ if __name__ == "__main__":
 """
 
 
-def test_workers_fork_with_the_workload_imports_done_and_the_parent_environment(tmp_path):
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_workers_fork_with_the_workload_imports_done_and_the_parent_environment(tmp_path, method):
     """The fork server imports a workload's ``imports`` once, not the pool's process; each
-    worker still sees the parent's environment as of its own start, as a spawned one would."""
+    worker still sees the parent's environment as of its own start, as a spawned one would
+    (GPUFEED_START_METHOD=spawn: the workers import them themselves)."""
     import os
     import subprocess
     import sys
@@ -125,7 +128,15 @@ def test_workers_fork_with_the_workload_imports_done_and_the_parent_environment(
     script = tmp_path / "script.py"  # (a file: the workers import its Marked)
     script.write_text(FORKED)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=100, cwd=tmp_path, env={**os.environ, "PYTHONPATH": root})
+                          timeout=100, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": root, START_METHOD_ENV: method})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:3] == ["worker True first", "worker True second",
-                                           "parent False"]
+    preloaded = method == "forkserver"
+    assert done.stdout.split("\n")[:3] == [f"worker {preloaded} first",
+                                           f"worker {preloaded} second", "parent False"]
+
+
+def test_an_unknown_start_method_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(START_METHOD_ENV, "fork")  # (unsafe once torch or CUDA started: not offered)
+    with pytest.raises(ValueError, match=r"\$GPUFEED_START_METHOD='fork': .*'spawn'"):
+        ProcessBackend(SyntheticWorkload(0.0))

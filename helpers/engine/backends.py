@@ -100,9 +100,13 @@ FORK_SERVER = "multiprocessing.forkserver"  # in the command line of the server 
 # process it forks (a worker's parent is the server; the server's is the pool's process)
 
 
+START_METHOD_ENV = "GPUFEED_START_METHOD"  # "spawn" or "forkserver": how worker processes start
+START_METHODS = ("forkserver", "spawn")
+
+
 def process_context(workload: Any) -> Any:
     """multiprocessing's fork server on Linux; elsewhere spawn (macOS forbids forking a process
-    that has loaded its system frameworks, as torch does).
+    that has loaded its system frameworks, as torch does); ``$GPUFEED_START_METHOD`` says which.
 
     Spawning, every worker process imports torch and the workload's libraries itself: ~6 s for
     sentence-transformers, paid again by each worker and by every pool a tuner or a notebook
@@ -111,12 +115,19 @@ def process_context(workload: Any) -> Any:
     workload's ``imports`` (the heavy modules its ``load`` imports) once, and forks each worker
     from there: a worker starts with them imported, sharing their pages. The server keeps the
     modules of the first process pool that started it; a later workload's others are imported by
-    its workers, as spawned ones would.
+    its workers, as spawned ones would. A module that initialises CUDA when imported (none of
+    ours does: torch, sentence-transformers and onnxruntime only look when asked) would leave the
+    forked workers unable to use it ("Cannot re-initialize CUDA in forked subprocess"):
+    GPUFEED_START_METHOD=spawn is the way out.
     """
-    if sys.platform != "linux":
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["helpers.engine.worker", *getattr(workload, "imports", ())])
+    method = os.environ.get(START_METHOD_ENV) or (
+        "forkserver" if sys.platform == "linux" else "spawn")
+    if method not in START_METHODS or method not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"${START_METHOD_ENV}={method!r}: worker processes start with one of "
+                         f"{[m for m in START_METHODS if m in multiprocessing.get_all_start_methods()]}")
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["helpers.engine.worker", *getattr(workload, "imports", ())])
     return ctx
 
 

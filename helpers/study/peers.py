@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,13 +216,7 @@ def _tree(process: psutil.Process) -> list[psutil.Process]:
 
 def tree_rss_mb(root: psutil.Process) -> float:
     """The RSS of ``root`` and all its descendants, MiB (those gone meanwhile count nothing)."""
-    total = 0
-    for p in _tree(root):
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / 2**20
+    return _tree_memory_mb(root, lambda p: p.memory_info().rss)
 
 
 def tree_pss_mb(root: psutil.Process) -> float:
@@ -230,17 +224,21 @@ def tree_pss_mb(root: psutil.Process) -> float:
     that n of them share counts 1/n in each), so that processes forked with their libraries
     loaded, sharing those pages, count them once, as the machine does (the RSS sum counts them
     in each)."""
+    return _tree_memory_mb(root, lambda p: p.memory_full_info().pss)
+
+
+def _tree_memory_mb(root: psutil.Process, size: Callable[[psutil.Process], int]) -> float:
     total = 0
     for p in _tree(root):
         try:
-            total += p.memory_full_info().pss
-        except psutil.Error:
+            total += size(p)
+        except psutil.Error:  # gone meanwhile: counts nothing
             pass
     return total / 2**20
 
 
 def victim(system: str, root: psutil.Process) -> psutil.Process | None:
-    """The model process a fault kills: bare's own; a pool's spawned worker; a Ray actor."""
+    """The model process a fault kills: bare's own; a pool's worker process; a Ray actor."""
     if system == "bare":
         return root
     for p in _tree(root)[1:]:
