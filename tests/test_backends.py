@@ -140,3 +140,28 @@ def test_an_unknown_start_method_is_refused_naming_the_variable(monkeypatch):
     monkeypatch.setenv(START_METHOD_ENV, "fork")  # (unsafe once torch or CUDA started: not offered)
     with pytest.raises(ValueError, match=r"\$GPUFEED_START_METHOD='fork': .*'spawn'"):
         ProcessBackend(SyntheticWorkload(0.0))
+
+
+def test_a_helpers_folder_where_the_user_runs_is_not_imported_in_place_of_ours(tmp_path):
+    """The fork server starts with no current folder on its path (a user's own ``helpers``
+    there would be imported by it in place of ours, and no worker could start)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    (here / "helpers").mkdir(parents=True)
+    (here / "helpers" / "__init__.py").write_text("")  # the user's own, importable
+    elsewhere.mkdir()
+    (elsewhere / "script.py").write_text(
+        "from helpers.engine.pipeline import WorkerPool\n"
+        "from helpers.workloads import SyntheticWorkload\n"
+        "if __name__ == '__main__':\n"
+        "    with WorkerPool(SyntheticWorkload(0.0), ['cpu'], 'process', progress=False) as pool:\n"
+        "        print('started', len(pool.pids), flush=True)\n")
+    done = subprocess.run([sys.executable, str(elsewhere / "script.py")], capture_output=True,
+                          text=True, timeout=100, cwd=here,
+                          env={**os.environ, "PYTHONPATH": root, START_METHOD_ENV: "forkserver"})
+    assert done.returncode == 0 and done.stdout == "started 1\n", done.stderr[-2000:]

@@ -105,8 +105,9 @@ START_METHODS = ("forkserver", "spawn")
 
 
 def process_context(workload: Any) -> Any:
-    """multiprocessing's fork server on Linux; elsewhere spawn (macOS forbids forking a process
-    that has loaded its system frameworks, as torch does); ``$GPUFEED_START_METHOD`` says which.
+    """multiprocessing's fork server on Linux (Python 3.11 or later); elsewhere spawn (macOS
+    forbids forking a process that has loaded its system frameworks, as torch does);
+    ``$GPUFEED_START_METHOD`` says which.
 
     Spawning, every worker process imports torch and the workload's libraries itself: ~6 s for
     sentence-transformers, paid again by each worker and by every pool a tuner or a notebook
@@ -121,14 +122,41 @@ def process_context(workload: Any) -> Any:
     GPUFEED_START_METHOD=spawn is the way out.
     """
     method = os.environ.get(START_METHOD_ENV) or (
-        "forkserver" if sys.platform == "linux" else "spawn")
-    if method not in START_METHODS or method not in multiprocessing.get_all_start_methods():
+        "forkserver" if sys.platform == "linux" and sys.version_info >= (3, 11) else "spawn")
+    offered = [m for m in START_METHODS if m in multiprocessing.get_all_start_methods()]
+    if method not in offered:
         raise ValueError(f"${START_METHOD_ENV}={method!r}: worker processes start with one of "
-                         f"{[m for m in START_METHODS if m in multiprocessing.get_all_start_methods()]}")
+                         f"{offered}")
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["helpers.engine.worker", *getattr(workload, "imports", ())])
+        imports = getattr(workload, "imports", ())
+        ctx.set_forkserver_preload(["helpers.engine.worker",
+                                    *([imports] if isinstance(imports, str) else imports)])
+        _start_fork_server()
     return ctx
+
+
+def _start_fork_server() -> None:
+    """Start the fork server, if it is not running, importing from this process's ``sys.path``.
+
+    multiprocessing starts it as ``python -c ...``, which puts the current folder first on its
+    path (and, before Python 3.13, ignores ours): a ``helpers`` folder or ``helpers.py`` where the
+    user runs their script would be imported in place of ours and break every worker. Started
+    with PYTHONSAFEPATH (no current folder) and our path as PYTHONPATH, it imports what we do;
+    the workers get our environment back (``process_main``)."""
+    from multiprocessing import forkserver
+
+    saved = {name: os.environ.get(name) for name in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    os.environ["PYTHONSAFEPATH"] = "1"
+    os.environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path)
+    try:
+        forkserver.ensure_running()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class ProcessBackend:

@@ -10,7 +10,8 @@ failed model load end a worker.
 A worker process never outlives its parent, even mid-workunit (a hung one included), so that a
 killed run leaves no process holding a GPU's memory beside the run that resumes it: on Linux the
 kernel kills it the moment its parent dies (PR_SET_PDEATHSIG: a worker forked by the fork server,
-helpers.engine.backends, dies with the server, which ends with the pool's process), and everywhere
+helpers.engine.backends, dies with the server, which ends with the pool's process once no worker
+holds its pipe: ``release_fork_server``), and everywhere
 a watchdog thread sees the parent gone (its sentinel, not its pid: the fork server is our parent in
 the kernel's eyes) and ends the process, as torch's DataLoader workers do.
 
@@ -246,6 +247,23 @@ def watch_parent(parent: Any, kernel_signal: bool) -> None:
     threading.Thread(target=watch, name="gpufeed-orphan-watchdog", daemon=True).start()
 
 
+def release_fork_server() -> None:
+    """Close, in a worker the fork server forked, its copy of the server's "alive" pipe.
+
+    multiprocessing hands every forked process that pipe's write end (so that it could start
+    processes through the server in turn), and the server ends only once every copy is closed:
+    kept, the server would outlive the pool's process as long as a worker lives, and the kernel's
+    signal at the server's death (``watch_parent``) would never come, leaving a worker that holds
+    the GIL (a hung C call: its watchdog thread cannot run) alive after its parent."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        server._forkserver_alive_fd = None
+
+
 def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any,
                  kernel_signal: bool = False, environ: dict[str, str] | None = None) -> None:
     """Entry point of a worker process (forked by the fork server, or spawned): one model,
@@ -259,6 +277,7 @@ def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any,
         os.environ.clear()  # the fork server's, from when the server started)
         os.environ.update(environ)
     os.environ[MODEL_COPY_ENV] = str(info.copy)  # like torchrun's LOCAL_RANK, for the workload
+    release_fork_server()
     parent = multiprocessing.parent_process()
     if parent is not None:
         watch_parent(parent, kernel_signal)

@@ -243,15 +243,15 @@ def victim(system: str, root: psutil.Process) -> psutil.Process | None:
         return root
     for p in _tree(root)[1:]:
         try:
-            line = " ".join(p.cmdline())
-        except psutil.Error:
+            line, parent = " ".join(p.cmdline()), " ".join(p.parent().cmdline())
+        except (psutil.Error, AttributeError):  # gone meanwhile (its parent None, or gone)
             continue
         if system.startswith(("ray_data", "gpufeed_ray")):
             if line.startswith("ray::") and ("Worker" in line or "Map" in line) \
                     and "IDLE" not in line:
                 return p
         elif "multiprocessing" in line and "resource_tracker" not in line and not (
-                FORK_SERVER in line and FORK_SERVER not in " ".join(p.parent().cmdline())):
+                FORK_SERVER in line and FORK_SERVER not in parent):
             return p  # (a worker the fork server forked, never the server)
     return None
 
