@@ -129,8 +129,13 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
                 log.info("phase 1, batch size %s: starting one worker per device", size)
                 with WorkerPool(make(size), distinct, backend, progress=False) as pool:
                     job.run(pool, "batch size", size, AUTO)
-            batch = max(_fastest(trials, "batch size") + own,
-                        key=lambda t: t["records_per_s"])["batch_size"]
+            ran = _fastest(trials, "batch size") + own
+            if ran:
+                batch = max(ran, key=lambda t: t["records_per_s"])["batch_size"]
+            else:  # the budget went in phase 0: the workload's own size, measured there
+                batch = getattr(make(None), "batch_size", None)
+                log.info("phase 1: out of time before any batch size; the workload's own (%s) "
+                         "kept", batch)
         log.info("phase 2, workers per device: starting a pool that grows while it pays")
         with WorkerPool(make(batch), distinct, backend, workers_per_device=AUTO,
                         progress=False) as pool:

@@ -138,6 +138,19 @@ def test_phase_1_does_not_run_again_the_batch_size_phase_0_ran():
         {faster["batch_size"]}
 
 
+def test_a_budget_spent_in_phase_0_keeps_the_workload_s_own_batch_size():
+    """No batch size of the list was tried (nor is the workload's own in it): the tune goes on
+    with the workload's own, not a crash."""
+    def make(batch_size=None, name="slow"):
+        return Batched(variant(None, name).seconds_per_record, values="zeros",
+                       batch_size=batch_size or 16)
+
+    tuned = tune(make, [(i, i) for i in range(2000)], ["cpu"], backend="thread", sample=300,
+                 budget_seconds=0.0, variants=[{"name": "slow"}], batch_sizes=[8, 32])
+    assert not [t for t in tuned.trials if t["phase"] == "batch size"]
+    assert {t["batch_size"] for t in tuned.trials if t["phase"] == "workers"} == {16}
+
+
 def test_a_variant_the_workload_cannot_combine_is_a_refused_row_and_the_tune_goes_on():
     def make(batch_size=None, name="slow"):
         if name == "clashing":
