@@ -165,3 +165,40 @@ def test_a_helpers_folder_where_the_user_runs_is_not_imported_in_place_of_ours(t
                           text=True, timeout=100, cwd=here,
                           env={**os.environ, "PYTHONPATH": root, START_METHOD_ENV: "forkserver"})
     assert done.returncode == 0 and done.stdout == "started 1\n", done.stderr[-2000:]
+
+
+BOOMING = """
+from helpers.engine.pipeline import WorkerPool
+from helpers.workloads import SyntheticWorkload
+
+class Booming(SyntheticWorkload):
+    imports = "boom"  # (one name as a string)
+
+    def load(self, device, threads):
+        import boom
+        return super().load(device, threads)
+
+if __name__ == "__main__":
+    with WorkerPool(Booming(0.0), ["cpu"], "process", progress=False):
+        pass
+"""
+
+
+def test_a_module_the_fork_server_cannot_import_is_its_worker_s_error_not_the_server_s_end(
+        tmp_path):
+    """multiprocessing's preload ends the server at any error but ImportError (every start then
+    fails with a bare EOFError): helpers.engine.preload leaves the module to the worker's load."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    (tmp_path / "boom.py").write_text("raise RuntimeError('boom: not importable here')\n")
+    (tmp_path / "script.py").write_text(BOOMING)
+    done = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True,
+                          text=True, timeout=100, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": root, START_METHOD_ENV: "forkserver"})
+    assert done.returncode == 1
+    assert "worker 0 on cpu failed in loading the model: RuntimeError: boom: not importable " \
+        "here" in done.stderr and "EOFError" not in done.stderr

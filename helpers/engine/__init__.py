@@ -6,8 +6,9 @@ study, the CLI and the benchmarks, and importing none of them. Its modules, bott
 - records in: ``id_ranges``, ``id_checks``, ``sources``, ``jsonl``, ``table_files``, ``tables``,
   ``table_rows`` (a worker reading its own rows), ``carried`` (a source's columns to the output),
   ``fingerprint`` (what made an output), ``reader`` (records into workunits);
-- where workers run: ``transfer``, ``worker``, ``backends``, ``ray_backend`` (the only one that
-  imports Ray), ``probe`` (can every worker reach the input and the output);
+- where workers run: ``transfer``, ``worker``, ``backends``, ``preload`` (what the fork server
+  imports), ``ray_backend`` (the only one that imports Ray), ``probe`` (can every worker reach
+  the input and the output);
 - deciding: ``scheduler`` (which workunit goes where, and recovery), ``sizing`` (workunit sizes
   from measured rates), ``growth`` (workers per device), ``telemetry`` (were the devices fed);
 - results out: ``atomic`` (files whole or not at all), ``ownership`` (one run per output, nothing

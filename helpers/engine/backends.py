@@ -101,6 +101,7 @@ FORK_SERVER = "multiprocessing.forkserver"  # in the command line of the server 
 
 
 START_METHOD_ENV = "GPUFEED_START_METHOD"  # "spawn" or "forkserver": how worker processes start
+PRELOAD_ENV = "GPUFEED_PRELOAD"  # the fork server's: what helpers.engine.preload imports
 START_METHODS = ("forkserver", "spawn")
 
 
@@ -130,14 +131,14 @@ def process_context(workload: Any) -> Any:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         imports = getattr(workload, "imports", ())
-        ctx.set_forkserver_preload(["helpers.engine.worker",
-                                    *([imports] if isinstance(imports, str) else imports)])
-        _start_fork_server()
+        ctx.set_forkserver_preload(["helpers.engine.worker", "helpers.engine.preload"])
+        _start_fork_server([imports] if isinstance(imports, str) else list(imports))
     return ctx
 
 
-def _start_fork_server() -> None:
-    """Start the fork server, if it is not running, importing from this process's ``sys.path``.
+def _start_fork_server(imports: list[str]) -> None:
+    """Start the fork server, if it is not running, importing from this process's ``sys.path``,
+    then ``imports`` (helpers.engine.preload).
 
     multiprocessing starts it as ``python -c ...``, which puts the current folder first on its
     path (and, before Python 3.13, ignores ours): a ``helpers`` folder or ``helpers.py`` where the
@@ -146,7 +147,8 @@ def _start_fork_server() -> None:
     the workers get our environment back (``process_main``)."""
     from multiprocessing import forkserver
 
-    saved = {name: os.environ.get(name) for name in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    saved = {name: os.environ.get(name) for name in ("PYTHONSAFEPATH", "PYTHONPATH", PRELOAD_ENV)}
+    os.environ[PRELOAD_ENV] = ",".join(imports)
     os.environ["PYTHONSAFEPATH"] = "1"
     os.environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path)
     try:

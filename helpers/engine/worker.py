@@ -11,9 +11,9 @@ A worker process never outlives its parent, even mid-workunit (a hung one includ
 killed run leaves no process holding a GPU's memory beside the run that resumes it: on Linux the
 kernel kills it the moment its parent dies (PR_SET_PDEATHSIG: a worker forked by the fork server,
 helpers.engine.backends, dies with the server, which ends with the pool's process once no worker
-holds its pipe: ``release_fork_server``), and everywhere
-a watchdog thread sees the parent gone (its sentinel, not its pid: the fork server is our parent in
-the kernel's eyes) and ends the process, as torch's DataLoader workers do.
+holds its pipe: ``release_fork_server``), and everywhere a watchdog thread sees the parent gone
+(its sentinel, not its pid: the fork server is our parent in the kernel's eyes) and ends the
+process, as torch's DataLoader workers do.
 
 Every backend's worker answers a workunit with the same ``answer``; the process and thread backends
 run it in the same ``serve`` loop, and differ only in how a worker starts (a process with
