@@ -8,7 +8,7 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers.engine.backends import FORK_SERVER
+from helpers.engine.backends import is_fork_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -34,8 +34,8 @@ def multiprocessing_own(process: psutil.Process) -> bool:
     """Multiprocessing's resource tracker or fork server (whose forked workers share its command
     line, but not its parent's)."""
     command = " ".join(process.cmdline())
-    return "resource_tracker" in command or (
-        FORK_SERVER in command and FORK_SERVER not in " ".join(process.parent().cmdline()))
+    return "resource_tracker" in command or is_fork_server(command,
+                                                           " ".join(process.parent().cmdline()))
 
 
 @pytest.fixture(autouse=True)

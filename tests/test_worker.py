@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from helpers.engine.backends import START_METHOD_ENV
+from helpers.engine.backends import FORK_SERVER, START_METHOD_ENV
 from helpers.study.paths import ROOT
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
@@ -63,7 +63,7 @@ def test_workers_die_with_their_parent_even_mid_workunit(tmp_path, started_from,
     workers = [psutil.Process(pid) for pid in pids]
     helpers = [c for c in psutil.Process(parent.pid).children()  # multiprocessing's own
                if any(name in " ".join(c.cmdline())
-                      for name in ("resource_tracker", "multiprocessing.forkserver"))]
+                      for name in ("resource_tracker", FORK_SERVER))]
     time.sleep(1.0)  # each worker is inside its hung workunit by now
     assert len(workers) == 2 and all(w.is_running() for w in workers)
     parent.send_signal(signal.SIGKILL)

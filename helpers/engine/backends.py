@@ -100,6 +100,12 @@ FORK_SERVER = "multiprocessing.forkserver"  # in the command line of the server 
 # process it forks (a worker's parent is the server; the server's is the pool's process)
 
 
+def is_fork_server(command: str, parent_command: str) -> bool:
+    """Whether a process of command line ``command`` is the fork server itself, not a worker it
+    forked (whose parent, the server, has FORK_SERVER in its command line too)."""
+    return FORK_SERVER in command and FORK_SERVER not in parent_command
+
+
 START_METHOD_ENV = "GPUFEED_START_METHOD"  # "spawn" or "forkserver": how worker processes start
 PRELOAD_ENV = "GPUFEED_PRELOAD"  # the fork server's: what helpers.engine.preload imports
 START_METHODS = ("forkserver", "spawn")
@@ -147,6 +153,8 @@ def _start_fork_server(imports: list[str]) -> None:
     the workers get our environment back (``process_main``)."""
     from multiprocessing import forkserver
 
+    if getattr(forkserver._forkserver, "_forkserver_alive_fd", None) is not None:
+        return  # running: os.environ is not touched again while other pools copy it
     saved = {name: os.environ.get(name) for name in ("PYTHONSAFEPATH", "PYTHONPATH", PRELOAD_ENV)}
     os.environ[PRELOAD_ENV] = ",".join(imports)
     os.environ["PYTHONSAFEPATH"] = "1"
@@ -207,11 +215,11 @@ class _Process:
         outbox_read, outbox_write = ctx.Pipe(duplex=False)
         # the kernel's death signal (see watch_parent) follows the thread that forked the worker:
         # the fork server's, or ours when we spawn it from our main thread
-        death_signal = ctx.get_start_method() == "forkserver" or \
-            threading.current_thread() is threading.main_thread()
+        forked = ctx.get_start_method() == "forkserver"
+        death_signal = forked or threading.current_thread() is threading.main_thread()
         self.process = ctx.Process(target=process_main, args=(info, workload, inbox_read,
                                                               outbox_write, death_signal,
-                                                              dict(os.environ)),
+                                                              dict(os.environ) if forked else None),
                                    name=f"gpufeed-worker-{info.index}-{info.device}", daemon=True)
         self.process.start()
         inbox_read.close()  # the child holds its own copies: our closing them lets EOF through

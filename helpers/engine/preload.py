@@ -15,15 +15,13 @@ import os
 from helpers.engine.backends import PRELOAD_ENV  # module names, comma-separated
 
 
-def preload(names: str) -> list[str]:
-    """Import each of the comma-separated ``names``; the ones that could not be imported."""
-    failed = []
+def preload(names: str) -> None:
+    """Import each of the comma-separated ``names`` that can be imported."""
     for name in filter(None, (n.strip() for n in names.split(","))):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - its worker meets it again, and says it
-            failed.append(name)
-    return failed
+            pass
 
 
 preload(os.environ.get(PRELOAD_ENV, ""))

@@ -7,8 +7,8 @@ Each run is a fresh ``python -m helpers.study.peers`` process (``run_system``), 
 model loads and memory start from nothing for every system alike; the process prints its own
 spin-up (until every model copy is loaded and warm) and steady-state seconds, and the ids it got
 back, and this side times it end to end and samples the memory of its whole process tree (Ray's
-raylet and actors included; proportional set sizes, ``tree_pss_mb``) for the peak. ``peers`` runs every system once per
-replicate, the order turning (helpers.study.autotune.interleaved).
+raylet and actors included; proportional set sizes, ``tree_pss_mb``) for the peak. ``peers`` runs
+every system once per replicate, the order turning (helpers.study.autotune.interleaved).
 
 ``faults`` runs each system again and, once it is in its steady state, SIGKILLs one of its model
 processes (bare: the process itself), then waits up to a time limit: who finishes, who fails,
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from helpers.engine.backends import FORK_SERVER
+from helpers.engine.backends import is_fork_server
 from helpers.study.autotune import interleaved
 from helpers.study.experiments import sample_records
 
@@ -250,8 +250,8 @@ def victim(system: str, root: psutil.Process) -> psutil.Process | None:
             if line.startswith("ray::") and ("Worker" in line or "Map" in line) \
                     and "IDLE" not in line:
                 return p
-        elif "multiprocessing" in line and "resource_tracker" not in line and not (
-                FORK_SERVER in line and FORK_SERVER not in parent):
+        elif "multiprocessing" in line and "resource_tracker" not in line and \
+                not is_fork_server(line, parent):
             return p  # (a worker the fork server forked, never the server)
     return None
 
