@@ -38,6 +38,7 @@ results: run
 	$(PY) -m helpers.bench scale --writes workers
 	$(PY) -m helpers.bench scale --writes workers --backend ray
 	$(PY) -m helpers.bench scale --writes workers --source parquet
+	$(PY) -m helpers.bench scale --writes workers --source jsonl
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -77,18 +77,26 @@ def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
     assert "resume_first_workunit_s" in capsys.readouterr().out
 
 
-def test_scale_bench_on_parquet_the_workers_read_it_and_write_every_row_once(tmp_path):
-    """source="parquet", writes="workers": the corpus is a Parquet file the workers read row
-    group by row group; the driver reads a few bytes per row (the driver reading it would read
-    the file, then every row through its pipes: over 100 % of the rows' bytes). (A kill and
-    resume of workers reading Parquet: tests/test_table_rows.py.)"""
+@pytest.mark.parametrize("source", ["parquet", "jsonl"])
+def test_scale_bench_on_a_file_the_workers_read_it_and_write_every_row_once(tmp_path, source):
+    """writes="workers" on a corpus file: the workers read it (Parquet row group by row group,
+    JSONL from the driver's line starts); the driver reads a few bytes per row, and a JSONL file
+    once, unparsed (the driver reading the records would read the file, then every row through
+    its pipes: over 100 % of the rows' bytes). (A kill and resume of workers reading them:
+    tests/test_table_rows.py, tests/test_jsonl_rows.py.)"""
+    import json
+
     from helpers.bench import scale
+    from helpers.study.paths import sample_texts
 
     table = scale.measure(400_000, workers=2, workunit_size=2048, baseline_records=0,
-                          kill_at=None, folder=str(tmp_path), writes="workers", source="parquet")
+                          kill_at=None, folder=str(tmp_path), writes="workers", source=source)
     full = table.set_index("run").loc["full"]
-    assert full["exactly_once"] and full["records"] == 400_000
-    assert full["driver_read_fraction"] < 0.05 and full["source"] == "parquet"
+    assert full["exactly_once"] and full["records"] == 400_000 and full["source"] == source
+    texts = sample_texts()
+    line = sum(len(json.dumps({"text": t})) + 1 for t in texts) / len(texts)
+    scanned = line / (384 * 4 + 8) if source == "jsonl" else 0.0
+    assert full["driver_read_fraction"] < scanned + 0.05
 
 
 def test_dispatch_bench_times_the_dispatch_loop_of_both_write_paths(capsys):

@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--records", type=int, required=True)
     one.add_argument("--output", required=True)
     one.add_argument("--resume", action="store_true")
-    one.add_argument("--parquet", help="read the first --records rows of this Parquet file")
-    big.add_argument("--source", choices=("cycled", "parquet"), default="cycled",
-                     help="parquet: the records written as a Parquet file first, read from it")
+    one.add_argument("--corpus", help="read the first --records rows of this file (Parquet, JSONL)")
+    big.add_argument("--source", choices=("cycled", *scale.WRITERS), default="cycled",
+                     help="parquet, jsonl: the records written as such a file first, read from it")
     for command in (big, one):
         command.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2),
                              help="zero-cost workers (default: one per core, at least 2)")
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,
                                         args.workunit_size, args.dim, args.resume,
-                                        args.backend, args.writes, args.parquet)))
+                                        args.backend, args.writes, args.corpus)))
         return 0
     overhead.report(*overhead.measure(args.records, args.block, args.rounds, args.batch_size,
                                       args.workunit_size, args.threads))

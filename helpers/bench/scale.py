@@ -19,9 +19,10 @@ five times a second (``tree_rss_mb``: the driver, its workers or Ray's raylet, o
 actors).
 
 Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time;
-with ``source="parquet"`` they are first written as one Parquet file (row groups of
-PARQUET_GROUP_ROWS, no dictionary: each text stored), which the runs read (each run the first
-``n`` rows of it), by the driver or, with ``writes="workers"``, by the workers themselves.
+with ``source="parquet"`` or ``"jsonl"`` they are first written as one file (Parquet: row groups
+of PARQUET_GROUP_ROWS, no dictionary, each text stored; JSON lines: ``{"text": ...}``, ids the
+line numbers), which the runs read (each run the first ``n`` rows of it), by the driver or, with
+``writes="workers"``, by the workers themselves.
 Rows are tidy (units in column names) and saved with provenance like the other benchmarks.
 """
 from __future__ import annotations
@@ -129,9 +130,21 @@ def write_parquet(path: Path, records: int) -> None:
                                row_group_size=PARQUET_GROUP_ROWS)
 
 
+def write_jsonl(path: Path, records: int) -> None:
+    """The sample paragraphs over and over, ``records`` lines of ``{"text": ...}``."""
+    texts = [json.dumps({"text": text}) + "\n" for text in _sample_texts()]
+    with open(path, "w", encoding="utf-8") as f:
+        for start in range(0, records, PARQUET_GROUP_ROWS):
+            f.writelines(texts[i % len(texts)] for i in range(start, min(start + PARQUET_GROUP_ROWS,
+                                                                         records)))
+
+
+WRITERS = {"parquet": write_parquet, "jsonl": write_jsonl}  # the corpus as a file (``source``)
+
+
 def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,
              resume: bool, backend: str = "process", writes: str = "driver",
-             parquet: str | None = None) -> dict[str, Any]:
+             corpus: str | None = None) -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench scale-run``): its measurements, with
     the driver's CPU seconds and the bytes it read (``rchar``: pipes and files; Ray's object
     store is shared memory, which this does not count) while the job ran."""
@@ -145,7 +158,7 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=dim, values="zeros"), settings,
                                   job) as pool, _PeakPrivate() as private:
         cpu, read = time.process_time(), _read_bytes()
-        stats = pool.run(parquet, output, limit=records) if parquet else \
+        stats = pool.run(corpus, output, limit=records) if corpus else \
             pool.run(CycledTexts(records, sample_texts()), output)
         cpu, read = time.process_time() - cpu, _read_bytes() - read
     new = stats.records  # (this run's: a resumed run's skipped ones are not)
@@ -199,11 +212,11 @@ class _PeakPrivate:
 
 def _command(records: int, output: Path, workers: int, workunit_size: int, dim: int,
              backend: str, writes: str = "driver", resume: bool = False,
-             parquet: Path | None = None) -> list[str]:
+             corpus: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "helpers.bench", "scale-run", "--records", str(records),
             "--output", str(output), "--workers", str(workers), "--workunit-size",
             str(workunit_size), "--dim", str(dim), "--backend", backend, "--writes", writes] + (
-                ["--resume"] if resume else []) + (["--parquet", str(parquet)] if parquet else [])
+                ["--resume"] if resume else []) + (["--corpus", str(corpus)] if corpus else [])
 
 
 def _child(command: list[str]) -> dict[str, Any]:
@@ -295,12 +308,12 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
         if free < need:
             raise RuntimeError(f"{tmp}: {free / 1e9:.1f} GB free, a run of {records:,} records of "
                                f"{dim}-d float32 needs {need / 1e9:.1f} GB (--folder elsewhere?)")
-        output, parquet = Path(tmp) / "out.h5", None
-        if source == "parquet":
-            parquet = Path(tmp) / "corpus.parquet"
-            write_parquet(parquet, records)
+        output, corpus = Path(tmp) / "out.h5", None
+        if source != "cycled":
+            corpus = Path(tmp) / f"corpus.{source}"
+            WRITERS[source](corpus, records)
         setting = dict(workers=workers, workunit_size=workunit_size, dim=dim, backend=backend,
-                       writes=writes, parquet=parquet)
+                       writes=writes, corpus=corpus)
         runs = ([("baseline", baseline_records)] if baseline_records else []) + [("full", records)]
         for name, n in runs:
             row = _child(_command(n, output, **setting))
@@ -370,7 +383,7 @@ def main(records: int, workers: int, workunit_size: int, dim: int, baseline_reco
     if results_dir:
         name = ("scale" if backend == "process" else f"scale_{backend}") + (
             "_workers_write" if writes == "workers" else "") + (
-            "_parquet" if source == "parquet" else "")
+            "" if source == "cycled" else f"_{source}")
         path = save_table(table, name, results_dir, "helpers.bench.scale",
                           {"records": records, "workers": workers, "workunit_size": workunit_size,
                            "dim": dim, "baseline_records": baseline_records, "kill_at": kill_at,

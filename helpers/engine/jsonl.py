@@ -27,9 +27,10 @@ import numpy as np
 from helpers.engine.fingerprint import file_identity
 from helpers.engine.id_checks import checked_ids, id_record, key_problems, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
-from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, SourceError,
+from helpers.engine.jsonl_rows import JSONLRows, LineIndex, file_stat, line_index
+from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows, SourceError,
                                      null_texts)
-from helpers.engine.table_files import count_lines
+from helpers.engine.protocol import positions as row_slices
 from helpers.engine.tables import as_text
 
 BLOCK_BYTES = 4 << 20
@@ -47,6 +48,7 @@ class JSONLSource:
             raise SourceError(f"input {str(self.path)!r}: no such file")
         self.ids = self._id_kind()
         self.keyed = self.ids == "keys"
+        self._index: tuple[tuple[str, int, int], LineIndex] | None = None  # (``_scanned``)
 
     def _id_kind(self) -> str:
         """"keys", "given" (integers) or "lines", from the first ID_LINES lines."""
@@ -62,7 +64,19 @@ class JSONLSource:
 
     def __len__(self) -> int:
         """Lines (a blank one counts): the progress bar's total."""
-        return count_lines([str(self.path)], header=False)
+        return self._scanned()[1].lines
+
+    def _scanned(self) -> tuple[tuple[str, int, int], LineIndex]:
+        """The file as found (``file_stat``) and its lines (``line_index``): one pass, parsing
+        nothing, which ``rows`` and ``__len__`` share."""
+        if self._index is None:
+            path = str(self.path.resolve())
+            stat = file_stat(path)
+            index = line_index(path)
+            if file_stat(path) != stat:
+                raise SourceError(f"input {str(self.path)!r}: written to while it was read")
+            self._index = stat, index
+        return self._index
 
     def carried(self) -> dict[str, OutputSpec]:
         return {KEYS: OutputSpec((), TEXT)} if self.keyed else {}
@@ -72,13 +86,7 @@ class JSONLSource:
         ids as the module docstring says, the first ``limit`` lines only, done ids dropped."""
         seen = SeenValues() if self.keyed else SeenIds()
         for first, block in blocks(self.path, limit):
-            parsed = parse(block, self.text_field, self.id_field,
-                           "str" if self.keyed else "int")
-            if parsed is not None:
-                records, raw = parsed
-                positions = np.arange(first, first + len(records), dtype=np.int64)
-            else:
-                positions, raw, records = self._lines(first, block)
+            positions, raw, records = self._block(first, block)
             if limit is not None and len(positions) and positions[-1] >= limit:
                 n = int(np.searchsorted(positions, limit))
                 positions, records, raw = positions[:n], records[:n], raw[:n]
@@ -94,9 +102,7 @@ class JSONLSource:
                                                 if not done[k]])  # (judged when written)
                 screened = screen(positions, records, positions, None, skip)
             elif self.ids == "lines":
-                given = [k for k, value in enumerate(raw) if value is not None]
-                self._file(records, positions, [(k, "is there, but the first lines have no ids: "
-                                                    "ids are the line numbers") for k in given])
+                self._numbered(records, positions, raw)
                 screened = screen(positions, records, positions, None, skip)
             else:
                 if not isinstance(raw, np.ndarray):
@@ -112,6 +118,49 @@ class JSONLSource:
             if screened is not None:
                 ids, records, keep = screened
                 yield ids, records, {c: v[keep] for c, v in columns.items()}
+
+    def _block(self, first: int, block: bytes) -> tuple[np.ndarray, Any, list]:
+        """``(positions, ids, records)`` of a block's lines, blank ones left out: pyarrow's
+        columns, or a line at a time where it cannot take the block (module docstring)."""
+        parsed = parse(block, self.text_field, self.id_field, "str" if self.keyed else "int")
+        if parsed is None:
+            return self._lines(first, block)
+        records, raw = parsed
+        return np.arange(first, first + len(records), dtype=np.int64), raw, records
+
+    def _numbered(self, records: list, positions: np.ndarray, raw: Any) -> None:
+        """Ids that are line numbers: a line with an id of its own is filed (module docstring)."""
+        given = [k for k, value in enumerate(raw) if value is not None]
+        self._file(records, positions, [(k, "is there, but the first lines have no ids: ids "
+                                            "are the line numbers") for k in given])
+
+    def numbered(self, first: int, block: bytes) -> list:
+        """The records of ``block``'s lines, the first of them line ``first``, as ``slices``
+        gives them where ids are line numbers (a worker reading its own lines:
+        helpers.engine.jsonl_rows); a blank line gives none."""
+        positions, raw, records = self._block(first, block)
+        null_texts(records, lambda k: self.line(int(positions[k])), positions)
+        self._numbered(records, positions, raw)
+        return records
+
+    @property
+    def positional(self) -> bool:
+        """Whether workers can read this file's records themselves (``rows``): where ids are
+        its line numbers (given ids and keys are read by the driver)."""
+        return self.ids == "lines"
+
+    def rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple[np.ndarray, Rows]]:
+        """The lines as Rows for the workers to read (Source protocol; only where
+        ``positional``), from one pass that parses nothing (helpers.engine.jsonl_rows), done
+        ids and blank lines left out."""
+        if not self.positional:
+            raise ValueError(f"{self.describe()}: workers read a file by line only where its "
+                             f"ids are line numbers (these are its {self.id_field!r} field)")
+        stat, index = self._scanned()
+        opener = JSONLRows(stat[0], self.text_field, self.id_field, stat, JSONLSource,
+                           index.starts)
+        end = index.lines if limit is None else min(limit, index.lines)
+        return row_slices(opener, end, skip.union(IdRanges.from_ids(index.blank)))
 
     def _file(self, records: list, positions: np.ndarray, problems: list[tuple[int, str]]
               ) -> None:

@@ -111,7 +111,9 @@ class Rows:
     """Records a worker reads itself: those at ``ids`` (positions) of the source ``opener``
     opens, a small picklable object with ``read(ids) -> list`` (the records, BadRecords for
     those it cannot decode). Sliced and joined like the list of records it stands for, so a
-    workunit of Rows is cut, joined, retried and split like any other."""
+    workunit of Rows is cut, joined, retried and split like any other. An opener that knows
+    much of its source (a JSON-lines file's line starts) may define ``narrowed(ids)``: itself with
+    only what reading ``ids`` takes, which is what a Rows pickles."""
 
     __slots__ = ("opener", "ids")
 
@@ -136,7 +138,8 @@ class Rows:
     __radd__ = __add__  # ([] + rows: the reader's empty start)
 
     def __getstate__(self) -> tuple:
-        return self.opener, self.ids
+        narrowed = getattr(self.opener, "narrowed", None)
+        return self.opener if narrowed is None else narrowed(self.ids), self.ids
 
     def __setstate__(self, state: tuple) -> None:
         self.opener, self.ids = state

@@ -40,10 +40,10 @@ TABLES = 2  # inputs a worker process keeps open (a pool that runs one input aft
 
 def digest(files: list[str]) -> str:
     """What the driver and each worker must agree on: the files, their sizes and times."""
-    return _digest(_stats(files))
+    return _digest(file_stats(files))
 
 
-def _stats(files: list[str]) -> list[tuple[str, int, int]]:
+def file_stats(files: list[str]) -> list[tuple[str, int, int]]:
     stats = []
     for f in files:
         stat = os.stat(f)
@@ -133,10 +133,11 @@ class _Table:
         n, index = self.pieces[piece]
         held = self._maps.pop(n, None)
         if held is None:
-            file = _checked_open(self._stats[n])
+            file = checked_open(self._stats[n])
             mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
             held = file, pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
-        _check(held[0], self._stats[n])  # (a file cut short since: its map must not be read)
+        check_unchanged(held[0], self._stats[n])  # (a file cut short since: its map must not
+        # be read)
         self._maps[n] = held  # the most recent last
         while len(self._maps) > OPEN_FILES:
             self._maps.popitem(last=False)[1][0].close()  # (its map goes with its reader)
@@ -149,7 +150,7 @@ class _Table:
         with self._lock:
             held = self._maps.get(n)
             if held is not None:
-                _check(held[0], self._stats[n])
+                check_unchanged(held[0], self._stats[n])
 
     def _parquet(self, piece: int, column: str, start: int, stop: int) -> Any:
         n, index = self.pieces[piece]
@@ -180,7 +181,7 @@ class _Cursor:
         import pyarrow.parquet as pq
 
         self._stat = stat
-        self._raw = _checked_open(stat)
+        self._raw = checked_open(stat)
         self._file = pq.ParquetFile(self._raw)
         self._batches = self._file.iter_batches(batch_size=ROWS_BATCH, row_groups=[group],
                                                 columns=[column], use_threads=False)
@@ -194,7 +195,7 @@ class _Cursor:
         while start < stop:
             while self.end <= start:
                 self._batch = next(self._batches).column(0)
-                _check(self._raw, self._stat)
+                check_unchanged(self._raw, self._stat)
                 self.start, self.end = self.end, self.end + len(self._batch)
             upto = min(stop, self.end)
             pieces.append(self._batch.slice(start - self.start, upto - start))
@@ -206,18 +207,18 @@ class _Cursor:
         self._raw.close()
 
 
-def _checked_open(stat: tuple[str, int, int]) -> Any:
+def checked_open(stat: tuple[str, int, int]) -> Any:
     """The file ``stat`` names, open, if it is still the one the driver found."""
     file = open(stat[0], "rb")
     try:
-        _check(file, stat)
+        check_unchanged(file, stat)
     except OSError:
         file.close()
         raise
     return file
 
 
-def _check(file: Any, stat: tuple[str, int, int]) -> None:
+def check_unchanged(file: Any, stat: tuple[str, int, int]) -> None:
     now = os.fstat(file.fileno())
     if (now.st_size, now.st_mtime_ns) != stat[1:]:
         raise OSError(f"{stat[0]}: changed since the run started ({stat[1]:,} bytes then, "
@@ -235,7 +236,7 @@ def _opened(path: str, fmt: str, identity: str) -> _Table:
     with _OPEN_LOCK:
         table = _OPEN.pop(key, None)
         if table is None:
-            stats = _stats(table_files(path)[0])
+            stats = file_stats(table_files(path)[0])
             if _digest(stats) != identity:
                 raise OSError(f"{path}: the files differ from those the driver found (another "
                               f"copy, or changed since the run started): every worker must "
