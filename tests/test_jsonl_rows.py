@@ -200,3 +200,51 @@ def test_a_file_changed_half_way_stops_the_run(tmp_path, monkeypatch):
                      tmp_path / "out.h5", "thread", progress=False, writes="workers")
     data = read_output(tmp_path / "out.h5")
     assert len(data["ids"]) < 3000 and 3000 not in data["ids"].tolist()
+
+
+@pytest.mark.parametrize("case", ["bad-utf8-elsewhere", "object-over-lines", "deep"])
+def test_a_line_pyarrow_would_read_otherwise_is_the_same_record_in_any_block(tmp_path, case):
+    """Invalid UTF-8 in a field the run ignores, an object spread over two lines beside two
+    objects on one line (pyarrow's row count came out right, each text on another's line), a
+    line nested past Python's recursion limit: the same record or error row whether its block
+    is the driver's (with a bad line in it: parsed a line at a time) or a worker's one line."""
+    lines = {"bad-utf8-elsewhere": [b"oops", b'{"text": "ok", "x": "\xff"}', b'{"text": "r2"}'],
+             "object-over-lines": [b'{"text":', b'"a"}', b'{"text": "x"}{"text": "y"}',
+                                   b'{"text": "r3"}'],
+             "deep": [b"oops", b'{"text": "r1"}', b'{"text": "r2", "x": ' + b"[" * 5000 +
+                      b"]" * 5000 + b"}"]}[case]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    source = JSONLSource(path)
+    expected = as_driver_reads(source)
+    (ids, rows), = source.rows(IdRanges(), None)
+    one_at_a_time = [pickle.loads(pickle.dumps(rows[k:k + 1])).read()[0] for k in range(len(ids))]
+    assert all(same(got, expected[i]) for got, i in zip(one_at_a_time, ids.tolist()))
+    if case == "object-over-lines":  # no line credited with another's text
+        assert not any(isinstance(r, str) for i, r in expected.items() if i < 3)
+    if case == "bad-utf8-elsewhere":
+        assert expected[1].error_type == "UnicodeDecodeError"
+    jsonl_rows.close_all()
+
+
+def test_an_input_through_a_link_is_named_as_the_user_named_it(tmp_path):
+    target = corpus(tmp_path / "v3.jsonl")
+    (tmp_path / "latest.jsonl").symlink_to(target)
+    source = JSONLSource(tmp_path / "latest.jsonl")
+    (ids, rows), = source.rows(IdRanges(), None)
+    got = pickle.loads(pickle.dumps(rows)).read()
+    bad = [r for r in got if isinstance(r, BadRecord)]
+    assert bad and all(r.message.startswith("latest.jsonl line ") for r in bad)
+    jsonl_rows.close_all()
+
+
+def test_rows_joined_from_two_narrowed_openers_refuse_rather_than_read_other_lines(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(b"".join(b'{"text": "t%d"}\n' % i for i in range(3000)))
+    (ids, rows), = JSONLSource(path).rows(IdRanges(), None)
+    early = pickle.loads(pickle.dumps(rows[2000:2010]))
+    late = pickle.loads(pickle.dumps(rows[10:20]))
+    assert (early + late)[:10].read() == [f"t{i}" for i in range(2000, 2010)]
+    with pytest.raises(ValueError, match="not among this opener's line starts"):
+        (early + late).read()
+    jsonl_rows.close_all()

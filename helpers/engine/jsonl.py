@@ -8,9 +8,10 @@ mixed the two would give a line number that another line names as its id: two re
 
 A file is cut into blocks of whole lines (BLOCK_BYTES); pyarrow parses a block's text and id fields
 into columns at C speed, other fields ignored. A block pyarrow cannot take whole, or takes in a
-way that loses a line's meaning (a line that is blank or not an object, a missing or null text, an
-id of another type, invalid UTF-8), is left to the caller's line-at-a-time parser, which says what
-is wrong with each line: one bad line costs its block's speed, never a record.
+way that loses a line's meaning (a line that is blank or not an object, an object spread over
+lines, a missing or null text, an id of another type, invalid UTF-8 even in a field it ignores),
+is left to the caller's line-at-a-time parser, which says what is wrong with each line: one bad
+line costs its block's speed, never a record.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from helpers.engine.jsonl_rows import JSONLRows, LineIndex, file_stat, line_inde
 from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows, SourceError,
                                      null_texts)
 from helpers.engine.protocol import positions as row_slices
+from helpers.engine.table_files import count_lines
 from helpers.engine.tables import as_text
 
 BLOCK_BYTES = 4 << 20
@@ -56,7 +58,7 @@ class JSONLSource:
             for line in islice(lines, ID_LINES):
                 try:
                     obj = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
                 if type(obj) is dict and obj.get(self.id_field) is not None:
                     return "keys" if isinstance(obj[self.id_field], str) else "given"
@@ -64,14 +66,16 @@ class JSONLSource:
 
     def __len__(self) -> int:
         """Lines (a blank one counts): the progress bar's total."""
+        if not self.positional:
+            return count_lines([str(self.path)], header=False)
         return self._scanned()[1].lines
 
     def _scanned(self) -> tuple[tuple[str, int, int], LineIndex]:
         """The file as found (``file_stat``) and its lines (``line_index``): one pass, parsing
-        nothing, which ``rows`` and ``__len__`` share."""
-        if self._index is None:
-            path = str(self.path.resolve())
-            stat = file_stat(path)
+        nothing, which ``rows`` and ``__len__`` share while the file stays as it was."""
+        path = str(self.path.resolve())
+        stat = file_stat(path)
+        if self._index is None or self._index[0] != stat:
             index = line_index(path)
             if file_stat(path) != stat:
                 raise SourceError(f"input {str(self.path)!r}: written to while it was read")
@@ -134,14 +138,14 @@ class JSONLSource:
         self._file(records, positions, [(k, "is there, but the first lines have no ids: ids "
                                             "are the line numbers") for k in given])
 
-    def numbered(self, first: int, block: bytes) -> list:
-        """The records of ``block``'s lines, the first of them line ``first``, as ``slices``
-        gives them where ids are line numbers (a worker reading its own lines:
+    def numbered(self, first: int, block: bytes) -> tuple[np.ndarray, list]:
+        """``(positions, records)`` of ``block``'s lines, the first of them line ``first``, as
+        ``slices`` gives them where ids are line numbers (a worker reading its own lines:
         helpers.engine.jsonl_rows); a blank line gives none."""
         positions, raw, records = self._block(first, block)
         null_texts(records, lambda k: self.line(int(positions[k])), positions)
         self._numbered(records, positions, raw)
-        return records
+        return positions, records
 
     @property
     def positional(self) -> bool:
@@ -157,8 +161,8 @@ class JSONLSource:
             raise ValueError(f"{self.describe()}: workers read a file by line only where its "
                              f"ids are line numbers (these are its {self.id_field!r} field)")
         stat, index = self._scanned()
-        opener = JSONLRows(stat[0], self.text_field, self.id_field, stat, JSONLSource,
-                           index.starts)
+        opener = JSONLRows(os.path.abspath(self.path), self.text_field, self.id_field, stat,
+                           JSONLSource, index.starts)
         end = index.lines if limit is None else min(limit, index.lines)
         return row_slices(opener, end, skip.union(IdRanges.from_ids(index.blank)))
 
@@ -177,6 +181,12 @@ class JSONLSource:
         for number, line in enumerate(lines_of(block), first):
             try:
                 obj = loads(line)
+            except RecursionError:  # nested past json's limit: as pyarrow reads it in a block
+                parsed = parse(line, text, key, "str" if self.keyed else "int")
+                positions.append(number)
+                raw.append(list(parsed[1])[0] if parsed else NO_ID)
+                records.append(parsed[0][0] if parsed else self._bad(number, line))
+                continue
             except ValueError:  # a blank line, or not JSON
                 if line.strip():
                     positions.append(number), raw.append(NO_ID)
@@ -197,7 +207,7 @@ class JSONLSource:
         where = f"{self.path.name} line {number + 1}"
         try:
             obj = json.loads(line)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
             return BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})", number)
         if not isinstance(obj, dict):
             return BadRecord("ValueError", f"{where}: expected a JSON object", number)
@@ -251,9 +261,9 @@ def parse(block: bytes, text: str, key: str, key_type: str) -> tuple[list, Any] 
     import pyarrow as pa
     import pyarrow.json as pajson
 
-    if _blank_line(block):  # pyarrow skips a blank line: line numbers would shift
-        return None
-    lines = block.count(b"\n") + (not block.endswith(b"\n"))
+    if _blank_line(block) or not _utf8(block) or not _objects(block):  # pyarrow skips a blank
+        return None  # line (line numbers would shift), reads invalid UTF-8 in a field it ignores,
+    lines = block.count(b"\n") + (not block.endswith(b"\n"))  # an object across lines
     schema = pa.schema([(text, pa.string()), (key, pa.int64() if key_type == "int"
                                               else pa.string())])
     try:
@@ -266,16 +276,41 @@ def parse(block: bytes, text: str, key: str, key_type: str) -> tuple[list, Any] 
         return None
     if table.num_rows != lines or table.column(text).null_count:
         return None  # two objects on a line, a missing or null text
-    try:
-        texts = table.column(text).to_pylist()
-        ids = table.column(key)
-        if key_type == "str":
-            return texts, ids.to_pylist()
-    except UnicodeDecodeError:  # pyarrow's JSON reader does not check UTF-8: the lines will
-        return None
+    texts = table.column(text).to_pylist()
+    ids = table.column(key)
+    if key_type == "str":
+        return texts, ids.to_pylist()
     if not ids.null_count:
         return texts, ids.to_numpy()
     return texts, ids.to_pylist()
+
+
+def _objects(block: bytes) -> bool:
+    """Whether each line of ``block`` starts with ``{`` and ends with ``}`` (before a ``\r``),
+    as a line holding one object does: an object spread over lines does not, so pyarrow, which
+    reads it whole, cannot count one line's text as another's (its count of rows would not see
+    that two objects on a line made up for it)."""
+    data = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(data == 10)
+    heads = np.r_[0, ends + 1]
+    tails = np.r_[ends, len(data)] - 1
+    if heads[-1] == len(data):  # (the block ends with its newline)
+        heads, tails = heads[:-1], tails[:-1]
+    if not len(heads) or (tails < heads).any():
+        return False
+    tails = tails - ((data[tails] == 13) & (tails > heads))
+    return bool((data[heads] == 123).all() and (data[tails] == 125).all())
+
+
+def _utf8(block: bytes) -> bool:
+    """Whether ``block`` is valid UTF-8 (ASCII checked first, at memory speed)."""
+    if block.isascii():
+        return True
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _blank_line(block: bytes) -> bool:

@@ -45,8 +45,8 @@ class LineIndex:
 
 def line_index(path: str) -> LineIndex:
     """One pass over the file at ``path``, SCAN_BYTES at a time: its lines, every LINE_STEP-th
-    line's start, its blank lines (a line that starts with white space is read again to see)."""
-    starts, maybe = [np.zeros(1, np.int64)], []  # maybe: (start, number) of lines to look at
+    line's start, its blank lines."""
+    starts, blank = [np.zeros(1, np.int64)], []
     line = offset = 0
     last = 10  # the byte before the chunk (a newline: a line starts at the chunk's first byte)
     with open(path, "rb") as f:
@@ -61,19 +61,28 @@ def line_index(path: str) -> LineIndex:
                 heads, numbers = np.r_[0, heads], np.r_[line, numbers]
             white = np.isin(data[heads], _WHITE)
             if white.any():
-                maybe.append(np.stack([heads[white] + offset, numbers[white]], axis=1))
+                blank.append(_blank(f, data, ends, heads[white], numbers[white], offset))
             line, offset, last = line + len(ends), offset + len(chunk), int(data[-1])
-        blank = _blank(f, np.concatenate(maybe)) if maybe else np.zeros(0, np.int64)
-    return LineIndex(line + (last != 10), np.concatenate(starts), blank)
+    return LineIndex(line + (last != 10), np.concatenate(starts),
+                     np.concatenate(blank) if blank else np.zeros(0, np.int64))
 
 
-def _blank(f: Any, maybe: np.ndarray) -> np.ndarray:
-    """The numbers of the lines ``maybe`` names (start, number) that hold only white space."""
-    found = []
-    for start, number in maybe.tolist():
-        f.seek(start)
+def _blank(f: Any, data: np.ndarray, ends: np.ndarray, heads: np.ndarray, numbers: np.ndarray,
+           offset: int) -> np.ndarray:
+    """Which of the lines starting at ``heads`` of the chunk ``data`` (numbered ``numbers``;
+    each starts with white space) hold nothing else: counted in the chunk where the line ends
+    there, read again from the file (``f``, put back) where it goes on past the chunk."""
+    solid = np.r_[0, np.cumsum(~np.isin(data, _WHITE))]  # bytes not white space before each
+    at = np.searchsorted(ends, heads)
+    inside = at < len(ends)
+    stops = ends[np.minimum(at, len(ends) - 1)] if len(ends) else heads
+    found = numbers[inside & (solid[stops] == solid[heads])].tolist()
+    if not inside[-1]:  # the chunk's last line, which goes on: read it whole
+        here = f.tell()
+        f.seek(offset + int(heads[-1]))
         if not f.readline().strip():
-            found.append(number)
+            found.append(int(numbers[-1]))
+        f.seek(here)
     return np.array(found, dtype=np.int64)
 
 
@@ -81,10 +90,10 @@ def _blank(f: Any, maybe: np.ndarray) -> np.ndarray:
 class JSONLRows:
     """Rows' opener of a JSON-lines file whose ids are its lines (module docstring)."""
 
-    path: str  # absolute
+    path: str  # as the user named it, absolute (how messages name it)
     text_field: str
     id_field: str
-    stat: tuple[str, int, int]  # (path, size, mtime_ns) as the driver found it
+    stat: tuple[str, int, int]  # (its real path, size, mtime_ns) as the driver found it
     parser: Callable  # (path, text_field, id_field) -> what parses lines as the driver does,
     # with ``numbered(first line, block)``: helpers.engine.jsonl's JSONLSource
     starts: np.ndarray = field(compare=False, repr=False)  # LineIndex.starts from ``step``
@@ -99,13 +108,24 @@ class JSONLRows:
                        step=low)
 
     def read(self, ids: np.ndarray) -> list:
+        """The records at ``ids``: each span of them (ids fewer than LINE_STEP lines apart, the
+        lines between read through rather than sought past) from the start before it."""
         opened = _opened(self.parser, self.path, self.text_field, self.id_field, self.stat)
         records: list = []
-        for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []:
-            start, stop = int(run[0]), int(run[-1]) + 1
-            step = start // LINE_STEP
-            records += opened.lines(int(self.starts[step - self.step]),
-                                    start - step * LINE_STEP, start, stop)
+        for span in np.split(ids, np.flatnonzero(np.diff(ids) >= LINE_STEP) + 1) \
+                if len(ids) else []:
+            first, last = int(span.min()), int(span.max())
+            step = first // LINE_STEP
+            if not 0 <= step - self.step < len(self.starts):
+                raise ValueError(f"lines {first + 1}-{last + 1}: not among this opener's line "
+                                 f"starts (lines {self.step * LINE_STEP + 1} on)")
+            positions, got = opened.lines(int(self.starts[step - self.step]),
+                                          first - step * LINE_STEP, first, last + 1)
+            at = np.minimum(np.searchsorted(positions, span), len(positions) - 1)
+            if not len(positions) or (positions[at] != span).any():
+                raise OSError(f"{self.stat[0]}: lines {first + 1}-{last + 1} are not the "
+                              f"driver's (a line it found is not there)")
+            records += [got[k] for k in at.tolist()]
         return records
 
 
@@ -117,20 +137,20 @@ class _Opened:
                  stat: tuple[str, int, int]) -> None:
         self.file = checked_open(stat)
         self.stat, self.lock = stat, threading.Lock()
-        self.source = parser(path, text_field, id_field)
+        try:
+            self.source = parser(path, text_field, id_field)
+        except BaseException:
+            self.file.close()
+            raise
 
-    def lines(self, at: int, skip: int, start: int, stop: int) -> list:
-        """The records of lines ``start:stop``, the first of which is ``skip`` lines after the
-        byte ``at``."""
+    def lines(self, at: int, skip: int, start: int, stop: int) -> tuple[np.ndarray, list]:
+        """``(positions, records)`` of lines ``start:stop`` (a blank one gives none), the first
+        of which is ``skip`` lines after the byte ``at``."""
         with self.lock:  # (thread workers share this process's file)
             self.file.seek(at)
             block = b"".join(islice(self.file, skip, skip + stop - start))
             check_unchanged(self.file, self.stat)
-        records = self.source.numbered(start, block)
-        if len(records) != stop - start:
-            raise OSError(f"{self.stat[0]}: lines {start + 1}-{stop} are not the driver's "
-                          f"({len(records)} records read, {stop - start} expected)")
-        return records
+        return self.source.numbered(start, block)
 
 
 _OPEN: OrderedDict[tuple, _Opened] = OrderedDict()
