@@ -70,3 +70,22 @@ def st_model():
 def reference_embeddings(st_model, texts) -> np.ndarray:
     """``model.encode`` in this one process: what every pipeline run must reproduce."""
     return st_model.encode(texts, batch_size=32, convert_to_numpy=True)
+
+
+def as_driver_reads(source) -> dict:
+    """Every record of ``source`` as the driver's slices give them, by id (what a worker reading
+    its own rows must give: tests/test_table_rows.py, tests/test_jsonl_rows.py)."""
+    from helpers.engine.id_ranges import IdRanges
+
+    return {i: r for ids, records, _ in source.slices(IdRanges(), None)
+            for i, r in zip(ids.tolist(), records)}
+
+
+def same_record(got, expected) -> bool:
+    """The same record, or the same error (type, message, position)."""
+    from helpers.engine.protocol import BadRecord
+
+    if isinstance(expected, BadRecord):
+        return isinstance(got, BadRecord) and (got.error_type, got.message, got.position) == \
+            (expected.error_type, expected.message, expected.position)
+    return got == expected

@@ -95,6 +95,17 @@ def test_scale_out_finding_gives_ray_s_median_ratio_and_both_spin_ups():
         in text
 
 
+def test_a_finding_of_one_run_each_does_not_call_it_a_median():
+    """One replicate (make run's notebooks 8 and 9 here): said as one run each; runs here move
+    10-20 %, and a single ratio is no median."""
+    one = side_by_side_table().query("replicate == 0")
+    text = findings.scale_out(one)
+    assert "ray at 0.95× the process backend (ratio of one run each, no median)" in text
+    table = pd.DataFrame([{"backend": b, "replicate": 0, "rows_per_s": v, "dim": 384}
+                          for b, v in (("process", 100_000), ("writer alone", 150_000))])
+    assert "(one run each, no median)" in findings.driver_limit(table)
+
+
 def test_driver_limit_finding_ranks_the_backends_and_gives_the_writer_alone():
     table = pd.DataFrame([{"backend": b, "replicate": r, "rows_per_s": v * (1 + r / 10), "dim": 384}
                           for r in range(3) for b, v in (("process", 100_000), ("ray", 80_000),

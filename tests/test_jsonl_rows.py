@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 
+from conftest import as_driver_reads, same_record
 from helpers import PipelineError, SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import jsonl_rows
 from helpers.engine.id_ranges import IdRanges
@@ -36,18 +37,6 @@ def corpus(path, n=3000, final_newline=False):
     return path
 
 
-def as_driver_reads(source):
-    return {i: r for ids, records, _ in source.slices(IdRanges(), None)
-            for i, r in zip(ids.tolist(), records)}
-
-
-def same(got, expected):
-    if isinstance(expected, BadRecord):
-        return isinstance(got, BadRecord) and (got.error_type, got.message, got.position) == \
-            (expected.error_type, expected.message, expected.position)
-    return got == expected
-
-
 def text_of(i):
     return f"r{i} " + "é" * (i % 7)
 
@@ -66,7 +55,7 @@ def test_any_lines_in_any_order_read_as_the_driver_reads_them(tmp_path, final_ne
         sent = pickle.loads(pickle.dumps(rows[a:b]))  # as a worker gets it
         got = sent.read()
         assert len(got) == b - a
-        assert all(same(g, expected[i]) for g, i in zip(got, ids[a:b].tolist())), (a, b)
+        assert all(same_record(g, expected[i]) for g, i in zip(got, ids[a:b].tolist())), (a, b)
         step = jsonl_rows.LINE_STEP
         assert len(sent.opener.starts) == ids[b - 1] // step - ids[a] // step + 1
     assert isinstance(expected[NOT_JSON], BadRecord) and expected[NULL].message.endswith(
@@ -219,7 +208,7 @@ def test_a_line_pyarrow_would_read_otherwise_is_the_same_record_in_any_block(tmp
     expected = as_driver_reads(source)
     (ids, rows), = source.rows(IdRanges(), None)
     one_at_a_time = [pickle.loads(pickle.dumps(rows[k:k + 1])).read()[0] for k in range(len(ids))]
-    assert all(same(got, expected[i]) for got, i in zip(one_at_a_time, ids.tolist()))
+    assert all(same_record(got, expected[i]) for got, i in zip(one_at_a_time, ids.tolist()))
     if case == "object-over-lines":  # no line credited with another's text
         assert not any(isinstance(r, str) for i, r in expected.items() if i < 3)
     if case == "bad-utf8-elsewhere":

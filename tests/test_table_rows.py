@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import as_driver_reads, same_record
 from helpers import SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import table_rows
 from helpers.engine.id_ranges import IdRanges
@@ -48,19 +49,6 @@ def arrow_file(path, n=3000):
     return path
 
 
-def as_driver_reads(source):
-    """Every record of ``source`` as the driver's slices give them, by id."""
-    return {i: r for ids, records, _ in source.slices(IdRanges(), None)
-            for i, r in zip(ids.tolist(), records)}
-
-
-def same(got, expected):
-    if isinstance(expected, BadRecord):
-        return isinstance(got, BadRecord) and (got.error_type, got.message) == \
-            (expected.error_type, expected.message)
-    return got == expected
-
-
 @pytest.mark.parametrize("make", [parquet_folder, arrow_file], ids=["parquet", "arrow"])
 def test_any_rows_in_any_order_read_as_the_driver_reads_them(tmp_path, make):
     source = TableSource(make(tmp_path / ("in" if make is parquet_folder else "in.arrow")))
@@ -74,7 +62,7 @@ def test_any_rows_in_any_order_read_as_the_driver_reads_them(tmp_path, make):
         part = pickle.loads(pickle.dumps(rows[start:start + rng.randrange(1, 900)]))
         got = part.read()
         assert len(got) == len(part)
-        assert all(same(g, expected[i]) for g, i in zip(got, part.ids.tolist()))
+        assert all(same_record(g, expected[i]) for g, i in zip(got, part.ids.tolist()))
     assert isinstance(expected[NULL], BadRecord) and "the text is null" in expected[NULL].message
     assert expected[BROKEN].error_type == "UnicodeDecodeError"
 

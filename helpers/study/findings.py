@@ -200,6 +200,18 @@ def self_tuning(runs: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
+def _medians(runs: int) -> str:
+    """How many runs a figure is the median of; one run said as such (runs here move 10-20 %)."""
+    return f"medians of {runs}" if runs > 1 else "one run each, no median"
+
+
+def _ratio_over(replicates: int, ratio: float | None = None) -> str:
+    """Which ratio a finding gives (``ratio`` said again where the sentence has not)."""
+    said = "" if ratio is None else f" {ratio:.2f}"
+    return (f"median ratio{said} over {replicates} interleaved replicates" if replicates > 1
+            else f"ratio{said} of one run each, no median")
+
+
 def tuned_against(table: pd.DataFrame, tuned: str, reference: str, tuner_seconds: float) -> str:
     """The tuner's pick against a reference configuration, measured side by side."""
     rates = table.groupby("configuration")["records_per_s"]
@@ -207,8 +219,8 @@ def tuned_against(table: pd.DataFrame, tuned: str, reference: str, tuner_seconds
     ratios = table.pivot(index="replicate", columns="configuration", values="records_per_s")
     ratio = (ratios[tuned] / ratios[reference]).median()
     return (f"{tuned}: {mean[tuned]:.1f} ± {sd[tuned]:.1f} records/s, {reference}: "
-            f"{mean[reference]:.1f} ± {sd[reference]:.1f} (median ratio {ratio:.2f} over "
-            f"{len(ratios)} interleaved replicates); the tuner took {tuner_seconds:.0f} s")
+            f"{mean[reference]:.1f} ± {sd[reference]:.1f} ({_ratio_over(len(ratios), ratio)}); "
+            f"the tuner took {tuner_seconds:.0f} s")
 
 
 def trials(table: pd.DataFrame) -> str:
@@ -233,8 +245,8 @@ def scale_out(table: pd.DataFrame) -> str:
     mean = table.groupby("backend")["records_per_s"].agg(["mean", "std"]).fillna(0.0)
     return (f"steady state, models loaded: ray {mean.loc['ray', 'mean']:.1f} ± "
             f"{mean.loc['ray', 'std']:.1f} records/s, process {mean.loc['process', 'mean']:.1f} ± "
-            f"{mean.loc['process', 'std']:.1f}: ray at {ratio:.2f}× the process backend (median "
-            f"ratio over {len(rates)} interleaved replicates); spin-up: ray "
+            f"{mean.loc['process', 'std']:.1f}: ray at {ratio:.2f}× the process backend "
+            f"({_ratio_over(len(rates))}); spin-up: ray "
             f"{first.loc['ray', 'cluster_start_s'] + first.loc['ray', 'spinup_s']:.1f} s (Ray's "
             f"own start {first.loc['ray', 'cluster_start_s']:.1f} s, then its actors "
             f"{first.loc['ray', 'spinup_s']:.1f} s), process "
@@ -248,8 +260,8 @@ def driver_limit(table: pd.DataFrame) -> str:
     alone = rows.pop("writer alone") if "writer alone" in rows else np.nan
     each = ", ".join(f"from {backend} workers {rate:,.0f}" for backend, rate in
                      rows.sort_values(ascending=False).items())
-    return (f"the driver's writer takes {each} rows/s of {dim}-d float32 (medians of "
-            f"{table['replicate'].nunique()}); the writer alone {alone:,.0f}")
+    return (f"the driver's writer takes {each} rows/s of {dim}-d float32 "
+            f"({_medians(table['replicate'].nunique())}); the writer alone {alone:,.0f}")
 
 
 def simulated_cluster(table: pd.DataFrame, workers_per_node: int) -> str:
@@ -282,7 +294,7 @@ def peers(table: pd.DataFrame) -> str:
     lightest, heaviest = median["peak_pss_mb"].idxmin(), median["peak_pss_mb"].idxmax()
     floor = f"bare model.encode {median.loc['bare model.encode', 'records_per_s']:.1f} " \
         "records/s; " if bare is not None else ""
-    return (f"steady state (models loaded, medians of {table['replicate'].nunique()}): {floor}"
+    return (f"steady state (models loaded, {_medians(table['replicate'].nunique())}): {floor}"
             f"{steady}; end to end on {int(table['records'].iloc[0])} records, {quickest} is "
             f"quickest ({median.loc[quickest, 'end_to_end_s']:.1f} s, of which spin-up "
             f"{median.loc[quickest, 'spinup_s']:.1f} s); peak memory from {lightest} "
