@@ -89,3 +89,17 @@ def same_record(got, expected) -> bool:
         return isinstance(got, BadRecord) and (got.error_type, got.message, got.position) == \
             (expected.error_type, expected.message, expected.position)
     return got == expected
+
+
+def change_at_fourth_read(monkeypatch, opener: type, change) -> None:
+    """Call ``change()`` as the fourth read through ``opener`` (a Rows opener class) begins: an
+    input rewritten while the workers read it."""
+    real, calls = opener.read, []
+
+    def read(self, ids):
+        calls.append(len(ids))
+        if len(calls) == 4:
+            change()
+        return real(self, ids)
+
+    monkeypatch.setattr(opener, "read", read)

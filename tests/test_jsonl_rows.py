@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from conftest import as_driver_reads, same_record
+from conftest import as_driver_reads, change_at_fourth_read, same_record
 from helpers import PipelineError, SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import jsonl_rows
 from helpers.engine.id_ranges import IdRanges
@@ -172,16 +172,12 @@ def test_a_file_changed_half_way_stops_the_run(tmp_path, monkeypatch):
     """Lines appended while the workers read: the worker that reads next refuses, and the run
     stops naming the input (no line of the new file is written, none filed as an error)."""
     path = corpus(tmp_path / "in.jsonl")
-    real, calls = jsonl_rows.JSONLRows.read, []
 
-    def read(self, ids):
-        calls.append(len(ids))
-        if len(calls) == 4:
-            with open(path, "a") as f:
-                f.write('\n{"text": "more"}')
-        return real(self, ids)
+    def append():
+        with open(path, "a") as f:
+            f.write('\n{"text": "more"}')
 
-    monkeypatch.setattr(jsonl_rows.JSONLRows, "read", read)
+    change_at_fourth_read(monkeypatch, jsonl_rows.JSONLRows, append)
     with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
                                             r"input: OSError: .*in\.jsonl: changed since the "
                                             r"run started"):

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import as_driver_reads, same_record
+from conftest import as_driver_reads, change_at_fourth_read, same_record
 from helpers import SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import table_rows
 from helpers.engine.id_ranges import IdRanges
@@ -247,16 +247,12 @@ def test_a_file_changed_half_way_stops_the_run_and_is_never_read(tmp_path, monke
     from helpers import PipelineError
 
     folder = parquet_folder(tmp_path / "in")
-    real, calls = table_rows.TableRows.read, []
 
-    def read(self, ids):
-        calls.append(len(ids))
-        if len(calls) == 4:
-            other = pa.array([f"other {i}" for i in range(1200)])
-            pq.write_table(pa.table({"text": other}), folder / "b.parquet", row_group_size=333)
-        return real(self, ids)
+    def rewrite():
+        other = pa.array([f"other {i}" for i in range(1200)])
+        pq.write_table(pa.table({"text": other}), folder / "b.parquet", row_group_size=333)
 
-    monkeypatch.setattr(table_rows.TableRows, "read", read)
+    change_at_fourth_read(monkeypatch, table_rows.TableRows, rewrite)
     with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
                                             r"input: OSError: .*b\.parquet: changed since the "
                                             r"run started"):
