@@ -134,9 +134,7 @@ def write_jsonl(path: Path, records: int) -> None:
     """The sample paragraphs over and over, ``records`` lines of ``{"text": ...}``."""
     texts = [json.dumps({"text": text}) + "\n" for text in _sample_texts()]
     with open(path, "w", encoding="utf-8") as f:
-        for start in range(0, records, PARQUET_GROUP_ROWS):
-            f.writelines(texts[i % len(texts)] for i in range(start, min(start + PARQUET_GROUP_ROWS,
-                                                                         records)))
+        f.writelines(texts[i % len(texts)] for i in range(records))
 
 
 WRITERS = {"parquet": write_parquet, "jsonl": write_jsonl}  # the corpus as a file (``source``)

@@ -30,8 +30,7 @@ from helpers.engine.id_checks import checked_ids, id_record, key_problems, scree
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.jsonl_rows import JSONLRows, LineIndex, file_stat, line_index
 from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows, SourceError,
-                                     null_texts)
-from helpers.engine.protocol import positions as row_slices
+                                     null_texts, positions as row_slices)
 from helpers.engine.table_files import count_lines
 from helpers.engine.tables import as_text
 
