@@ -39,6 +39,7 @@ results: run
 	$(PY) -m helpers.bench scale --writes workers --backend ray
 	$(PY) -m helpers.bench scale --writes workers --source parquet
 	$(PY) -m helpers.bench scale --writes workers --source jsonl
+	$(PY) -m helpers.bench scale --writes workers --source csv
 
 test: $(STAMP)
 	$(PY) -m pytest

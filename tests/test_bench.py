@@ -77,11 +77,11 @@ def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
     assert "resume_first_workunit_s" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("source", ["parquet", "jsonl"])
+@pytest.mark.parametrize("source", ["parquet", "jsonl", "csv"])
 def test_scale_bench_on_a_file_the_workers_read_it_and_write_every_row_once(tmp_path, source):
     """writes="workers" on a corpus file: the workers read it (Parquet row group by row group,
-    JSONL from the driver's line starts); the driver reads a few bytes per row, and a JSONL file
-    once, unparsed (the driver reading the records would read the file, then every row through
+    JSONL and CSV from the driver's line or row starts); the driver reads a few bytes per row, and
+    a JSONL or CSV file once, unparsed (the driver reading the records would read the file, then every row through
     its pipes: over 100 % of the rows' bytes). (A kill and resume of workers reading them:
     tests/test_table_rows.py, tests/test_jsonl_rows.py.)"""
     import json
@@ -94,8 +94,9 @@ def test_scale_bench_on_a_file_the_workers_read_it_and_write_every_row_once(tmp_
     full = table.set_index("run").loc["full"]
     assert full["exactly_once"] and full["records"] == 400_000 and full["source"] == source
     texts = sample_texts()
-    line = sum(len(json.dumps({"text": t})) + 1 for t in texts) / len(texts)
-    scanned = line / (384 * 4 + 8) if source == "jsonl" else 0.0
+    line = {"jsonl": lambda t: len(json.dumps({"text": t})) + 1,
+            "csv": lambda t: len(t.encode()) + t.count('"') + 3, "parquet": lambda t: 0}[source]
+    scanned = sum(line(t) for t in texts) / len(texts) / (384 * 4 + 8)
     assert full["driver_read_fraction"] < scanned + 0.05
 
 

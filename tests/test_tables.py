@@ -397,3 +397,26 @@ def test_carried_values_of_failed_records_are_all_let_go():
     taken = held.take(np.array([2, 0]))
     assert taken["keys"].tolist() == ["c", "a"] and taken["n"].tolist() == [2, 0]
     assert len(held) == 0
+
+
+@pytest.mark.parametrize("first", ["short", "quoted-lines", "long"])
+def test_opening_a_csv_reads_its_first_block_only(tmp_path, monkeypatch, first):
+    """A table's columns come from its first block's whole rows (pyarrow's own reader read
+    several blocks ahead: 25-50 MB of each CSV file, most of a folder of small ones); a first
+    row longer than the block grows it, a value with line breaks across the block's end is not
+    cut, and the columns are those the whole file has."""
+    import psutil
+
+    from helpers.engine import table_files
+
+    monkeypatch.setattr(table_files, "CSV_BLOCK_BYTES", 1 << 16)
+    row = {"short": "a", "quoted-lines": '"' + "x\n" * 40_000 + '"', "long": "y" * 200_000}[first]
+    path = tmp_path / "in.csv"
+    path.write_text("text,n\n" + f"{row},1\n" + "".join(f"r{i},{i}\n" for i in range(1_000_000)))
+    process = psutil.Process()
+    before = process.io_counters().read_chars
+    source = TableSource(path)
+    read = process.io_counters().read_chars - before
+    assert read < 4 * max(1 << 16, len(row)) + (1 << 16) < path.stat().st_size // 10
+    assert source._columns == [("text", "n")]
+    assert source.carried() == {} and len(source) == 1_000_001

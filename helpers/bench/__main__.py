@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--resume", action="store_true")
     one.add_argument("--corpus", help="read the first --records rows of this file (Parquet, JSONL)")
     big.add_argument("--source", choices=("cycled", *scale.WRITERS), default="cycled",
-                     help="parquet, jsonl: the records written as such a file first, read from it")
+                     help="parquet, jsonl, csv: the records written as such a file first, read "
+                          "from it")
     for command in (big, one):
         command.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2),
                              help="zero-cost workers (default: one per core, at least 2)")

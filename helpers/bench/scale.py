@@ -19,9 +19,10 @@ five times a second (``tree_rss_mb``: the driver, its workers or Ray's raylet, o
 actors).
 
 Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time;
-with ``source="parquet"`` or ``"jsonl"`` they are first written as one file (Parquet: row groups
-of PARQUET_GROUP_ROWS, no dictionary, each text stored; JSON lines: ``{"text": ...}``, ids the
-line numbers), which the runs read (each run the first ``n`` rows of it), by the driver or, with
+with ``source="parquet"``, ``"jsonl"`` or ``"csv"`` they are first written as one file (Parquet:
+row groups of PARQUET_GROUP_ROWS, no dictionary, each text stored; JSON lines: ``{"text": ...}``,
+ids the line numbers; CSV: a ``text`` column, quoted as pyarrow writes it, ids the row numbers),
+which the runs read (each run the first ``n`` rows of it), by the driver or, with
 ``writes="workers"``, by the workers themselves.
 Rows are tidy (units in column names) and saved with provenance like the other benchmarks.
 """
@@ -137,7 +138,22 @@ def write_jsonl(path: Path, records: int) -> None:
         f.writelines(texts[i % len(texts)] for i in range(records))
 
 
-WRITERS = {"parquet": write_parquet, "jsonl": write_jsonl}  # the corpus as a file (``source``)
+def write_csv(path: Path, records: int) -> None:
+    """The sample paragraphs over and over, ``records`` rows of a ``text`` column, as CSV (each
+    text quoted where it holds a comma or a quote, as pyarrow writes it)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    texts = _sample_texts()
+    schema = pa.schema([("text", pa.string())])
+    with pacsv.CSVWriter(path, schema) as writer:
+        for start in range(0, records, PARQUET_GROUP_ROWS):
+            rows = range(start, min(start + PARQUET_GROUP_ROWS, records))
+            writer.write_table(pa.table({"text": [texts[i % len(texts)] for i in rows]}, schema))
+
+
+WRITERS = {"parquet": write_parquet, "jsonl": write_jsonl, "csv": write_csv}  # the corpus as
+# a file (``source``)
 
 
 def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,

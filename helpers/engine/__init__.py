@@ -3,10 +3,10 @@ study, the CLI and the benchmarks, and importing none of them. Its modules, bott
 
 - what is shared: ``protocol`` (what a workload and a source give the engine), ``messages`` (what
   travels between parent and workers), ``settings``, ``devices``, ``versions``;
-- records in: ``id_ranges``, ``id_checks``, ``sources``, ``jsonl``, ``table_files``, ``tables``,
-  ``table_rows`` and ``jsonl_rows`` (a worker reading its own rows), ``carried`` (a source's
-  columns to the output), ``fingerprint`` (what made an output), ``reader`` (records into
-  workunits);
+- records in: ``id_ranges``, ``id_checks``, ``sources``, ``jsonl``, ``csv_scan`` (where a CSV's
+  rows are, unparsed), ``table_files``, ``tables``, ``table_rows``, ``jsonl_rows`` and
+  ``csv_rows`` (a worker reading its own rows), ``carried`` (a source's columns to the output),
+  ``fingerprint`` (what made an output), ``reader`` (records into workunits);
 - where workers run: ``transfer``, ``worker``, ``backends``, ``preload`` (what the fork server
   imports), ``ray_backend`` (the only one that imports Ray), ``probe`` (can every worker reach
   the input and the output);

@@ -10,17 +10,22 @@ come from one look at it (``layout``). A CSV row with too many or too few fields
 from __future__ import annotations
 
 import glob
+import io
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from helpers.engine.csv_scan import head
 from helpers.engine.protocol import TEXT, SourceError, decoded
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
            ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
 CSV_BLOCK_BYTES = 4 << 20  # a CSV is parsed this much at a time (a longer row: the block grows)
 CSV_MAX_BLOCK_BYTES = 256 << 20
+MAX_LINES_IN_VALUE = 1000  # a CSV value spanning more lines is filed (tables: a quote left open)
 RESERVED = {"ids", "errors", "resume", "attrs", "keys"}  # names an output or read_output uses
 
 
@@ -58,8 +63,8 @@ def table_files(path: str | os.PathLike) -> tuple[list[str], str]:
 def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callable]]]:
     """A file's schema and its pieces, ``(file, rows or None, read(columns, bad_rows) ->
     batches)``, from one look at it: a Parquet footer, an Arrow file's batches, a CSV's first
-    block (its types inferred, the block grown until a row fits)."""
-    import pyarrow as pa
+    block (its types inferred, the block grown until a row fits; only its whole rows read:
+    pyarrow's own reader would read several blocks ahead)."""
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
@@ -76,15 +81,13 @@ def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callab
         rows = sum(b.num_rows for b in reader)  # one piece: a stream is read in order
         return reader.schema, [(path, rows, _stream_reader(path))]
     block = CSV_BLOCK_BYTES  # (a ragged row is skipped here: the reading files it)
-    while True:
-        try:
-            with pacsv.open_csv(path, parse_options=csv_parse(fmt, lambda row: "skip"),
-                                read_options=pacsv.ReadOptions(block_size=block)) as reader:
-                return reader.schema, [(path, None, _csv_reader(path, fmt))]
-        except pa.ArrowInvalid as exc:  # "straddling object": a row longer than the block
-            if "straddling" not in str(exc) or block >= CSV_MAX_BLOCK_BYTES:
-                raise
-            block *= 4
+    while (first := head(path, "\t" if fmt == "tsv" else ",", block)) is None:
+        if block >= CSV_MAX_BLOCK_BYTES:  # (pyarrow: "straddling object straddles two blocks")
+            raise ValueError(f"its first row is over {CSV_MAX_BLOCK_BYTES >> 20} MiB long")
+        block *= 4
+    with pacsv.open_csv(io.BytesIO(first), parse_options=csv_parse(fmt, lambda row: "skip"),
+                        read_options=pacsv.ReadOptions(block_size=block)) as reader:
+        return reader.schema, [(path, None, _csv_reader(path, fmt))]
 
 
 def column_texts(column: Any, rows: Any, where: Callable[[int], str]) -> list:
@@ -101,6 +104,27 @@ def column_texts(column: Any, rows: Any, where: Callable[[int], str]) -> list:
             return [decoded(t, r, f"{where(k)}: the text") if t is not None else t
                     for k, (t, r) in enumerate(zip(column.to_pylist(), rows.tolist()))]
     return column.to_pylist()
+
+
+def spanning(column: Any) -> list[int]:
+    """Which texts hold more than MAX_LINES_IN_VALUE line breaks (of a column of bytes or
+    strings: the line breaks found in its data buffer at once, counted per value by its
+    offsets)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kinds = {pa.binary(): np.int32, pa.string(): np.int32, pa.large_binary(): np.int64,
+             pa.large_string(): np.int64}
+    if column.type not in kinds:
+        lines = pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
+        return np.flatnonzero(np.nan_to_num(lines.astype(float)) > MAX_LINES_IN_VALUE).tolist()
+    _, offsets, data = column.buffers()
+    offsets = np.frombuffer(offsets, kinds[column.type])[column.offset:][:len(column) + 1]
+    if data is None or offsets[-1] - offsets[0] <= MAX_LINES_IN_VALUE:
+        return []
+    breaks = np.flatnonzero(np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]] == 10)
+    counts = np.diff(np.searchsorted(breaks + offsets[0], offsets))
+    return np.flatnonzero(counts > MAX_LINES_IN_VALUE).tolist()
 
 
 def row_name(file: tuple[str, int], row: int) -> str:

@@ -25,6 +25,7 @@ source is opened, before any worker starts.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -33,20 +34,24 @@ from typing import Any
 
 import numpy as np
 
+from helpers.engine.csv_rows import CSVFile, CSVRows
+from helpers.engine.csv_scan import RowIndex, row_index
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.id_checks import id_record, integer_ids, key_problems
 from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows,
                                      SourceError, decoded, null_texts, positions)
-from helpers.engine.table_files import (canonical_integers, column_kind, column_texts,
-                                        count_lines, kept_dtypes, layout, row_name,
-                                        table_files)
-from helpers.engine.table_rows import TableRows, digest, random_access
+from helpers.engine.table_files import (MAX_LINES_IN_VALUE, canonical_integers, column_kind,
+                                        column_texts, count_lines, kept_dtypes, layout, row_name,
+                                        spanning, table_files)
+from helpers.engine.table_rows import TableRows, digest, file_stats, random_access
 
+log = logging.getLogger("gpufeed")
+
+CSV = ("csv", "tsv")
 SLICE_ROWS = 8192  # rows handed on at a time (a piece may hold millions)
 NULLS = {"int64": np.iinfo(np.int64).min, "uint64": np.iinfo(np.uint64).max, "float64": np.nan,
          "int8": -1, TEXT: ""}  # a null kept value as written (booleans as 0/1)
-MAX_LINES_IN_VALUE = 1000
 
 
 class TableSource:
@@ -64,6 +69,7 @@ class TableSource:
             raise SourceError(f"input {self.path!r}: not a readable {self.format} file "
                               f"({type(exc).__name__}: {exc})") from exc
         schemas = [found for found, _ in layouts]
+        self._columns = [tuple(schema_.names) for schema_ in schemas]
         self._pieces = [piece for _, found in layouts for piece in found]
         if id_column is not None and id_column == text_column:
             raise SourceError(f"id_column: {id_column!r} is the text column too")
@@ -76,7 +82,7 @@ class TableSource:
         if key not in (None, "integer", "unsigned", "text", "null"):
             raise SourceError(f"input {self.path!r}: id column {id_column!r} holds {key}; ids "
                               f"are integers or strings")
-        if key == "integer" and self.format in ("csv", "tsv") and not all(
+        if key == "integer" and self.format in CSV and not all(
                 canonical_integers(f, self.format, id_column) for f in self.files):
             key = "text"  # zero-padded or signed: keys, kept as written
         self.keyed = key in ("text", "null")
@@ -85,10 +91,14 @@ class TableSource:
         self._length = (sum(rows for _, rows, _ in self._pieces)
                         if all(rows is not None for _, rows, _ in self._pieces) else None)
         self.reads = 0  # pieces read so far (what a resume skipped is never read)
+        self._index: tuple[list, list[RowIndex]] | None = None  # (``_scanned``)
 
     def __len__(self) -> int:
-        if self._length is None:
-            self._length = count_lines(self.files, header=True)
+        if self._length is not None:
+            return self._length
+        if self.positional:  # a CSV input: its rows, as ``rows`` finds them
+            return sum(index.rows for index in self._scanned()[1])
+        self._length = count_lines(self.files, header=True)
         return self._length
 
     def carried(self) -> dict[str, OutputSpec]:
@@ -105,7 +115,11 @@ class TableSource:
     @functools.cached_property
     def positional(self) -> bool:
         """Whether workers can read this source's records themselves (``rows``): ids that are
-        row numbers (none, or keys), files read by row (Parquet, Arrow IPC files)."""
+        row numbers (none, or keys), files read by row (Parquet, Arrow IPC files); or CSV/TSV
+        files that carry nothing (helpers.engine.csv_rows: keys and kept columns are read by the
+        driver, which parses the whole file for them anyway)."""
+        if self.format in CSV:
+            return self.id_column is None and not self.keep_columns
         return (self.id_column is None or self.keyed) and random_access(self.files, self.format)
 
     def rows(self, skip: IdRanges, limit: int | None
@@ -115,13 +129,50 @@ class TableSource:
         columns (keys, kept columns: not the texts) are read here, checked as ``slices`` checks
         them, and a row whose key is bad comes in a slice of BadRecords of its own."""
         if not self.positional:
-            raise ValueError(f"{self.describe()}: workers cannot read it by row (an integer id "
-                             f"column, or a {self.format} file read in order)")
+            raise ValueError(f"{self.describe()}: workers cannot read it by row (an id column, "
+                             f"kept columns of a CSV, or a {self.format} file read in order)")
+        if self.format in CSV:
+            return self._csv_rows(skip, limit)
         opener = TableRows(os.path.abspath(self.path), self.format, self.text_column,
                            digest(self.files))
         if not self.carried():
             return positions(opener, len(self) if limit is None else min(limit, len(self)), skip)
         return self._read(skip, limit, opener)
+
+    def _scanned(self) -> tuple[list, list[RowIndex]]:
+        """The CSV files as found (``file_stats``) and each one's rows (``row_index``): one pass
+        that parses nothing, which ``rows`` and ``__len__`` share while the files stay as they
+        were."""
+        stats = file_stats(self.files)
+        if self._index is None or self._index[0] != stats:
+            delimiter = "\t" if self.format == "tsv" else ","
+            indexes = [row_index(f, delimiter) for f in self.files]
+            if file_stats(self.files) != stats:
+                raise SourceError(f"input {self.path!r}: written to while it was read")
+            self._index = stats, indexes
+        return self._index
+
+    def _csv_rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple]:
+        """``rows`` of CSV files (helpers.engine.csv_rows), done ids left out; then the rows of
+        another width than the header's, known by their place (as ``slices`` files them)."""
+        stats, indexes = self._scanned()
+        files, first = [], 0
+        for path, stat, columns, index in zip(self.files, stats, self._columns, indexes):
+            if index.fields != len(columns):  # (never seen: the pass and pyarrow disagree)
+                log.warning("input %r: %s's header read as %d fields, not pyarrow's %d: the "
+                            "driver reads it", self.path, path, index.fields, len(columns))
+                yield from self._read(skip, limit)
+                return
+            files.append(CSVFile(os.path.abspath(path), stat, columns, first, index.rows,
+                                 index.starts, index.bad))
+            first += index.rows
+        opener = CSVRows(self.format, self.text_column, tuple(files))
+        yield from positions(opener, first if limit is None else min(limit, first), skip)
+        for file, index in zip(files, indexes):
+            if len(index.bad) and (limit is None or file.first < limit):
+                with open(file.stat[0], "rb") as f:
+                    yield _unparsed([_row_text(f, start, stop) for start, stop in index.bad],
+                                    Path(file.path).name, {})
 
     def _read(self, skip: IdRanges, limit: int | None, opener: TableRows | None = None
               ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
@@ -219,8 +270,8 @@ class TableSource:
                                                          f"{carried[KEYS][k]!r})")
         for k, record in bad.items():
             records[k] = record
-        if self.format in ("csv", "tsv"):
-            for k in _spanning(batch.column(self.text_column)):
+        if self.format in CSV:
+            for k in spanning(batch.column(self.text_column)):
                 records[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: its text "
                                        f"spans over {MAX_LINES_IN_VALUE} lines: a quote left open "
                                        f"swallows the rows after it", int(rows[k]))
@@ -288,12 +339,10 @@ def _with_nul(values: np.ndarray) -> list[int]:
     return [k for k, v in enumerate(values.tolist()) if "\0" in v]
 
 
-def _spanning(column: Any) -> list[int]:
-    """Which texts hold more than MAX_LINES_IN_VALUE line breaks."""
-    import pyarrow.compute as pc
-
-    lines = pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
-    return np.flatnonzero(np.nan_to_num(lines.astype(float)) > MAX_LINES_IN_VALUE).tolist()
+def _row_text(f: Any, start: int, stop: int) -> str:
+    """A row's text as pyarrow hands a bad row to ``slices``: no line break at the end."""
+    f.seek(start)
+    return f.read(stop - start).decode("utf-8", "replace").removesuffix("\n").removesuffix("\r")
 
 
 def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec]) -> tuple:

@@ -1,0 +1,279 @@
+"""A worker reading a CSV/TSV input's rows itself (helpers.engine.csv_rows): the driver's one
+pass finds the rows pyarrow finds (quoted line breaks, stray quotes, rows of another width, any
+line ending), any rows in any order read as the driver reads them, a workunit's message carries
+only the starts it needs, a file that differs or a count that disagrees stops the run, and keys
+and kept columns stay with the driver."""
+import io
+import os
+import pickle
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from conftest import as_driver_reads, change_at_fourth_read, same_record
+from helpers import PipelineError, SyntheticWorkload, read_output, run_pipeline
+from helpers.engine import csv_rows, csv_scan, table_files
+from helpers.engine.id_ranges import IdRanges
+from helpers.engine.protocol import NO_ID, BadRecord
+from helpers.engine.sources import reads_by_position
+from helpers.engine.table_files import MAX_LINES_IN_VALUE, count_lines, csv_parse
+from helpers.engine.tables import TableSource
+from helpers.workloads.synthetic import record_vector
+
+pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
+
+NULL, NOT_UTF8, SPANNING = 700, 1234, 2000  # rows (ids) that are errors
+WIDE, NARROW = 5, 1500  # lines of another width (no id: before the row of that id)
+
+
+def text_of(i):
+    """Row i's text: commas, doubled quotes and line breaks in some, a stray quote in one."""
+    return [f"r{i} " + "é" * (i % 7), f'r{i}, "q"', f"r{i}\nnext", f"r{i}\r\n,x"][i % 4]
+
+
+def field(i):
+    text = text_of(i)
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\r\n') else text
+
+
+def corpus(path, n=3000, end="\n", first=0):
+    """n rows of ``text,n`` (ids first..), and one of each kind of bad row."""
+    lines, rows = ["text,n"], []
+    for i in range(first, first + n):
+        if i == WIDE:
+            lines.append("a,b,c")
+        if i == NARROW:
+            lines.append("lonely")
+        value = {NULL: "", SPANNING: '"' + "\n" * (MAX_LINES_IN_VALUE + 1) + '"',
+                 100: '5" tall'}.get(i, field(i))
+        lines.append(f"{value},{i}")
+        rows.append(i)
+        if i % 500 == 3:
+            lines.append("")  # a blank line: no row
+    data = end.join(lines).encode() + end.encode()
+    data = data.replace(f"{field(NOT_UTF8)},".encode(), b"bad\xff,")
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+@pytest.mark.parametrize("files", [1, 2])
+def test_any_rows_in_any_order_read_as_the_driver_reads_them(tmp_path, end, files):
+    for k in range(files):
+        corpus(tmp_path / f"part-{k}.csv", 3000 // files, end, first=k * (3000 // files))
+    source = TableSource(tmp_path if files > 1 else tmp_path / "part-0.csv")
+    expected = as_driver_reads(source)
+    (ids, rows), *bad = source.rows(IdRanges(), None)
+    assert reads_by_position(source) and ids.tolist() == sorted(i for i in expected if i >= 0)
+    assert len(ids) == 3000 == len(source)
+    assert sorted(message for _, records, _ in bad for message in
+                  [r.message.split(": ", 1)[1] for r in records]) == [
+        "a row with the wrong number of fields: 'a,b,c'",
+        "a row with the wrong number of fields: 'lonely'"]
+    assert all((i == NO_ID).all() for i, _, _ in bad)
+    rng = random.Random(0)
+    for _ in range(60):
+        a = rng.randrange(len(ids))
+        b = min(len(ids), a + rng.randrange(1, 700))
+        picked = np.sort(rng.sample(range(a, b), min(b - a, rng.choice([b - a, 3]))))
+        sent = pickle.loads(pickle.dumps(rows[a:b]))  # as a worker gets it
+        got = sent.read()
+        assert all(same_record(g, expected[i]) for g, i in zip(got, ids[a:b].tolist())), (a, b)
+        assert len(got) == b - a
+        some = pickle.loads(pickle.dumps(csv_rows_of(rows, picked))).read()
+        assert all(same_record(g, expected[i]) for g, i in zip(some, ids[picked].tolist()))
+    assert expected[1] == text_of(1) and expected[2] == text_of(2) and expected[100] == '5" tall'
+    assert expected[NULL].message.endswith(f"part-0.csv row {NULL}: the text is null")
+    assert expected[NOT_UTF8].error_type == "UnicodeDecodeError"
+    assert "spans over 1000 lines" in expected[SPANNING].message
+    csv_rows.close_all()
+
+
+def csv_rows_of(rows, picked):
+    """Rows ``picked`` (positions in ``rows``) as one Rows (ids with gaps)."""
+    from helpers.engine.protocol import Rows
+
+    return Rows(rows.opener, rows.ids[picked])
+
+
+def pyarrow_reads(data, fmt, **read):
+    """The rows and the bad rows' texts pyarrow reads in ``data``, every value a string."""
+    bad = []
+    names = read.get("column_names") or pacsv.read_csv(
+        io.BytesIO(data), parse_options=csv_parse(fmt, lambda row: "skip")).column_names
+    table = pacsv.read_csv(io.BytesIO(data), pacsv.ReadOptions(**read),
+                           csv_parse(fmt, lambda row: bad.append(row.text) or "skip"),
+                           pacsv.ConvertOptions(column_types={c: pa.string() for c in names}))
+    return table, bad
+
+
+def random_csv(rng, delimiter):
+    """A small file of every awkward thing: quoted delimiters, quotes and line breaks, empty
+    quoted values, stray quotes outside quotes, quotes after a closed value, rows of other
+    widths, blank lines, a byte-order mark, any line ending, a quote left open at the end."""
+    columns = rng.randint(1, 4)
+    lines = [delimiter.join(f"c{i}" for i in range(columns))]
+    for _ in range(rng.randint(0, 40)):
+        fields = []
+        for _ in range(columns if rng.random() < 0.8 else rng.randint(1, 5)):
+            if rng.random() < 0.4:
+                inside = "".join(rng.choice(["a", delimiter, "\n", '""', "\r\n", " "])
+                                 for _ in range(rng.randint(0, 5)))
+                fields.append(f'"{inside}"' + (rng.choice(["x", '"']) if rng.random() < 0.1
+                                               else ""))
+            else:
+                fields.append("".join(rng.choice(["a", " ", '"' if rng.random() < 0.3 else "y"])
+                                      for _ in range(rng.randint(0, 4))))
+        lines.append(delimiter.join(fields))
+        if rng.random() < 0.1:
+            lines.append("")
+    end = rng.choice(["\n", "\r\n", "\r"])
+    text = end.join(lines) + (end if rng.random() < 0.5 else "")
+    return (b"\xef\xbb\xbf" if rng.random() < 0.1 else b"") + text.encode()
+
+
+@pytest.mark.parametrize("chunk", [3, 64, 8 << 20])
+def test_the_pass_finds_the_rows_pyarrow_finds_in_any_file(tmp_path, monkeypatch, chunk):
+    """400 random files (but for a few pyarrow refuses), the reads cut anywhere: as many rows and bad rows as pyarrow finds,
+    each bad row's text, and every row start (ROW_STEP 1) one pyarrow reads on from."""
+    monkeypatch.setattr(csv_scan, "SCAN_BYTES", chunk)
+    monkeypatch.setattr(csv_scan, "ROW_STEP", 1)
+    rng, checked = random.Random(chunk), 0
+    for _ in range(400):
+        fmt = rng.choice(["csv", "tsv"])
+        data = random_csv(rng, "," if fmt == "csv" else "\t")
+        path = tmp_path / f"f.{fmt}"
+        path.write_bytes(data)
+        try:
+            table, bad = pyarrow_reads(data, fmt)
+        except pa.ArrowInvalid:  # a header alone, no line break: refused as an input
+            continue
+        checked += 1
+        index = csv_scan.row_index(str(path), "," if fmt == "csv" else "\t")
+        assert (index.rows, index.fields) == (table.num_rows, table.num_columns), data
+        assert [data[a:b].decode().removesuffix("\n").removesuffix("\r")
+                for a, b in index.bad.tolist()] == bad, data
+        for k, start in enumerate(index.starts.tolist()):
+            rest, _ = pyarrow_reads(data[start:], fmt, column_names=table.column_names)
+            assert rest.to_pylist() == table.slice(k).to_pylist(), (data, k)
+    assert checked > 350
+
+
+def test_a_workunit_s_message_stays_small_however_long_the_file(tmp_path):
+    path = tmp_path / "long.csv"
+    path.write_bytes(b"text\n" + b"a\n" * 400_000)
+    (ids, rows), *_ = TableSource(path).rows(IdRanges(), None)
+    whole = len(pickle.dumps(rows.opener))
+    unit = rows[1000:1064]
+    assert len(pickle.dumps(unit)) < len(pickle.dumps(unit.ids)) + 1000 < whole
+
+
+def test_its_length_counts_rows_not_lines(tmp_path):
+    path = corpus(tmp_path / "in.csv")
+    assert len(TableSource(path)) == 3000 < count_lines([str(path)], header=True)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_workers_read_a_csv_corpus_themselves_and_resume(tmp_path, monkeypatch, backend):
+    """writes="workers": the driver parses no row (its reading is gone), each worker reads its
+    own; a limit, then a resume; every row once, each bad one filed as the driver files it."""
+    path = corpus(tmp_path / "in.csv")
+    monkeypatch.setattr(TableSource, "_read", None)
+    workload = SyntheticWorkload(0.0, dim=8)
+    options = dict(workunit_size=64, output=tmp_path / "out.h5", backend=backend,
+                   progress=False, writes="workers")
+    first = run_pipeline(path, workload, ["cpu"] * 2, limit=1000, **options)
+    stats = run_pipeline(path, workload, ["cpu"] * 2, resume=True, **options)
+    assert first.records == 999 and stats.resumed_after == 1001  # (the row of 700 filed)
+    data = read_output(tmp_path / "out.h5")
+    bad = (NULL, NOT_UTF8, SPANNING)
+    good = [i for i in range(3000) if i not in bad]
+    assert data["ids"].tolist() == good and stats.records == len(good) - first.records
+    np.testing.assert_array_equal(data["values"][::97],
+                                  np.stack([record_vector(text_of(i), 8) for i in good[::97]]))
+    assert sorted(e["id"] for e in data["errors"] if e["id"] is not None) == list(bad)
+
+
+def error_rows(path):
+    return sorted(((e["id"], e["type"], e["message"], e["position"])
+                   for e in read_output(path)["errors"]), key=repr)
+
+
+def test_a_bad_row_is_filed_alike_whichever_side_reads_it(tmp_path):
+    path = corpus(tmp_path / "in.csv")
+    for writes in ["driver", "workers"]:
+        run_pipeline(path, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
+                     tmp_path / f"{writes}.h5", "thread", progress=False, writes=writes)
+    rows = error_rows(tmp_path / "driver.h5")
+    assert len(rows) == 5 and rows == error_rows(tmp_path / "workers.h5")
+    assert read_output(tmp_path / "driver.h5")["ids"].tolist() == \
+        read_output(tmp_path / "workers.h5")["ids"].tolist()
+
+
+@pytest.mark.parametrize("options", [{"id_column": "n"}, {"keep_columns": ["n"]}],
+                         ids=["ids", "kept"])
+def test_ids_and_kept_columns_stay_with_the_driver(tmp_path, options):
+    """An id column or kept columns: the driver parses the file (it checks and carries them),
+    the workers still write; asking its rows is refused by name."""
+    path = corpus(tmp_path / "in.csv")
+    source = TableSource(path, **options)
+    assert not reads_by_position(source)
+    with pytest.raises(ValueError, match="workers cannot read it by row"):
+        source.rows(IdRanges(), None)
+    run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64, tmp_path / "out.h5",
+                 "thread", progress=False, writes="workers")
+    assert len(read_output(tmp_path / "out.h5")["ids"]) == 2997
+
+
+def test_a_file_changed_half_way_stops_the_run(tmp_path, monkeypatch):
+    path = corpus(tmp_path / "in.csv")
+
+    def append():
+        with open(path, "a") as f:
+            f.write("more,1\n")
+
+    change_at_fourth_read(monkeypatch, csv_rows.CSVRows, append)
+    with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
+                                            r"input: OSError: .*in\.csv: changed since the "
+                                            r"run started"):
+        run_pipeline(path, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
+                     tmp_path / "out.h5", "thread", progress=False, writes="workers")
+    assert len(read_output(tmp_path / "out.h5")["ids"]) < 2997
+
+
+@pytest.mark.parametrize("case", ["cut", "shifted"])
+def test_starts_that_are_not_the_driver_s_rows_stop_rather_than_renumber(tmp_path, case):
+    """Starts that are not the file's rows (what a pass that misread a quote would find): the
+    worker's parse fails or finds another number of rows, and it refuses, naming the bytes."""
+    path = corpus(tmp_path / "in.csv")
+    (ids, rows), *_ = TableSource(path).rows(IdRanges(), None)
+    file = rows.opener.files[0]
+    starts = file.starts.copy()
+    starts[3] = starts[2] + 10 if case == "cut" else starts[4]  # (inside row 256; row 512)
+    broken = type(rows)(type(rows.opener)(rows.opener.format, rows.opener.text_column, (
+        type(file)(file.path, file.stat, file.columns, file.first, file.rows, starts,
+                   file.bad),)), rows.ids[300:310])
+    with pytest.raises(OSError, match="in.csv: bytes [0-9]+-[0-9]+ " + (
+            "are not the rows the driver found: CSV parse error" if case == "cut" else
+            "hold 256 rows, the driver counted 128: it would credit a text to another row")):
+        broken.read()
+    assert rows[300:310].read() == [text_of(i) for i in range(300, 310)]
+    csv_rows.close_all()
+
+
+def test_a_row_of_another_width_that_is_not_utf8_costs_only_itself(tmp_path, monkeypatch):
+    """pyarrow fails on such a row (it decodes the text it hands its handler): a worker parses
+    its bytes without the rows the driver filed. (The driver's own reading still fails on it:
+    here it is past the first block, which the driver reads for the columns.)"""
+    monkeypatch.setattr(table_files, "CSV_BLOCK_BYTES", 1024)
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"text,n\n" + b"".join(b"r%d,%d\n" % (i, i) for i in range(300)) +
+                     b"wide\xff,1,2\n" + b"".join(b"s%d,%d\n" % (i, i) for i in range(300)))
+    (ids, rows), (_, bad, _) = TableSource(path).rows(IdRanges(), None)
+    assert rows.read() == [f"r{i}" for i in range(300)] + [f"s{i}" for i in range(300)]
+    assert [r.message for r in bad] == ["in.csv: a row with the wrong number of fields: "
+                                        "'wide\ufffd,1,2'"]
+    csv_rows.close_all()
