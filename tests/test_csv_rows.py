@@ -17,7 +17,7 @@ from conftest import as_driver_reads, change_at_fourth_read, same_record
 from helpers import PipelineError, SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import csv_rows, csv_scan, table_files
 from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import NO_ID, BadRecord
+from helpers.engine.protocol import NO_ID, BadRecord, SourceError
 from helpers.engine.sources import reads_by_position
 from helpers.engine.table_files import MAX_LINES_IN_VALUE, count_lines, csv_parse
 from helpers.engine.tables import TableSource
@@ -65,7 +65,8 @@ def test_any_rows_in_any_order_read_as_the_driver_reads_them(tmp_path, end, file
     for k in range(files):
         corpus(tmp_path / f"part-{k}.csv", 3000 // files, end, first=k * (3000 // files))
     source = TableSource(tmp_path if files > 1 else tmp_path / "part-0.csv")
-    expected = as_driver_reads(source)
+    expected = pyarrow_streams(source)
+    assert all(same_record(expected[i], r) for i, r in as_driver_reads(source).items() if i >= 0)
     (ids, rows), *bad = source.rows(IdRanges(), None)
     assert reads_by_position(source) and ids.tolist() == sorted(i for i in expected if i >= 0)
     assert len(ids) == 3000 == len(source)
@@ -90,6 +91,13 @@ def test_any_rows_in_any_order_read_as_the_driver_reads_them(tmp_path, end, file
     assert expected[NOT_UTF8].error_type == "UnicodeDecodeError"
     assert "spans over 1000 lines" in expected[SPANNING].message
     csv_rows.close_all()
+
+
+def pyarrow_streams(source):
+    """Each record by id as pyarrow's streaming reader gives them (the driver's reading of a
+    CSV with keys or kept columns)."""
+    return {i: r for ids, records, _ in source._read(IdRanges(), None)
+            for i, r in zip(ids.tolist(), records)}
 
 
 def csv_rows_of(rows, picked):
@@ -160,6 +168,33 @@ def test_the_pass_finds_the_rows_pyarrow_finds_in_any_file(tmp_path, monkeypatch
             rest, _ = pyarrow_reads(data[start:], fmt, column_names=table.column_names)
             assert rest.to_pylist() == table.slice(k).to_pylist(), (data, k)
     assert checked > 350
+
+
+def test_the_quotes_that_toggle_are_those_pyarrow_s_rules_say(tmp_path):
+    """The vectorised state (csv_scan._toggling) against the rules walked a byte at a time, on
+    random bytes of quotes, delimiters, line breaks and letters, begun inside a value or not."""
+    def walked(data, quoted, before):
+        toggles, inside, k = [], quoted, 0
+        while k < len(data):
+            if data[k] != ord('"'):
+                k += 1
+                continue
+            run = len(data[k:]) - len(data[k:].lstrip(b'"'))
+            previous = data[k - 1] if k else before
+            if run % 2 and (inside or previous in b",\r\n"):
+                toggles.append(k)
+                inside ^= 1
+            elif run % 2:  # outside, not at a field's start: characters
+                pass
+            k += run
+        return toggles
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        data = bytes(rng.choice(b'"",\n\ra') for _ in range(rng.randrange(1, 30)))
+        quoted, before = rng.randrange(2), rng.choice(b",a\n")
+        got = csv_scan._toggling(np.frombuffer(data, np.uint8), quoted, before, ord(","))
+        assert got.tolist() == walked(data, quoted, before), (data, quoted, before)
 
 
 def test_a_workunit_s_message_stays_small_however_long_the_file(tmp_path):
@@ -264,16 +299,91 @@ def test_starts_that_are_not_the_driver_s_rows_stop_rather_than_renumber(tmp_pat
     csv_rows.close_all()
 
 
-def test_a_row_of_another_width_that_is_not_utf8_costs_only_itself(tmp_path, monkeypatch):
-    """pyarrow fails on such a row (it decodes the text it hands its handler): a worker parses
-    its bytes without the rows the driver filed. (The driver's own reading still fails on it:
-    here it is past the first block, which the driver reads for the columns.)"""
-    monkeypatch.setattr(table_files, "CSV_BLOCK_BYTES", 1024)
+@pytest.mark.parametrize("where", ["first-block", "later"])
+def test_a_row_of_another_width_that_is_not_utf8_costs_only_itself(tmp_path, monkeypatch, where):
+    """pyarrow fails on such a row (it decodes the text it hands its handler): the columns are
+    read from the first block without it, and either side parses its rows' bytes without the
+    rows the driver files."""
+    if where == "later":
+        monkeypatch.setattr(table_files, "CSV_BLOCK_BYTES", 1024)
     path = tmp_path / "in.csv"
     path.write_bytes(b"text,n\n" + b"".join(b"r%d,%d\n" % (i, i) for i in range(300)) +
                      b"wide\xff,1,2\n" + b"".join(b"s%d,%d\n" % (i, i) for i in range(300)))
-    (ids, rows), (_, bad, _) = TableSource(path).rows(IdRanges(), None)
-    assert rows.read() == [f"r{i}" for i in range(300)] + [f"s{i}" for i in range(300)]
+    source = TableSource(path)
+    (ids, rows), (_, bad, _) = source.rows(IdRanges(), None)
+    texts = [f"r{i}" for i in range(300)] + [f"s{i}" for i in range(300)]
+    assert rows.read() == texts == [r for _, rs, _ in source.slices(IdRanges(), None)
+                                    for r in rs if isinstance(r, str)]
     assert [r.message for r in bad] == ["in.csv: a row with the wrong number of fields: "
                                         "'wide\ufffd,1,2'"]
     csv_rows.close_all()
+
+
+@pytest.mark.parametrize("case", ["crlf-at-a-block-s-end", "nul-near-the-end"])
+def test_the_driver_reads_a_csv_as_pyarrow_reads_the_whole_file(tmp_path, case):
+    """Where pyarrow's streaming reader, 4 MiB at a time, reads a row otherwise than its
+    reading of the whole file (it drops the line feed of a quoted CRLF whose CR ends a block:
+    apache/arrow#51368; it splits a quoted value after a NUL near the file's end:
+    apache/arrow#50481), the driver reads what the whole file holds, as the workers do: the
+    same text, the ids of the next file not shifted."""
+    from helpers.engine.table_files import CSV_BLOCK_BYTES as BLOCK
+
+    (tmp_path / "in").mkdir()
+    if case == "crlf-at-a-block-s-end":
+        row = b"y" * 999 + b"\n"
+        data = b"text\n" + row * ((BLOCK - 5) // len(row) - 1)
+        data = data.ljust(BLOCK - 4, b"z") + b'\n"a\r\nb"\n' + row * 100
+        assert data.index(b"\r") == BLOCK - 1
+    else:
+        data = b"text,n\n"
+        while len(data) + 1000 < BLOCK - 2000:
+            data += b"f" * 997 + b",0\n"
+        data += b"x" * (BLOCK - 12 - len(data)) + b",1\n" + b'\x00a,"q\nb,c\nd,e"\n' + \
+            b"f,g\nh,i\n"
+        assert data.index(b'"') == BLOCK - 6 and len(data) - BLOCK < 16
+    (tmp_path / "in" / "a.csv").write_bytes(data)
+    (tmp_path / "in" / "b.csv").write_bytes(data[:data.index(b"\n") + 1] + b"b0,0\nb1,1\n"
+                                            [:None if case != "crlf-at-a-block-s-end" else 0] +
+                                            (b"b0\nb1\n" if case == "crlf-at-a-block-s-end"
+                                             else b""))
+    whole = [t.decode() for name in ("a.csv", "b.csv") for t in pacsv.read_csv(
+        tmp_path / "in" / name, pacsv.ReadOptions(block_size=len(data) + 1),
+        convert_options=pacsv.ConvertOptions(column_types={"text": pa.binary()})
+    ).column("text").to_pylist()]
+    source = TableSource(tmp_path / "in")
+    got = as_driver_reads(source)
+    assert len(source) == len(whole) and [got[i] for i in range(len(got))] == whole
+    assert whole[-1] == "b1" and ("a\r\nb" in whole or case != "crlf-at-a-block-s-end")
+    csv_rows.close_all()
+
+
+def test_a_file_changed_after_its_columns_were_read_is_refused(tmp_path):
+    """The same width, its columns reordered between opening the source and reading it: the
+    columns read at the start would name the wrong one (the workers would read the ids as the
+    texts)."""
+    path = tmp_path / "in.csv"
+    path.write_text("text,n\n" + "".join(f"t{i},{i}\n" for i in range(100)))
+    source = TableSource(path)
+    path.write_text("n,text\n" + "".join(f"{i},t{i}\n" for i in range(100)))
+    with pytest.raises(SourceError, match="in.csv.: written to since it was opened"):
+        source.rows(IdRanges(), None)
+    with pytest.raises(SourceError, match="written to since it was opened"):
+        len(source)
+
+
+@pytest.mark.parametrize("options", [{}, {"id_column": "n"}], ids=["rows", "ids"])
+def test_a_file_of_no_row_of_the_header_s_width_still_files_its_rows(tmp_path, options):
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"text,n\nx,y,z\nlonely\n")
+    records = [r for _, rs, _ in TableSource(path, **options).slices(IdRanges(), None)
+               for r in rs]
+    assert [r.message for r in records] == [
+        "in.csv: a row with the wrong number of fields: 'x,y,z'",
+        "in.csv: a row with the wrong number of fields: 'lonely'"]
+
+
+def test_a_header_that_is_not_utf8_is_refused_by_name(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"te\xffxt,n\na,1\n")
+    with pytest.raises(SourceError, match="in.csv.: not a readable csv file"):
+        TableSource(path)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.csv_scan import ROW_STEP
+from helpers.engine.csv_scan import ROW_STEP, without
 from helpers.engine.protocol import BadRecord, holds_inputs, null_texts
 from helpers.engine.table_files import (MAX_LINES_IN_VALUE, column_texts, csv_parse, row_name,
                                         spanning)
@@ -92,9 +92,9 @@ class CSVRows:
     def _span(self, file: CSVFile, rows: np.ndarray) -> list:
         row, start, stop = file.span(int(rows.min()), int(rows.max()))
         expected = min(file.rows, (int(rows.max()) // ROW_STEP + 1) * ROW_STEP) - row
-        data = _read(file.stat, start, stop)
+        data = read_bytes(file.stat, start, stop)
         try:
-            column = _parsed(file, self.format, self.text_column, _without(
+            column = _parsed(file, self.format, self.text_column, without(
                 data, file.bad[(file.bad[:, 0] >= start) & (file.bad[:, 1] <= stop)] - start))
         except ValueError as exc:  # (pyarrow's ArrowInvalid)
             raise OSError(f"{file.stat[0]}: bytes {start}-{stop} are not the rows the driver "
@@ -130,15 +130,6 @@ def _by_file(files: tuple[CSVFile, ...], ids: np.ndarray) -> list[tuple[int, int
     return found
 
 
-def _without(data: bytes, bad: np.ndarray) -> bytes:
-    """``data`` less its rows of another width (``bad``: their ranges in it), each left an empty
-    line (no row): pyarrow would hand them to a handler, and fail on one that is not UTF-8."""
-    if not len(bad):
-        return data
-    keep = np.r_[0, bad.ravel(), len(data)].reshape(-1, 2).tolist()
-    return b"".join(data[a:b] for a, b in keep)
-
-
 def _parsed(file: CSVFile, fmt: str, column: str, data: bytes) -> Any:
     """The text column of the rows in ``data``, parsed as the driver's own reading parses them
     (helpers.engine.table_files: bad rows skipped, values as bytes, a missing one null)."""
@@ -158,7 +149,7 @@ _OPEN: OrderedDict[tuple, tuple[Any, threading.Lock]] = OrderedDict()
 _OPEN_LOCK = threading.Lock()
 
 
-def _read(stat: tuple[str, int, int], start: int, stop: int) -> bytes:
+def read_bytes(stat: tuple[str, int, int], start: int, stop: int) -> bytes:
     """Bytes ``start:stop`` of the file ``stat`` names, checked to be the driver's before and
     after (the FILES latest kept open in this process)."""
     with _OPEN_LOCK:
@@ -172,6 +163,13 @@ def _read(stat: tuple[str, int, int], start: int, stop: int) -> bytes:
         data = file.read(stop - start)
         check_unchanged(file, stat)
     return data
+
+
+def row_text(stat: tuple[str, int, int], start: int, stop: int) -> str:
+    """A row's text as pyarrow hands a row of another width to a handler: no line break at the
+    end (bytes ``start:stop`` of the file ``stat`` names, checked as ``read_bytes`` checks)."""
+    text = read_bytes(stat, start, stop).decode("utf-8", "replace")
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 @holds_inputs

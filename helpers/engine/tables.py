@@ -25,6 +25,7 @@ source is opened, before any worker starts.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.csv_rows import CSVFile, CSVRows
+from helpers.engine.csv_rows import CSVFile, CSVRows, row_text
 from helpers.engine.csv_scan import RowIndex, row_index
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
@@ -63,13 +64,14 @@ class TableSource:
         self.path, self.text_column, self.id_column = str(path), text_column, id_column
         self.keep_columns = tuple(keep_columns)
         self.files, self.format = table_files(path)
+        self._stats = file_stats(self.files)  # as its columns were read
         try:
             layouts = [layout(f, self.format) for f in self.files]
-        except Exception as exc:  # pyarrow's ArrowInvalid and OSError alike
+            schemas = [found for found, _ in layouts]
+            self._columns = [tuple(schema_.names) for schema_ in schemas]
+        except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a name not UTF-8 alike
             raise SourceError(f"input {self.path!r}: not a readable {self.format} file "
                               f"({type(exc).__name__}: {exc})") from exc
-        schemas = [found for found, _ in layouts]
-        self._columns = [tuple(schema_.names) for schema_ in schemas]
         self._pieces = [piece for _, found in layouts for piece in found]
         if id_column is not None and id_column == text_column:
             raise SourceError(f"id_column: {id_column!r} is the text column too")
@@ -109,8 +111,22 @@ class TableSource:
     def slices(self, skip: IdRanges, limit: int | None
                ) -> Iterator[tuple[np.ndarray, list, dict[str, np.ndarray]]]:
         """``(ids, records, carried)`` SLICE_ROWS at a time, the first ``limit`` rows only; rows
-        whose ids are in ``skip`` dropped, a piece of them all not read (module docstring)."""
+        whose ids are in ``skip`` dropped, a piece of them all not read (module docstring). CSV
+        files that carry nothing are read as the workers read them (``rows``, read here): either
+        side gives each id the same record, and pyarrow's streaming reader splits a row in rare
+        files (apache/arrow#50481, #51368) where its reading of the whole file does not."""
+        if self.format in CSV and self.positional:
+            return self._csv_slices(skip, limit)
         return self._read(skip, limit)
+
+    def _csv_slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple]:
+        for ids, records, *carried in self._csv_rows(skip, limit):
+            if not isinstance(records, Rows):  # (the rows of another width)
+                yield ids, records, carried[0] if carried else {}
+                continue
+            for start in range(0, len(ids), SLICE_ROWS):
+                part = records[start:start + SLICE_ROWS]
+                yield part.ids, part.read(), {}
 
     @functools.cached_property
     def positional(self) -> bool:
@@ -143,13 +159,13 @@ class TableSource:
         """The CSV files as found (``file_stats``) and each one's rows (``row_index``): one pass
         that parses nothing, which ``rows`` and ``__len__`` share while the files stay as they
         were."""
-        stats = file_stats(self.files)
-        if self._index is None or self._index[0] != stats:
+        if self._index is None:
             delimiter = "\t" if self.format == "tsv" else ","
             indexes = [row_index(f, delimiter) for f in self.files]
-            if file_stats(self.files) != stats:
-                raise SourceError(f"input {self.path!r}: written to while it was read")
-            self._index = stats, indexes
+            if file_stats(self.files) != self._stats:  # (its columns were read from those)
+                raise SourceError(f"input {self.path!r}: written to since it was opened; open "
+                                  f"it again")
+            self._index = self._stats, indexes
         return self._index
 
     def _csv_rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple]:
@@ -161,18 +177,13 @@ class TableSource:
             if index.fields != len(columns):  # (never seen: the pass and pyarrow disagree)
                 log.warning("input %r: %s's header read as %d fields, not pyarrow's %d: the "
                             "driver reads it", self.path, path, index.fields, len(columns))
-                yield from self._read(skip, limit)
-                return
+                return self._read(skip, limit)
             files.append(CSVFile(os.path.abspath(path), stat, columns, first, index.rows,
                                  index.starts, index.bad))
             first += index.rows
         opener = CSVRows(self.format, self.text_column, tuple(files))
-        yield from positions(opener, first if limit is None else min(limit, first), skip)
-        for file, index in zip(files, indexes):
-            if len(index.bad) and (limit is None or file.first < limit):
-                with open(file.stat[0], "rb") as f:
-                    yield _unparsed([_row_text(f, start, stop) for start, stop in index.bad],
-                                    Path(file.path).name, {})
+        return itertools.chain(positions(opener, first if limit is None else min(limit, first),
+                                         skip), _rows_of_other_widths(files, limit))
 
     def _read(self, skip: IdRanges, limit: int | None, opener: TableRows | None = None
               ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
@@ -216,6 +227,8 @@ class TableSource:
                     bad.clear()
                 if limit is not None and offset >= limit:
                     return
+            if bad:  # (a file of no rows of the header's width gives no batch)
+                yield _unparsed(bad, Path(path).name, self.carried())
 
     def _carried(self, batch: Any, rows: np.ndarray, seen: Any, skip: IdRanges,
                  file: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, dict, dict[int, Any]]:
@@ -339,10 +352,13 @@ def _with_nul(values: np.ndarray) -> list[int]:
     return [k for k, v in enumerate(values.tolist()) if "\0" in v]
 
 
-def _row_text(f: Any, start: int, stop: int) -> str:
-    """A row's text as pyarrow hands a bad row to ``slices``: no line break at the end."""
-    f.seek(start)
-    return f.read(stop - start).decode("utf-8", "replace").removesuffix("\n").removesuffix("\r")
+def _rows_of_other_widths(files: list[CSVFile], limit: int | None) -> Iterator[tuple]:
+    """The rows of CSV ``files`` of another width than their header's, as ``_unparsed`` slices
+    (with ``limit``, those of files that begin under it)."""
+    for file in files:
+        if len(file.bad) and (limit is None or file.first < limit):
+            yield _unparsed([row_text(file.stat, start, stop) for start, stop in file.bad],
+                            Path(file.path).name, {})
 
 
 def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec]) -> tuple:
