@@ -2,7 +2,9 @@
 saved with ``save_to_disk`` is a folder of Arrow files), as one file, a folder or a glob.
 
 A table is read a piece at a time (helpers.engine.table_files), only its text, id and kept
-columns, so memory stays flat at any size. Records are numbered by their row across the files in
+columns, so memory stays flat at any size; a CSV that carries nothing (no id or kept columns) a
+span of rows at a time from one pass that finds them (helpers.engine.csv_scan, csv_rows), as its
+workers would read it. Records are numbered by their row across the files in
 sorted order, and the id column decides what a record's id is:
 
 - no id column: the row number;
