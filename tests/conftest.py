@@ -103,3 +103,62 @@ def change_at_fourth_read(monkeypatch, opener: type, change) -> None:
         return real(self, ids)
 
     monkeypatch.setattr(opener, "read", read)
+
+
+def run_changed_half_way(monkeypatch, source, output, opener: type, change, name: str) -> dict:
+    """Run ``source`` with the workers reading it (two threads, workunits of 64) and
+    ``change()`` made at the fourth read through ``opener``: the run must stop naming the file
+    ``name`` changed (InputUnreadable); what the output holds then."""
+    import re
+
+    from helpers import PipelineError, SyntheticWorkload, read_output, run_pipeline
+
+    change_at_fourth_read(monkeypatch, opener, change)
+    with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
+                                            r"input: OSError: .*" + re.escape(name) +
+                                            r": changed since the run started"):
+        run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64, output, "thread",
+                     progress=False, writes="workers")
+    return read_output(output)
+
+
+def run_then_resume(source, output, backend: str, limit: int) -> tuple:
+    """``source`` run with the workers reading and writing (two, workunits of 64, the synthetic
+    8-d model) to ``limit`` records, then resumed: the two runs' stats and what the output
+    holds."""
+    from helpers import SyntheticWorkload, read_output, run_pipeline
+
+    options = dict(workunit_size=64, output=output, backend=backend, progress=False,
+                   writes="workers")
+    first = run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, limit=limit,
+                         **options)
+    then = run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, resume=True,
+                        **options)
+    return first, then, read_output(output)
+
+
+def assert_rows_are(data: dict, ids: list, text_of) -> None:
+    """The output ``data`` holds rows ``ids``, in order, each the synthetic model's vector of
+    its text (``text_of(id)``; every 97th checked)."""
+    from helpers.workloads.synthetic import record_vector
+
+    assert data["ids"].tolist() == ids
+    np.testing.assert_array_equal(data["values"][::97],
+                                  np.stack([record_vector(text_of(i), 8) for i in ids[::97]]))
+
+
+def read_by_either_side(source, folder, **options) -> list[tuple[list, list]]:
+    """``source`` run twice, read and written by the driver, then by the workers (two threads,
+    workunits of 64; ``options``: run_pipeline's): each output's error rows (id, type, message,
+    position; sorted) and ids."""
+    from helpers import SyntheticWorkload, read_output, run_pipeline
+
+    found = []
+    for writes in ["driver", "workers"]:
+        run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
+                     folder / f"{writes}.h5", "thread", progress=False, writes=writes,
+                     **options)
+        data = read_output(folder / f"{writes}.h5")
+        found.append((sorted(((e["id"], e["type"], e["message"], e["position"])
+                              for e in data["errors"]), key=repr), data["ids"].tolist()))
+    return found

@@ -13,15 +13,15 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from conftest import as_driver_reads, change_at_fourth_read, same_record
-from helpers import PipelineError, SyntheticWorkload, read_output, run_pipeline
+from conftest import (as_driver_reads, assert_rows_are, read_by_either_side, run_changed_half_way,
+                      run_then_resume, same_record)
+from helpers import SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import csv_rows, csv_scan, table_files
 from helpers.engine.id_ranges import IdRanges
 from helpers.engine.protocol import NO_ID, BadRecord, SourceError
 from helpers.engine.sources import reads_by_position
 from helpers.engine.table_files import MAX_LINES_IN_VALUE, count_lines, csv_parse
 from helpers.engine.tables import TableSource
-from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
 
@@ -215,37 +215,20 @@ def test_its_length_counts_rows_not_lines(tmp_path):
 def test_workers_read_a_csv_corpus_themselves_and_resume(tmp_path, monkeypatch, backend):
     """writes="workers": the driver parses no row (its reading is gone), each worker reads its
     own; a limit, then a resume; every row once, each bad one filed as the driver files it."""
-    path = corpus(tmp_path / "in.csv")
     monkeypatch.setattr(TableSource, "_read", None)
-    workload = SyntheticWorkload(0.0, dim=8)
-    options = dict(workunit_size=64, output=tmp_path / "out.h5", backend=backend,
-                   progress=False, writes="workers")
-    first = run_pipeline(path, workload, ["cpu"] * 2, limit=1000, **options)
-    stats = run_pipeline(path, workload, ["cpu"] * 2, resume=True, **options)
+    first, stats, data = run_then_resume(corpus(tmp_path / "in.csv"), tmp_path / "out.h5",
+                                         backend, limit=1000)
     assert first.records == 999 and stats.resumed_after == 1001  # (the row of 700 filed)
-    data = read_output(tmp_path / "out.h5")
     bad = (NULL, NOT_UTF8, SPANNING)
     good = [i for i in range(3000) if i not in bad]
-    assert data["ids"].tolist() == good and stats.records == len(good) - first.records
-    np.testing.assert_array_equal(data["values"][::97],
-                                  np.stack([record_vector(text_of(i), 8) for i in good[::97]]))
+    assert_rows_are(data, good, text_of)
+    assert stats.records == len(good) - first.records
     assert sorted(e["id"] for e in data["errors"] if e["id"] is not None) == list(bad)
 
 
-def error_rows(path):
-    return sorted(((e["id"], e["type"], e["message"], e["position"])
-                   for e in read_output(path)["errors"]), key=repr)
-
-
 def test_a_bad_row_is_filed_alike_whichever_side_reads_it(tmp_path):
-    path = corpus(tmp_path / "in.csv")
-    for writes in ["driver", "workers"]:
-        run_pipeline(path, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
-                     tmp_path / f"{writes}.h5", "thread", progress=False, writes=writes)
-    rows = error_rows(tmp_path / "driver.h5")
-    assert len(rows) == 5 and rows == error_rows(tmp_path / "workers.h5")
-    assert read_output(tmp_path / "driver.h5")["ids"].tolist() == \
-        read_output(tmp_path / "workers.h5")["ids"].tolist()
+    driver, workers = read_by_either_side(corpus(tmp_path / "in.csv"), tmp_path)
+    assert len(driver[0]) == 5 and driver == workers
 
 
 @pytest.mark.parametrize("options", [{"id_column": "n"}, {"keep_columns": ["n"]}],
@@ -270,13 +253,9 @@ def test_a_file_changed_half_way_stops_the_run(tmp_path, monkeypatch):
         with open(path, "a") as f:
             f.write("more,1\n")
 
-    change_at_fourth_read(monkeypatch, csv_rows.CSVRows, append)
-    with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
-                                            r"input: OSError: .*in\.csv: changed since the "
-                                            r"run started"):
-        run_pipeline(path, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
-                     tmp_path / "out.h5", "thread", progress=False, writes="workers")
-    assert len(read_output(tmp_path / "out.h5")["ids"]) < 2997
+    data = run_changed_half_way(monkeypatch, path, tmp_path / "out.h5", csv_rows.CSVRows, append,
+                                "in.csv")
+    assert len(data["ids"]) < 2997
 
 
 @pytest.mark.parametrize("case", ["cut", "shifted"])

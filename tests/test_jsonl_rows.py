@@ -10,15 +10,15 @@ import random
 import numpy as np
 import pytest
 
-from conftest import as_driver_reads, change_at_fourth_read, same_record
-from helpers import PipelineError, SyntheticWorkload, read_output, run_pipeline
+from conftest import (as_driver_reads, assert_rows_are, read_by_either_side, run_changed_half_way,
+                      run_then_resume, same_record)
+from helpers import SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import jsonl_rows
 from helpers.engine.id_ranges import IdRanges
 from helpers.engine.jsonl import JSONLSource
 from helpers.engine.protocol import BadRecord
 from helpers.engine.sources import reads_by_position
 from helpers.engine.table_files import count_lines
-from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
 
@@ -99,38 +99,21 @@ def test_the_line_index_is_the_same_however_the_file_is_read(tmp_path, monkeypat
 def test_workers_read_a_jsonl_corpus_themselves_and_resume(tmp_path, monkeypatch, backend):
     """writes="workers": the driver parses no line (its slices are gone), each worker reads its
     own; a limit, then a resume; every line once, each bad one filed as the driver files it."""
-    path = corpus(tmp_path / "in.jsonl")
     monkeypatch.setattr(JSONLSource, "slices", None)
-    workload = SyntheticWorkload(0.0, dim=8)
-    options = dict(workunit_size=64, output=tmp_path / "out.h5", backend=backend,
-                   progress=False, writes="workers")
-    first = run_pipeline(path, workload, ["cpu"] * 2, limit=1000, **options)
-    stats = run_pipeline(path, workload, ["cpu"] * 2, resume=True, **options)
+    first, stats, data = run_then_resume(corpus(tmp_path / "in.jsonl"), tmp_path / "out.h5",
+                                         backend, limit=1000)
     assert (first.records, first.failed_records) == (997, 1)  # (two blank lines, one not JSON)
     assert stats.resumed_after == 998
-    data = read_output(tmp_path / "out.h5")
     bad = (NOT_JSON, NULL, GIVEN, NO_TEXT)
     good = [i for i in range(3000) if i not in (BLANK, SPACES) + bad]
-    assert data["ids"].tolist() == good and stats.records == len(good) - first.records
-    np.testing.assert_array_equal(data["values"][::97],
-                                  np.stack([record_vector(text_of(i), 8) for i in good[::97]]))
+    assert_rows_are(data, good, text_of)
+    assert stats.records == len(good) - first.records
     assert sorted(e["id"] for e in data["errors"]) == list(bad)
 
 
-def error_rows(path):
-    return sorted((e["id"], e["type"], e["message"], e["position"])
-                  for e in read_output(path)["errors"])
-
-
 def test_a_bad_line_is_filed_alike_whichever_side_reads_it(tmp_path):
-    path = corpus(tmp_path / "in.jsonl")
-    for writes in ["driver", "workers"]:
-        run_pipeline(path, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
-                     tmp_path / f"{writes}.h5", "thread", progress=False, writes=writes)
-    rows = error_rows(tmp_path / "driver.h5")
-    assert len(rows) == 4 and rows == error_rows(tmp_path / "workers.h5")
-    assert read_output(tmp_path / "driver.h5")["ids"].tolist() == \
-        read_output(tmp_path / "workers.h5")["ids"].tolist()
+    driver, workers = read_by_either_side(corpus(tmp_path / "in.jsonl"), tmp_path)
+    assert len(driver[0]) == 4 and driver == workers
 
 
 @pytest.mark.parametrize("ids", ["given", "keys"])
@@ -177,13 +160,8 @@ def test_a_file_changed_half_way_stops_the_run(tmp_path, monkeypatch):
         with open(path, "a") as f:
             f.write('\n{"text": "more"}')
 
-    change_at_fourth_read(monkeypatch, jsonl_rows.JSONLRows, append)
-    with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
-                                            r"input: OSError: .*in\.jsonl: changed since the "
-                                            r"run started"):
-        run_pipeline(path, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
-                     tmp_path / "out.h5", "thread", progress=False, writes="workers")
-    data = read_output(tmp_path / "out.h5")
+    data = run_changed_half_way(monkeypatch, path, tmp_path / "out.h5", jsonl_rows.JSONLRows,
+                                append, "in.jsonl")
     assert len(data["ids"]) < 3000 and 3000 not in data["ids"].tolist()
 
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import as_driver_reads, change_at_fourth_read, same_record
+from conftest import as_driver_reads, read_by_either_side, run_changed_half_way, same_record
 from helpers import SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import table_rows
 from helpers.engine.id_ranges import IdRanges
@@ -216,12 +216,8 @@ def test_a_bad_text_is_filed_alike_whichever_side_reads_it(tmp_path, keyed):
     (its file's row, its key), type, position."""
     folder = keyed_folder(tmp_path / "in")
     options = dict(id_column="doc", keep_columns=["n"]) if keyed else {}
-    for writes in ["driver", "workers"]:
-        run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
-                     tmp_path / f"{writes}.h5", "thread", progress=False, writes=writes,
-                     **options)
-    rows = error_rows(tmp_path / "driver.h5")
-    assert rows == error_rows(tmp_path / "workers.h5")
+    (rows, _), workers = read_by_either_side(folder, tmp_path, **options)
+    assert rows == workers[0]
     broken = [row for row in rows if row[0] == BROKEN]
     assert broken == [(BROKEN, "UnicodeDecodeError", broken[0][2], BROKEN)]
     assert broken[0][2].startswith("b.parquet row 201 (input row 2001): the text is not valid")
@@ -244,21 +240,14 @@ def test_a_file_changed_half_way_stops_the_run_and_is_never_read(tmp_path, monke
     """b.parquet rewritten (same rows, same row groups, other texts) while the workers read
     a.parquet: the worker that comes to it refuses to read it (its size and time are not the
     driver's), so no row of the new file is written, nor filed as an error."""
-    from helpers import PipelineError
-
     folder = parquet_folder(tmp_path / "in")
 
     def rewrite():
         other = pa.array([f"other {i}" for i in range(1200)])
         pq.write_table(pa.table({"text": other}), folder / "b.parquet", row_group_size=333)
 
-    change_at_fourth_read(monkeypatch, table_rows.TableRows, rewrite)
-    with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
-                                            r"input: OSError: .*b\.parquet: changed since the "
-                                            r"run started"):
-        run_pipeline(folder, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64,
-                     tmp_path / "out.h5", "thread", progress=False, writes="workers")
-    data = read_output(tmp_path / "out.h5")
+    data = run_changed_half_way(monkeypatch, folder, tmp_path / "out.h5", table_rows.TableRows,
+                                rewrite, "b.parquet")
     assert len(data["ids"]) and data["ids"].max() < 1800
     assert [e["id"] for e in data["errors"]] in ([], [NULL])  # (a.parquet's own)
     np.testing.assert_array_equal(data["values"], np.stack([record_vector(f"r{i}", 8)
