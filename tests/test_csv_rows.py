@@ -218,12 +218,28 @@ def test_workers_read_a_csv_corpus_themselves_and_resume(tmp_path, monkeypatch, 
     monkeypatch.setattr(TableSource, "_read", None)
     first, stats, data = run_then_resume(corpus(tmp_path / "in.csv"), tmp_path / "out.h5",
                                          backend, limit=1000)
-    assert first.records == 999 and stats.resumed_after == 1001  # (the row of 700 filed)
+    assert first.records == 999 and stats.resumed_after == 1002  # (700, and the two rows of
+    assert stats.failed_records == 2  # other widths filed: not again; 1234 and 2000 are new)
     bad = (NULL, NOT_UTF8, SPANNING)
     good = [i for i in range(3000) if i not in bad]
     assert_rows_are(data, good, text_of)
     assert stats.records == len(good) - first.records
     assert sorted(e["id"] for e in data["errors"] if e["id"] is not None) == list(bad)
+    assert sorted(e["message"].split(": ")[-1] for e in data["errors"] if e["id"] is None) == [
+        "'a,b,c'", "'lonely'"]  # each once
+
+
+def test_a_resume_files_each_row_of_another_width_once_whoever_writes(tmp_path):
+    """Such a row has no id: it is known by a position after the input's rows, which the
+    resumed run skips (it was filed again by every resume)."""
+    path = corpus(tmp_path / "in.csv")
+    for writes, changes in [("driver", dict(limit=1000)), ("workers", dict(resume=True)),
+                            ("driver", dict(resume=True))]:
+        run_pipeline(path, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64, tmp_path / "out.h5",
+                     "thread", progress=False, writes=writes, **changes)
+    errors = read_output(tmp_path / "out.h5")["errors"]
+    assert sorted(e["position"] for e in errors if e["id"] is None) == [3000, 3001]
+    assert len(errors) == 5
 
 
 def test_a_bad_row_is_filed_alike_whichever_side_reads_it(tmp_path):

@@ -185,7 +185,7 @@ class TableSource:
             first += index.rows
         opener = CSVRows(self.format, self.text_column, tuple(files))
         return itertools.chain(positions(opener, first if limit is None else min(limit, first),
-                                         skip), _rows_of_other_widths(files, limit))
+                                         skip), _rows_of_other_widths(files, skip, limit))
 
     def _read(self, skip: IdRanges, limit: int | None, opener: TableRows | None = None
               ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
@@ -354,20 +354,29 @@ def _with_nul(values: np.ndarray) -> list[int]:
     return [k for k, v in enumerate(values.tolist()) if "\0" in v]
 
 
-def _rows_of_other_widths(files: list[CSVFile], limit: int | None) -> Iterator[tuple]:
+def _rows_of_other_widths(files: list[CSVFile], skip: IdRanges, limit: int | None
+                          ) -> Iterator[tuple]:
     """The rows of CSV ``files`` of another width than their header's, as ``_unparsed`` slices
-    (with ``limit``, those of files that begin under it)."""
+    (with ``limit``, those of files that begin under it). Each is known by a position after the
+    input's rows (its rows, then its place among these), so that a resumed run, which skips
+    the positions filed, files it once."""
+    position = sum(file.rows for file in files)
     for file in files:
-        if len(file.bad) and (limit is None or file.first < limit):
-            yield _unparsed([row_text(file.stat, start, stop) for start, stop in file.bad],
-                            Path(file.path).name, {})
+        at = np.arange(position, position + len(file.bad), dtype=np.int64)
+        position += len(file.bad)
+        fresh = ~skip.contains(at) if skip.runs else np.ones(len(at), dtype=bool)
+        if fresh.any() and (limit is None or file.first < limit):
+            yield _unparsed([row_text(file.stat, start, stop) for start, stop in file.bad[fresh]],
+                            Path(file.path).name, {}, at[fresh])
 
 
-def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec]) -> tuple:
-    """A slice of the CSV rows the parser could not split into the header's fields (their
-    position unknown: -1), so that each goes to ``errors/``."""
+def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec],
+              positions: np.ndarray | None = None) -> tuple:
+    """A slice of the CSV rows the parser could not split into the header's fields (no id; their
+    ``positions`` where known, else -1), so that each goes to ``errors/``."""
+    at = positions.tolist() if positions is not None else [-1] * len(lines)
     records = [BadRecord("ValueError", f"{name}: a row with the wrong number of fields: "
-                         f"{line[:80]!r}") for line in lines]
+                         f"{line[:80]!r}", position) for line, position in zip(lines, at)]
     columns = {c: np.full(len(lines), NULLS[s.dtype] if s.dtype != TEXT else "",
                           dtype=object if s.dtype == TEXT else s.dtype)
                for c, s in carried.items()}
