@@ -382,3 +382,10 @@ def test_a_header_that_is_not_utf8_is_refused_by_name(tmp_path):
     path.write_bytes(b"te\xffxt,n\na,1\n")
     with pytest.raises(SourceError, match="in.csv.: not a readable csv file"):
         TableSource(path)
+
+
+def test_an_empty_file_in_a_folder_is_named(tmp_path):
+    corpus(tmp_path / "a.csv", 10)
+    (tmp_path / "b.csv").write_bytes(b"")
+    with pytest.raises(SourceError, match=r"\('.*b\.csv'\): not a readable csv file"):
+        TableSource(tmp_path)

@@ -67,13 +67,16 @@ class TableSource:
         self.keep_columns = tuple(keep_columns)
         self.files, self.format = table_files(path)
         self._stats = file_stats(self.files)  # as its columns were read
-        try:
-            layouts = [layout(f, self.format) for f in self.files]
-            schemas = [found for found, _ in layouts]
-            self._columns = [tuple(schema_.names) for schema_ in schemas]
-        except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a name not UTF-8 alike
-            raise SourceError(f"input {self.path!r}: not a readable {self.format} file "
-                              f"({type(exc).__name__}: {exc})") from exc
+        layouts, self._columns = [], []
+        for f in self.files:
+            try:
+                layouts.append(layout(f, self.format))
+                self._columns.append(tuple(layouts[-1][0].names))
+            except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a name not UTF-8 alike
+                which = f" ({f!r})" if len(self.files) > 1 else ""
+                raise SourceError(f"input {self.path!r}{which}: not a readable {self.format} "
+                                  f"file ({type(exc).__name__}: {exc})") from exc
+        schemas = [found for found, _ in layouts]
         self._pieces = [piece for _, found in layouts for piece in found]
         if id_column is not None and id_column == text_column:
             raise SourceError(f"id_column: {id_column!r} is the text column too")
