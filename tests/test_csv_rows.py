@@ -389,3 +389,27 @@ def test_an_empty_file_in_a_folder_is_named(tmp_path):
     (tmp_path / "b.csv").write_bytes(b"")
     with pytest.raises(SourceError, match=r"\('.*b\.csv'\): not a readable csv file"):
         TableSource(tmp_path)
+
+
+@pytest.mark.parametrize("first", ["long-row", "quoted-across", "bad-rows", "blank-lines"])
+def test_the_columns_types_come_from_rows_of_the_header_s_width(tmp_path, monkeypatch, first):
+    """A first block holding no such row (a first row longer than it, a quoted value across
+    its end, rows of another width, blank lines) grows until it holds one: an integer id column
+    read from the header alone would be null, taken for keys (ids row numbers)."""
+    monkeypatch.setattr(table_files, "CSV_BLOCK_BYTES", 1024)
+    top = {"long-row": "1000,x" + "y" * 3000 + "\n", "quoted-across": '1000,"' + "z\n" * 1500 +
+           '"\n', "bad-rows": "a,b,c\n" * 400, "blank-lines": "\n" * 2000}[first]
+    path = tmp_path / "in.csv"
+    path.write_text("n,text\n" + top + "".join(f"{1001 + i},r{i}\n" for i in range(100)))
+    source = TableSource(path, id_column="n")
+    assert not source.keyed
+    ids = [i for ids, _, _ in source.slices(IdRanges(), None) for i in ids.tolist() if i >= 0]
+    assert ids == ([1000] if first in ("long-row", "quoted-across") else []) + \
+        list(range(1001, 1101))
+
+
+def test_a_chunk_ending_in_quotes_takes_the_rest_of_that_run_only(tmp_path):
+    data = io.BytesIO(b'""x"""' + b"a" * 70_000)
+    assert csv_scan._rest_of_run(data) == b'""' and data.read(1) == b"x"
+    data = io.BytesIO(b'"' * 70_000 + b"b")
+    assert csv_scan._rest_of_run(data) == b'"' * 70_000 and data.read() == b"b"

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 
 ROW_STEP = 128  # a row start kept every ROW_STEP rows
@@ -46,17 +48,30 @@ def row_index(path: str, delimiter: str) -> RowIndex:
         offset = len(BOM) if f.read(len(BOM)) == BOM else 0
         f.seek(offset)
         while chunk := f.read(SCAN_BYTES):
-            while chunk[-1] == QUOTE and (more := f.read(1 << 16)):  # a run of quotes whole
-                chunk += more
+            chunk += _rest_of_run(f) if chunk[-1] == QUOTE else b""  # a run of quotes whole
             scan.chunk(np.frombuffer(chunk, np.uint8), offset, b"\r" in chunk)
             offset += len(chunk)
     return scan.end(offset)
 
 
+def _rest_of_run(f: Any) -> bytes:
+    """The quotes that follow in ``f`` (the run of quotes a chunk ended in, continued), and no
+    more: ``f`` is left at the first byte that is not one."""
+    rest = b""
+    while more := f.read(1 << 16):
+        quotes = len(more) - len(more.lstrip(b'"'))
+        rest += more[:quotes]
+        if quotes < len(more):
+            f.seek(quotes - len(more), 1)
+            break
+    return rest
+
+
 def head(path: str, delimiter: str, size: int) -> bytes | None:
     """The file's first ``size`` bytes up to the end of their last whole row (all of them where
     the file is no longer), less its rows of another width than the header's; None where they
-    hold no row's end."""
+    hold no row of the header's width (whose values pyarrow would read the columns' types
+    from)."""
     with open(path, "rb") as f:
         data = f.read(size + 1)
     start = len(BOM) if data.startswith(BOM) else 0
@@ -65,7 +80,7 @@ def head(path: str, delimiter: str, size: int) -> bytes | None:
         scan.chunk(np.frombuffer(data, np.uint8)[start:size], start, b"\r" in data)
     if len(data) <= size:  # the whole file
         return without(data, scan.end(len(data)).bad)
-    if scan.row <= start:
+    if not scan.rows:
         return None
     return without(data[:scan.row], np.concatenate([np.zeros((0, 2), np.int64)] + scan.bad))
 
@@ -169,8 +184,8 @@ def _toggling(data: np.ndarray, quoted: int, before: int, delimiter: int) -> np.
     at_start = (previous == delimiter) | (previous == LF) | (previous == CR)
     if at_start[quoted::2].all():  # (the usual file: every odd run toggles)
         return runs
-    number = np.arange(1, len(runs) + 1, dtype=np.int32)  # (from 1: 0 is none yet)
+    number = np.arange(1, len(runs) + 1, dtype=np.int64)  # (from 1: 0 is none yet)
     reset = np.maximum.accumulate(np.where(at_start, 0, number))  # the last not at a start
-    toggles = np.r_[np.int32(0), np.cumsum(at_start, dtype=np.int32)]  # (from 1 too)
+    toggles = np.r_[0, np.cumsum(at_start, dtype=np.int64)]  # (from 1 too)
     inside = ((toggles[1:] - toggles[reset] + quoted * (reset == 0)) & 1).astype(np.int8)
     return runs[inside != np.r_[np.int8(quoted), inside[:-1]]]

@@ -80,14 +80,23 @@ def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callab
                                    for i in range(reader.num_record_batches)]
         rows = sum(b.num_rows for b in reader)  # one piece: a stream is read in order
         return reader.schema, [(path, rows, _stream_reader(path))]
-    block = CSV_BLOCK_BYTES  # (a ragged row is skipped here: the reading files it)
-    while (first := head(path, "\t" if fmt == "tsv" else ",", block)) is None:
-        if block >= CSV_MAX_BLOCK_BYTES:  # (pyarrow: "straddling object straddles two blocks")
-            raise ValueError(f"its first row is over {CSV_MAX_BLOCK_BYTES >> 20} MiB long")
-        block *= 4
+    first, block = first_rows(path, fmt)
     with pacsv.open_csv(io.BytesIO(first), parse_options=csv_parse(fmt, lambda row: "skip"),
                         read_options=pacsv.ReadOptions(block_size=block)) as reader:
         return reader.schema, [(path, None, _csv_reader(path, fmt))]
+
+
+def first_rows(path: str, fmt: str) -> tuple[bytes, int]:
+    """A CSV file's first block's whole rows (helpers.engine.csv_scan.head), the block grown
+    until it holds one of the header's width (whose values say the columns' types); and its
+    size."""
+    block = CSV_BLOCK_BYTES  # (a ragged row is left out: the reading files it)
+    while (first := head(path, "\t" if fmt == "tsv" else ",", block)) is None:
+        if block >= CSV_MAX_BLOCK_BYTES:
+            raise ValueError(f"no row of its header's width in its first "
+                             f"{CSV_MAX_BLOCK_BYTES >> 20} MiB")
+        block *= 4
+    return first, block
 
 
 def column_texts(column: Any, rows: Any, where: Callable[[int], str]) -> list:
@@ -275,9 +284,10 @@ def canonical_integers(path: str, fmt: str, column: str) -> bool:
     import pyarrow.csv as pacsv
 
     convert = pacsv.ConvertOptions(include_columns=[column], column_types={column: pa.string()})
-    with pacsv.open_csv(path, parse_options=csv_parse(fmt, lambda row: "skip"),
+    first, block = first_rows(path, fmt)
+    with pacsv.open_csv(io.BytesIO(first), parse_options=csv_parse(fmt, lambda row: "skip"),
                         convert_options=convert,
-                        read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES)) as reader:
+                        read_options=pacsv.ReadOptions(block_size=block)) as reader:
         batch = next(iter(reader), None)
     if batch is None:
         return True

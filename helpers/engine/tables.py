@@ -73,7 +73,7 @@ class TableSource:
                 layouts.append(layout(f, self.format))
                 self._columns.append(tuple(layouts[-1][0].names))
             except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a name not UTF-8 alike
-                which = f" ({f!r})" if len(self.files) > 1 else ""
+                which = f" ({f!r})" if os.path.abspath(f) != os.path.abspath(self.path) else ""
                 raise SourceError(f"input {self.path!r}{which}: not a readable {self.format} "
                                   f"file ({type(exc).__name__}: {exc})") from exc
         schemas = [found for found, _ in layouts]
