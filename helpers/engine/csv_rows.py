@@ -1,4 +1,5 @@
-"""How a worker reads a CSV or TSV file's rows itself (``writes="workers"``).
+"""How a worker reads a CSV or TSV file's rows itself (``writes="workers"``); the driver, reading
+such a file that carries nothing, reads it the same way (helpers.engine.tables).
 
 The driver reads each file once and parses nothing (helpers.engine.csv_scan: where every
 ROW_STEP-th row starts, 8 bytes per ROW_STEP rows, and the byte ranges of the rows of another
