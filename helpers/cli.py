@@ -249,8 +249,8 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                            "own part files that the driver commits (the driver then reads none "
                            "of the rows; OUTPUT must be on storage every worker reaches); auto: "
                            "the workers on Ray when they can read the input by position (HDF5, "
-                           "Parquet, Arrow, JSONL with line-number ids, CSV/TSV with row-number "
-                           "ids and no kept columns), else the driver")
+                           "Parquet, Arrow, CSV/TSV, JSONL with line-number ids), else the "
+                           "driver")
     safe.add_argument("--adaptive", action="store_true",
                       help="the same as --workers-per-device fit (its older name)")
     safe.add_argument("--max-workers-per-device", type=int,

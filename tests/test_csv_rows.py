@@ -247,19 +247,40 @@ def test_a_bad_row_is_filed_alike_whichever_side_reads_it(tmp_path):
     assert len(driver[0]) == 5 and driver == workers
 
 
-@pytest.mark.parametrize("options", [{"id_column": "n"}, {"keep_columns": ["n"]}],
-                         ids=["ids", "kept"])
-def test_ids_and_kept_columns_stay_with_the_driver(tmp_path, options):
-    """An id column or kept columns: the driver parses the file (it checks and carries them),
-    the workers still write; asking its rows is refused by name."""
-    path = corpus(tmp_path / "in.csv")
-    source = TableSource(path, **options)
+def test_an_integer_id_column_stays_with_the_driver(tmp_path):
+    """Ids that are values, not row numbers: the driver reads the file (it checks them), the
+    workers still write; asking its rows is refused by name."""
+    source = TableSource(corpus(tmp_path / "in.csv"), id_column="n")
     assert not reads_by_position(source)
     with pytest.raises(ValueError, match="workers cannot read it by row"):
         source.rows(IdRanges(), None)
     run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64, tmp_path / "out.h5",
                  "thread", progress=False, writes="workers")
     assert len(read_output(tmp_path / "out.h5")["ids"]) == 2997
+
+
+def test_keys_and_kept_columns_are_read_by_the_driver_and_the_texts_by_the_workers(tmp_path):
+    """String keys (a repeat, a null, one with a NUL among them) and a kept column: the driver
+    reads those columns from the same spans, the workers the texts; the same output either
+    way, each bad row filed alike."""
+    lines = ["text,doc,m"] + [f"t{i},d{i:05d},{i}" for i in range(600)]
+    lines[100], lines[200], lines[300] = "t99,d00050,99", "t199,,199", "a,b,c,d"
+    path = tmp_path / "in.csv"
+    path.write_bytes(("\n".join(lines) + "\n").replace("d00400", "d\x004").encode())
+    source = TableSource(path, id_column="doc", keep_columns=["m"])
+    assert reads_by_position(source) and source.keyed
+    (driver_errors, driver_ids), (worker_errors, worker_ids) = read_by_either_side(
+        source, tmp_path)
+    assert driver_errors == worker_errors and driver_ids == worker_ids
+    found = {row[3]: (row[1], row[2]) for row in driver_errors}
+    assert sorted(found) == [99, 199, 399, 599] and found[99][0] == "DuplicateId"
+    assert "'d00050' appeared earlier" in found[99][1] and "is null" in found[199][1]
+    assert "holds a NUL" in found[399][1] and "wrong number of fields" in found[599][1]
+    for name in ["driver", "workers"]:
+        data = read_output(tmp_path / f"{name}.h5")
+        line = [i + (i >= 299) for i in data["ids"].tolist()]  # (the row of another width:
+        assert data["keys"].tolist() == [f"d{k:05d}" for k in line]  # no row, no id)
+        assert data["m"].tolist() == line
 
 
 def test_a_file_changed_half_way_stops_the_run(tmp_path, monkeypatch):
@@ -413,3 +434,21 @@ def test_a_chunk_ending_in_quotes_takes_the_rest_of_that_run_only(tmp_path):
     assert csv_scan._rest_of_run(data) == b'""' and data.read(1) == b"x"
     data = io.BytesIO(b'"' * 70_000 + b"b")
     assert csv_scan._rest_of_run(data) == b'"' * 70_000 and data.read() == b"b"
+
+
+def test_a_row_of_another_width_is_filed_once_with_integer_ids_too(tmp_path):
+    """Its position (the input's rows, then its place) may be a done id's value: it is still
+    filed (a run killed before it came to it files it on resume), and once."""
+    lines = ["text,n"] + [f"t{i},{i + 100}" for i in range(300)] + ["x,y,z"]
+    path = tmp_path / "in.csv"
+    path.write_text("\n".join(lines) + "\n")
+    done = IdRanges.from_ids(np.arange(100, 350))  # (300 among them)
+    filed = [r for _, rs, _ in TableSource(path, id_column="n").slices(done, None) for r in rs
+             if isinstance(r, BadRecord)]
+    assert [r.position for r in filed] == [300]
+    for changes in [dict(limit=200), dict(resume=True), dict(resume=True)]:
+        run_pipeline(TableSource(path, id_column="n"), SyntheticWorkload(0.0, dim=8),
+                     ["cpu"] * 2, 64, tmp_path / "out.h5", "thread", progress=False, **changes)
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(100, 400))
+    assert [(e["id"], e["position"]) for e in data["errors"]] == [(None, 300)]

@@ -91,20 +91,10 @@ class CSVRows:
         return records
 
     def _span(self, file: CSVFile, rows: np.ndarray) -> list:
-        row, start, stop = file.span(int(rows.min()), int(rows.max()))
-        expected = min(file.rows, (int(rows.max()) // ROW_STEP + 1) * ROW_STEP) - row
-        data = read_bytes(file.stat, start, stop)
-        try:
-            column = _parsed(file, self.format, self.text_column, without(
-                data, file.bad[(file.bad[:, 0] >= start) & (file.bad[:, 1] <= stop)] - start))
-        except ValueError as exc:  # (pyarrow's ArrowInvalid)
-            raise OSError(f"{file.stat[0]}: bytes {start}-{stop} are not the rows the driver "
-                          f"found: {exc}") from exc
-        if len(column) != expected:
-            raise OSError(f"{file.stat[0]}: bytes {start}-{stop} hold {len(column)} rows, the "
-                          f"driver counted {expected}: it would credit a text to another row")
+        row, batch = read_rows(file, self.format, [self.text_column], int(rows.min()),
+                               int(rows.max()))
         at = rows - row
-        column = column.take(at)
+        column = batch.column(0).take(at)
         ids = at + row + file.first
         name = (Path(file.path).name, file.first)
         texts = column_texts(column, ids, lambda k: row_name(name, int(ids[k])))
@@ -114,6 +104,26 @@ class CSVRows:
                                  f"over {MAX_LINES_IN_VALUE} lines: a quote left open swallows "
                                  f"the rows after it", int(ids[k]))
         return texts
+
+
+def read_rows(file: CSVFile, fmt: str, columns: list[str], low: int, high: int
+              ) -> tuple[int, Any]:
+    """``(first, batch)``: the rows of ``file`` from the row start before row ``low`` to the one
+    after row ``high`` (``first`` the first of them), ``columns`` of them as bytes, parsed as
+    the module docstring says and checked: OSError where they are not the driver's."""
+    row, start, stop = file.span(low, high)
+    expected = min(file.rows, (high // ROW_STEP + 1) * ROW_STEP) - row
+    data = read_bytes(file.stat, start, stop)
+    try:
+        batch = _parsed(file, fmt, columns, without(
+            data, file.bad[(file.bad[:, 0] >= start) & (file.bad[:, 1] <= stop)] - start))
+    except ValueError as exc:  # (pyarrow's ArrowInvalid)
+        raise OSError(f"{file.stat[0]}: bytes {start}-{stop} are not the rows the driver "
+                      f"found: {exc}") from exc
+    if batch.num_rows != expected:
+        raise OSError(f"{file.stat[0]}: bytes {start}-{stop} hold {batch.num_rows} rows, the "
+                      f"driver counted {expected}: it would credit a text to another row")
+    return row, batch
 
 
 def _by_file(files: tuple[CSVFile, ...], ids: np.ndarray) -> list[tuple[int, int, int]]:
@@ -131,19 +141,22 @@ def _by_file(files: tuple[CSVFile, ...], ids: np.ndarray) -> list[tuple[int, int
     return found
 
 
-def _parsed(file: CSVFile, fmt: str, column: str, data: bytes) -> Any:
-    """The text column of the rows in ``data``, parsed as the driver's own reading parses them
-    (helpers.engine.table_files: bad rows skipped, values as bytes, a missing one null)."""
+def _parsed(file: CSVFile, fmt: str, columns: list[str], data: bytes) -> Any:
+    """``columns`` of the rows in ``data`` as one RecordBatch, parsed as the table's own
+    reading parses a CSV (helpers.engine.table_files: values as bytes, converted later, each
+    bad one its row's error; a missing one null)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     read = pacsv.ReadOptions(column_names=list(file.columns), use_threads=False,
                              block_size=max(len(data) + 1, 1 << 16))
-    convert = pacsv.ConvertOptions(include_columns=[column], column_types={column: pa.binary()},
+    convert = pacsv.ConvertOptions(include_columns=columns,
+                                   column_types={c: pa.binary() for c in columns},
                                    strings_can_be_null=True, quoted_strings_can_be_null=False)
     table = pacsv.read_csv(io.BytesIO(data), read_options=read, convert_options=convert,
                            parse_options=csv_parse(fmt))
-    return table.column(0).combine_chunks()
+    return pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns],
+                                      names=table.column_names)
 
 
 _OPEN: OrderedDict[tuple, tuple[Any, threading.Lock]] = OrderedDict()

@@ -2,10 +2,10 @@
 columns asked for (present once in every file, of kinds that agree), and each file's pieces.
 
 A piece is what is read at once: a Parquet row group, an Arrow file's record batch, a whole Arrow
-stream (all know their rows from metadata, so a resumed run can skip them unread) or a whole
-CSV/TSV file (streamed a block at a time; rows unknown until read). A file's schema and pieces
-come from one look at it (``layout``). A CSV row with too many or too few fields is handed to
-``bad_rows`` and the rest of the file is read on.
+stream (all know their rows from metadata, so a resumed run can skip them unread). A file's
+schema and pieces come from one look at it (``layout``). A CSV/TSV file's columns come from its
+first block's rows; its rows from one pass over it (helpers.engine.csv_scan), which
+helpers.engine.tables reads a span at a time (helpers.engine.csv_rows).
 """
 from __future__ import annotations
 
@@ -61,10 +61,10 @@ def table_files(path: str | os.PathLike) -> tuple[list[str], str]:
 
 
 def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callable]]]:
-    """A file's schema and its pieces, ``(file, rows or None, read(columns, bad_rows) ->
-    batches)``, from one look at it: a Parquet footer, an Arrow file's batches, a CSV's first
-    block (its types inferred, the block grown until a row fits; only its whole rows read:
-    pyarrow's own reader would read several blocks ahead)."""
+    """A file's schema and its pieces, ``(file, rows, read(columns) -> batches)``, from one
+    look at it: a Parquet footer, an Arrow file's batches; a CSV's first block (its types
+    inferred; only its whole rows read: pyarrow's own reader would read several blocks ahead),
+    and no pieces (its rows: module docstring)."""
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
@@ -83,7 +83,7 @@ def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callab
     first, block = first_rows(path, fmt)
     with pacsv.open_csv(io.BytesIO(first), parse_options=csv_parse(fmt, lambda row: "skip"),
                         read_options=pacsv.ReadOptions(block_size=block)) as reader:
-        return reader.schema, [(path, None, _csv_reader(path, fmt))]
+        return reader.schema, []
 
 
 def first_rows(path: str, fmt: str) -> tuple[bytes, int]:
@@ -228,7 +228,7 @@ def kept_dtypes(schemas: list, files: list[str], names: Sequence[str], taken: se
 
 
 def _parquet_reader(path: str, group: int) -> Callable:
-    def read(columns: list[str], bad_rows: Any = None) -> Iterator[Any]:
+    def read(columns: list[str]) -> Iterator[Any]:
         import pyarrow.parquet as pq
 
         with pq.ParquetFile(path) as f:
@@ -237,40 +237,15 @@ def _parquet_reader(path: str, group: int) -> Callable:
 
 
 def _arrow_reader(path: str, index: int) -> Callable:
-    def read(columns: list[str], bad_rows: Any = None) -> Iterator[Any]:
+    def read(columns: list[str]) -> Iterator[Any]:
         yield open_arrow(path).get_batch(index).select(columns)
     return read
 
 
 def _stream_reader(path: str) -> Callable:
-    def read(columns: list[str], bad_rows: Any = None) -> Iterator[Any]:
+    def read(columns: list[str]) -> Iterator[Any]:
         for batch in open_arrow(path):
             yield batch.select(columns)
-    return read
-
-
-def _csv_reader(path: str, fmt: str) -> Callable:
-    def read(columns: list[str], bad_rows: Any = None) -> Iterator[Any]:
-        import pyarrow as pa
-        import pyarrow.csv as pacsv
-
-        as_bytes = {c: pa.binary() for c in columns}  # converted later: a bad value its row's
-        convert = pacsv.ConvertOptions(include_columns=columns, column_types=as_bytes,
-                                       strings_can_be_null=True, quoted_strings_can_be_null=False)
-        block, yielded = CSV_BLOCK_BYTES, False
-        while True:
-            try:
-                with pacsv.open_csv(path, parse_options=csv_parse(fmt, bad_rows),
-                                    convert_options=convert,
-                                    read_options=pacsv.ReadOptions(block_size=block)) as reader:
-                    for batch in reader:
-                        yielded = True
-                        yield batch
-                return
-            except pa.ArrowInvalid as exc:  # a first row longer than the block: a bigger one
-                if yielded or "straddling" not in str(exc) or block >= CSV_MAX_BLOCK_BYTES:
-                    raise
-                block *= 4
     return read
 
 

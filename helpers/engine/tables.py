@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -37,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.csv_rows import CSVFile, CSVRows, row_text
+from helpers.engine.csv_rows import CSVFile, CSVRows, read_rows, row_text
 from helpers.engine.csv_scan import RowIndex, row_index
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
@@ -45,11 +44,9 @@ from helpers.engine.id_checks import id_record, integer_ids, key_problems
 from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows,
                                      SourceError, decoded, null_texts, positions)
 from helpers.engine.table_files import (MAX_LINES_IN_VALUE, canonical_integers, column_kind,
-                                        column_texts, count_lines, kept_dtypes, layout, row_name,
+                                        column_texts, kept_dtypes, layout, row_name,
                                         spanning, table_files)
 from helpers.engine.table_rows import TableRows, digest, file_stats, random_access
-
-log = logging.getLogger("gpufeed")
 
 CSV = ("csv", "tsv")
 SLICE_ROWS = 8192  # rows handed on at a time (a piece may hold millions)
@@ -95,17 +92,14 @@ class TableSource:
         self.keyed = key in ("text", "null")
         self._kept = kept_dtypes(schemas, self.files, self.keep_columns,
                                  {text_column, id_column} - {None}, self.path)
-        self._length = (sum(rows for _, rows, _ in self._pieces)
-                        if all(rows is not None for _, rows, _ in self._pieces) else None)
+        self._length = (sum(rows for _, rows, _ in self._pieces)  # (a CSV's: from its pass)
+                        if self.format not in CSV else None)
         self.reads = 0  # pieces read so far (what a resume skipped is never read)
         self._index: tuple[list, list[RowIndex]] | None = None  # (``_scanned``)
 
     def __len__(self) -> int:
-        if self._length is not None:
-            return self._length
-        if self.positional:  # a CSV input: its rows, as ``rows`` finds them
-            return sum(index.rows for index in self._scanned()[1])
-        self._length = count_lines(self.files, header=True)
+        if self._length is None:  # a CSV input: its rows, as its one pass finds them
+            self._length = sum(file.rows for file in self._csv_files())
         return self._length
 
     def carried(self) -> dict[str, OutputSpec]:
@@ -116,32 +110,16 @@ class TableSource:
     def slices(self, skip: IdRanges, limit: int | None
                ) -> Iterator[tuple[np.ndarray, list, dict[str, np.ndarray]]]:
         """``(ids, records, carried)`` SLICE_ROWS at a time, the first ``limit`` rows only; rows
-        whose ids are in ``skip`` dropped, a piece of them all not read (module docstring). CSV
-        files that carry nothing are read as the workers read them (``rows``, read here): either
-        side gives each id the same record, and pyarrow's streaming reader splits a row in rare
-        files (apache/arrow#50481, #51368) where its reading of the whole file does not."""
-        if self.format in CSV and self.positional:
-            return self._csv_slices(skip, limit)
+        whose ids are in ``skip`` dropped, a piece of them all not read (module docstring)."""
         return self._read(skip, limit)
-
-    def _csv_slices(self, skip: IdRanges, limit: int | None) -> Iterator[tuple]:
-        for ids, records, *carried in self._csv_rows(skip, limit):
-            if not isinstance(records, Rows):  # (the rows of another width)
-                yield ids, records, carried[0] if carried else {}
-                continue
-            for start in range(0, len(ids), SLICE_ROWS):
-                part = records[start:start + SLICE_ROWS]
-                yield part.ids, part.read(), {}
 
     @functools.cached_property
     def positional(self) -> bool:
         """Whether workers can read this source's records themselves (``rows``): ids that are
-        row numbers (none, or keys), files read by row (Parquet, Arrow IPC files); or CSV/TSV
-        files that carry nothing (helpers.engine.csv_rows: keys and kept columns are read by the
-        driver, which parses the whole file for them anyway)."""
-        if self.format in CSV:
-            return self.id_column is None and not self.keep_columns
-        return (self.id_column is None or self.keyed) and random_access(self.files, self.format)
+        row numbers (none, or keys), files read by row (Parquet, Arrow IPC files, CSV/TSV files
+        from their one pass: helpers.engine.csv_rows)."""
+        return (self.id_column is None or self.keyed) and (
+            self.format in CSV or random_access(self.files, self.format))
 
     def rows(self, skip: IdRanges, limit: int | None
              ) -> Iterator[tuple[np.ndarray, Rows | list, dict[str, np.ndarray]]]:
@@ -150,15 +128,19 @@ class TableSource:
         columns (keys, kept columns: not the texts) are read here, checked as ``slices`` checks
         them, and a row whose key is bad comes in a slice of BadRecords of its own."""
         if not self.positional:
-            raise ValueError(f"{self.describe()}: workers cannot read it by row (an id column, "
-                             f"kept columns of a CSV, or a {self.format} file read in order)")
+            raise ValueError(f"{self.describe()}: workers cannot read it by row (an integer id "
+                             f"column, or a {self.format} file read in order)")
         if self.format in CSV:
-            return self._csv_rows(skip, limit)
-        opener = TableRows(os.path.abspath(self.path), self.format, self.text_column,
-                           digest(self.files))
-        if not self.carried():
-            return positions(opener, len(self) if limit is None else min(limit, len(self)), skip)
-        return self._read(skip, limit, opener)
+            opener = CSVRows(self.format, self.text_column, tuple(self._csv_files()))
+        else:
+            opener = TableRows(os.path.abspath(self.path), self.format, self.text_column,
+                               digest(self.files))
+        if self.carried():
+            return self._read(skip, limit, opener)
+        rows = positions(opener, len(self) if limit is None else min(limit, len(self)), skip)
+        if self.format in CSV:
+            return itertools.chain(rows, _rows_of_other_widths(opener.files, skip, limit, {}))
+        return rows
 
     def _scanned(self) -> tuple[list, list[RowIndex]]:
         """The CSV files as found (``file_stats``) and each one's rows (``row_index``): one pass
@@ -173,33 +155,55 @@ class TableSource:
             self._index = self._stats, indexes
         return self._index
 
-    def _csv_rows(self, skip: IdRanges, limit: int | None) -> Iterator[tuple]:
-        """``rows`` of CSV files (helpers.engine.csv_rows), done ids left out; then the rows of
-        another width than the header's, known by their place (as ``slices`` files them)."""
+    def _csv_files(self) -> list[CSVFile]:
+        """Each CSV file as its Rows' opener knows it, from its one pass (``_scanned``)."""
         stats, indexes = self._scanned()
         files, first = [], 0
         for path, stat, columns, index in zip(self.files, stats, self._columns, indexes):
             if index.fields != len(columns):  # (never seen: the pass and pyarrow disagree)
-                log.warning("input %r: %s's header read as %d fields, not pyarrow's %d: the "
-                            "driver reads it", self.path, path, index.fields, len(columns))
-                return self._read(skip, limit)
+                raise SourceError(f"input {self.path!r}: {path!r}'s header has {index.fields} "
+                                  f"fields by quotes and delimiters, {len(columns)} by pyarrow")
             files.append(CSVFile(os.path.abspath(path), stat, columns, first, index.rows,
                                  index.starts, index.bad))
             first += index.rows
-        opener = CSVRows(self.format, self.text_column, tuple(files))
-        return itertools.chain(positions(opener, first if limit is None else min(limit, first),
-                                         skip), _rows_of_other_widths(files, skip, limit))
+        return files
 
-    def _read(self, skip: IdRanges, limit: int | None, opener: TableRows | None = None
+    def _pieces_of(self) -> list[tuple[str, int | None, Any]]:
+        """What ``_read`` reads: the layout's pieces; a CSV file's rows from its one pass, a
+        span of SLICE_ROWS rows at a time as the workers read them (pyarrow's streaming reader
+        splits a row in rare files where its reading of the whole file does not:
+        apache/arrow#50481, #51368)."""
+        if self.format not in CSV:
+            return self._pieces
+
+        def spans(file: CSVFile, columns: list[str]) -> Iterator[Any]:
+            for low in range(0, file.rows, SLICE_ROWS):  # (SLICE_ROWS: whole ROW_STEPs)
+                high = min(low + SLICE_ROWS, file.rows) - 1
+                first, batch = read_rows(file, self.format, columns, low, high)
+                yield batch.slice(low - first, high - low + 1)
+        return [(path, file.rows, functools.partial(spans, file))
+                for path, file in zip(self.files, self._csv_files())]
+
+    def _read(self, skip: IdRanges, limit: int | None, opener: Any = None
               ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
         """``slices``, or with ``opener`` ``rows``: the pieces in order, those a resumed run
-        finished not read (but for their keys: a later repeat is still one)."""
+        finished not read (but for their keys: a later repeat is still one); a CSV's rows of
+        another width after them."""
+        pieces = self._read_pieces(self._pieces_of(), skip, limit, opener)
+        if self.format not in CSV:
+            return pieces
+        done = skip if self.id_column is None or self.keyed else IdRanges()  # (positions)
+        return itertools.chain(pieces, _rows_of_other_widths(self._csv_files(), done, limit,
+                                                             self.carried()))
+
+    def _read_pieces(self, pieces: list, skip: IdRanges, limit: int | None, opener: Any
+                     ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
         by_row = self.id_column is None or self.keyed
         seen = SeenValues() if self.keyed else SeenIds()
         offset, file, file_first = 0, None, 0
         columns = ([self.text_column] if opener is None else []) + \
             ([self.id_column] if self.id_column else []) + list(self.keep_columns)
-        for path, rows, read in self._pieces:
+        for path, rows, read in pieces:
             if limit is not None and offset >= limit:
                 return
             if path != file:
@@ -214,8 +218,7 @@ class TableSource:
                     offset += rows
                 continue
             self.reads += 1
-            bad: list[str] = []
-            for batch in read(columns, lambda row: bad.append(row.text) or "skip"):
+            for batch in read(columns):
                 n = _rows_within(batch.num_rows, offset, limit)
                 for start in range(0, n, SLICE_ROWS):
                     piece = batch.slice(start, min(SLICE_ROWS, n - start))
@@ -227,13 +230,8 @@ class TableSource:
                         yield from self._row_slices(piece, offset + start, seen, skip, where,
                                                     opener)
                 offset += n
-                if bad:
-                    yield _unparsed(bad, Path(path).name, self.carried())
-                    bad.clear()
                 if limit is not None and offset >= limit:
                     return
-            if bad:  # (a file of no rows of the header's width gives no batch)
-                yield _unparsed(bad, Path(path).name, self.carried())
 
     def _carried(self, batch: Any, rows: np.ndarray, seen: Any, skip: IdRanges,
                  file: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, dict, dict[int, Any]]:
@@ -357,8 +355,8 @@ def _with_nul(values: np.ndarray) -> list[int]:
     return [k for k, v in enumerate(values.tolist()) if "\0" in v]
 
 
-def _rows_of_other_widths(files: list[CSVFile], skip: IdRanges, limit: int | None
-                          ) -> Iterator[tuple]:
+def _rows_of_other_widths(files: Sequence[CSVFile], skip: IdRanges, limit: int | None,
+                          carried: dict[str, OutputSpec]) -> Iterator[tuple]:
     """The rows of CSV ``files`` of another width than their header's, as ``_unparsed`` slices
     (with ``limit``, those of files that begin under it). Each is known by a position after the
     input's rows (its rows, then its place among these), so that a resumed run, which skips
@@ -370,7 +368,7 @@ def _rows_of_other_widths(files: list[CSVFile], skip: IdRanges, limit: int | Non
         fresh = ~skip.contains(at) if skip.runs else np.ones(len(at), dtype=bool)
         if fresh.any() and (limit is None or file.first < limit):
             yield _unparsed([row_text(file.stat, start, stop) for start, stop in file.bad[fresh]],
-                            Path(file.path).name, {}, at[fresh])
+                            Path(file.path).name, carried, at[fresh])
 
 
 def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec],
