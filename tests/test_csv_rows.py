@@ -265,6 +265,7 @@ def test_keys_and_kept_columns_are_read_by_the_driver_and_the_texts_by_the_worke
     way, each bad row filed alike."""
     lines = ["text,doc,m"] + [f"t{i},d{i:05d},{i}" for i in range(600)]
     lines[100], lines[200], lines[300] = "t99,d00050,99", "t199,,199", "a,b,c,d"
+    lines[500] = '"' + "\n" * 1001 + '",d00499,499'  # (a text over 1,000 lines)
     path = tmp_path / "in.csv"
     path.write_bytes(("\n".join(lines) + "\n").replace("d00400", "d\x004").encode())
     source = TableSource(path, id_column="doc", keep_columns=["m"])
@@ -273,7 +274,8 @@ def test_keys_and_kept_columns_are_read_by_the_driver_and_the_texts_by_the_worke
         source, tmp_path)
     assert driver_errors == worker_errors and driver_ids == worker_ids
     found = {row[3]: (row[1], row[2]) for row in driver_errors}
-    assert sorted(found) == [99, 199, 399, 599] and found[99][0] == "DuplicateId"
+    assert sorted(found) == [99, 199, 399, 498, 599] and found[99][0] == "DuplicateId"
+    assert found[498][1].endswith("the rows after it (key 'd00499')")
     assert "'d00050' appeared earlier" in found[99][1] and "is null" in found[199][1]
     assert "holds a NUL" in found[399][1] and "wrong number of fields" in found[599][1]
     for name in ["driver", "workers"]:

@@ -279,18 +279,18 @@ class TableSource:
 
         records = column_texts(batch.column(self.text_column), rows, where)
         null_texts(records, where)
+        if self.format in CSV:  # (a worker's reading: helpers.engine.csv_rows)
+            for k in spanning(batch.column(self.text_column)):
+                records[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: its text "
+                                       f"spans over {MAX_LINES_IN_VALUE} lines: a quote left open "
+                                       f"swallows the rows after it", int(rows[k]))
         if self.keyed:  # named as a worker's reading names it (carried.Carried.drop)
             for k, record in enumerate(records):
                 if isinstance(record, BadRecord) and carried[KEYS][k]:
                     records[k] = replace(record, message=f"{record.message} (key "
                                                          f"{carried[KEYS][k]!r})")
-        for k, record in bad.items():
+        for k, record in bad.items():  # (the driver files them, whoever reads the texts)
             records[k] = record
-        if self.format in CSV:
-            for k in spanning(batch.column(self.text_column)):
-                records[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: its text "
-                                       f"spans over {MAX_LINES_IN_VALUE} lines: a quote left open "
-                                       f"swallows the rows after it", int(rows[k]))
         if not keep.all():
             ids, records = ids[keep], [r for r, k in zip(records, keep) if k]
             carried = {c: v[keep] for c, v in carried.items()}
