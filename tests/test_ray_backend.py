@@ -238,7 +238,8 @@ def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path, wri
     done = subprocess.run(command + ["--resume"], capture_output=True, text=True, env=env,
                           timeout=150)
     assert done.returncode == 0, done.stderr
-    resumed_after = json.loads(done.stdout.splitlines()[-1])["resumed_after"]
+    stats = [line for line in done.stdout.splitlines() if line.startswith("{")]  # (Ray adds
+    resumed_after = json.loads(stats[-1])["resumed_after"]  # its raylets' words to stdout too)
     assert indexed <= resumed_after < n  # the parts the index had not caught up with, too
     _assert_each_once(tmp_path / "o.h5", n)
 
