@@ -4,7 +4,6 @@ line ending), any rows in any order read as the driver reads them, a workunit's 
 only the starts it needs, a file that differs or a count that disagrees stops the run, and keys
 and kept columns stay with the driver."""
 import io
-import os
 import pickle
 import random
 

@@ -1,5 +1,5 @@
-"""How a worker reads a CSV or TSV file's rows itself (``writes="workers"``); the driver, reading
-such a file that carries nothing, reads it the same way (helpers.engine.tables).
+"""How a worker reads a CSV or TSV file's rows itself (``writes="workers"``); the driver reads
+every CSV the same way, its keys and kept columns too (helpers.engine.tables).
 
 The driver reads each file once and parses nothing (helpers.engine.csv_scan: where every
 ROW_STEP-th row starts, 8 bytes per ROW_STEP rows, and the byte ranges of the rows of another
@@ -23,9 +23,8 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.csv_scan import ROW_STEP, without
-from helpers.engine.protocol import BadRecord, holds_inputs, null_texts
-from helpers.engine.table_files import (MAX_LINES_IN_VALUE, column_texts, csv_parse, row_name,
-                                        spanning)
+from helpers.engine.protocol import holds_inputs, null_texts
+from helpers.engine.table_files import column_texts, csv_parse, file_spanning, row_name
 from helpers.engine.table_rows import check_unchanged, checked_open
 
 FILES = 4  # CSV files a worker process keeps open
@@ -97,12 +96,12 @@ class CSVRows:
         column = batch.column(0).take(at)
         ids = at + row + file.first
         name = (Path(file.path).name, file.first)
-        texts = column_texts(column, ids, lambda k: row_name(name, int(ids[k])))
-        null_texts(texts, lambda k: row_name(name, int(ids[k])))
-        for k in spanning(column):
-            texts[k] = BadRecord("ValueError", f"{row_name(name, int(ids[k]))}: its text spans "
-                                 f"over {MAX_LINES_IN_VALUE} lines: a quote left open swallows "
-                                 f"the rows after it", int(ids[k]))
+        def where(k: int) -> str:
+            return row_name(name, int(ids[k]))
+
+        texts = column_texts(column, ids, where)
+        null_texts(texts, where)
+        file_spanning(texts, column, ids, where)
         return texts
 
 

@@ -20,7 +20,6 @@ read its columns from without reading ahead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import Any
 
 import numpy as np
@@ -82,7 +81,7 @@ def head(path: str, delimiter: str, size: int) -> bytes | None:
         return without(data, scan.end(len(data)).bad)
     if not scan.rows:
         return None
-    return without(data[:scan.row], np.concatenate([np.zeros((0, 2), np.int64)] + scan.bad))
+    return without(data[:scan.row], scan.filed())
 
 
 def without(data: bytes, rows: np.ndarray) -> bytes:
@@ -154,9 +153,13 @@ class _Scan:
         if self.row >= 0:
             self.rows_ended(np.array([self.row]), np.array([size]),
                             np.array([self.delimiters + 1]))
-        return RowIndex(self.fields, self.rows, np.concatenate([np.zeros(0, np.int64)] +
-                                                               self.starts).astype(np.int64),
-                        np.concatenate([np.zeros((0, 2), np.int64)] + self.bad))
+        return RowIndex(self.fields, self.rows,
+                        np.concatenate([np.zeros(0, np.int64)] + self.starts).astype(np.int64),
+                        self.filed())
+
+    def filed(self) -> np.ndarray:
+        """The rows of another width so far, ``(start, stop)``."""
+        return np.concatenate([np.zeros((0, 2), np.int64)] + self.bad)
 
 
 def _toggling(data: np.ndarray, quoted: int, before: int, delimiter: int) -> np.ndarray:
@@ -171,11 +174,11 @@ def _toggling(data: np.ndarray, quoted: int, before: int, delimiter: int) -> np.
     quotes = np.flatnonzero(data == QUOTE)
     if not len(quotes):
         return quotes
+    runs = quotes  # (each quote a run of one, but where quotes are side by side)
     first = np.r_[True, np.diff(quotes) != 1]  # which quotes begin a run
     if not first.all():
         lengths = np.diff(np.flatnonzero(np.r_[first, True]))
-        quotes = quotes[first][lengths % 2 == 1]
-    runs = quotes
+        runs = quotes[first][lengths % 2 == 1]  # (odd runs only: an even one changes nothing)
     if not len(runs):
         return runs
     previous = data[runs - 1]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.csv_scan import head
-from helpers.engine.protocol import TEXT, SourceError, decoded
+from helpers.engine.protocol import TEXT, BadRecord, SourceError, decoded
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
            ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
@@ -91,7 +91,7 @@ def first_rows(path: str, fmt: str) -> tuple[bytes, int]:
     until it holds one of the header's width (whose values say the columns' types); and its
     size."""
     block = CSV_BLOCK_BYTES  # (a ragged row is left out: the reading files it)
-    while (first := head(path, "\t" if fmt == "tsv" else ",", block)) is None:
+    while (first := head(path, delimiter(fmt), block)) is None:
         if block >= CSV_MAX_BLOCK_BYTES:
             raise ValueError(f"no row of its header's width in its first "
                              f"{CSV_MAX_BLOCK_BYTES >> 20} MiB")
@@ -115,7 +115,7 @@ def column_texts(column: Any, rows: Any, where: Callable[[int], str]) -> list:
     return column.to_pylist()
 
 
-def spanning(column: Any) -> list[int]:
+def _spanning(column: Any) -> list[int]:
     """Which texts hold more than MAX_LINES_IN_VALUE line breaks (of a column of bytes or
     strings: the line breaks found in its data buffer at once, counted per value by its
     offsets)."""
@@ -136,6 +136,17 @@ def spanning(column: Any) -> list[int]:
     return np.flatnonzero(counts > MAX_LINES_IN_VALUE).tolist()
 
 
+def file_spanning(records: list, column: Any, rows: np.ndarray,
+                  where: Callable[[int], str]) -> None:
+    """Each of ``records`` (a CSV's texts, ``column``; ``rows`` their positions, ``where(k)``
+    naming the k-th) whose text holds more than MAX_LINES_IN_VALUE line breaks made a
+    BadRecord: a quote left open swallows the rows after it, and this is where it shows."""
+    for k in _spanning(column):
+        records[k] = BadRecord("ValueError", f"{where(k)}: its text spans over "
+                               f"{MAX_LINES_IN_VALUE} lines: a quote left open swallows the rows "
+                               f"after it", int(rows[k]))
+
+
 def row_name(file: tuple[str, int], row: int) -> str:
     """How a message names a row: in its file (``file``: its name, its first row in the input),
     and in the input when that has several files."""
@@ -153,10 +164,15 @@ def open_arrow(path: str) -> Any:
         return pa.ipc.open_stream(pa.memory_map(path))
 
 
+def delimiter(fmt: str) -> str:
+    """A CSV or TSV file's delimiter."""
+    return "\t" if fmt == "tsv" else ","
+
+
 def csv_parse(fmt: str, bad_rows: Callable[[Any], str] | None = None) -> Any:
     import pyarrow.csv as pacsv
 
-    return pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True,
+    return pacsv.ParseOptions(delimiter=delimiter(fmt), newlines_in_values=True,
                               invalid_row_handler=bad_rows)
 
 

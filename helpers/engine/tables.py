@@ -2,9 +2,8 @@
 saved with ``save_to_disk`` is a folder of Arrow files), as one file, a folder or a glob.
 
 A table is read a piece at a time (helpers.engine.table_files), only its text, id and kept
-columns, so memory stays flat at any size; a CSV that carries nothing (no id or kept columns) a
-span of rows at a time from one pass that finds them (helpers.engine.csv_scan, csv_rows), as its
-workers would read it. Records are numbered by their row across the files in
+columns, so memory stays flat at any size; a CSV a span of rows at a time, from one pass that
+finds them (helpers.engine.csv_scan, csv_rows), as its workers read it. Records are numbered by their row across the files in
 sorted order, and the id column decides what a record's id is:
 
 - no id column: the row number;
@@ -37,15 +36,15 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.csv_rows import CSVFile, CSVRows, read_rows, row_text
-from helpers.engine.csv_scan import RowIndex, row_index
+from helpers.engine.csv_scan import row_index
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.id_checks import id_record, integer_ids, key_problems
 from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows,
                                      SourceError, decoded, null_texts, positions)
-from helpers.engine.table_files import (MAX_LINES_IN_VALUE, canonical_integers, column_kind,
-                                        column_texts, kept_dtypes, layout, row_name,
-                                        spanning, table_files)
+from helpers.engine.table_files import (canonical_integers, column_kind, column_texts,
+                                        delimiter, file_spanning, kept_dtypes, layout, row_name,
+                                        table_files)
 from helpers.engine.table_rows import TableRows, digest, file_stats, random_access
 
 CSV = ("csv", "tsv")
@@ -63,7 +62,8 @@ class TableSource:
         self.path, self.text_column, self.id_column = str(path), text_column, id_column
         self.keep_columns = tuple(keep_columns)
         self.files, self.format = table_files(path)
-        self._stats = file_stats(self.files)  # as its columns were read
+        self._stats = file_stats(self.files) if self.format in CSV else None  # as its columns
+        # were read (a CSV's rows are found later: helpers.engine.csv_scan)
         layouts, self._columns = [], []
         for f in self.files:
             try:
@@ -95,7 +95,7 @@ class TableSource:
         self._length = (sum(rows for _, rows, _ in self._pieces)  # (a CSV's: from its pass)
                         if self.format not in CSV else None)
         self.reads = 0  # pieces read so far (what a resume skipped is never read)
-        self._index: tuple[list, list[RowIndex]] | None = None  # (``_scanned``)
+        self._files: list[CSVFile] | None = None  # a CSV's (``_csv_files``)
 
     def __len__(self) -> int:
         if self._length is None:  # a CSV input: its rows, as its one pass finds them
@@ -142,31 +142,27 @@ class TableSource:
             return itertools.chain(rows, _rows_of_other_widths(opener.files, skip, limit, {}))
         return rows
 
-    def _scanned(self) -> tuple[list, list[RowIndex]]:
-        """The CSV files as found (``file_stats``) and each one's rows (``row_index``): one pass
-        that parses nothing, which ``rows`` and ``__len__`` share while the files stay as they
-        were."""
-        if self._index is None:
-            delimiter = "\t" if self.format == "tsv" else ","
-            indexes = [row_index(f, delimiter) for f in self.files]
-            if file_stats(self.files) != self._stats:  # (its columns were read from those)
+    def _csv_files(self) -> list[CSVFile]:
+        """Each CSV file as its Rows' opener knows it, from one pass over it that parses nothing
+        (helpers.engine.csv_scan), which ``rows``, ``slices`` and ``__len__`` share; the files
+        must be as they were when their columns were read."""
+        if self._files is None:
+            indexes = [row_index(f, delimiter(self.format)) for f in self.files]
+            if file_stats(self.files) != self._stats:
                 raise SourceError(f"input {self.path!r}: written to since it was opened; open "
                                   f"it again")
-            self._index = self._stats, indexes
-        return self._index
-
-    def _csv_files(self) -> list[CSVFile]:
-        """Each CSV file as its Rows' opener knows it, from its one pass (``_scanned``)."""
-        stats, indexes = self._scanned()
-        files, first = [], 0
-        for path, stat, columns, index in zip(self.files, stats, self._columns, indexes):
-            if index.fields != len(columns):  # (never seen: the pass and pyarrow disagree)
-                raise SourceError(f"input {self.path!r}: {path!r}'s header has {index.fields} "
-                                  f"fields by quotes and delimiters, {len(columns)} by pyarrow")
-            files.append(CSVFile(os.path.abspath(path), stat, columns, first, index.rows,
-                                 index.starts, index.bad))
-            first += index.rows
-        return files
+            files, first = [], 0
+            for path, stat, columns, index in zip(self.files, self._stats, self._columns,
+                                                  indexes):
+                if index.fields != len(columns):  # (never seen: the pass and pyarrow disagree)
+                    raise SourceError(f"input {self.path!r}: {path!r}'s header has "
+                                      f"{index.fields} fields by quotes and delimiters, "
+                                      f"{len(columns)} by pyarrow")
+                files.append(CSVFile(os.path.abspath(path), stat, columns, first, index.rows,
+                                     index.starts, index.bad))
+                first += index.rows
+            self._files = files
+        return self._files
 
     def _pieces_of(self) -> list[tuple[str, int | None, Any]]:
         """What ``_read`` reads: the layout's pieces; a CSV file's rows from its one pass, a
@@ -279,11 +275,8 @@ class TableSource:
 
         records = column_texts(batch.column(self.text_column), rows, where)
         null_texts(records, where)
-        if self.format in CSV:  # (a worker's reading: helpers.engine.csv_rows)
-            for k in spanning(batch.column(self.text_column)):
-                records[k] = BadRecord("ValueError", f"{row_name(file, int(rows[k]))}: its text "
-                                       f"spans over {MAX_LINES_IN_VALUE} lines: a quote left open "
-                                       f"swallows the rows after it", int(rows[k]))
+        if self.format in CSV:  # (as a worker's reading: helpers.engine.csv_rows)
+            file_spanning(records, batch.column(self.text_column), rows, where)
         if self.keyed:  # named as a worker's reading names it (carried.Carried.drop)
             for k, record in enumerate(records):
                 if isinstance(record, BadRecord) and carried[KEYS][k]:
