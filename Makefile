@@ -29,6 +29,7 @@ run: $(STAMP)
 results: run
 	$(PY) -m helpers.bench runtimes --repeats 7
 	$(PY) -m helpers.bench dispatch
+	$(PY) -m helpers.bench dispatch --backend ray --units 10000
 	$(PY) -m helpers.bench failures
 	$(PY) -m helpers.bench ray
 	$(PY) -m helpers.bench autotune --records 340000 --repeats 1

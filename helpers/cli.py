@@ -34,8 +34,8 @@ from helpers import tuner
 from helpers.engine.hdf5_sink import check_parts, read_output
 from helpers.engine.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.engine.settings import (AUTO, BACKENDS, FIT, WRITES, JobSettings, PoolSettings,
-                                     or_words)
+from helpers.engine.settings import (AUTO, BACKENDS, FIT, RAY_UNITS_PER_MESSAGE, WRITES, JobSettings,
+                                     PoolSettings, or_words)
 from helpers.engine.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
@@ -222,7 +222,13 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     run.add_argument("--workunit-seconds", type=float, default=JobSettings.workunit_seconds,
                      help="--workunit-size auto: seconds a workunit should take on its worker")
     run.add_argument("--limit", type=int, help="stop after this many records")
-    run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker)")
+    run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker, "
+                                                     "times --units-per-message)")
+    run.add_argument("--units-per-message", type=_count_or_auto,
+                     default=PoolSettings.units_per_message,
+                     help="workunits sent to a worker in one message (on Ray, one call); "
+                          f"auto: {RAY_UNITS_PER_MESSAGE} on Ray with a fixed --workunit-size, "
+                          "else 1")
     run.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--ray-address", help="--backend ray: the cluster's head, e.g. "
@@ -383,7 +389,8 @@ def _run(args: argparse.Namespace) -> Any:
                "durable": not args.in_place, "adaptive": args.adaptive,
                "max_workers_per_device": args.max_workers_per_device,
                "workers_per_device": args.workers_per_device,
-               "workunit_seconds": args.workunit_seconds, "writes": args.writes}
+               "workunit_seconds": args.workunit_seconds, "writes": args.writes,
+               "units_per_message": args.units_per_message}
     if args.ray_address:
         options["ray_address"] = args.ray_address
     source = _source(args)

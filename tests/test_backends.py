@@ -30,9 +30,13 @@ def test_a_worker_starts_answers_dies_when_killed_and_leaves_nothing(name):
         backend.spawn(WorkerInfo(0, "cpu", 1))
         slot, ready = next_event(backend)
         assert slot == 0 and isinstance(ready, Ready) and "values" in ready.outputs
-        backend.send(0, Workunit(7, np.arange(3, dtype=np.int64), ["a", "b", "c"]))
+        backend.send(0, [Workunit(7, np.arange(3, dtype=np.int64), ["a", "b", "c"])])
         slot, result = next_event(backend)
         assert isinstance(result, Result) and result.workunit == 7 and result.ids.tolist() == [0, 1, 2]
+        backend.send(0, [Workunit(8, np.arange(3, 5), ["d", "e"]), Workunit(9, np.arange(5, 6),
+                                                                            ["f"])])
+        answers = [next_event(backend)[1] for _ in range(2)]  # one message, an answer each
+        assert [(a.workunit, a.ids.tolist()) for a in answers] == [(8, [3, 4]), (9, [5])]
         backend.kill(0)
         slot, died = next_event(backend)
         assert slot == 0 and isinstance(died, Died)
@@ -47,7 +51,8 @@ def test_a_worker_starts_answers_dies_when_killed_and_leaves_nothing(name):
 def test_both_backends_have_every_member_of_the_protocol_and_no_other_name_is_one():
     members = set(typing.get_type_hints(Backend)) | {
         name for name in vars(Backend) if not name.startswith("_")}
-    assert members == {"name", "recyclable", "events", "spawn", "send", "kill", "shutdown"}
+    assert members == {"name", "recyclable", "answers_together", "events", "spawn", "send",
+                       "kill", "shutdown"}
     for cls in (ProcessBackend, ThreadBackend):
         backend = cls(SyntheticWorkload(0.0))
         assert all(hasattr(backend, member) for member in members), cls.__name__

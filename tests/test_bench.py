@@ -100,17 +100,19 @@ def test_scale_bench_on_a_file_the_workers_read_it_and_write_every_row_once(tmp_
     assert full["driver_read_fraction"] < scanned + 0.05
 
 
-def test_dispatch_bench_times_the_dispatch_loop_of_both_write_paths(capsys):
+def test_dispatch_bench_times_the_dispatch_loop_of_both_write_paths_and_sizes(capsys):
     from helpers.bench import dispatch
 
     table = dispatch.measure(units=300, repeats=1)
-    assert sorted(table["writes"]) == ["driver", "workers"]
+    assert sorted(zip(table["writes"], table["units_per_message"])) == [
+        ("driver", 1), ("driver", 4), ("workers", 1), ("workers", 4)]
     assert (table["rows"] == 300 * dispatch.WORKUNIT_ROWS).all()
     assert (table["loop_s"] <= table["job_s"]).all()
     assert (table["driver_cpu_ms_per_unit"] > 0).all()
     figures = dispatch.report(table)
-    assert set(figures) == {"driver_ceiling_units_per_s", "workers_ceiling_units_per_s"}
-    assert "ceiling" in capsys.readouterr().out
+    assert set(figures) == {f"{writes}_{per}_ceiling_units_per_s" for writes in ("driver", "workers")
+                            for per in (1, 4)}
+    assert "4 a message" in capsys.readouterr().out
 
 
 def test_runtimes_bench_times_each_variant_against_fp32_in_the_same_round(tmp_path, monkeypatch,

@@ -5,6 +5,7 @@ each the scheduler's own recovery — and no Ray process left behind."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -192,6 +193,27 @@ def test_a_poison_record_costs_one_error_row_and_a_failed_load_its_traceback(clu
         run_pipeline(_records(4), SyntheticWorkload(fail_on_load=True), ["cpu"], 2,
                      tmp_path / "never.h5", "ray", progress=False)
     assert "Traceback" in str(raised.value.__cause__)  # the actor's own, brought back
+
+
+def test_a_record_that_kills_its_actor_in_a_call_of_four_costs_that_record_alone(cluster,
+                                                                                  tmp_path,
+                                                                                  caplog):
+    """A call of four workunits answers when it returns, and a segfault can lose the answer of a
+    call finished just before it: the death of an actor holding several workunits cannot say
+    which one did it, so each goes again alone (nothing else on its actor), and only then is the
+    one that kills charged (then split down to the record). Charging the first it held filed
+    innocent records as errors here."""
+    n = 200
+    workload = SyntheticWorkload(0.0, exit_on_records=frozenset({"r102"}))  # mid-run: in a
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):                 # call of four
+        stats = run_pipeline(_records(n), workload, ["cpu"] * 2, 4, tmp_path / "out.h5", "ray",
+                             progress=False, retries=0, units_per_message=4)
+    data = _assert_each_once(tmp_path / "out.h5", n, missing=(102,))
+    assert [(e["id"], e["type"]) for e in data["errors"]] == [(102, "WorkerDied")]
+    assert "each is sent again alone, charged nothing" in caplog.text
+    # the 4 records alone, then 2, then 1 charged: not the call's first workunit, nor its halves
+    assert (stats.recovery["failed_workunits"], stats.recovery["deaths"]) == (3, 4), stats.recovery
+    assert stats.failed_records == 1
 
 
 @pytest.mark.parametrize("writes", ["driver", "workers"])

@@ -74,13 +74,16 @@ def test_a_worker_killed_at_a_random_moment_costs_nothing(tmp_path, seed, writes
     assert stats.records == 600 and not stats.partial
 
 
-@pytest.mark.parametrize("writes", ["driver", "workers"])
-@pytest.mark.parametrize("fault", ["fail_on_records", "exit_on_records"])
-def test_a_poison_record_among_1000_is_isolated(tmp_path, fault, writes, caplog):
+@pytest.mark.parametrize("fault, writes, per_message", [
+    (fault, writes, 1) for fault in ("fail_on_records", "exit_on_records")
+    for writes in ("driver", "workers")] + [  # four workunits a message: the same errors
+    ("exit_on_records", "driver", 4), ("exit_on_records", "workers", 4),
+    ("fail_on_records", "driver", 4)])
+def test_a_poison_record_among_1000_is_isolated(tmp_path, fault, writes, per_message, caplog):
     workload = SyntheticWorkload(0.0002, **{fault: {"r500"}})
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         stats = run_pipeline(records(1000), workload, ["cpu", "cpu"], 50, tmp_path / "out.h5",
-                             progress=False, writes=writes)
+                             progress=False, writes=writes, units_per_message=per_message)
     data = assert_exactly_once(tmp_path / "out.h5", 1000, missing={500})
     assert [e["id"] for e in data["errors"]] == [500]
     expected = "InjectedFailure" if fault == "fail_on_records" else "WorkerDied"
@@ -182,12 +185,13 @@ class FakeBackend:
     name = "process"
     recyclable = True
 
-    def __init__(self):
-        self.sent, self.killed = [], []
+    def __init__(self, answers_together=False):
+        self.sent, self.killed = [], []  # (slot, the indexes of one message's workunits)
         self.events = queue.Queue()
+        self.answers_together = answers_together
 
-    def send(self, slot, unit):
-        self.sent.append((slot, unit.index))
+    def send(self, slot, units):
+        self.sent.append((slot, [unit.index for unit in units]))
 
     def kill(self, slot):
         self.killed.append(slot)
@@ -255,6 +259,90 @@ def test_a_worker_whose_model_breaks_is_recycled_and_only_the_bad_record_is_lost
     data = assert_exactly_once(tmp_path / "out.h5", 300, missing={100})
     assert [e["id"] for e in data["errors"]] == [100]
     assert stats.recovery["recycles"] >= 1 and "failed in a row" in caplog.text
+
+
+def test_a_message_holds_several_workunits_and_the_last_go_one_per_idle_worker():
+    """units_per_message=4: each worker gets four in a message, and a second message to wait
+    behind it; the next goes out once a whole message's answers are back; near the end a message
+    takes a second workunit only while one is left for every worker."""
+    from helpers.engine.messages import Result, WorkerInfo, Workunit
+
+    backend = FakeBackend()
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)])
+    scheduler.per_message = 4
+    queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+                     for n in reversed(range(19))])
+    scheduler.dispatch(queued)
+    assert [(slot, len(units)) for slot, units in backend.sent] == [(0, 4), (1, 4), (0, 4), (1, 4)]
+    assert len(queued.units) == 3
+    first = backend.sent[0][1]
+    for done, index in enumerate(first[:3]):  # three answers of four back: no message yet
+        unit = scheduler.slots[0].in_flight[0]
+        scheduler.handle(0, Result(0, index, unit.ids, {}, [], 0.0, 0.0))
+        scheduler.dispatch(queued)
+        assert len(backend.sent) == 4, done
+    scheduler.handle(0, Result(0, first[3], np.arange(1), {}, [], 0.0, 0.0))
+    scheduler.dispatch(queued)  # three left, two workers: two in this message, not all three
+    assert [(slot, len(units)) for slot, units in backend.sent[4:]] == [(0, 2)]
+    assert len(queued.units) == 1
+
+
+def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_alone():
+    """On Ray a call's answers come back when it returns, and a death can lose those of a call
+    finished just before it: a timeout in a call of several workunits, or a death while an actor
+    holds several, cannot tell which one did it, so none is charged and each goes again alone
+    (nothing else in flight on its worker); a death then charges that workunit. The timeout of a
+    call is its workunits' together."""
+    from helpers.engine.messages import Died, Result, WorkerInfo, Workunit
+
+    backend = FakeBackend(answers_together=True)
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)], retries=1,
+                                workunit_timeout=10.0)
+    scheduler.per_message = 3
+    queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+                     for n in reversed(range(6))])
+    scheduler.dispatch(queued)
+    slot = scheduler.slots[0]
+    assert [len(units) for _, units in backend.sent] == [3, 3]
+    slot.head_since = time.monotonic() - 25  # 25 s into a call of 3 workunits of 10 s each
+    scheduler.check_timeouts()
+    assert backend.killed == []
+    slot.head_since = time.monotonic() - 31
+    scheduler.check_timeouts()
+    assert backend.killed == [0] and scheduler.recovery.timeouts == 1
+    assert scheduler.handle(0, Died(0, None, "killed by the pool (ray.kill)")) == ([], [])
+    assert [(int(u.ids[0]), u.attempts, u.alone) for u in scheduler.pending] == [
+        (n, 0, True) for n in range(6)]
+    assert scheduler.recovery.failed_workunits == 0 and scheduler.recovery.restarts == 1
+    backend.sent.clear()
+    slot.state = slot.state.READY
+    scheduler.dispatch(Queued())
+    assert backend.sent == [(0, [slot.in_flight[0].index])]  # alone: nothing behind it
+    scheduler.handle(0, Result(0, slot.in_flight[0].index, slot.in_flight[0].ids, {}, [], 0, 0))
+    scheduler.dispatch(Queued())
+    assert len(backend.sent) == 2 and len(slot.in_flight) == 1
+    assert scheduler.handle(0, Died(0, None, "Ray actor died: segfault")) == ([], [])
+    assert [(int(u.ids[0]), u.attempts) for u in scheduler.pending][:2] == [(1, 1), (2, 0)]
+    assert scheduler.recovery.failed_workunits == 1  # the one it held alone: charged
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_death_holding_two_calls_charges_the_first_only_where_its_answer_cannot_be_lost(
+        together):
+    """One workunit a call, two in flight: a process worker's answer to the first is sent before
+    it starts the second, so its death charges the one running; a Ray actor's may be lost with
+    it, so both go back alone, charged nothing."""
+    from helpers.engine.messages import Died, WorkerInfo, Workunit
+
+    backend = FakeBackend(answers_together=together)
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
+    scheduler.dispatch(Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+                               for n in reversed(range(2))]))
+    assert [len(units) for _, units in backend.sent] == [1, 1]
+    scheduler.handle(0, Died(0, -11))
+    assert [(u.attempts, u.alone) for u in scheduler.pending] == (
+        [(0, True), (0, True)] if together else [(1, False), (0, False)])
+    assert scheduler.recovery.failed_workunits == (0 if together else 1)
 
 
 def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():

@@ -36,6 +36,8 @@ def test_devices_are_parsed_once_into_a_tuple_and_the_settings_are_frozen():
     (PoolSettings, {"max_restarts": True}, "max_restarts: expected an integer"),
     (PoolSettings, {"workunit_timeout": 0}, "workunit_timeout: expected seconds > 0, got 0"),
     (PoolSettings, {"load_timeout": None}, "load_timeout: expected seconds > 0, got None"),
+    (PoolSettings, {"units_per_message": 0}, "units_per_message: expected an integer >= 1 or "
+                                             "'auto', got 0"),
     (PoolSettings, {"workers_per_device": 0}, "workers_per_device: expected an integer >= 1, "
                                               "'auto' or 'fit', got 0"),
     (PoolSettings, {"workers_per_device": "auto", "adaptive": True},
@@ -56,7 +58,12 @@ def test_a_bad_value_raises_naming_the_setting_and_what_it_expected(cls, bad, me
 
 
 def test_derived_settings_follow_their_rule():
-    assert PoolSettings(("cpu",) * 3).depth == 6 and PoolSettings(queue_depth=1).depth == 1
+    assert PoolSettings(("cpu",) * 3).depth() == 6 and PoolSettings(queue_depth=1).depth(4) == 1
+    assert PoolSettings(("cpu",) * 3).depth(4) == 24  # two messages of four a worker
+    assert PoolSettings().per_message(False) == PoolSettings().per_message(True) == 1
+    ray = PoolSettings(backend="ray")
+    assert (ray.per_message(False), ray.per_message(True)) == (4, 1)  # sized per worker: 1
+    assert PoolSettings(units_per_message=8).per_message(True) == 8
     assert JobSettings(workunit_size=10).window == 16384  # at least SORT_RECORDS
     assert JobSettings(workunit_size=4096).window == 8 * 4096  # 8 workunits
     assert JobSettings(workunit_size=10, sort_window=0).window == 0
@@ -68,7 +75,7 @@ def test_derived_settings_follow_their_rule():
 def test_workers_per_device_multiplies_the_entries_or_starts_one_per_device_to_grow():
     settings = PoolSettings(("cuda:0", "cuda:1", "cuda:0"), workers_per_device=2)
     assert settings.worker_devices == ("cuda:0",) * 2 + ("cuda:1",) * 2 + ("cuda:0",) * 2
-    assert [w.copy for w in settings.workers()] == [0, 1, 0, 1, 2, 3] and settings.depth == 12
+    assert [w.copy for w in settings.workers()] == [0, 1, 0, 1, 2, 3] and settings.depth() == 12
     assert dataclasses.replace(settings, retries=0).worker_devices == settings.worker_devices
     growing = PoolSettings(("cuda:0", "cuda:1", "cuda:0", "cpu"), workers_per_device="auto")
     assert growing.growing and growing.worker_devices == ("cuda:0", "cuda:1", "cpu")

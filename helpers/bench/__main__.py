@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     ceiling_one.add_argument("--units", type=int, required=True)
     ceiling_one.add_argument("--writes", choices=dispatch.WRITES, required=True)
     ceiling_one.add_argument("--output", required=True)
+    ceiling_one.add_argument("--units-per-message", type=int, default=1)
+    for command in (ceiling, ceiling_one):
+        command.add_argument("--backend", choices=("process", "ray"), default="process",
+                             help="ray: actors on a local Ray each run starts")
     variants = commands.add_parser("runtimes", help=runtimes.__doc__.splitlines()[0])
     variants.add_argument("--records", type=int, default=512, help="sample paragraphs a round")
     variants.add_argument("--repeats", type=int, default=5)
@@ -92,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                              help="ray: actors on a local Ray each run starts")
         command.add_argument("--writes", choices=("driver", "workers"), default="driver",
                              help="who writes the rows (JobSettings.writes)")
+        command.add_argument("--units-per-message", default="auto",
+                             help="workunits a message to a worker (PoolSettings."
+                                  "units_per_message; auto: 4 on Ray, else 1)")
     args = parser.parse_args(argv)
     if args.command == "failures":
         failures.main(args.records, args.repeats, args.results_dir)
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale":
         scale.main(args.records, args.workers, args.workunit_size, args.dim,
                    args.baseline_records, args.kill_at or None, args.folder, args.results_dir,
-                   args.backend, args.writes, args.source)
+                   args.backend, args.writes, args.source, _per_message(args.units_per_message))
         return 0
     if args.command == "autotune":
         autotune.main(args.records, args.repeats, args.results_dir)
@@ -116,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                                           args.workunit_size, not args.no_keys)))
         return 0
     if args.command == "dispatch":
-        dispatch.main(args.units, args.repeats, args.results_dir)
+        dispatch.main(args.units, args.repeats, args.results_dir, args.backend)
         return 0
     if args.command == "dispatch-run":
-        print(json.dumps(dispatch.run_once(args.units, args.writes, args.output)))
+        print(json.dumps(dispatch.run_once(args.units, args.writes, args.output,
+                                           args.units_per_message, args.backend)))
         return 0
     if args.command == "runtimes":
         runtimes.main(args.records, args.repeats, args.batch_size, args.results_dir)
@@ -127,11 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,
                                         args.workunit_size, args.dim, args.resume,
-                                        args.backend, args.writes, args.corpus)))
+                                        args.backend, args.writes, args.corpus,
+                                        _per_message(args.units_per_message))))
         return 0
     overhead.report(*overhead.measure(args.records, args.block, args.rounds, args.batch_size,
                                       args.workunit_size, args.threads))
     return 0
+
+
+def _per_message(value: str) -> int | str:
+    return value if value == "auto" else int(value)
 
 
 if __name__ == "__main__":

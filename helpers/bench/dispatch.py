@@ -2,18 +2,21 @@
 
 Workunits that carry next to nothing (WORKUNIT_ROWS rows of 1-d float32 from a model that costs
 nothing, the records the sample paragraphs as ids the workers read themselves, or the texts
-when the driver reads) go through two process workers, ``units`` of them a run, each run a fresh
-process. Measured over the job's dispatch loop only, from its first read to the last result
+when the driver reads) go through two process workers (or Ray actors: ``backend="ray"``, a
+local Ray each run), ``units`` of them a run, each run a fresh process. Measured over the job's dispatch loop only, from its first read to the last result
 handed to the writer (a finished output's index or merge comes after it, once per run): the
 workunits per second, and the driver's CPU per workunit (every thread of the driver process),
 whose inverse is how many workunits one driver core can hand out and commit — the ceiling, when
 the workers are fast enough. ``writes="driver"`` (the driver reads and writes) and
-``"workers"`` (they read and write; the driver commits parts) alternate, ``repeats`` times;
-medians. Here the workers' own part writes (a file per workunit) may be slower than the
-driver, and then the rate is theirs, not the ceiling.
+``"workers"`` (they read and write; the driver commits parts), each with one workunit a message
+and with PER_MESSAGE[-1] (``units_per_message``), alternate, ``repeats`` times; medians. Here the
+workers' own part writes (a file per workunit) may be slower than the driver, and then the rate
+is theirs, not the ceiling. On Ray the driver's CPU includes Ray's threads in it (its core
+worker), not the raylet's or the object store's processes beside it.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -27,9 +30,11 @@ import pandas as pd
 WORKUNIT_ROWS = 16
 GOALS = {"ceiling_units_per_s": 5_000}
 WRITES = ("driver", "workers")
+PER_MESSAGE = (1, 4)  # workunits a message to a worker
 
 
-def run_once(units: int, writes: str, output: str) -> dict[str, Any]:
+def run_once(units: int, writes: str, output: str, per_message: int = 1,
+             backend: str = "process") -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench dispatch-run``): its measurements."""
     from helpers.bench.scale import CycledTexts, _sample_texts
     from helpers.engine import pipeline
@@ -48,7 +53,7 @@ def run_once(units: int, writes: str, output: str) -> dict[str, Any]:
             loop["cpu_s"], loop["wall_s"] = time.process_time() - cpu, time.monotonic() - wall
 
     pipeline._Job.drive = timed
-    settings = PoolSettings(("cpu",) * 2, "process")
+    settings = PoolSettings(("cpu",) * 2, backend, units_per_message=per_message)
     job = JobSettings(WORKUNIT_ROWS, progress=False, writes=writes)
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=1, values="zeros"), settings,
                                   job) as pool:
@@ -59,47 +64,52 @@ def run_once(units: int, writes: str, output: str) -> dict[str, Any]:
             "ceiling_units_per_s": units / loop["cpu_s"], "job_s": stats.wall_seconds}
 
 
-def measure(units: int = 20_000, repeats: int = 3, folder: str | None = None) -> pd.DataFrame:
-    """``repeats`` rounds of one run per WRITES, each a fresh process; one tidy row per run."""
+def measure(units: int = 20_000, repeats: int = 3, folder: str | None = None,
+            backend: str = "process") -> pd.DataFrame:
+    """``repeats`` rounds of one run per WRITES and PER_MESSAGE, each a fresh process; one tidy
+    row per run."""
     rows = []
     with tempfile.TemporaryDirectory(dir=folder, prefix="gpufeed-dispatch-") as tmp:
         for replicate in range(repeats):
-            for writes in WRITES:
-                output = Path(tmp) / f"out-{replicate}-{writes}.h5"
+            for writes, per in itertools.product(WRITES, PER_MESSAGE):
+                output = Path(tmp) / f"out-{replicate}-{writes}-{per}.h5"
                 run = subprocess.run([sys.executable, "-m", "helpers.bench", "dispatch-run",
                                       "--units", str(units), "--writes", writes,
+                                      "--units-per-message", str(per), "--backend", backend,
                                       "--output", str(output)], capture_output=True, text=True)
                 if run.returncode != 0:
                     raise RuntimeError(f"dispatch-run --writes {writes} exited "
                                        f"{run.returncode}:\n{run.stderr[-3000:]}")
-                rows.append({"replicate": replicate, "writes": writes,
+                rows.append({"replicate": replicate, "writes": writes, "units_per_message": per,
                              **json.loads(run.stdout.strip().splitlines()[-1])})
-    return pd.DataFrame(rows).assign(workunit_rows=WORKUNIT_ROWS, workers=2, backend="process")
+    return pd.DataFrame(rows).assign(workunit_rows=WORKUNIT_ROWS, workers=2, backend=backend)
 
 
 def report(table: pd.DataFrame) -> dict[str, float]:
     """Print the runs and the medians, each ceiling against its goal; return the medians."""
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    medians = table.groupby("writes")[["units_per_s", "driver_cpu_ms_per_unit",
-                                       "ceiling_units_per_s"]].median()
+    groups = table.groupby(["writes", "units_per_message"])
+    medians = groups[["units_per_s", "driver_cpu_ms_per_unit", "ceiling_units_per_s"]].median()
     figures = {}
-    for writes, row in medians.iterrows():
+    for (writes, per), row in medians.iterrows():
         met = row["ceiling_units_per_s"] >= GOALS["ceiling_units_per_s"]
-        print(f"writes={writes}: {row['units_per_s']:,.0f} workunits/s, driver "
+        print(f"writes={writes}, {per} a message: {row['units_per_s']:,.0f} workunits/s, driver "
               f"{row['driver_cpu_ms_per_unit']:.3f} CPU ms each: ceiling "
               f"{row['ceiling_units_per_s']:,.0f}/s (>= {GOALS['ceiling_units_per_s']:,}: "
-              f"{'met' if met else 'NOT met'}; medians of {int((table.writes == writes).sum())})")
-        figures[f"{writes}_ceiling_units_per_s"] = row["ceiling_units_per_s"]
+              f"{'met' if met else 'NOT met'}; medians of {groups.size()[(writes, per)]})")
+        figures[f"{writes}_{per}_ceiling_units_per_s"] = row["ceiling_units_per_s"]
     return figures
 
 
-def main(units: int, repeats: int, results_dir: str | None) -> None:
+def main(units: int, repeats: int, results_dir: str | None, backend: str = "process") -> None:
     from helpers.study.results import save_table
 
-    table = measure(units, repeats)
+    table = measure(units, repeats, backend=backend)
     report(table)
     if results_dir:
-        path = save_table(table, "dispatch_bench", results_dir, "helpers.bench.dispatch",
-                          {"units": units, "repeats": repeats, "workunit_rows": WORKUNIT_ROWS})
+        name = "dispatch_bench" + ("" if backend == "process" else f"_{backend}")
+        path = save_table(table, name, results_dir, "helpers.bench.dispatch",
+                          {"units": units, "repeats": repeats, "workunit_rows": WORKUNIT_ROWS,
+                           "backend": backend})
         print(f"table: {path}")

@@ -158,7 +158,7 @@ WRITERS = {"parquet": write_parquet, "jsonl": write_jsonl, "csv": write_csv}  # 
 
 def run_once(records: int, output: str, workers: int, workunit_size: int, dim: int,
              resume: bool, backend: str = "process", writes: str = "driver",
-             corpus: str | None = None) -> dict[str, Any]:
+             corpus: str | None = None, per_message: int | str = "auto") -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench scale-run``): its measurements, with
     the driver's CPU seconds and the bytes it read (``rchar``: pipes and files; Ray's object
     store is shared memory, which this does not count) while the job ran."""
@@ -167,7 +167,7 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
     from helpers.study.paths import sample_texts
     from helpers.workloads.synthetic import SyntheticWorkload
 
-    settings = PoolSettings(("cpu",) * workers, backend)
+    settings = PoolSettings(("cpu",) * workers, backend, units_per_message=per_message)
     job = JobSettings(workunit_size, progress=False, resume=resume, writes=writes)
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=dim, values="zeros"), settings,
                                   job) as pool, _PeakPrivate() as private:
@@ -226,10 +226,11 @@ class _PeakPrivate:
 
 def _command(records: int, output: Path, workers: int, workunit_size: int, dim: int,
              backend: str, writes: str = "driver", resume: bool = False,
-             corpus: Path | None = None) -> list[str]:
+             corpus: Path | None = None, per_message: int | str = "auto") -> list[str]:
     return [sys.executable, "-m", "helpers.bench", "scale-run", "--records", str(records),
             "--output", str(output), "--workers", str(workers), "--workunit-size",
-            str(workunit_size), "--dim", str(dim), "--backend", backend, "--writes", writes] + (
+            str(workunit_size), "--dim", str(dim), "--backend", backend, "--writes", writes,
+            "--units-per-message", str(per_message)] + (
                 ["--resume"] if resume else []) + (["--corpus", str(corpus)] if corpus else [])
 
 
@@ -312,7 +313,7 @@ def _remove(output: Path) -> None:
 def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, dim: int = 384,
             baseline_records: int = 100_000, kill_at: float | None = 0.9,
             folder: str | None = None, backend: str = "process", writes: str = "driver",
-            source: str = "cycled") -> pd.DataFrame:
+            source: str = "cycled", per_message: int | str = "auto") -> pd.DataFrame:
     """The runs described in the module docstring; one tidy row per run. ``baseline_records=0``
     or ``kill_at=None`` leaves those runs out."""
     need = records * (dim * 4 + 8) * 1.1
@@ -327,7 +328,7 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
             corpus = Path(tmp) / f"corpus.{source}"
             WRITERS[source](corpus, records)
         setting = dict(workers=workers, workunit_size=workunit_size, dim=dim, backend=backend,
-                       writes=writes, corpus=corpus)
+                       writes=writes, corpus=corpus, per_message=per_message)
         runs = ([("baseline", baseline_records)] if baseline_records else []) + [("full", records)]
         for name, n in runs:
             row = _child(_command(n, output, **setting))
@@ -341,7 +342,7 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
             rows.append({"run": "resumed", **row, "exactly_once": exactly_once(output, records)})
             _remove(output)
     table = pd.DataFrame(rows).assign(source=source, backend=backend, writes=writes,
-                                      workers=workers,
+                                      workers=workers, units_per_message=str(per_message),
                                       workunit_size=workunit_size, dim=dim, total_records=records)
     table["resume_first_workunit_s"] = np.where(table["run"] == "resumed",
                                                 table["spinup_s"] + table["first_dispatch_s"],
@@ -353,7 +354,7 @@ def report(table: pd.DataFrame) -> dict[str, float]:
     """Print the table and each goal with its verdict; return the figures compared."""
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         shown = table.drop(columns=["source", "backend", "writes", "workers", "workunit_size",
-                                    "dim"])
+                                    "dim", "units_per_message"])
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     runs = table.set_index("run")
     figures: dict[str, float] = {}
@@ -388,11 +389,12 @@ def report(table: pd.DataFrame) -> dict[str, float]:
 
 def main(records: int, workers: int, workunit_size: int, dim: int, baseline_records: int,
          kill_at: float | None, folder: str | None, results_dir: str | None,
-         backend: str = "process", writes: str = "driver", source: str = "cycled") -> None:
+         backend: str = "process", writes: str = "driver", source: str = "cycled",
+         per_message: int | str = "auto") -> None:
     from helpers.study.results import save_table
 
     table = measure(records, workers, workunit_size, dim, baseline_records, kill_at, folder,
-                    backend, writes, source)
+                    backend, writes, source, per_message)
     report(table)
     if results_dir:
         name = ("scale" if backend == "process" else f"scale_{backend}") + (
@@ -401,5 +403,6 @@ def main(records: int, workers: int, workunit_size: int, dim: int, baseline_reco
         path = save_table(table, name, results_dir, "helpers.bench.scale",
                           {"records": records, "workers": workers, "workunit_size": workunit_size,
                            "dim": dim, "baseline_records": baseline_records, "kill_at": kill_at,
-                           "backend": backend, "writes": writes, "source": source})
+                           "backend": backend, "writes": writes, "source": source,
+                           "units_per_message": per_message})
         print(f"table: {path}")

@@ -8,7 +8,8 @@ it; a queue shared by every worker would stay locked or corrupt for the survivor
 
 Both backends, and Ray's actors (helpers.engine.ray_backend), implement the ``Backend``
 protocol, all the scheduler knows of them: ``spawn(info)`` starts a worker in a slot (a
-replacement reuses the slot), ``send(slot, unit)`` never blocks, ``events`` is one thread-safe
+replacement reuses the slot), ``send(slot, units)`` hands it one message of workunits and never
+blocks, ``events`` is one thread-safe
 queue of ``(slot, message)`` in arrival order (Ready, Result, Failed, and the backend's own Died
 when a worker ends without a word), ``kill(slot)`` and ``shutdown(clean)``. A ``Wakeup`` on the same queue lets another thread (the reader) end the
 scheduler's wait early, the way CPython's process pool wakes its manager thread.
@@ -61,13 +62,15 @@ class Backend(Protocol):
 
     name: str
     recyclable: bool  # killing a worker replaces its process (and so a broken CUDA context)
+    answers_together: bool  # a message's answers arrive together when it returns (a Ray call),
+    # not each as its workunit ends, and a worker's death may lose those of its last messages
     events: queue.Queue  # (slot, message) from every worker, in arrival order; thread-safe
 
     def spawn(self, info: WorkerInfo) -> None:
         """Start a worker in slot ``info.index``; it posts Ready once its model is loaded."""
 
-    def send(self, slot: int, unit: Workunit) -> None:
-        """Hand ``unit`` to the worker in ``slot``; never blocks."""
+    def send(self, slot: int, units: list[Workunit]) -> None:
+        """Hand ``units`` to the worker in ``slot`` as one message; never blocks."""
 
     def kill(self, slot: int) -> None:
         """Stop the worker in ``slot`` now; a Died for it follows on ``events``."""
@@ -174,6 +177,7 @@ class ProcessBackend:
 
     name = "process"
     recyclable = True
+    answers_together = False  # each Result is sent as its workunit ends
 
     def __init__(self, workload: Any) -> None:
         self._ctx = process_context(workload)
@@ -184,8 +188,8 @@ class ProcessBackend:
     def spawn(self, info: WorkerInfo) -> None:
         self._workers[info.index] = _Process(self._ctx, info, self._workload, self.events)
 
-    def send(self, slot: int, unit: Workunit) -> None:
-        self._workers[slot].outgoing.put(unit)
+    def send(self, slot: int, units: list[Workunit]) -> None:
+        self._workers[slot].outgoing.put(units[0] if len(units) == 1 else units)
 
     def kill(self, slot: int) -> None:
         self._workers[slot].process.kill()
@@ -281,6 +285,7 @@ class ThreadBackend:
 
     name = "thread"
     recyclable = False  # a thread shares its device's model: a fresh thread fixes nothing
+    answers_together = False
 
     def __init__(self, workload: Any) -> None:
         self._workload = workload
@@ -301,8 +306,9 @@ class ThreadBackend:
         self._workers[info.index] = (thread, inbox, abandoned)
         thread.start()
 
-    def send(self, slot: int, unit: Workunit) -> None:
-        self._workers[slot][1].put(unit)
+    def send(self, slot: int, units: list[Workunit]) -> None:
+        for unit in units:  # (a queue, not a pipe: nothing to save by sending them as one)
+            self._workers[slot][1].put(unit)
 
     def kill(self, slot: int) -> None:
         _, _, abandoned = self._workers[slot]

@@ -1,7 +1,9 @@
 """What travels between the parent and its workers, in both directions.
 
-Parent to worker: a ``Workunit`` (ids and records), then END_OF_WORK when the pool closes.
-Worker to parent: ``Ready`` once its model is loaded, then a ``Result`` or ``Failed`` per workunit.
+Parent to worker: ``Workunit`` s (ids and records), one or several a message
+(``units_per_message``), then END_OF_WORK when the pool closes. Worker to parent: ``Ready`` once
+its model is loaded, then a ``Result`` or ``Failed`` per workunit, in the order it ran them (a Ray
+actor answers a message's workunits together, when its call returns).
 A workunit with a ``target`` (``writes="workers"``) is written by its worker as a part file of
 the output, with the source's ``carried`` columns; its Result then names the part instead of
 holding the rows, and the parent commits it (helpers.engine.checkpoint).
@@ -64,6 +66,8 @@ class Workunit:
     target: Any = None  # a PartTarget: the worker writes the rows (set as it is sent)
     carried: dict[str, np.ndarray] | None = None  # the source's columns for them, row-aligned
     probe: bool = False  # the start's check (helpers.engine.probe): read, write an empty part
+    alone: bool = False  # sent in a message of its own: its worker died (or hung) in a message
+    # whose answers come back together, so which of its workunits did it is not known
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -274,6 +274,7 @@ class WorkerPool:
         settings = replace(settings, writes=who_writes(settings, self.settings.backend, records))
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
+        scheduler.per_message = self.settings.per_message(settings.auto_size)
         self._sizing.start_job(settings.workunit_seconds)
         own = carried(records)
         outputs = self._outputs(own)  # (a clash is refused before the pool is at risk)
@@ -289,8 +290,8 @@ class WorkerPool:
             window = 0 if by_workers else settings.window
             if settings.writes == "workers":
                 check_workers(scheduler, job.target, first)
-            reader = Reader(slices, size, self.settings.depth, scheduler.wakeup.wake, window,
-                            cost, total)
+            reader = Reader(slices, size, self.settings.depth(scheduler.per_message),
+                            scheduler.wakeup.wake, window, cost, total)
             job.start_clock()
             reader.start()
             try:
@@ -313,6 +314,7 @@ class WorkerPool:
         if settings.writes == AUTO:
             settings = replace(settings, writes="driver")
         scheduler = self._scheduler
+        scheduler.per_message = 1  # (a slice a worker: one workunit each)
         own = carried(records)
         outputs = self._outputs(own)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:

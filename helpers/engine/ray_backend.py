@@ -3,7 +3,7 @@
 Data flow::
 
     driver (this process)                                       Ray cluster
-    scheduler ── send(slot, unit) ── actor.run.remote(unit) ──► actor, slot 0 (node A, ½ GPU)
+    scheduler ── send(slot, units) ─ actor.run.remote(units) ─► actor, slot 0 (node A, ½ GPU)
         ▲                                                        actor, slot 1 (node A, ½ GPU)
         │                                                        actor, slot 2 (node B, 1 GPU)
         └── events ◄── a callback as each call's result lands ◄── (Ray's object store)
@@ -17,9 +17,14 @@ one) asks for CPUs alone, so simulated cards run on any cluster.
 It is the same Backend as the process and thread backends (helpers.engine.backends), so the
 scheduler in the driver still owns every workunit: exactly once, retries, splits down to the bad
 record, recycling, timeouts, out-of-memory backoff, durable parts and resume work unchanged. An
-actor runs one call at a time, in order; the scheduler keeps two in flight per actor (one running,
-one waiting), and each call's answer — Ready, Result or Failed, the same messages a process sends
-— comes back through Ray's object store. Nothing polls: Ray calls back as each result lands
+actor runs one call at a time, in order; a call carries a message of workunits (four with fixed
+workunit sizes: a call costs the driver ~2 ms of CPU whatever it carries), the scheduler keeps two
+in flight per actor (one running, one waiting), and each call's answers — Ready, or a Result or
+Failed per workunit, the same messages a process sends — come back together through Ray's object
+store when it returns. An actor that dies takes with it the answers of calls it had not yet
+returned, and sometimes of one it had just finished (a segfault can beat the reply out of the
+process): a death while an actor holds more than one workunit cannot say which did it, and the
+scheduler sends each again alone. Nothing polls: Ray calls back as each result lands
 (``ObjectRef.future``), and the answers of each actor are posted in the order it ran them.
 
 Failures become the events the scheduler knows. Each actor also runs a ``watch`` call, on a thread
@@ -150,7 +155,11 @@ class _Worker:
         except Exception as exc:
             return failed(self.info, None, exc)
 
-    def run(self, unit: Workunit) -> Any:
+    def run(self, units: list[Workunit]) -> list[Any]:
+        """Each workunit's Result or Failed, in order."""
+        return [self._answer(unit) for unit in units]
+
+    def _answer(self, unit: Workunit) -> Any:
         message = answer(self.info, self.workload, self.model, self.specs, unit)
         if isinstance(message, Result):
             message = replace(message, started=message.started + self.shift,
@@ -165,11 +174,11 @@ class _Worker:
 
 
 class _Call:
-    """One call on an actor: its workunit (None: the model load) and, once Ray has it, its
+    """One call on an actor: its workunits (none: the model load) and, once Ray has it, its
     outcome (a concurrent.futures.Future, done)."""
 
-    def __init__(self, unit: Workunit | None) -> None:
-        self.unit, self.outcome = unit, None
+    def __init__(self, units: list[Workunit]) -> None:
+        self.units, self.outcome = units, None
 
 
 class _Actor:
@@ -188,6 +197,8 @@ class RayBackend:
 
     name = "ray"
     recyclable = True  # killing an actor replaces its process, CUDA context included
+    answers_together = True  # a call's answers come back when it returns; a death may lose
+    # those of the calls before it
 
     def __init__(self, workload: Any, settings: Any) -> None:
         """``settings``: the pool's PoolSettings (its devices, workers and ray_address)."""
@@ -214,17 +225,17 @@ class RayBackend:
         handle = _Worker.options(**options, name=None, max_restarts=0, max_task_retries=0).remote(
             info, self._workload, self._epoch)
         actor = self._actors[info.index] = _Actor(info, handle)
-        self._call(actor, handle.load.remote(), None)
+        self._call(actor, handle.load.remote(), [])
         watch = handle.watch.remote()
         self._watches.append(watch)
         watch.future().add_done_callback(lambda done: self._died(actor, done.exception()))
 
-    def send(self, slot: int, unit: Workunit) -> None:
+    def send(self, slot: int, units: list[Workunit]) -> None:
         actor = self._actors[slot]
-        self._call(actor, actor.handle.run.remote(unit), unit)
+        self._call(actor, actor.handle.run.remote(units), units)
 
-    def _call(self, actor: _Actor, ref: Any, unit: Workunit | None) -> None:
-        call = _Call(unit)
+    def _call(self, actor: _Actor, ref: Any, units: list[Workunit]) -> None:
+        call = _Call(units)
         with actor.lock:
             actor.calls.append(call)
         ref.future().add_done_callback(lambda done: self._settle(actor, call, done))
@@ -259,11 +270,14 @@ class RayBackend:
                 head = actor.calls.popleft()
                 error = head.outcome.exception()
                 if error is None:
-                    self._post(actor, head.outcome.result())
+                    answers = head.outcome.result()
+                    for message in answers if isinstance(answers, list) else [answers]:
+                        self._post(actor, message)
                 elif isinstance(error, ray.exceptions.RayTaskError):  # Ray's machinery, not
                     cause = error.cause if isinstance(error.cause, BaseException) else error
-                    self._post(actor, replace(failed(actor.info, head.unit, cause),  # the workload
-                                              traceback=str(error)))
+                    for unit in head.units or [None]:  # the workload's: each unit charged
+                        self._post(actor, replace(failed(actor.info, unit, cause),
+                                                  traceback=str(error)))
                 else:  # the actor died, or its node (and its results)
                     self._died_locked(actor, error)
 

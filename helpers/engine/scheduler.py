@@ -19,6 +19,18 @@ Recovery, per failure::
     a worker's second failure in a row: the worker is replaced (process and ray backends) and that
                      workunit requeued without charge, in case the fault is the worker's own
                      (a broken CUDA context), not its workunits'
+    a death or timeout while a worker holds several workunits, on a backend whose answers come
+                     back a message at a time (a Ray call; a death may lose the answers of the
+                     calls just before it): which one did it is not known, so all are requeued
+                     without charge, each to be sent ``alone`` (nothing else in flight on its
+                     worker), where a death is its own
+
+Messages: a worker gets up to ``per_message`` workunits in one message (``units_per_message``:
+fewer messages, so less of the driver's CPU per workunit), and holds up to PREFETCH messages'
+worth, one running and one waiting; the next message goes out once a whole message's answers are
+back. Near the end of a job, a message takes a second workunit only while there is one left for
+every worker, as the waiting one does. A workunit to be sent alone goes to a worker holding
+nothing, and nothing goes behind it.
 
 Names, each for one thing: a *slot* is a worker's place in the pool (a replacement takes the same
 slot) and is LOADING, READY, DRAINING (retired once it has finished what it holds) or RETIRED;
@@ -87,6 +99,8 @@ class Slot:
     info: WorkerInfo
     state: State = State.LOADING
     in_flight: deque = field(default_factory=deque)  # Workunits, in the order the worker runs them
+    together: dict = field(default_factory=dict)  # workunit index -> how many went in its
+    # message, when that message's answers come back together (Ray) and it held several
     head_since: float = 0.0  # when the first in-flight workunit started (as near as we know)
     since: float = 0.0  # when the current worker was spawned
     restarts: int = 0
@@ -164,6 +178,7 @@ class Scheduler:
         self.sizing: Sizing | None = None  # per-worker workunit sizes (workunit_size="auto")
         self.stamp: Callable[[Workunit], Workunit] | None = None  # writes="workers": a workunit
         # as it is sent, with where its worker writes its part (each sending a part of its own)
+        self.per_message = 1  # workunits in one message to a worker (set per job by the pool)
         self._numbers = itertools.count()
 
     # -- workers -------------------------------------------------------------------------------
@@ -252,28 +267,54 @@ class Scheduler:
         return not self.pending and not any(s.in_flight for s in self.slots.values())
 
     def dispatch(self, feed: Feed) -> None:
-        """Give each ready worker a workunit (retried ones first, then the feed's), then a second
-        to wait behind the running one while there is enough left for every worker (the feed's
-        backlog), so that the last workunits of a job go to whichever worker is free first, not
-        behind a slow worker's running one."""
+        """Give each ready worker a message of workunits (retried ones first, then the feed's),
+        then a second to wait behind the running one while there is enough left for every worker
+        (the feed's backlog), so that the last workunits of a job go to whichever worker is free
+        first, not behind a slow worker's running one."""
         ready = [s for s in self.slots.values() if s.state is State.READY]
         if self.sizing is not None:
             feed.resize(self.sizing.largest())
+        per = self.per_message
         for depth in range(PREFETCH):
-            for slot in [s for s in ready if len(s.in_flight) == depth]:
+            for slot in [s for s in ready if len(s.in_flight) <= depth * per
+                         and not (s.in_flight and s.in_flight[0].alone)]:
                 if depth and not self._enough_left(feed, ready):
                     return
-                unit = self._next_for(slot, feed)
-                if unit is None:
+                message = self._message_for(slot, feed, ready, (depth + 1) * per)
+                if not message:
                     if not self.pending:
                         return  # nothing left to give anyone
                     continue  # what is pending is pinned to other workers
                 now = time.monotonic()
                 if not slot.in_flight:
                     slot.head_since = now
-                slot.in_flight.append(unit)
-                self.backend.send(slot.info.index, unit if self.stamp is None else self.stamp(unit))
+                slot.in_flight.extend(message)
+                if len(message) > 1 and self.backend.answers_together:
+                    slot.together.update(dict.fromkeys((u.index for u in message), len(message)))
+                if self.stamp is not None:
+                    message = [self.stamp(unit) for unit in message]
+                self.backend.send(slot.info.index, message)
                 self.dispatches.note(now)
+
+    def _message_for(self, slot: Slot, feed: Feed, ready: list[Slot], most: int
+                     ) -> list[Workunit]:
+        """Workunits for one message to ``slot``, until it holds ``most`` in flight: one at
+        least if there is one for it, more while there is enough left for every worker; a
+        workunit to be sent ``alone`` only to a slot that holds nothing, by itself."""
+        message: list[Workunit] = []
+        while len(slot.in_flight) + len(message) < most:
+            if message and not self._enough_left(feed, ready):
+                break
+            unit = self._next_for(slot, feed)
+            if unit is None:
+                break
+            if unit.alone and (message or slot.in_flight):
+                self.pending.appendleft(unit)  # first in line for a worker holding nothing
+                break
+            message.append(unit)
+            if unit.alone:
+                break
+        return message
 
     def _enough_left(self, feed: Feed, ready: list[Slot]) -> bool:
         """Whether a second workunit may wait behind a worker's running one: not at the end of
@@ -335,7 +376,7 @@ class Scheduler:
         (nothing else may be in flight), and return their answers; a worker that dies is
         replaced as usual and not asked again. PipelineError after ``seconds``."""
         for index, unit in units.items():
-            self.backend.send(index, unit)
+            self.backend.send(index, [unit])
         answers: dict[int, Result | Failed] = {}
         deadline = time.monotonic() + seconds
         waiting = set(units)
@@ -391,7 +432,8 @@ class Scheduler:
                 continue
             if slot.state in (State.READY, State.DRAINING) and slot.in_flight \
                     and limit is not None \
-                    and now - slot.head_since > limit:
+                    and now - slot.head_since > limit * slot.together.get(
+                        slot.in_flight[0].index, 1):  # (answered together: each its time)
                 unit = slot.in_flight[0]
                 slot.kill_unit = unit.index
                 log.warning("%s: %s ran past workunit_timeout=%gs; killing the worker",
@@ -447,12 +489,23 @@ class Scheduler:
         slot.killed, slot.kill_message, slot.kill_unit, slot.failures_in_a_row = None, "", None, 0
         self.recovery.deaths += 1
         units = list(slot.in_flight)
+        if why is Kill.TIMEOUT:  # its running message hung: which of its workunits?
+            unknown = bool(units) and slot.together.get(units[0].index, 1) > 1
+        else:  # the answers of the messages before the one it died in may be lost with it
+            unknown = len(units) > 1 and self.backend.answers_together
         slot.in_flight.clear()
+        slot.together.clear()
         given_up: list[tuple] = []
         if why is Kill.RECYCLE or message.lost or (units and culprit not in (None, units[0].index)):
             # we stopped it, its machine went away, or the workunit that timed out finished
             # before the kill landed: the workunits it still held did nothing wrong
             self.pending.extendleft(reversed([replace(u, pinned=None) for u in units]))
+        elif unknown:  # any of them may have done it: each goes alone
+            log.warning("%s holding %d workunits (%s first), whose answers may be lost with it; "
+                        "each is sent again alone, charged nothing", error[1], len(units),
+                        units[0].describe())
+            self.pending.extendleft(reversed([replace(u, pinned=None, alone=True)
+                                              for u in units]))
         elif units:
             waiting = [replace(u, pinned=None) for u in units[1:]]  # never started: no attempt
             self.pending.extendleft(reversed(waiting))
@@ -533,13 +586,14 @@ def _take(slot: Slot, index: int) -> Workunit | None:
     for unit in slot.in_flight:
         if unit.index == index:
             slot.in_flight.remove(unit)
+            slot.together.pop(index, None)
             slot.head_since = time.monotonic()
             return unit
     return None
 
 
 def _fresh(unit: Workunit) -> bool:
-    return unit.attempts == 0 and unit.pinned is None
+    return unit.attempts == 0 and unit.pinned is None and not unit.alone
 
 
 def _joined(unit: Workunit, more: Workunit) -> Workunit:

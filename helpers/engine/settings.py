@@ -31,6 +31,10 @@ SORT_RECORDS = 16384  # global sort's gain (a 2,400-text job on a loaded pool: 0
 # at 8 workunits of 64, 0.98-1.02 with the whole job in the window) for a few MB of texts
 AUTO = "auto"
 FIT = "fit"  # workers_per_device: as many as fit in each device's memory, added at spin-up
+RAY_UNITS_PER_MESSAGE = 4  # units_per_message="auto" on Ray with fixed workunit sizes: a call on
+# an actor costs the driver ~2 ms of CPU whatever it carries (~0.5 s per million rows at 4,096 a
+# workunit), four workunits a call a quarter of that; elsewhere, and with sizes from the workers'
+# rates (each workunit about a second of work), one (bench dispatch, bench scale --backend ray)
 WORKUNIT_SECONDS = 1.0  # workunit_size="auto": a workunit takes about this long on its device;
 # long enough that a workunit's fixed costs (messages, a kernel launch) are ~1 % of it, short
 # enough that the end of a job (cut finer still) and a retried workunit cost little
@@ -53,6 +57,8 @@ class PoolSettings:
     max_restarts: int = 10  # replacements per worker slot after deaths and timeouts
     workunit_timeout: float | None = None  # seconds a workunit may run before its worker is killed
     load_timeout: float = 600.0  # seconds for every worker to load its model
+    units_per_message: int | str = AUTO  # workunits sent to a worker in one message (one Ray call);
+    # "auto": RAY_UNITS_PER_MESSAGE on Ray with fixed workunit sizes, else 1
     ray_address: str | None = None  # backend="ray": the cluster's head ("host:6379", "auto");
     # None: a cluster this process already joined, else a local Ray started for the pool
     visible: InitVar[Callable[[], tuple[str, ...]] | None] = None  # what "auto" devices are where
@@ -81,6 +87,8 @@ class PoolSettings:
         if self.workunit_timeout is not None:
             seconds("workunit_timeout", self.workunit_timeout)
         seconds("load_timeout", self.load_timeout)
+        if self.units_per_message != AUTO:
+            positive_int("units_per_message", self.units_per_message, also=(AUTO,))
 
     @property
     def growing(self) -> bool:
@@ -101,10 +109,15 @@ class PoolSettings:
             return tuple(dict.fromkeys(self.devices))
         return tuple(d for d in self.devices for _ in range(self.workers_per_device))
 
-    @property
-    def depth(self) -> int:
-        """Workunits the reader may queue ahead of the scheduler."""
-        return self.queue_depth or QUEUE_DEPTH_PER_WORKER * len(self.worker_devices)
+    def per_message(self, auto_size: bool) -> int:
+        """Workunits in one message to a worker, for a job with ``auto_size`` or fixed sizes."""
+        if self.units_per_message != AUTO:
+            return self.units_per_message
+        return RAY_UNITS_PER_MESSAGE if self.backend == "ray" and not auto_size else 1
+
+    def depth(self, per_message: int = 1) -> int:
+        """Workunits the reader may queue ahead of the scheduler (``per_message`` per message)."""
+        return self.queue_depth or QUEUE_DEPTH_PER_WORKER * len(self.worker_devices) * per_message
 
     def workers(self) -> list[WorkerInfo]:
         """One WorkerInfo per worker to start; ``copy`` counts the earlier ones on its device."""

@@ -123,14 +123,16 @@ def _write_part(unit: Workunit, worker: int, ids: np.ndarray,
 
 def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
           receive: Callable[[], Any], send: Callable[[Any], bool]) -> None:
-    """Run each workunit ``receive`` returns and ``send`` its Result or Failed message, until
-    END_OF_WORK (or None: the parent is gone, or has abandoned this worker)."""
+    """Run each workunit ``receive`` returns (one, or a list: a message of several) and ``send``
+    its Result or Failed message as it ends, until END_OF_WORK (or None: the parent is gone, or
+    has abandoned this worker)."""
     while True:
-        unit = receive()
-        if unit is None or unit == END_OF_WORK:
+        message = receive()
+        if message is None or message == END_OF_WORK:
             return
-        if not send(answer(info, workload, model, specs, unit)):
-            return
+        for unit in message if isinstance(message, list) else [message]:
+            if not send(answer(info, workload, model, specs, unit)):
+                return
 
 
 def answer(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
