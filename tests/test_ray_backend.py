@@ -105,6 +105,37 @@ def _assert_each_once(path, n: int, dim: int = 8, missing: tuple = ()) -> dict:
 
 # -- what an actor asks of the cluster (no cluster needed) -----------------------------------------
 
+@pytest.mark.parametrize("units", [1, 3])
+def test_a_call_that_fails_in_ray_charges_its_one_workunit_or_none_of_several(units,
+                                                                               monkeypatch):
+    """An error in Ray's machinery (the call's arguments that do not unpickle on the actor, say)
+    is a Failed for a call of one workunit; for a call of several it cannot say which, so the
+    actor is replaced and the scheduler sends each alone (charging the first of them bisected
+    innocent records)."""
+    import queue
+    from concurrent.futures import Future
+
+    from helpers.engine.messages import Died, Failed, Workunit
+
+    monkeypatch.setattr(ray_backend, "_kill", lambda handle: None)  # (ray.kill would start Ray)
+    backend = object.__new__(ray_backend.RayBackend)  # (its Ray side is not called here)
+    backend.events, backend._closing = queue.Queue(), False
+    actor = ray_backend._Actor(WorkerInfo(0, "cpu", 1), None)
+    call = ray_backend._Call([Workunit(i, np.arange(i, i + 1), [f"r{i}"]) for i in range(units)])
+    actor.calls.append(call)
+    done = Future()
+    done.set_exception(ray.exceptions.RayTaskError("run", "Traceback: boom",
+                                                   ValueError("cannot unpickle")))
+    backend._settle(actor, call, done)
+    messages = [backend.events.get_nowait()[1] for _ in range(backend.events.qsize())]
+    if units == 1:
+        assert [(type(m), m.workunit, m.error_type) for m in messages] == [
+            (Failed, 0, "ValueError")]
+    else:
+        assert [type(m) for m in messages] == [Died] and not messages[0].lost
+        assert "a call of 3 workunits failed in Ray" in messages[0].cause and actor.gone
+
+
 def test_an_actor_asks_for_its_share_of_a_gpu_and_its_threads():
     assert resources(WorkerInfo(0, "cpu", 4), True, 1) == {"num_cpus": 4}
     assert resources(WorkerInfo(0, "cuda:1", 1), True, 2) == {"num_cpus": 1, "num_gpus": 0.5}

@@ -264,17 +264,17 @@ def test_a_worker_whose_model_breaks_is_recycled_and_only_the_bad_record_is_lost
 def test_a_message_holds_several_workunits_and_the_last_go_one_per_idle_worker():
     """units_per_message=4: each worker gets four in a message, and a second message to wait
     behind it; the next goes out once a whole message's answers are back; near the end a message
-    takes a second workunit only while one is left for every worker."""
+    takes a second workunit only while a message's worth is left for every worker."""
     from helpers.engine.messages import Result, WorkerInfo, Workunit
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)])
     scheduler.per_message = 4
     queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
-                     for n in reversed(range(19))])
+                     for n in reversed(range(24))])
     scheduler.dispatch(queued)
     assert [(slot, len(units)) for slot, units in backend.sent] == [(0, 4), (1, 4), (0, 4), (1, 4)]
-    assert len(queued.units) == 3
+    assert len(queued.units) == 8
     first = backend.sent[0][1]
     for done, index in enumerate(first[:3]):  # three answers of four back: no message yet
         unit = scheduler.slots[0].in_flight[0]
@@ -282,9 +282,24 @@ def test_a_message_holds_several_workunits_and_the_last_go_one_per_idle_worker()
         scheduler.dispatch(queued)
         assert len(backend.sent) == 4, done
     scheduler.handle(0, Result(0, first[3], np.arange(1), {}, [], 0.0, 0.0))
-    scheduler.dispatch(queued)  # three left, two workers: two in this message, not all three
-    assert [(slot, len(units)) for slot, units in backend.sent[4:]] == [(0, 2)]
-    assert len(queued.units) == 1
+    scheduler.dispatch(queued)  # 8 left, two workers: one a message from here on
+    assert [(slot, len(units)) for slot, units in backend.sent[4:]] == [(0, 1)]
+    assert len(queued.units) == 7
+
+
+def test_a_message_never_holds_more_than_units_per_message():
+    """A worker that got a workunit alone (the reader had only one queued) still gets messages
+    of four at most, and so a call's timeout covers four."""
+    from helpers.engine.messages import WorkerInfo, Workunit
+
+    backend = FakeBackend(answers_together=True)
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
+    scheduler.per_message = 4
+    units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(20)]
+    scheduler.dispatch(Queued(units[:1]))
+    scheduler.dispatch(Queued(list(reversed(units[1:]))))
+    assert [len(message) for _, message in backend.sent] == [1, 4]
+    assert max(scheduler.slots[0].together.values()) == 4
 
 
 def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_alone():
@@ -300,7 +315,7 @@ def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_al
                                 workunit_timeout=10.0)
     scheduler.per_message = 3
     queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
-                     for n in reversed(range(6))])
+                     for n in reversed(range(8))])  # (two left for later)
     scheduler.dispatch(queued)
     slot = scheduler.slots[0]
     assert [len(units) for _, units in backend.sent] == [3, 3]
@@ -324,6 +339,27 @@ def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_al
     assert scheduler.handle(0, Died(0, None, "Ray actor died: segfault")) == ([], [])
     assert [(int(u.ids[0]), u.attempts) for u in scheduler.pending][:2] == [(1, 1), (2, 0)]
     assert scheduler.recovery.failed_workunits == 1  # the one it held alone: charged
+
+
+def test_a_workunit_to_be_sent_alone_waits_uncut_for_a_worker_holding_nothing():
+    """A busy worker leaves it first in line as it is: cutting it to that worker's size (an
+    out-of-memory cap of 1, here) would have the idle workers run it record by record."""
+    from helpers.engine.messages import WorkerInfo, Workunit
+
+    backend = FakeBackend(answers_together=True)
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
+    busy, idle = scheduler.slots[0], scheduler.slots[1]
+    busy.cap = 1
+    busy.in_flight.append(scheduler.number(Workunit(0, np.arange(1), ["a"])))
+    alone = scheduler.number(Workunit(0, np.arange(1, 101), [f"r{n}" for n in range(100)],
+                                      alone=True))
+    scheduler.pending.append(alone)
+    idle.state = idle.state.LOADING
+    scheduler.dispatch(Queued())
+    assert backend.sent == [] and list(scheduler.pending) == [alone]
+    idle.state = idle.state.READY
+    scheduler.dispatch(Queued())
+    assert backend.sent == [(1, [alone.index])] and len(idle.in_flight[0]) == 100
 
 
 @pytest.mark.parametrize("together", [False, True])

@@ -273,11 +273,16 @@ class RayBackend:
                     answers = head.outcome.result()
                     for message in answers if isinstance(answers, list) else [answers]:
                         self._post(actor, message)
+                elif isinstance(error, ray.exceptions.RayTaskError) and len(head.units) > 1:
+                    first = str(error).strip().splitlines()[0]  # which of them? none charged:
+                    self._died_locked(actor, error, f"a call of {len(head.units)} workunits "
+                                                    f"failed in Ray ({first}); the actor is "
+                                                    f"replaced")  # each then sent alone
                 elif isinstance(error, ray.exceptions.RayTaskError):  # Ray's machinery, not
                     cause = error.cause if isinstance(error.cause, BaseException) else error
-                    for unit in head.units or [None]:  # the workload's: each unit charged
-                        self._post(actor, replace(failed(actor.info, unit, cause),
-                                                  traceback=str(error)))
+                    self._post(actor, replace(failed(actor.info, (head.units or [None])[0],
+                                                     cause),  # the workload
+                                              traceback=str(error)))
                 else:  # the actor died, or its node (and its results)
                     self._died_locked(actor, error)
 
@@ -285,7 +290,7 @@ class RayBackend:
         with actor.lock:
             self._died_locked(actor, error)
 
-    def _died_locked(self, actor: _Actor, error: BaseException | None) -> None:
+    def _died_locked(self, actor: _Actor, error: BaseException | None, why: str = "") -> None:
         if actor.gone:
             return
         actor.gone = True
@@ -295,10 +300,12 @@ class RayBackend:
         # no Ray call from Ray's callback thread: "unavailable" must not come back, so kill apart
         threading.Thread(target=_kill, args=(actor.handle,), daemon=True).start()
         text = str(error).lower()
-        lost = not actor.killed and (isinstance(error, ray.exceptions.ActorUnavailableError)
-                                     or getattr(error, "preempted", False)
-                                     or any(words in text for words in NODE_LOST))
-        if actor.killed:
+        lost = not why and not actor.killed and (
+            isinstance(error, ray.exceptions.ActorUnavailableError)
+            or getattr(error, "preempted", False) or any(words in text for words in NODE_LOST))
+        if why:
+            cause = why
+        elif actor.killed:
             cause = "killed by the pool (ray.kill)"
         elif lost:
             cause = "its Ray node was lost"

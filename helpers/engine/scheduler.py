@@ -28,8 +28,9 @@ Recovery, per failure::
 Messages: a worker gets up to ``per_message`` workunits in one message (``units_per_message``:
 fewer messages, so less of the driver's CPU per workunit), and holds up to PREFETCH messages'
 worth, one running and one waiting; the next message goes out once a whole message's answers are
-back. Near the end of a job, a message takes a second workunit only while there is one left for
-every worker, as the waiting one does. A workunit to be sent alone goes to a worker holding
+back. Near the end of a job, a message takes a second workunit only while a message's worth is
+left for every worker (and a second message waits behind the running one only while one workunit
+is), so that the last workunits go one at a time to whichever worker is free first. A workunit to be sent alone goes to a worker holding
 nothing, and nothing goes behind it.
 
 Names, each for one thing: a *slot* is a worker's place in the pool (a replacement takes the same
@@ -62,7 +63,7 @@ from helpers.engine.sizing import Sizing
 
 log = logging.getLogger("gpufeed")
 
-PREFETCH = 2  # workunits in flight per worker: one running, one waiting behind it
+PREFETCH = 2  # messages in flight per worker: one running, one waiting behind it
 RECYCLE_AFTER = 2  # failed workunits in a row after which a process worker is replaced (and the
 # last failure not charged to its workunit): a CUDA error such as a device-side assert leaves the
 # worker's context unusable, so that every later call fails, whatever the workunit
@@ -298,31 +299,29 @@ class Scheduler:
 
     def _message_for(self, slot: Slot, feed: Feed, ready: list[Slot], most: int
                      ) -> list[Workunit]:
-        """Workunits for one message to ``slot``, until it holds ``most`` in flight: one at
-        least if there is one for it, more while there is enough left for every worker; a
-        workunit to be sent ``alone`` only to a slot that holds nothing, by itself."""
+        """Up to ``per_message`` workunits for one message to ``slot``, until it holds ``most``
+        in flight: one at least if there is one for it, more while a message's worth is left for
+        every worker; a workunit to be sent ``alone`` only to a slot holding nothing, by itself."""
         message: list[Workunit] = []
-        while len(slot.in_flight) + len(message) < most:
-            if message and not self._enough_left(feed, ready):
+        while len(message) < self.per_message and len(slot.in_flight) + len(message) < most:
+            if message and not self._enough_left(feed, ready, self.per_message):
                 break
-            unit = self._next_for(slot, feed)
+            unit = self._next_for(slot, feed, alone=not (message or slot.in_flight))
             if unit is None:
-                break
-            if unit.alone and (message or slot.in_flight):
-                self.pending.appendleft(unit)  # first in line for a worker holding nothing
                 break
             message.append(unit)
             if unit.alone:
                 break
         return message
 
-    def _enough_left(self, feed: Feed, ready: list[Slot]) -> bool:
-        """Whether a second workunit may wait behind a worker's running one: not at the end of
-        a job, when the last workunits should go to whichever worker is free first."""
+    def _enough_left(self, feed: Feed, ready: list[Slot], each: int = 1) -> bool:
+        """Whether a second workunit may wait behind a worker's running one (or go in the same
+        message: ``each`` a worker left, a message's worth): not at the end of a job, when the
+        last workunits should go to whichever worker is free first."""
         if self.sizing is None:
-            return len(self.pending) + feed.backlog() >= len(ready)
+            return len(self.pending) + feed.backlog() >= len(ready) * each
         left = self._remaining(feed)
-        return left is None or left >= sum(self._size(s, None) for s in ready)
+        return left is None or left >= sum(self._size(s, None) for s in ready) * each
 
     def _remaining(self, feed: Feed) -> int | None:
         """Records of the job not yet dispatched, or None while the feed cannot tell."""
@@ -339,13 +338,17 @@ class Scheduler:
             size = target if size is None else min(size, target)
         return size
 
-    def _next_for(self, slot: Slot, feed: Feed) -> Workunit | None:
+    def _next_for(self, slot: Slot, feed: Feed, alone: bool = True) -> Workunit | None:
+        """The next workunit for ``slot`` (None: none for it); one to be sent alone only if
+        ``alone`` (else it stays first in line, uncut, for a worker holding nothing)."""
         unit = None
         for candidate in self.pending:
             if candidate.pinned in (None, slot.info.index):
                 unit = candidate
                 break
         if unit is not None:
+            if unit.alone and not alone:
+                return None
             self.pending.remove(unit)
         else:
             unit = feed.take()
@@ -430,17 +433,20 @@ class Scheduler:
         for slot in self.slots.values():
             if slot.killed is not None:
                 continue
+            # a call answered together (Ray) has each of its workunits' time
+            size = slot.together.get(slot.in_flight[0].index, 1) if slot.in_flight else 1
             if slot.state in (State.READY, State.DRAINING) and slot.in_flight \
-                    and limit is not None \
-                    and now - slot.head_since > limit * slot.together.get(
-                        slot.in_flight[0].index, 1):  # (answered together: each its time)
+                    and limit is not None and now - slot.head_since > limit * size:
                 unit = slot.in_flight[0]
                 slot.kill_unit = unit.index
-                log.warning("%s: %s ran past workunit_timeout=%gs; killing the worker",
-                            slot.info, unit.describe(), limit)
+                together = f" (with {size - 1} more in its call, answered together)" \
+                    if size > 1 else ""
+                log.warning("%s: %s%s ran past workunit_timeout=%gs; killing the worker",
+                            slot.info, unit.describe(), together, limit)
                 self.recovery.timeouts += 1
-                self._kill(slot, Kill.TIMEOUT, f"no result after {limit:g} s (workunit_timeout); "
-                                               f"{slot.info} was killed")
+                self._kill(slot, Kill.TIMEOUT, f"no result after {limit * size:g} s "
+                                               f"(workunit_timeout{together}); {slot.info} was "
+                                               f"killed")
             elif slot.state is State.LOADING and now - slot.since > self.settings.load_timeout:
                 self._kill(slot, Kill.LOAD_TIMEOUT, f"{slot.info} not ready after "
                                                     f"{self.settings.load_timeout:g} s (load_timeout)")

@@ -50,7 +50,8 @@ class PoolSettings:
     # device's measured rate rises (and its memory allows); "fit": as many as fit in its memory,
     # started one at a time before any work (the one choice of how many workers a device gets)
     threads_per_worker: int | None = None  # CPU threads per cpu worker; None = an even share
-    queue_depth: int | None = None  # workunits on the work queue; None = 2 per worker
+    queue_depth: int | None = None  # workunits on the work queue; None = 2 per worker, times
+    # the workunits a message (units_per_message)
     adaptive: bool = False  # the same as workers_per_device="fit" (its older name)
     max_workers_per_device: int = 8  # "auto", "fit": the most workers tried on one device
     retries: int = 1  # times a failed workunit is retried whole before it is split
