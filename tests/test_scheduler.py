@@ -243,6 +243,7 @@ def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
     backend.sent.clear()
     for slot in scheduler.slots.values():
         slot.in_flight.clear()
+        slot.messages.clear()
     scheduler.pending.clear()
     queued = Queued(scheduler.number(Workunit(0, np.arange(1), ["y"])) for _ in range(3))
     scheduler.dispatch(queued)
@@ -282,9 +283,32 @@ def test_a_message_holds_several_workunits_and_the_last_go_one_per_idle_worker()
         scheduler.dispatch(queued)
         assert len(backend.sent) == 4, done
     scheduler.handle(0, Result(0, first[3], np.arange(1), {}, [], 0.0, 0.0))
-    scheduler.dispatch(queued)  # 8 left, two workers: one a message from here on
-    assert [(slot, len(units)) for slot, units in backend.sent[4:]] == [(0, 1)]
-    assert len(queued.units) == 7
+    scheduler.dispatch(queued)  # 8 left, two workers: still a message's worth for each
+    assert [(slot, len(units)) for slot, units in backend.sent[4:]] == [(0, 4)]
+    assert len(queued.units) == 4
+    for index in backend.sent[2][1]:  # slot 0's second message answered: 4 left, one a message
+        scheduler.handle(0, Result(0, index, np.arange(1), {}, [], 0.0, 0.0))
+    scheduler.dispatch(queued)
+    assert [(slot, len(units)) for slot, units in backend.sent[5:]] == [(0, 1)]
+    assert len(queued.units) == 3
+
+
+def test_a_worker_holds_two_messages_however_small_they_are_at_the_end_of_a_job():
+    """The tail cuts messages to one workunit; a worker still holds two messages at most, the
+    rest waiting for whichever worker is free first (counting workunits, a slot passed the
+    second message's check again and again and held five of the last ten)."""
+    from helpers.engine.messages import WorkerInfo, Workunit
+
+    backend = FakeBackend()
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
+    scheduler.per_message = 4
+    queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+                     for n in reversed(range(10))])
+    for _ in range(5):  # (each pass as after an event that answers nothing)
+        scheduler.dispatch(queued)
+    assert [len(slot.messages) for slot in scheduler.slots.values()] == [2, 2]
+    assert len(backend.sent) == 4 and len(queued.units) == 10 - sum(
+        len(units) for _, units in backend.sent) > 0
 
 
 def test_a_message_never_holds_more_than_units_per_message():

@@ -26,12 +26,12 @@ Recovery, per failure::
                      worker), where a death is its own
 
 Messages: a worker gets up to ``per_message`` workunits in one message (``units_per_message``:
-fewer messages, so less of the driver's CPU per workunit), and holds up to PREFETCH messages'
-worth, one running and one waiting; the next message goes out once a whole message's answers are
-back. Near the end of a job, a message takes a second workunit only while a message's worth is
-left for every worker (and a second message waits behind the running one only while one workunit
-is), so that the last workunits go one at a time to whichever worker is free first. A workunit to be sent alone goes to a worker holding
-nothing, and nothing goes behind it.
+fewer messages, so less of the driver's CPU per workunit), and holds up to PREFETCH messages, one
+running and one waiting (``Slot.messages``); the next message goes out once a whole message's
+answers are back. Near the end of a job, a message takes a second workunit only while a message's
+worth is left for every worker (and a second message waits behind the running one only while one
+workunit is), so that the last workunits go one at a time to whichever worker is free first. A
+workunit to be sent alone goes to a worker holding nothing, and nothing goes behind it.
 
 Names, each for one thing: a *slot* is a worker's place in the pool (a replacement takes the same
 slot) and is LOADING, READY, DRAINING (retired once it has finished what it holds) or RETIRED;
@@ -100,6 +100,8 @@ class Slot:
     info: WorkerInfo
     state: State = State.LOADING
     in_flight: deque = field(default_factory=deque)  # Workunits, in the order the worker runs them
+    messages: deque = field(default_factory=deque)  # per message in flight, the indexes of its
+    # workunits not answered yet
     together: dict = field(default_factory=dict)  # workunit index -> how many went in its
     # message, when that message's answers come back together (Ray) and it held several
     head_since: float = 0.0  # when the first in-flight workunit started (as near as we know)
@@ -275,13 +277,12 @@ class Scheduler:
         ready = [s for s in self.slots.values() if s.state is State.READY]
         if self.sizing is not None:
             feed.resize(self.sizing.largest())
-        per = self.per_message
         for depth in range(PREFETCH):
-            for slot in [s for s in ready if len(s.in_flight) <= depth * per
+            for slot in [s for s in ready if len(s.messages) == depth
                          and not (s.in_flight and s.in_flight[0].alone)]:
                 if depth and not self._enough_left(feed, ready):
                     return
-                message = self._message_for(slot, feed, ready, (depth + 1) * per)
+                message = self._message_for(slot, feed, ready)
                 if not message:
                     if not self.pending:
                         return  # nothing left to give anyone
@@ -290,6 +291,7 @@ class Scheduler:
                 if not slot.in_flight:
                     slot.head_since = now
                 slot.in_flight.extend(message)
+                slot.messages.append({unit.index for unit in message})
                 if len(message) > 1 and self.backend.answers_together:
                     slot.together.update(dict.fromkeys((u.index for u in message), len(message)))
                 if self.stamp is not None:
@@ -297,14 +299,13 @@ class Scheduler:
                 self.backend.send(slot.info.index, message)
                 self.dispatches.note(now)
 
-    def _message_for(self, slot: Slot, feed: Feed, ready: list[Slot], most: int
-                     ) -> list[Workunit]:
-        """Up to ``per_message`` workunits for one message to ``slot``, until it holds ``most``
-        in flight: one at least if there is one for it, more while a message's worth is left for
-        every worker; a workunit to be sent ``alone`` only to a slot holding nothing, by itself."""
+    def _message_for(self, slot: Slot, feed: Feed, ready: list[Slot]) -> list[Workunit]:
+        """Up to ``per_message`` workunits for one message to ``slot``: one at least if there is
+        one for it, more while a message's worth is left for every worker (counting those this
+        message took); a workunit to be sent ``alone`` only to a slot holding nothing, by itself."""
         message: list[Workunit] = []
-        while len(message) < self.per_message and len(slot.in_flight) + len(message) < most:
-            if message and not self._enough_left(feed, ready, self.per_message):
+        while len(message) < self.per_message:
+            if message and not self._enough_left(feed, ready, self.per_message, message):
                 break
             unit = self._next_for(slot, feed, alone=not (message or slot.in_flight))
             if unit is None:
@@ -314,14 +315,17 @@ class Scheduler:
                 break
         return message
 
-    def _enough_left(self, feed: Feed, ready: list[Slot], each: int = 1) -> bool:
+    def _enough_left(self, feed: Feed, ready: list[Slot], each: int = 1,
+                     taken: list[Workunit] = ()) -> bool:
         """Whether a second workunit may wait behind a worker's running one (or go in the same
-        message: ``each`` a worker left, a message's worth): not at the end of a job, when the
-        last workunits should go to whichever worker is free first."""
+        message: ``each`` a worker left, a message's worth, counting those ``taken`` for it): not
+        at the end of a job, when the last workunits should go to whichever worker is free
+        first."""
         if self.sizing is None:
-            return len(self.pending) + feed.backlog() >= len(ready) * each
+            return len(self.pending) + feed.backlog() + len(taken) >= len(ready) * each
         left = self._remaining(feed)
-        return left is None or left >= sum(self._size(s, None) for s in ready) * each
+        return left is None or \
+            left + sum(map(len, taken)) >= sum(self._size(s, None) for s in ready) * each
 
     def _remaining(self, feed: Feed) -> int | None:
         """Records of the job not yet dispatched, or None while the feed cannot tell."""
@@ -500,6 +504,7 @@ class Scheduler:
         else:  # the answers of the messages before the one it died in may be lost with it
             unknown = len(units) > 1 and self.backend.answers_together
         slot.in_flight.clear()
+        slot.messages.clear()
         slot.together.clear()
         given_up: list[tuple] = []
         if why is Kill.RECYCLE or message.lost or (units and culprit not in (None, units[0].index)):
@@ -593,6 +598,12 @@ def _take(slot: Slot, index: int) -> Workunit | None:
         if unit.index == index:
             slot.in_flight.remove(unit)
             slot.together.pop(index, None)
+            for message in slot.messages:
+                if index in message:
+                    message.discard(index)
+                    if not message:
+                        slot.messages.remove(message)
+                    break
             slot.head_since = time.monotonic()
             return unit
     return None
