@@ -239,6 +239,17 @@ def test_a_static_split_gives_each_worker_exactly_its_slice(tmp_path, backend):
         assert read_output(tmp_path / f"out-{n}.h5")["ids"].tolist() == [i for i, _ in pairs]
 
 
+def test_a_static_split_after_a_self_sizing_job_on_the_same_pool_keeps_its_slices_whole(
+        tmp_path):
+    """The auto job's per-worker sizes (about 5 records here) must not cut the static slices."""
+    pairs = [(i, f"r{i}") for i in range(60)]
+    with WorkerPool(SyntheticWorkload(0.01), ["cpu", "cpu"], "thread", progress=False) as pool:
+        pool.run(pairs, tmp_path / "auto.h5", workunit_size="auto", workunit_seconds=0.05)
+        static = pool.run_static(pairs, tmp_path / "static.h5")
+    assert sorted((span.worker, span.records) for span in static.timeline) == [(0, 30), (1, 30)]
+    assert read_output(tmp_path / "static.h5")["ids"].tolist() == list(range(60))
+
+
 def test_static_split_deals_every_record_once_in_even_contiguous_slices():
     from helpers.engine.pipeline import static_split
 

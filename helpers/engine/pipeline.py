@@ -314,7 +314,8 @@ class WorkerPool:
         if settings.writes == AUTO:
             settings = replace(settings, writes="driver")
         scheduler = self._scheduler
-        scheduler.per_message = 1  # (a slice a worker: one workunit each)
+        scheduler.per_message = 1  # a slice a worker, whole: one workunit each, not cut to the
+        scheduler.sizing = None  # sizes an earlier workunit_size="auto" job left
         own = carried(records)
         outputs = self._outputs(own)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
