@@ -10,6 +10,11 @@ from helpers.bench import (autotune, dispatch, failures, overhead, ray_backend, 
                            sources)
 
 
+def _per_message(value: str) -> int | str:
+    """--units-per-message: a count, or "auto" (PoolSettings validates it)."""
+    return value if value == "auto" else int(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.bench")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                              help="ray: actors on a local Ray each run starts")
         command.add_argument("--writes", choices=("driver", "workers"), default="driver",
                              help="who writes the rows (JobSettings.writes)")
-        command.add_argument("--units-per-message", default="auto",
+        command.add_argument("--units-per-message", type=_per_message, default="auto",
                              help="workunits a message to a worker (PoolSettings."
                                   "units_per_message; auto: 4 on Ray, else 1)")
     args = parser.parse_args(argv)
@@ -106,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scale":
         scale.main(args.records, args.workers, args.workunit_size, args.dim,
                    args.baseline_records, args.kill_at or None, args.folder, args.results_dir,
-                   args.backend, args.writes, args.source, _per_message(args.units_per_message))
+                   args.backend, args.writes, args.source, args.units_per_message)
         return 0
     if args.command == "autotune":
         autotune.main(args.records, args.repeats, args.results_dir)
@@ -136,15 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,
                                         args.workunit_size, args.dim, args.resume,
                                         args.backend, args.writes, args.corpus,
-                                        _per_message(args.units_per_message))))
+                                        args.units_per_message)))
         return 0
     overhead.report(*overhead.measure(args.records, args.block, args.rounds, args.batch_size,
                                       args.workunit_size, args.threads))
     return 0
-
-
-def _per_message(value: str) -> int | str:
-    return value if value == "auto" else int(value)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 Workunits that carry next to nothing (WORKUNIT_ROWS rows of 1-d float32 from a model that costs
 nothing, the records the sample paragraphs as ids the workers read themselves, or the texts
 when the driver reads) go through two process workers (or Ray actors: ``backend="ray"``, a
-local Ray each run), ``units`` of them a run, each run a fresh process. Measured over the job's dispatch loop only, from its first read to the last result
-handed to the writer (a finished output's index or merge comes after it, once per run): the
-workunits per second, and the driver's CPU per workunit (every thread of the driver process),
-whose inverse is how many workunits one driver core can hand out and commit — the ceiling, when
-the workers are fast enough. ``writes="driver"`` (the driver reads and writes) and
+local Ray each run), ``units`` of them a run, each run a fresh process. Measured over the job's
+dispatch loop only, from its first read to the last result handed to the writer (a finished
+output's index or merge comes after it, once per run): the workunits per second, and the
+driver's CPU per workunit (every thread of the driver process), whose inverse is how many
+workunits one driver core can hand out and commit — the ceiling, when the workers are fast
+enough. ``writes="driver"`` (the driver reads and writes) and
 ``"workers"`` (they read and write; the driver commits parts), each with one workunit a message
 and with PER_MESSAGE[-1] (``units_per_message``), alternate, ``repeats`` times; medians. Here the
 workers' own part writes (a file per workunit) may be slower than the driver, and then the rate

@@ -101,9 +101,7 @@ class Slot:
     state: State = State.LOADING
     in_flight: deque = field(default_factory=deque)  # Workunits, in the order the worker runs them
     messages: deque = field(default_factory=deque)  # per message in flight, the indexes of its
-    # workunits not answered yet
-    together: dict = field(default_factory=dict)  # workunit index -> how many went in its
-    # message, when that message's answers come back together (Ray) and it held several
+    # workunits not answered yet (all of them, where a message is answered together: Ray)
     head_since: float = 0.0  # when the first in-flight workunit started (as near as we know)
     since: float = 0.0  # when the current worker was spawned
     restarts: int = 0
@@ -292,8 +290,6 @@ class Scheduler:
                     slot.head_since = now
                 slot.in_flight.extend(message)
                 slot.messages.append({unit.index for unit in message})
-                if len(message) > 1 and self.backend.answers_together:
-                    slot.together.update(dict.fromkeys((u.index for u in message), len(message)))
                 if self.stamp is not None:
                     message = [self.stamp(unit) for unit in message]
                 self.backend.send(slot.info.index, message)
@@ -437,8 +433,7 @@ class Scheduler:
         for slot in self.slots.values():
             if slot.killed is not None:
                 continue
-            # a call answered together (Ray) has each of its workunits' time
-            size = slot.together.get(slot.in_flight[0].index, 1) if slot.in_flight else 1
+            size = self._running_call(slot)  # answered together: each of its workunits' time
             if slot.state in (State.READY, State.DRAINING) and slot.in_flight \
                     and limit is not None and now - slot.head_since > limit * size:
                 unit = slot.in_flight[0]
@@ -454,6 +449,13 @@ class Scheduler:
             elif slot.state is State.LOADING and now - slot.since > self.settings.load_timeout:
                 self._kill(slot, Kill.LOAD_TIMEOUT, f"{slot.info} not ready after "
                                                     f"{self.settings.load_timeout:g} s (load_timeout)")
+
+    def _running_call(self, slot: Slot) -> int:
+        """Workunits in the message ``slot``'s worker runs, where a message's answers come back
+        together (a Ray call); else 1 (each is answered as it ends)."""
+        if self.backend.answers_together and slot.messages:
+            return len(slot.messages[0])
+        return 1
 
     def _kill(self, slot: Slot, why: Kill, message: str = "") -> None:
         slot.killed, slot.kill_message = why, message
@@ -500,12 +502,11 @@ class Scheduler:
         self.recovery.deaths += 1
         units = list(slot.in_flight)
         if why is Kill.TIMEOUT:  # its running message hung: which of its workunits?
-            unknown = bool(units) and slot.together.get(units[0].index, 1) > 1
+            unknown = self._running_call(slot) > 1
         else:  # the answers of the messages before the one it died in may be lost with it
             unknown = len(units) > 1 and self.backend.answers_together
         slot.in_flight.clear()
         slot.messages.clear()
-        slot.together.clear()
         given_up: list[tuple] = []
         if why is Kill.RECYCLE or message.lost or (units and culprit not in (None, units[0].index)):
             # we stopped it, its machine went away, or the workunit that timed out finished
@@ -597,7 +598,6 @@ def _take(slot: Slot, index: int) -> Workunit | None:
     for unit in slot.in_flight:
         if unit.index == index:
             slot.in_flight.remove(unit)
-            slot.together.pop(index, None)
             for message in slot.messages:
                 if index in message:
                     message.discard(index)
