@@ -424,3 +424,30 @@ def test_a_part_of_small_and_big_blocks_holds_them_all_in_order(tmp_path, monkey
         assert f["ids"][:].tolist() == list(range(starts[-1]))
         assert f["values"][:, 5].tolist() == list(range(starts[-1]))
         assert f["label"].asstr()[:].tolist() == [f"r{i}" for i in range(starts[-1])]
+
+
+def test_the_index_reads_each_column_of_every_part_in_turn_errors_and_strings_included(tmp_path):
+    """The index's virtual datasets (made with HDF5's calls directly, not h5py's VirtualLayout)
+    read every part's rows in order, each column, the errors only where a part holds some."""
+    parts = Parts(tmp_path / "out.h5", SPEC)
+    parts.folder.mkdir()
+    for start, rows, errors in [(0, 5, 0), (5, 0, 2), (7, 3, 1), (10, 1, 0)]:
+        ids = np.arange(start, start + rows)
+        block = {"ids": ids, "values": np.repeat(ids[:, None], 8, 1).astype(np.float32),
+                 "label": np.array([f"r{i}" for i in ids], dtype=object)}
+        if errors:
+            bad = np.arange(100 + start, 100 + start + errors)
+            block |= {"errors/ids": bad, "errors/type": np.array(["E"] * errors, dtype=object),
+                      "errors/message": np.array([f"bad {i}" for i in bad], dtype=object),
+                      "errors/time": np.zeros(errors), "errors/position": bad - 100}
+        parts.write([block])
+    parts.write_index({"run": "indexed"})
+    data, expected = read_output(tmp_path / "out.h5"), [0, 1, 2, 3, 4, 7, 8, 9, 10]
+    assert data["ids"].tolist() == expected and data["attrs"]["run"] == "indexed"
+    np.testing.assert_array_equal(data["values"][:, 7], np.array(expected, dtype=np.float32))
+    assert data["label"].tolist() == [f"r{i}" for i in expected]
+    assert [(e["id"], e["message"], e["position"]) for e in data["errors"]] == \
+        [(105, "bad 105", 5), (106, "bad 106", 6), (107, "bad 107", 7)]
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["values"].is_virtual and len(f["values"].virtual_sources()) == 3
+        assert len(f["errors/ids"].virtual_sources()) == 2

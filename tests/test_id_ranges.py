@@ -3,7 +3,7 @@ the edges of int64. SeenIds: duplicates found among millions of ids."""
 import numpy as np
 import pytest
 
-from helpers.engine.id_ranges import IdRanges, SeenIds
+from helpers.engine.id_ranges import IdRanges, SeenIds, packed, unpacked
 
 TOP, BOTTOM = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
@@ -106,3 +106,28 @@ def test_seen_values_merge_one_part_at_a_time():
         seen.add(rng.integers(-2**63, 2**63 - 1, size=4096, dtype=np.int64))
     largest = max(len(level) for levels in seen._parts for level in levels)
     assert len(seen) == 64 * 4096 and largest < len(seen) / 8
+
+
+I64 = np.iinfo(np.int64)
+
+
+@pytest.mark.parametrize("ids, runs", [
+    (np.arange(5, 4101, dtype=np.int64), True),
+    (np.array([I64.max - 2, I64.max - 1, I64.max], dtype=np.int64), True),  # ends at the top
+    (np.array([I64.min, I64.min + 1], dtype=np.int64), True),
+    (np.array([I64.min, I64.max], dtype=np.int64), False),  # the ends' difference wraps
+    (np.array([3, 1, 2], dtype=np.int64), False),
+    (np.array([1, 2, 2, 3], dtype=np.int64), False),  # a repeat, same span as 1..4 short
+    (np.array([1, 2, 4, 4], dtype=np.int64), False),
+    (np.array([7], dtype=np.int64), False),
+    (np.empty(0, dtype=np.int64), False),
+    (np.arange(4, dtype=np.int32), False),  # only int64 ids are packed
+    (np.arange(6, dtype=np.int64).reshape(2, 3), False),
+])
+def test_packed_ids_are_first_and_count_only_when_they_run_one_by_one(ids, runs):
+    """What a message pickles: consecutive int64 ids as two numbers, anything else as it is;
+    unpacked, the same ids and dtype either way."""
+    pack = packed(ids)
+    assert isinstance(pack, tuple) == runs and (runs or pack is ids)
+    back = unpacked(pack)
+    assert back.dtype == ids.dtype and back.shape == ids.shape and np.array_equal(back, ids)

@@ -18,7 +18,7 @@ from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
 
-KILL_SEEDS = range(20)
+KILL_SEEDS = range(12)  # moments a worker is killed at (20 took 11 s more of the suite's 15 minutes)
 
 
 def records(n):

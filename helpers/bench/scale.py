@@ -160,7 +160,8 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
              resume: bool, backend: str = "process", writes: str = "driver",
              corpus: str | None = None, per_message: int | str = "auto") -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench scale-run``): its measurements, with
-    the driver's CPU seconds and the bytes it read (``rchar``: pipes and files; Ray's object
+    the driver's CPU seconds (not the memory sampler's beside it: its reads of smaps cost ~10 ms
+    a second) and the bytes it read (``rchar``: pipes and files; Ray's object
     store is shared memory, which this does not count) while the job ran."""
     from helpers.engine.pipeline import WorkerPool
     from helpers.engine.settings import JobSettings, PoolSettings
@@ -171,10 +172,10 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
     job = JobSettings(workunit_size, progress=False, resume=resume, writes=writes)
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=dim, values="zeros"), settings,
                                   job) as pool, _PeakPrivate() as private:
-        cpu, read = time.process_time(), _read_bytes()
+        cpu, read = time.process_time() - private.cpu_seconds(), _read_bytes()
         stats = pool.run(corpus, output, limit=records) if corpus else \
             pool.run(CycledTexts(records, sample_texts()), output)
-        cpu, read = time.process_time() - cpu, _read_bytes() - read
+        cpu, read = time.process_time() - private.cpu_seconds() - cpu, _read_bytes() - read
     new = stats.records  # (this run's: a resumed run's skipped ones are not)
     return {"records": stats.records,
             "driver_cpu_s_per_million": cpu / new * 1e6 if new > 0 else None,
@@ -213,6 +214,10 @@ class _PeakPrivate:
 
     def _take(self) -> None:
         self.peak_mb = max(self.peak_mb, psutil.Process().memory_full_info().uss / 2**20)
+
+    def cpu_seconds(self) -> float:
+        """The CPU the sampling thread has used so far (not the driver's work)."""
+        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
 
     def __enter__(self) -> _PeakPrivate:
         self._thread.start()

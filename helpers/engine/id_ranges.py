@@ -11,6 +11,8 @@ has a range that holds it (a half-open ``stop`` past the largest id would not fi
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 _U64 = np.uint64
@@ -20,6 +22,26 @@ def _gaps(later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
     """``later - earlier`` for ``later > earlier`` without int64 overflow: the true difference is
     in [1, 2**64 - 1], which unsigned wrap-around arithmetic gives exactly."""
     return later.astype(_U64) - earlier.astype(_U64)
+
+
+def packed(ids: Any) -> Any:
+    """``ids`` as ``(first, count)`` if they are an int64 array of consecutive ids (a source read
+    by position), else ``ids`` itself: what a message pickles, 16 bytes instead of 8 an id."""
+    if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1 \
+            or len(ids) < 2:
+        return ids
+    first = int(ids[0])
+    if int(ids[-1]) - first != len(ids) - 1 or not (np.diff(ids) == 1).all():
+        return ids  # (a wrapped difference cannot be 1 here: the ends already span len - 1)
+    return first, len(ids)
+
+
+def unpacked(ids: Any) -> Any:
+    """The ids ``packed`` gave: the array again (first + 0 .. count - 1, never past int64)."""
+    if not isinstance(ids, tuple):
+        return ids
+    first, count = ids
+    return np.int64(first) + np.arange(count, dtype=np.int64)
 
 
 class IdRanges:

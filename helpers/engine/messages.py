@@ -7,6 +7,10 @@ actor answers a message's workunits together, when its call returns).
 A workunit with a ``target`` (``writes="workers"``) is written by its worker as a part file of
 the output, with the source's ``carried`` columns; its Result then names the part instead of
 holding the rows, and the parent commits it (helpers.engine.checkpoint).
+Ids that run one by one (a source read by position: most workunits, and their Results) travel
+as their first id and count, 16 bytes instead of 8 a record (``_PackedIds``; the positions a
+worker reads, protocol.Rows, too): a Ray call of four workunits of 4,096 records then fits in
+the call itself rather than Ray's object store.
 From the backend itself: ``Died``, when a worker ends without a word. ``WorkerInfo`` names a
 worker: its slot, device, CPU threads and which model copy it is on that device.
 
@@ -25,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from helpers.engine.id_ranges import packed, unpacked
 from helpers.engine.protocol import OutputSpec
 
 END_OF_WORK = "END_OF_WORK"  # sent once to each worker when the pool closes
@@ -45,6 +50,23 @@ class InputUnreadable(OSError):
     record is at fault, so the run stops with the worker, its machine and the error."""
 
 
+class _PackedIds:
+    """Pickles its ``ids`` as ``(first, count)`` when they run one by one (id_ranges.packed).
+
+    Over a pipe that is one out-of-band buffer (a write and a read) less per message; on Ray,
+    where a call's arguments or answers over 100 KB go through the object store (Ray's
+    ``max_direct_call_object_size``), it keeps a call of four 4,096-record workunits in the call:
+    0.37 against 0.65 ms of the driver's CPU per workunit in bare actor calls, 0.31 against 0.45
+    CPU s per million rows in whole runs (``bench scale --writes workers --backend ray``)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        ids = packed(self.ids)
+        return self.__dict__ if ids is self.ids else {**self.__dict__, "ids": ids}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, ids=unpacked(state["ids"]))  # (frozen: no __setattr__)
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     index: int  # the worker's slot in the pool; a replacement keeps its slot
@@ -57,7 +79,7 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
-class Workunit:
+class Workunit(_PackedIds):
     index: int
     ids: np.ndarray  # int64, one per record
     records: list
@@ -91,7 +113,7 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class Result:
+class Result(_PackedIds):
     worker: int
     workunit: int
     ids: np.ndarray

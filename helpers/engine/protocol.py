@@ -37,6 +37,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from helpers.engine.id_ranges import packed, unpacked
+
 MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # set in each worker process: the n-th model copy on its
 # device, from 0 (like torchrun's LOCAL_RANK), for a workload that places copies itself
 TEXT = "str"  # OutputSpec dtype of a UTF-8 string column (a path, a caption, a class list)
@@ -139,10 +141,10 @@ class Rows:
 
     def __getstate__(self) -> tuple:
         narrowed = getattr(self.opener, "narrowed", None)
-        return self.opener if narrowed is None else narrowed(self.ids), self.ids
+        return self.opener if narrowed is None else narrowed(self.ids), packed(self.ids)
 
     def __setstate__(self, state: tuple) -> None:
-        self.opener, self.ids = state
+        self.opener, self.ids = state[0], unpacked(state[1])
 
     def read(self) -> list:
         return self.opener.read(self.ids)
