@@ -18,7 +18,8 @@ It is the same Backend as the process and thread backends (helpers.engine.backen
 scheduler in the driver still owns every workunit: exactly once, retries, splits down to the bad
 record, recycling, timeouts, out-of-memory backoff, durable parts and resume work unchanged. An
 actor runs one call at a time, in order; a call carries a message of workunits (four with fixed
-workunit sizes: a call costs the driver ~2 ms of CPU whatever it carries), the scheduler keeps two
+workunit sizes: a call costs the driver ~1 ms of CPU whatever it carries, while it stays under
+Ray's 100 KB for inline arguments, which packed ids keep it in), the scheduler keeps two
 in flight per actor (one running, one waiting), and each call's answers — Ready, or a Result or
 Failed per workunit, the same messages a process sends — come back together through Ray's object
 store when it returns. An actor that dies takes with it the answers of calls it had not yet

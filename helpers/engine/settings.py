@@ -32,9 +32,11 @@ SORT_RECORDS = 16384  # global sort's gain (a 2,400-text job on a loaded pool: 0
 AUTO = "auto"
 FIT = "fit"  # workers_per_device: as many as fit in each device's memory, added at spin-up
 RAY_UNITS_PER_MESSAGE = 4  # units_per_message="auto" on Ray with fixed workunit sizes: a call on
-# an actor costs the driver ~2 ms of CPU whatever it carries (~0.5 s per million rows at 4,096 a
-# workunit), four workunits a call a quarter of that; elsewhere, and with sizes from the workers'
-# rates (each workunit about a second of work), one (bench dispatch, bench scale --backend ray)
+# an actor costs the driver ~1 ms of CPU whatever it carries (under Ray's 100 KB for inline
+# arguments: ids travel packed, helpers.engine.messages), four workunits a call a quarter of that
+# per workunit (eight: 0.22 against 0.30 CPU s per million rows, but a worse stall and 8x a
+# timeout); elsewhere, and with sizes from the workers' rates (each workunit about a second of
+# work), one (bench dispatch, bench scale --backend ray)
 WORKUNIT_SECONDS = 1.0  # workunit_size="auto": a workunit takes about this long on its device;
 # long enough that a workunit's fixed costs (messages, a kernel launch) are ~1 % of it, short
 # enough that the end of a job (cut finer still) and a retried workunit cost little
