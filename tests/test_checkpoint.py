@@ -451,3 +451,17 @@ def test_the_index_reads_each_column_of_every_part_in_turn_errors_and_strings_in
     with h5py.File(tmp_path / "out.h5") as f:
         assert f["values"].is_virtual and len(f["values"].virtual_sources()) == 3
         assert len(f["errors/ids"].virtual_sources()) == 2
+
+
+def test_a_percent_sign_in_a_column_s_name_reaches_its_rows(tmp_path):
+    """HDF5 reads '%' in a virtual source's dataset name as a format code too (found by review:
+    the first index write raised)."""
+    parts = Parts(tmp_path / "out.h5", {"p%q": OutputSpec((2,), "float32")})
+    parts.folder.mkdir()
+    for start in (0, 3):
+        ids = np.arange(start, start + 3)
+        parts.write([{"ids": ids, "p%q": np.repeat(ids[:, None], 2, 1).astype(np.float32)}])
+    parts.write_index({})
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(6))
+    np.testing.assert_array_equal(data["p%q"][:, 1], np.arange(6, dtype=np.float32))

@@ -3,7 +3,7 @@ the edges of int64. SeenIds: duplicates found among millions of ids."""
 import numpy as np
 import pytest
 
-from helpers.engine.id_ranges import IdRanges, SeenIds, packed, unpacked
+from helpers.engine.id_ranges import IdRanges, IdRun, SeenIds, packed, unpacked
 
 TOP, BOTTOM = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
@@ -128,6 +128,11 @@ def test_packed_ids_are_first_and_count_only_when_they_run_one_by_one(ids, runs)
     """What a message pickles: consecutive int64 ids as two numbers, anything else as it is;
     unpacked, the same ids and dtype either way."""
     pack = packed(ids)
-    assert isinstance(pack, tuple) == runs and (runs or pack is ids)
+    assert isinstance(pack, IdRun) == runs and (runs or pack is ids)
     back = unpacked(pack)
     assert back.dtype == ids.dtype and back.shape == ids.shape and np.array_equal(back, ids)
+
+
+def test_only_packed_ids_are_unpacked_not_any_pair():
+    assert unpacked((5, 7)) == (5, 7) and unpacked([5, 7]) == [5, 7]
+    assert unpacked(IdRun(5, 3)).tolist() == [5, 6, 7]

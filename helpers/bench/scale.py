@@ -216,8 +216,12 @@ class _PeakPrivate:
         self.peak_mb = max(self.peak_mb, psutil.Process().memory_full_info().uss / 2**20)
 
     def cpu_seconds(self) -> float:
-        """The CPU the sampling thread has used so far (not the driver's work)."""
-        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+        """The CPU the sampling thread has used so far (not the driver's work); 0 where the
+        platform cannot tell (no pthread_getcpuclockid: macOS) or the thread has ended."""
+        clock = getattr(time, "pthread_getcpuclockid", None)
+        if clock is None or not self._thread.is_alive():
+            return 0.0
+        return time.clock_gettime(clock(self._thread.ident))
 
     def __enter__(self) -> _PeakPrivate:
         self._thread.start()

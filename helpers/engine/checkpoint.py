@@ -13,8 +13,10 @@ the writer and written back in no safe order). So the file being written is neve
                                                 the last is INDEX_EVERY times its own cost old
 
 A rename is atomic, so at any instant every part and the index are whole files: a run killed with
-SIGKILL loses only the rows it had not yet written to a part; the index may lag the parts by the
-last few, and a resumed run finds those too (``Parts.scan`` reads the folder, not the index).
+SIGKILL loses only the rows it had not yet written to a part; the index may lag the parts (by
+the last few; when workers write, by up to about as many as it holds, since it is rewritten
+1/INDEX_EVERY_COMMITS of the time), and a resumed run finds those too (``Parts.scan`` reads the
+folder, not the index).
 Each part records the ids it holds as closed ranges (``resume/id_spans``) and carries the run's
 fingerprints (helpers.engine.fingerprint). Records the reader rejected (not JSON, an unusable or
 duplicate id) are known by their position in the source instead (``errors/position``): their id
@@ -448,7 +450,8 @@ def _virtual(f: h5py.File, name: str, shape: tuple[int, ...], dtype: Any,
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_layout(h5py.h5d.VIRTUAL)
     space = h5py.h5s.create_simple((sum(n for _, n in sources), *shape))
-    column, zeros, start = name.encode(), (0,) * len(shape), 0
+    column = name.replace("%", "%%").encode()  # (a format code in a dataset's name too)
+    zeros, start = (0,) * len(shape), 0
     for source, n in sources:
         space.select_hyperslab((start, *zeros), (n, *shape))
         dcpl.set_virtual(space, source, column, h5py.h5s.create_simple((n, *shape)))

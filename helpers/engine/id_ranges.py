@@ -11,7 +11,7 @@ has a range that holds it (a half-open ``stop`` past the largest id would not fi
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,24 +24,30 @@ def _gaps(later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
     return later.astype(_U64) - earlier.astype(_U64)
 
 
+class IdRun(NamedTuple):
+    """Consecutive ids as their first and how many: ``packed``'s form of them."""
+
+    first: int
+    count: int
+
+
 def packed(ids: Any) -> Any:
-    """``ids`` as ``(first, count)`` if they are an int64 array of consecutive ids (a source read
-    by position), else ``ids`` itself: what a message pickles, 16 bytes instead of 8 an id."""
+    """``ids`` as an IdRun if they are an int64 array of consecutive ids (a source read by
+    position), else ``ids`` itself: what a message pickles, 16 bytes instead of 8 an id."""
     if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1 \
             or len(ids) < 2:
         return ids
     first = int(ids[0])
     if int(ids[-1]) - first != len(ids) - 1 or not (np.diff(ids) == 1).all():
         return ids  # (a wrapped difference cannot be 1 here: the ends already span len - 1)
-    return first, len(ids)
+    return IdRun(first, len(ids))
 
 
 def unpacked(ids: Any) -> Any:
     """The ids ``packed`` gave: the array again (first + 0 .. count - 1, never past int64)."""
-    if not isinstance(ids, tuple):
+    if not isinstance(ids, IdRun):
         return ids
-    first, count = ids
-    return np.int64(first) + np.arange(count, dtype=np.int64)
+    return np.int64(ids.first) + np.arange(ids.count, dtype=np.int64)
 
 
 class IdRanges:
