@@ -34,8 +34,9 @@ from helpers import tuner
 from helpers.engine.hdf5_sink import check_parts, read_output
 from helpers.engine.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.engine.settings import (AUTO, BACKENDS, FIT, RAY_UNITS_PER_MESSAGE, WRITES, JobSettings,
-                                     PoolSettings, or_words)
+from helpers.engine.settings import (AUTO, BACKENDS, FIT, MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS,
+                                     RAY_UNITS_PER_MESSAGE, WRITES, JobSettings, PoolSettings,
+                                     or_words)
 from helpers.engine.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
@@ -228,7 +229,9 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                      default=PoolSettings.units_per_message,
                      help="workunits sent to a worker in one message (on Ray, one call); "
                           f"auto: {RAY_UNITS_PER_MESSAGE} on Ray with a fixed --workunit-size, "
-                          "else 1")
+                          f"else 1, then more for a worker whose workunits take under "
+                          f"{MESSAGE_SECONDS:g} s (about that much of its work a message, at "
+                          f"most {MAX_UNITS_PER_MESSAGE})")
     run.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--ray-address", help="--backend ray: the cluster's head, e.g. "

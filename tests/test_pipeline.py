@@ -302,6 +302,24 @@ def test_static_strategy_falls_back_to_one_worker_for_tiny_inputs(tmp_path):
         run_pipeline(pairs, SyntheticWorkload(), "cpu", 2, tmp_path / "q.h5", strategy="round")
 
 
+def test_the_worst_stall_is_the_longest_a_worker_waited_for_its_next_workunit(tmp_path):
+    """A source that stalls for a second halfway: each worker waits about that long between two
+    of its workunits (longest_idle_seconds), and no workunit goes out meanwhile."""
+    from helpers.engine.sources import READ_SLICE
+
+    def stalling():  # (read a slice at a time: the stall comes after the first slice's workunits)
+        for i in range(2 * READ_SLICE):
+            if i == READ_SLICE + 1:
+                time.sleep(1.0)
+            yield i, f"r{i}"
+
+    stats = run(stalling(), SyntheticWorkload(0.0), tmp_path, devices=["cpu", "cpu"],
+                workunit_size=64, backend="thread", sort_window=0)  # (no window read ahead)
+    assert stats.records == 2 * READ_SLICE
+    assert 0.8 < stats.longest_idle_seconds < 1.5, stats.longest_idle_seconds
+    assert stats.longest_dispatch_gap_seconds > 0.8
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, backend,
                                                                      monkeypatch):
@@ -326,6 +344,7 @@ def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, ba
         list(range(600))
     # 5 records of 2 ms: a dispatch every ~5 ms; writing on the scheduler's thread made it 1.5 s
     assert stats.longest_dispatch_gap_seconds < 0.5, stats.longest_dispatch_gap_seconds
+    assert stats.longest_idle_seconds < 0.5, stats.longest_idle_seconds  # no worker waited
     assert stats.stages["write"] >= 1.5 and stats.stages["write_blocked"] < 0.5
 
 

@@ -158,6 +158,20 @@ def test_the_queue_is_bounded_and_stop_ends_a_blocked_reader():
     assert reader.blocked_seconds > 0.2 and not reader.done
 
 
+def test_asked_to_queue_more_ahead_a_blocked_reader_goes_on_at_once():
+    """ahead() (messages grew) deepens the queue, and a put waiting on the full queue is woken
+    rather than waiting out its poll; a smaller depth than the queue's changes nothing."""
+    reader = Reader(slices([1000]), workunit_size=10, depth=3)
+    reader.start()
+    time.sleep(0.2)
+    assert reader.units_put == 3
+    reader.ahead(2)
+    reader.ahead(8)
+    time.sleep(0.1)  # (well under the put's poll, POLL_SECONDS)
+    assert reader.units_put == 8 and reader.backlog() == 9
+    reader.stop()
+
+
 def test_an_error_in_the_source_is_raised_by_exhausted_in_the_caller_s_thread():
     def broken():
         yield from slices([4])

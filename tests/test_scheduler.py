@@ -215,6 +215,9 @@ class Queued:
     def backlog(self):
         return len(self.units)
 
+    def ahead(self, units):
+        self.depth = units
+
 
 def ready_scheduler(backend, workers, **settings):
     from helpers.engine.scheduler import Scheduler, State
@@ -324,6 +327,43 @@ def test_a_message_never_holds_more_than_units_per_message():
     scheduler.dispatch(Queued(list(reversed(units[1:]))))
     assert [len(message) for _, message in backend.sent] == [1, 4]
     assert max(map(len, scheduler.slots[0].messages)) == 4  # (a call timed as four)
+
+
+def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message():
+    """growing_messages: once a worker's workunits are measured (read, run and written) under
+    MESSAGE_SECONDS, its messages carry about that much of its work, at most
+    MAX_UNITS_PER_MESSAGE; a worker with long workunits keeps per_message; the feed is asked to
+    queue enough ahead for the largest; the end of a job still cuts messages to one."""
+    from helpers.engine.messages import Result, WorkerInfo, Workunit
+    from helpers.engine.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS
+
+    backend = FakeBackend(answers_together=True)
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
+    scheduler.new_job(2, growing_messages=True)
+    queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+                     for n in reversed(range(400))])
+    scheduler.dispatch(queued)
+    assert [len(units) for _, units in backend.sent] == [2, 2, 2, 2]  # nothing measured yet
+
+    def answer(slot, seconds):  # the running message's answers, each taking ``seconds``
+        for index in sorted(scheduler.slots[slot].messages[0]):
+            scheduler.handle(slot, Result(slot, index, np.arange(1), {}, [], 10.0, 10 + seconds))
+
+    answer(0, MESSAGE_SECONDS / 100)  # slot 0's are short: a message of 16 (not 100)
+    answer(1, MESSAGE_SECONDS)  # slot 1's are long: per_message stays
+    backend.sent.clear()
+    scheduler.dispatch(queued)
+    assert sorted((slot, len(units)) for slot, units in backend.sent) == [
+        (0, MAX_UNITS_PER_MESSAGE), (1, 2)]
+    assert queued.depth == scheduler.settings.depth(MAX_UNITS_PER_MESSAGE)
+    answer(0, MESSAGE_SECONDS / 5)  # (a moving average: 0.2 of the new workunits' seconds)
+    assert 4 < scheduler.message_size(scheduler.slots[0]) < MAX_UNITS_PER_MESSAGE
+    queued.units = queued.units[-3:]  # the end of the job: slot 0 (holding one message, slot 1
+    backend.sent.clear()  # two) gets one workunit, not three
+    scheduler.dispatch(queued)
+    assert backend.sent == [(0, [backend.sent[0][1][0]])] and len(queued.units) == 2
+    scheduler.new_job(2, growing_messages=True)  # the next job's workunits may be long
+    assert scheduler.message_size(scheduler.slots[0]) == 2
 
 
 def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_alone():

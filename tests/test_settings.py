@@ -64,6 +64,8 @@ def test_derived_settings_follow_their_rule():
     ray = PoolSettings(backend="ray")
     assert (ray.per_message(False), ray.per_message(True)) == (4, 1)  # sized per worker: 1
     assert PoolSettings(units_per_message=8).per_message(True) == 8
+    assert PoolSettings().growing_messages  # units_per_message="auto"
+    assert not PoolSettings(units_per_message=8).growing_messages
     assert JobSettings(workunit_size=10).window == 16384  # at least SORT_RECORDS
     assert JobSettings(workunit_size=4096).window == 8 * 4096  # 8 workunits
     assert JobSettings(workunit_size=10, sort_window=0).window == 0

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling_one.add_argument("--units", type=int, required=True)
     ceiling_one.add_argument("--writes", choices=dispatch.WRITES, required=True)
     ceiling_one.add_argument("--output", required=True)
-    ceiling_one.add_argument("--units-per-message", type=int, default=1)
+    ceiling_one.add_argument("--units-per-message", type=_per_message, default=1)
     for command in (ceiling, ceiling_one):
         command.add_argument("--backend", choices=("process", "ray"), default="process",
                              help="ray: actors on a local Ray each run starts")

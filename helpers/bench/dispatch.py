@@ -10,7 +10,8 @@ driver's CPU per workunit (every thread of the driver process), whose inverse is
 workunits one driver core can hand out and commit — the ceiling, when the workers are fast
 enough. ``writes="driver"`` (the driver reads and writes) and
 ``"workers"`` (they read and write; the driver commits parts), each with one workunit a message
-and with PER_MESSAGE[-1] (``units_per_message``), alternate, ``repeats`` times; medians. Here the
+and with ``units_per_message="auto"`` (PER_MESSAGE: here, workunits that take a worker a few ms,
+sixteen a message once their time is measured), alternate, ``repeats`` times; medians. Here the
 workers' own part writes (a file per workunit) may be slower than the driver, and then the rate
 is theirs, not the ceiling. On Ray the driver's CPU includes Ray's threads in it (its core
 worker), not the raylet's or the object store's processes beside it.
@@ -31,10 +32,10 @@ import pandas as pd
 WORKUNIT_ROWS = 16
 GOALS = {"ceiling_units_per_s": 5_000}
 WRITES = ("driver", "workers")
-PER_MESSAGE = (1, 4)  # workunits a message to a worker
+PER_MESSAGE = (1, "auto")  # workunits a message to a worker
 
 
-def run_once(units: int, writes: str, output: str, per_message: int = 1,
+def run_once(units: int, writes: str, output: str, per_message: int | str = 1,
              backend: str = "process") -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench dispatch-run``): its measurements."""
     from helpers.bench.scale import CycledTexts, _sample_texts
@@ -52,6 +53,7 @@ def run_once(units: int, writes: str, output: str, per_message: int = 1,
             drive(job, *args)
         finally:
             loop["cpu_s"], loop["wall_s"] = time.process_time() - cpu, time.monotonic() - wall
+            loop["messages"] = job.scheduler.dispatches.messages
 
     pipeline._Job.drive = timed
     settings = PoolSettings(("cpu",) * 2, backend, units_per_message=per_message)
@@ -62,7 +64,8 @@ def run_once(units: int, writes: str, output: str, per_message: int = 1,
     return {"units": units, "rows": stats.records, "loop_s": loop["wall_s"],
             "units_per_s": units / loop["wall_s"],
             "driver_cpu_ms_per_unit": loop["cpu_s"] / units * 1e3,
-            "ceiling_units_per_s": units / loop["cpu_s"], "job_s": stats.wall_seconds}
+            "ceiling_units_per_s": units / loop["cpu_s"], "job_s": stats.wall_seconds,
+            "units_a_message": units / loop["messages"]}
 
 
 def measure(units: int = 20_000, repeats: int = 3, folder: str | None = None,
@@ -91,11 +94,13 @@ def report(table: pd.DataFrame) -> dict[str, float]:
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     groups = table.groupby(["writes", "units_per_message"])
-    medians = groups[["units_per_s", "driver_cpu_ms_per_unit", "ceiling_units_per_s"]].median()
+    medians = groups[["units_per_s", "driver_cpu_ms_per_unit", "ceiling_units_per_s",
+                      "units_a_message"]].median()
     figures = {}
     for (writes, per), row in medians.iterrows():
         met = row["ceiling_units_per_s"] >= GOALS["ceiling_units_per_s"]
-        print(f"writes={writes}, {per} a message: {row['units_per_s']:,.0f} workunits/s, driver "
+        print(f"writes={writes}, {per} a message ({row['units_a_message']:.1f} on average): "
+              f"{row['units_per_s']:,.0f} workunits/s, driver "
               f"{row['driver_cpu_ms_per_unit']:.3f} CPU ms each: ceiling "
               f"{row['ceiling_units_per_s']:,.0f}/s (>= {GOALS['ceiling_units_per_s']:,}: "
               f"{'met' if met else 'NOT met'}; medians of {groups.size()[(writes, per)]})")

@@ -274,7 +274,8 @@ class WorkerPool:
         settings = replace(settings, writes=who_writes(settings, self.settings.backend, records))
         scheduler = self._scheduler
         scheduler.sizing = self._sizing if settings.auto_size else None
-        scheduler.per_message = self.settings.per_message(settings.auto_size)
+        scheduler.new_job(self.settings.per_message(settings.auto_size),
+                          self.settings.growing_messages)
         self._sizing.start_job(settings.workunit_seconds)
         own = carried(records)
         outputs = self._outputs(own)  # (a clash is refused before the pool is at risk)
@@ -314,8 +315,8 @@ class WorkerPool:
         if settings.writes == AUTO:
             settings = replace(settings, writes="driver")
         scheduler = self._scheduler
-        scheduler.per_message = 1  # a slice a worker, whole: one workunit each, not cut to the
-        scheduler.sizing = None  # sizes an earlier workunit_size="auto" job left
+        scheduler.new_job(per_message=1)  # a slice a worker, whole: one workunit each, not cut
+        scheduler.sizing = None  # to the sizes an earlier workunit_size="auto" job left
         own = carried(records)
         outputs = self._outputs(own)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
@@ -410,6 +411,7 @@ class WorkerPool:
             first_dispatch_seconds=(dispatches.first - job.started)
             if dispatches.first is not None else 0.0,
             longest_dispatch_gap_seconds=dispatches.longest_gap,
+            longest_idle_seconds=job.longest_idle,
             bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
             decisions=job.decisions(), telemetry=job.telemetry.samples, phases=job.phases(),
             counts=job.counts())
@@ -444,6 +446,8 @@ class _Job:
         self.tallies = {index: Tally() for index in scheduler.slots
                         if scheduler.slots[index].state is not State.RETIRED}
         self.timeline = Timeline()
+        self.longest_idle = 0.0  # the longest a worker waited between two of its workunits
+        self._ended: dict[int, tuple[Any, float]] = {}  # per slot: its worker, its last one's end
         self.rejected: deque[tuple] = deque()  # the reader's rejects, for errors/ (thread-safe)
         self.carried = Carried(carried or {})  # the source's columns of the records in flight
         self.clock = self.wall = self.read_seconds = self.reader_blocked_seconds = 0.0
@@ -542,10 +546,20 @@ class _Job:
             span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb,
             result.phases, result.counts)
         self.timeline.add(span)
+        self._idle(slot, result)
         if self.growth is not None and self._settled(result.worker, span.records):
             self.growth.observe(result.worker, device, span.records, result.started,
                                 result.ended)
         return span.records
+
+    def _idle(self, slot: Slot, result: Result) -> None:
+        """The time ``result``'s worker waited since its previous workunit ended: nothing to run
+        (both times from its own clock; not across a replacement, which may be on another
+        machine)."""
+        worker, ended = self._ended.get(result.worker, (None, 0.0))
+        if worker is not None and worker is slot.ready:
+            self.longest_idle = max(self.longest_idle, result.started - ended)
+        self._ended[result.worker] = (slot.ready, result.ended)
 
     def _settled(self, slot: int, records: int) -> bool:
         """Whether a workunit was of its worker's settled size (auto sizes grow at first)."""
@@ -602,6 +616,9 @@ class _Dealt:
         return 0
 
     def resize(self, size: int) -> None:
+        pass
+
+    def ahead(self, units: int) -> None:
         pass
 
     def exhausted(self) -> bool:

@@ -26,7 +26,7 @@ class Reader(threading.Thread):
 
     The scheduler's side (helpers.engine.scheduler.Feed): ``take()`` the next workunit or None,
     ``backlog()``, ``remaining()`` records (known once the source is read, or from ``total``),
-    ``resize()`` for the workunits still to cut, and ``exhausted()``, which re-raises in the
+    ``resize()`` for the workunits still to cut, ``ahead()`` to queue more of them, and ``exhausted()``, which re-raises in the
     scheduler's thread whatever stopped the reader (an unreadable input). ``stop()`` ends the
     thread early and joins it.
 
@@ -89,6 +89,13 @@ class Reader(threading.Thread):
 
     def resize(self, size: int) -> None:
         self._size = max(1, int(size))
+
+    def ahead(self, units: int) -> None:
+        if units <= self._work.maxsize:  # (asked at every dispatch: mostly nothing to do)
+            return
+        with self._work.mutex:  # a put waiting on the full queue goes on at once
+            self._work.maxsize = max(self._work.maxsize, units)
+            self._work.not_full.notify_all()
 
     def exhausted(self) -> bool:
         """True once the source is read and every workunit taken; raises the reader's error."""

@@ -26,7 +26,9 @@ Recovery, per failure::
                      worker), where a death is its own
 
 Messages: a worker gets up to ``per_message`` workunits in one message (``units_per_message``:
-fewer messages, so less of the driver's CPU per workunit), and holds up to PREFETCH messages, one
+fewer messages, so less of the driver's CPU per workunit; with ``growing_messages``, more for a
+worker whose workunits take under MESSAGE_SECONDS, up to about that much of its work, and the
+feed queues as many more ahead: ``message_size``), and holds up to PREFETCH messages, one
 running and one waiting (``Slot.messages``); the next message goes out once a whole message's
 answers are back. Near the end of a job, a message takes a second workunit only while a message's
 worth is left for every worker (and a second message waits behind the running one only while one
@@ -58,12 +60,13 @@ import numpy as np
 from helpers.engine.backends import IMPORTED_MAIN, IMPORTED_MAIN_EXIT, Backend, Wakeup
 from helpers.engine.messages import (POLL_SECONDS, UNREADABLE, UNWRITABLE, Died, Failed, Ready,
                                      Result, WorkerInfo, Workunit)
-from helpers.engine.settings import PoolSettings
+from helpers.engine.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS, PoolSettings
 from helpers.engine.sizing import Sizing
 
 log = logging.getLogger("gpufeed")
 
 PREFETCH = 2  # messages in flight per worker: one running, one waiting behind it
+UNIT_SECONDS_WEIGHT = 0.2  # a workunit's seconds' weight in its worker's moving average
 RECYCLE_AFTER = 2  # failed workunits in a row after which a process worker is replaced (and the
 # last failure not charged to its workunit): a CUDA error such as a device-side assert leaves the
 # worker's context unusable, so that every later call fails, whatever the workunit
@@ -111,6 +114,8 @@ class Slot:
     kill_unit: int | None = None  # the workunit a timeout kill was about
     failures_in_a_row: int = 0
     ready: Ready | None = None
+    unit_seconds: float | None = None  # its workunits' seconds, a moving average (read, run and
+    # write, as its worker timed them): the size of its messages, where they grow
     optional: bool = False  # an added worker (growth): if it cannot start, the pool goes on
 
 
@@ -148,17 +153,22 @@ class Feed(Protocol):
     def resize(self, size: int) -> None:
         """Cut the workunits still to come at ``size`` records."""
 
+    def ahead(self, units: int) -> None:
+        """Queue up to ``units`` workunits ahead (more than at the start: messages grew)."""
+
 
 @dataclass
 class Dispatches:
-    """When workunits were sent in a job: the first, the last, and the longest gap between two
-    (the worst stall: nothing dispatched for that long)."""
+    """When messages of workunits were sent in a job: the first, the last, the longest gap
+    between two (nothing dispatched for that long), and how many."""
 
     first: float | None = None
     last: float = 0.0
     longest_gap: float = 0.0
+    messages: int = 0
 
     def note(self, now: float) -> None:
+        self.messages += 1
         if self.first is None:
             self.first = now
         else:
@@ -180,6 +190,7 @@ class Scheduler:
         self.stamp: Callable[[Workunit], Workunit] | None = None  # writes="workers": a workunit
         # as it is sent, with where its worker writes its part (each sending a part of its own)
         self.per_message = 1  # workunits in one message to a worker (set per job by the pool)
+        self.growing_messages = False  # more for a worker whose workunits are short (set too)
         self._numbers = itertools.count()
 
     # -- workers -------------------------------------------------------------------------------
@@ -263,6 +274,13 @@ class Scheduler:
         """The same workunit under an index no other workunit of this pool has."""
         return replace(unit, index=next(self._numbers))
 
+    def new_job(self, per_message: int, growing_messages: bool = False) -> None:
+        """Messages of ``per_message`` workunits for the next job, growing or not; what an earlier
+        job's workunits took is forgotten (this one's may be of another size)."""
+        self.per_message, self.growing_messages = per_message, growing_messages
+        for slot in self.slots.values():
+            slot.unit_seconds = None
+
     @property
     def idle(self) -> bool:
         return not self.pending and not any(s.in_flight for s in self.slots.values())
@@ -275,6 +293,8 @@ class Scheduler:
         ready = [s for s in self.slots.values() if s.state is State.READY]
         if self.sizing is not None:
             feed.resize(self.sizing.largest())
+        if self.growing_messages and ready:
+            feed.ahead(self.settings.depth(max(map(self.message_size, ready))))
         for depth in range(PREFETCH):
             for slot in [s for s in ready if len(s.messages) == depth
                          and not (s.in_flight and s.in_flight[0].alone)]:
@@ -300,8 +320,9 @@ class Scheduler:
         one for it, more while a message's worth is left for every worker (counting those this
         message took); a workunit to be sent ``alone`` only to a slot holding nothing, by itself."""
         message: list[Workunit] = []
-        while len(message) < self.per_message:
-            if message and not self._enough_left(feed, ready, self.per_message, message):
+        size = self.message_size(slot)
+        while len(message) < size:
+            if message and not self._enough_left(feed, ready, size, message):
                 break
             unit = self._next_for(slot, feed, alone=not (message or slot.in_flight))
             if unit is None:
@@ -310,6 +331,14 @@ class Scheduler:
             if unit.alone:
                 break
         return message
+
+    def message_size(self, slot: Slot) -> int:
+        """Workunits in a message to ``slot``: ``per_message``, or where messages grow, as many
+        as its worker runs in about MESSAGE_SECONDS (at most MAX_UNITS_PER_MESSAGE)."""
+        if not self.growing_messages or slot.unit_seconds is None:
+            return self.per_message
+        fit = MESSAGE_SECONDS / max(slot.unit_seconds, 1e-6)
+        return max(self.per_message, min(MAX_UNITS_PER_MESSAGE, int(fit)))
 
     def _enough_left(self, feed: Feed, ready: list[Slot], each: int = 1,
                      taken: list[Workunit] = ()) -> bool:
@@ -416,6 +445,10 @@ class Scheduler:
             if unit is None and message.part is not None:
                 message.part.discard()  # its workunit is redone, or done, elsewhere
             slot.failures_in_a_row = 0
+            if unit is not None:
+                seconds = message.compute_seconds
+                slot.unit_seconds = seconds if slot.unit_seconds is None else \
+                    slot.unit_seconds + UNIT_SECONDS_WEIGHT * (seconds - slot.unit_seconds)
             if unit is not None and self.sizing is not None:
                 self.sizing.observe(index, len(message.ids) + len(message.rejected),
                                     message.compute_seconds)

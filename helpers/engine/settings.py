@@ -31,12 +31,18 @@ SORT_RECORDS = 16384  # global sort's gain (a 2,400-text job on a loaded pool: 0
 # at 8 workunits of 64, 0.98-1.02 with the whole job in the window) for a few MB of texts
 AUTO = "auto"
 FIT = "fit"  # workers_per_device: as many as fit in each device's memory, added at spin-up
-RAY_UNITS_PER_MESSAGE = 4  # units_per_message="auto" on Ray with fixed workunit sizes: a call on
-# an actor costs the driver ~1 ms of CPU whatever it carries (under Ray's 100 KB for inline
-# arguments: ids travel packed, helpers.engine.messages), four workunits a call a quarter of that
-# per workunit (eight: 0.22 against 0.30 CPU s per million rows, but a worse stall and 8x a
-# timeout); elsewhere, and with sizes from the workers' rates (each workunit about a second of
-# work), one (bench dispatch, bench scale --backend ray)
+RAY_UNITS_PER_MESSAGE = 4  # units_per_message="auto" on Ray with fixed workunit sizes, to start
+# with: a call on an actor costs the driver ~1 ms of CPU whatever it carries (under Ray's 100 KB
+# for inline arguments: ids travel packed, helpers.engine.messages), four workunits a call a
+# quarter of that per workunit; elsewhere, and with sizes from the workers' rates (each workunit
+# about a second of work), one
+MESSAGE_SECONDS = 0.25  # units_per_message="auto": a worker whose workunits are shorter than this
+# gets more of them a message, up to about this much of its work (its workunits' measured
+# seconds) and MAX_UNITS_PER_MESSAGE: short workunits cost the driver a message each otherwise
+# (bench dispatch: on Ray 0.33 ms of its CPU per workunit at four a call, 0.17 at sixteen; on
+# process workers 0.23 at one, 0.16 at four or more), long ones (4,096 texts on a GPU, an image
+# batch) keep the start's size, so a call's answers, its timeout and a death's redo stay short
+MAX_UNITS_PER_MESSAGE = 16  # (32 saved nothing more on either backend)
 WORKUNIT_SECONDS = 1.0  # workunit_size="auto": a workunit takes about this long on its device;
 # long enough that a workunit's fixed costs (messages, a kernel launch) are ~1 % of it, short
 # enough that the end of a job (cut finer still) and a retried workunit cost little
@@ -61,7 +67,8 @@ class PoolSettings:
     workunit_timeout: float | None = None  # seconds a workunit may run before its worker is killed
     load_timeout: float = 600.0  # seconds for every worker to load its model
     units_per_message: int | str = AUTO  # workunits sent to a worker in one message (one Ray call);
-    # "auto": RAY_UNITS_PER_MESSAGE on Ray with fixed workunit sizes, else 1
+    # "auto": RAY_UNITS_PER_MESSAGE on Ray with fixed workunit sizes, else 1, to start with; then
+    # more for a worker whose workunits take under MESSAGE_SECONDS
     ray_address: str | None = None  # backend="ray": the cluster's head ("host:6379", "auto");
     # None: a cluster this process already joined, else a local Ray started for the pool
     visible: InitVar[Callable[[], tuple[str, ...]] | None] = None  # what "auto" devices are where
@@ -112,8 +119,14 @@ class PoolSettings:
             return tuple(dict.fromkeys(self.devices))
         return tuple(d for d in self.devices for _ in range(self.workers_per_device))
 
+    @property
+    def growing_messages(self) -> bool:
+        """True when a worker's messages grow while its workunits are short (MESSAGE_SECONDS)."""
+        return self.units_per_message == AUTO
+
     def per_message(self, auto_size: bool) -> int:
-        """Workunits in one message to a worker, for a job with ``auto_size`` or fixed sizes."""
+        """Workunits in one message to a worker, for a job with ``auto_size`` or fixed sizes (to
+        start with, where messages grow)."""
         if self.units_per_message != AUTO:
             return self.units_per_message
         return RAY_UNITS_PER_MESSAGE if self.backend == "ray" and not auto_size else 1

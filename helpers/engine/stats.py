@@ -165,7 +165,10 @@ class PipelineStats:
     resumed_after: int = 0  # records an earlier run handled (written, failed, rejected): skipped
     parent_rss_mb: float = 0.0  # the parent process's own high-water mark
     first_dispatch_seconds: float = 0.0  # from the job's start (output opened, resume scanned)
-    longest_dispatch_gap_seconds: float = 0.0  # the worst stall: no workunit sent for this long
+    longest_dispatch_gap_seconds: float = 0.0  # no workunit sent for this long (messages of
+    # several workunits go out further apart, their workers busy meanwhile)
+    longest_idle_seconds: float = 0.0  # the worst stall: the longest a worker waited between two
+    # of its workunits (from the end of one to the start of the next, on its own clock)
     bytes_written: int = 0  # every byte the writer wrote: parts, merges, indexes, the final file
     output_bytes: int = 0  # the finished output's size (its parts too, if it is an index)
     decisions: tuple[dict[str, Any], ...] = ()  # workers_per_device="auto": growth's decisions
