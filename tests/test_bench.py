@@ -74,7 +74,7 @@ def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
     assert 0 < resumed["resume_first_workunit_s"] < 10
     figures = scale.report(table)
     assert figures["records_per_s"] > 0 and figures["longest_gap_s"] > 0
-    assert 0 <= figures["longest_idle_s"] < figures["longest_gap_s"] + 1  # (a worker's own time)
+    assert figures["longest_idle_s"] > 0  # (between two workunits a worker waits a little)
     assert "resume_first_workunit_s" in capsys.readouterr().out
 
 

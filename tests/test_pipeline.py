@@ -316,7 +316,7 @@ def test_the_worst_stall_is_the_longest_a_worker_waited_for_its_next_workunit(tm
     stats = run(stalling(), SyntheticWorkload(0.0), tmp_path, devices=["cpu", "cpu"],
                 workunit_size=64, backend="thread", sort_window=0)  # (no window read ahead)
     assert stats.records == 2 * READ_SLICE
-    assert 0.8 < stats.longest_idle_seconds < 1.5, stats.longest_idle_seconds
+    assert 0.8 < stats.longest_idle_seconds < 3, stats.longest_idle_seconds
     assert stats.longest_dispatch_gap_seconds > 0.8
 
 

@@ -166,6 +166,8 @@ def test_asked_to_queue_more_ahead_a_blocked_reader_goes_on_at_once():
     time.sleep(0.2)
     assert reader.units_put == 3
     reader.ahead(2)
+    time.sleep(0.1)
+    assert reader.units_put == 3
     reader.ahead(8)
     time.sleep(0.1)  # (well under the put's poll, POLL_SECONDS)
     assert reader.units_put == 8 and reader.backlog() == 9

@@ -331,39 +331,61 @@ def test_a_message_never_holds_more_than_units_per_message():
 
 def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message():
     """growing_messages: once a worker's workunits are measured (read, run and written) under
-    MESSAGE_SECONDS, its messages carry about that much of its work, at most
-    MAX_UNITS_PER_MESSAGE; a worker with long workunits keeps per_message; the feed is asked to
-    queue enough ahead for the largest; the end of a job still cuts messages to one."""
+    MESSAGE_SECONDS, its messages grow, twice its last at most, to about that much of its work and
+    MAX_UNITS_PER_MESSAGE; a worker with long workunits keeps per_message, and one long workunit
+    shrinks them at once; a workunit whose records were all rejected says nothing; the feed is
+    asked to queue enough ahead for the largest; a call's timeout covers its workunits; the end
+    of a job still cuts messages to one; auto sizes and a new job start from per_message."""
     from helpers.engine.messages import Result, WorkerInfo, Workunit
     from helpers.engine.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS
 
     backend = FakeBackend(answers_together=True)
-    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)],
+                                workunit_timeout=1.0)
     scheduler.new_job(2, growing_messages=True)
     queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                      for n in reversed(range(400))])
     scheduler.dispatch(queued)
     assert [len(units) for _, units in backend.sent] == [2, 2, 2, 2]  # nothing measured yet
+    slot = scheduler.slots[0]
 
-    def answer(slot, seconds):  # the running message's answers, each taking ``seconds``
-        for index in sorted(scheduler.slots[slot].messages[0]):
-            scheduler.handle(slot, Result(slot, index, np.arange(1), {}, [], 10.0, 10 + seconds))
+    def answer(index, seconds, rejected=False):  # the running message's answers
+        for unit in sorted(scheduler.slots[index].messages[0]):
+            ids = np.arange(0) if rejected else np.arange(1)
+            scheduler.handle(index, Result(index, unit, ids, {}, [(1, "E", "", 0.0)] * rejected,
+                                           10.0, 10 + seconds))
 
-    answer(0, MESSAGE_SECONDS / 100)  # slot 0's are short: a message of 16 (not 100)
-    answer(1, MESSAGE_SECONDS)  # slot 1's are long: per_message stays
-    backend.sent.clear()
-    scheduler.dispatch(queued)
-    assert sorted((slot, len(units)) for slot, units in backend.sent) == [
-        (0, MAX_UNITS_PER_MESSAGE), (1, 2)]
-    assert queued.depth == scheduler.settings.depth(MAX_UNITS_PER_MESSAGE)
-    answer(0, MESSAGE_SECONDS / 5)  # (a moving average: 0.2 of the new workunits' seconds)
-    assert 4 < scheduler.message_size(scheduler.slots[0]) < MAX_UNITS_PER_MESSAGE
-    queued.units = queued.units[-3:]  # the end of the job: slot 0 (holding one message, slot 1
-    backend.sent.clear()  # two) gets one workunit, not three
-    scheduler.dispatch(queued)
-    assert backend.sent == [(0, [backend.sent[0][1][0]])] and len(queued.units) == 2
+    def sent_to_0():
+        backend.sent.clear()
+        scheduler.dispatch(queued)
+        return [len(units) for index, units in backend.sent if index == 0]
+
+    answer(1, MESSAGE_SECONDS)  # slot 1's workunits are long: per_message stays
+    answer(0, MESSAGE_SECONDS / 100)  # slot 0's are short: 4, 8, 16, 16 (not 100)
+    sizes = sent_to_0()
+    for _ in range(3):
+        answer(0, MESSAGE_SECONDS / 100)
+        sizes += sent_to_0()
+    assert sizes == [4, 8, MAX_UNITS_PER_MESSAGE, MAX_UNITS_PER_MESSAGE]
+    assert [len(units) for index, units in backend.sent if index == 1] == []  # (holds two)
+    assert queued.depth == scheduler.settings.depth(MAX_UNITS_PER_MESSAGE, 2)
+    slot.head_since = time.monotonic() - MAX_UNITS_PER_MESSAGE + 1  # a call of 16 of 1 s each
+    scheduler.check_timeouts()
+    assert backend.killed == []
+    answer(0, MESSAGE_SECONDS, rejected=True)  # nothing kept (a long time): not counted
+    assert scheduler.message_size(slot) == MAX_UNITS_PER_MESSAGE
+    answer(0, MESSAGE_SECONDS)  # one long workunit: back to per_message at once
+    assert scheduler.message_size(slot) == 2
+    assert sent_to_0() == [2, 2]
+    answer(0, MESSAGE_SECONDS / 100)  # then down slowly: a moving average (0.2 of the new)
+    assert scheduler.message_size(slot) == 2 and slot.unit_seconds > MESSAGE_SECONDS / 2
+    scheduler.sizing = object()  # workunit_size="auto": each workunit about a second already
+    assert scheduler.message_size(slot) == 2
+    scheduler.sizing = None
+    queued.units = queued.units[-3:]  # the end of the job: one workunit, not three
+    assert sent_to_0() == [1] and len(queued.units) == 2
     scheduler.new_job(2, growing_messages=True)  # the next job's workunits may be long
-    assert scheduler.message_size(scheduler.slots[0]) == 2
+    assert scheduler.message_size(slot) == 2
 
 
 def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_alone():

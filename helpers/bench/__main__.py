@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                              help="who writes the rows (JobSettings.writes)")
         command.add_argument("--units-per-message", type=_per_message, default="auto",
                              help="workunits a message to a worker (PoolSettings."
-                                  "units_per_message; auto: 4 on Ray, else 1)")
+                                  "units_per_message; auto: 4 on Ray, else 1, more for short "
+                                  "workunits)")
     args = parser.parse_args(argv)
     if args.command == "failures":
         failures.main(args.records, args.repeats, args.results_dir)

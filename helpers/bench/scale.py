@@ -60,7 +60,8 @@ from helpers.study.peers import tree_rss_mb
 CORPUS = 20_648_877  # chunks in the study's corpus (notebook 01's days-for-the-corpus estimate)
 PARQUET_GROUP_ROWS = 100_000  # rows per row group of the Parquet corpus (source="parquet")
 GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "uss_growth_mb": 200,
-         "longest_gap_s": 1.0, "longest_idle_s": 1.0, "write_amplification": 2.0, "resume_first_workunit_s": 10.0,
+         "longest_gap_s": 1.0, "longest_idle_s": 1.0, "write_amplification": 2.0,
+         "resume_first_workunit_s": 10.0,
          "driver_cpu_s_per_million": 0.3, "driver_read_fraction": 0.05}  # (the last two: one
 # driver for a cluster, writes="workers")
 

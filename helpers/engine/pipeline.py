@@ -105,7 +105,7 @@ from helpers.engine.devices import check_available
 from helpers.engine.fingerprint import as_attrs, input_paths
 from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
 from helpers.engine.hdf5_sink import HDF5Sink
-from helpers.engine.messages import POLL_SECONDS, Result, WorkerInfo, Workunit
+from helpers.engine.messages import POLL_SECONDS, Died, Failed, Result, WorkerInfo, Workunit
 from helpers.engine.ownership import OutputError, check_output, owning
 from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
@@ -500,6 +500,8 @@ class _Job:
                     return
                 for slot, message in scheduler.next_messages(POLL_SECONDS):
                     written, given_up = scheduler.handle(slot, message)
+                    if isinstance(message, (Failed, Died)):
+                        self._ended.pop(slot, None)  # (the time to its next result was not idle)
                     for result in written:
                         bar.update(self._write(result))
                     sink.append_errors(self.carried.drop(given_up))

@@ -26,9 +26,9 @@ class Reader(threading.Thread):
 
     The scheduler's side (helpers.engine.scheduler.Feed): ``take()`` the next workunit or None,
     ``backlog()``, ``remaining()`` records (known once the source is read, or from ``total``),
-    ``resize()`` for the workunits still to cut, ``ahead()`` to queue more of them, and ``exhausted()``, which re-raises in the
-    scheduler's thread whatever stopped the reader (an unreadable input). ``stop()`` ends the
-    thread early and joins it.
+    ``resize()`` for the workunits still to cut, ``ahead()`` to queue more of them, and
+    ``exhausted()``, which re-raises in the scheduler's thread whatever stopped the reader (an
+    unreadable input). ``stop()`` ends the thread early and joins it.
 
     With a ``cost`` function it reads ``window`` records ahead and orders them by cost before
     cutting, so a workunit holds records of similar size (texts of similar length pad less). Work

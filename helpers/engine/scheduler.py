@@ -26,9 +26,10 @@ Recovery, per failure::
                      worker), where a death is its own
 
 Messages: a worker gets up to ``per_message`` workunits in one message (``units_per_message``:
-fewer messages, so less of the driver's CPU per workunit; with ``growing_messages``, more for a
-worker whose workunits take under MESSAGE_SECONDS, up to about that much of its work, and the
-feed queues as many more ahead: ``message_size``), and holds up to PREFETCH messages, one
+fewer messages, so less of the driver's CPU per workunit; with ``growing_messages`` and fixed
+workunit sizes, more for a worker whose workunits take under MESSAGE_SECONDS, up to about that
+much of its work, at most twice its last message's: ``message_size``; the feed queues enough
+ahead for every ready worker), and holds up to PREFETCH messages, one
 running and one waiting (``Slot.messages``); the next message goes out once a whole message's
 answers are back. Near the end of a job, a message takes a second workunit only while a message's
 worth is left for every worker (and a second message waits behind the running one only while one
@@ -66,7 +67,7 @@ from helpers.engine.sizing import Sizing
 log = logging.getLogger("gpufeed")
 
 PREFETCH = 2  # messages in flight per worker: one running, one waiting behind it
-UNIT_SECONDS_WEIGHT = 0.2  # a workunit's seconds' weight in its worker's moving average
+UNIT_SECONDS_WEIGHT = 0.2  # a shorter workunit's weight in its worker's average (_slow_to_fall)
 RECYCLE_AFTER = 2  # failed workunits in a row after which a process worker is replaced (and the
 # last failure not charged to its workunit): a CUDA error such as a device-side assert leaves the
 # worker's context unusable, so that every later call fails, whatever the workunit
@@ -114,8 +115,9 @@ class Slot:
     kill_unit: int | None = None  # the workunit a timeout kill was about
     failures_in_a_row: int = 0
     ready: Ready | None = None
-    unit_seconds: float | None = None  # its workunits' seconds, a moving average (read, run and
-    # write, as its worker timed them): the size of its messages, where they grow
+    unit_seconds: float | None = None  # its workunits' seconds (read, run and written, as its
+    # worker timed them): up at once, down as a moving average; the size of its messages
+    last_message: int = 0  # workunits in the last message it was sent
     optional: bool = False  # an added worker (growth): if it cannot start, the pool goes on
 
 
@@ -200,6 +202,7 @@ class Scheduler:
         retired (the pool goes on without it) instead of failing the run."""
         slot = self.slots.setdefault(info.index, Slot(info, optional=optional))
         slot.state, slot.since, slot.ready = State.LOADING, time.monotonic(), None
+        slot.unit_seconds = None  # (a replacement may be on another machine)
         self.backend.spawn(info)
 
     def retire(self, index: int) -> None:
@@ -293,8 +296,8 @@ class Scheduler:
         ready = [s for s in self.slots.values() if s.state is State.READY]
         if self.sizing is not None:
             feed.resize(self.sizing.largest())
-        if self.growing_messages and ready:
-            feed.ahead(self.settings.depth(max(map(self.message_size, ready))))
+        if ready:  # (workers added since the start: the feed was sized for fewer)
+            feed.ahead(self.settings.depth(max(map(self.message_size, ready)), len(ready)))
         for depth in range(PREFETCH):
             for slot in [s for s in ready if len(s.messages) == depth
                          and not (s.in_flight and s.in_flight[0].alone)]:
@@ -310,6 +313,7 @@ class Scheduler:
                     slot.head_since = now
                 slot.in_flight.extend(message)
                 slot.messages.append({unit.index for unit in message})
+                slot.last_message = len(message)
                 if self.stamp is not None:
                     message = [self.stamp(unit) for unit in message]
                 self.backend.send(slot.info.index, message)
@@ -333,12 +337,14 @@ class Scheduler:
         return message
 
     def message_size(self, slot: Slot) -> int:
-        """Workunits in a message to ``slot``: ``per_message``, or where messages grow, as many
-        as its worker runs in about MESSAGE_SECONDS (at most MAX_UNITS_PER_MESSAGE)."""
-        if not self.growing_messages or slot.unit_seconds is None:
+        """Workunits in a message to ``slot``: ``per_message``, or where messages grow (fixed
+        workunit sizes: auto sizes make each workunit about a second already), as many as its
+        worker runs in about MESSAGE_SECONDS, at most twice its last message's and
+        MAX_UNITS_PER_MESSAGE."""
+        if not self.growing_messages or self.sizing is not None or slot.unit_seconds is None:
             return self.per_message
-        fit = MESSAGE_SECONDS / max(slot.unit_seconds, 1e-6)
-        return max(self.per_message, min(MAX_UNITS_PER_MESSAGE, int(fit)))
+        fit = int(MESSAGE_SECONDS / max(slot.unit_seconds, 1e-6))
+        return max(self.per_message, min(MAX_UNITS_PER_MESSAGE, 2 * slot.last_message, fit))
 
     def _enough_left(self, feed: Feed, ready: list[Slot], each: int = 1,
                      taken: list[Workunit] = ()) -> bool:
@@ -445,10 +451,8 @@ class Scheduler:
             if unit is None and message.part is not None:
                 message.part.discard()  # its workunit is redone, or done, elsewhere
             slot.failures_in_a_row = 0
-            if unit is not None:
-                seconds = message.compute_seconds
-                slot.unit_seconds = seconds if slot.unit_seconds is None else \
-                    slot.unit_seconds + UNIT_SECONDS_WEIGHT * (seconds - slot.unit_seconds)
+            if unit is not None and len(message.ids):  # (all rejected: says nothing of the rest)
+                slot.unit_seconds = _slow_to_fall(slot.unit_seconds, message.compute_seconds)
             if unit is not None and self.sizing is not None:
                 self.sizing.observe(index, len(message.ids) + len(message.rejected),
                                     message.compute_seconds)
@@ -640,6 +644,14 @@ def _take(slot: Slot, index: int) -> Workunit | None:
             slot.head_since = time.monotonic()
             return unit
     return None
+
+
+def _slow_to_fall(average: float | None, seconds: float) -> float:
+    """A workunit's ``seconds`` into its worker's ``average``: a longer one at once (messages
+    shrink on the first long workunit), a shorter one by UNIT_SECONDS_WEIGHT (they grow slowly)."""
+    if average is None or seconds >= average:
+        return seconds
+    return average + UNIT_SECONDS_WEIGHT * (seconds - average)
 
 
 def _fresh(unit: Workunit) -> bool:

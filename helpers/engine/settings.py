@@ -36,9 +36,10 @@ RAY_UNITS_PER_MESSAGE = 4  # units_per_message="auto" on Ray with fixed workunit
 # for inline arguments: ids travel packed, helpers.engine.messages), four workunits a call a
 # quarter of that per workunit; elsewhere, and with sizes from the workers' rates (each workunit
 # about a second of work), one
-MESSAGE_SECONDS = 0.25  # units_per_message="auto": a worker whose workunits are shorter than this
-# gets more of them a message, up to about this much of its work (its workunits' measured
-# seconds) and MAX_UNITS_PER_MESSAGE: short workunits cost the driver a message each otherwise
+MESSAGE_SECONDS = 0.25  # units_per_message="auto", fixed workunit sizes: a worker whose workunits
+# are shorter than this gets more of them a message, up to about this much of its work (its
+# workunits' measured seconds), twice as many as its last message at most, and
+# MAX_UNITS_PER_MESSAGE: short workunits cost the driver a message each otherwise
 # (bench dispatch: on Ray 0.33 ms of its CPU per workunit at four a call, 0.17 at sixteen; on
 # process workers 0.23 at one, 0.16 at four or more), long ones (4,096 texts on a GPU, an image
 # batch) keep the start's size, so a call's answers, its timeout and a death's redo stay short
@@ -68,7 +69,7 @@ class PoolSettings:
     load_timeout: float = 600.0  # seconds for every worker to load its model
     units_per_message: int | str = AUTO  # workunits sent to a worker in one message (one Ray call);
     # "auto": RAY_UNITS_PER_MESSAGE on Ray with fixed workunit sizes, else 1, to start with; then
-    # more for a worker whose workunits take under MESSAGE_SECONDS
+    # (fixed sizes) more for a worker whose workunits take under MESSAGE_SECONDS
     ray_address: str | None = None  # backend="ray": the cluster's head ("host:6379", "auto");
     # None: a cluster this process already joined, else a local Ray started for the pool
     visible: InitVar[Callable[[], tuple[str, ...]] | None] = None  # what "auto" devices are where
@@ -131,9 +132,11 @@ class PoolSettings:
             return self.units_per_message
         return RAY_UNITS_PER_MESSAGE if self.backend == "ray" and not auto_size else 1
 
-    def depth(self, per_message: int = 1) -> int:
-        """Workunits the reader may queue ahead of the scheduler (``per_message`` per message)."""
-        return self.queue_depth or QUEUE_DEPTH_PER_WORKER * len(self.worker_devices) * per_message
+    def depth(self, per_message: int = 1, workers: int | None = None) -> int:
+        """Workunits the reader may queue ahead of the scheduler (``per_message`` per message,
+        for ``workers`` workers: those the pool starts with, if not said)."""
+        workers = len(self.worker_devices) if workers is None else workers
+        return self.queue_depth or QUEUE_DEPTH_PER_WORKER * workers * per_message
 
     def workers(self) -> list[WorkerInfo]:
         """One WorkerInfo per worker to start; ``copy`` counts the earlier ones on its device."""
