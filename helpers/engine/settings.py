@@ -40,9 +40,10 @@ MESSAGE_SECONDS = 0.25  # units_per_message="auto", fixed workunit sizes: a work
 # are shorter than this gets more of them a message, up to about this much of its work (its
 # workunits' measured seconds), twice as many as its last message at most, and
 # MAX_UNITS_PER_MESSAGE: short workunits cost the driver a message each otherwise
-# (bench dispatch: on Ray 0.33 ms of its CPU per workunit at four a call, 0.17 at sixteen; on
-# process workers 0.23 at one, 0.16 at four or more), long ones (4,096 texts on a GPU, an image
-# batch) keep the start's size, so a call's answers, its timeout and a death's redo stay short
+# (bench dispatch: on Ray 0.92 ms of its CPU per workunit at one a call, 0.32 at four, 0.16 at
+# sixteen; on process workers 0.27 at one, 0.15 at four or more), long ones (4,096 texts on a
+# GPU, an image batch) keep the start's size, so a call's answers, its timeout and a death's
+# redo stay short
 MAX_UNITS_PER_MESSAGE = 16  # (32 saved nothing more on either backend)
 WORKUNIT_SECONDS = 1.0  # workunit_size="auto": a workunit takes about this long on its device;
 # long enough that a workunit's fixed costs (messages, a kernel launch) are ~1 % of it, short
