@@ -388,6 +388,35 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
     assert scheduler.message_size(slot) == 2
 
 
+def test_grown_messages_hold_no_more_records_than_message_records_the_driver_read():
+    """Records the driver read itself (texts, queued and in flight in its memory) cap a grown
+    message at MESSAGE_RECORDS, however short the workunits; positions each worker reads
+    itself (Rows) do not."""
+    from helpers.engine.messages import Result, WorkerInfo, Workunit
+    from helpers.engine.protocol import Rows
+    from helpers.engine.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_RECORDS
+
+    size = MESSAGE_RECORDS // 3  # three a message at most
+
+    def sizes(records):
+        backend = FakeBackend()
+        scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
+        scheduler.new_job(1, growing_messages=True)
+        queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + size), records(n)))
+                         for n in reversed(range(0, 200 * size, size))])
+        sent = []
+        for _ in range(6):
+            backend.sent.clear()
+            scheduler.dispatch(queued)
+            sent += [len(units) for _, units in backend.sent]
+            for index in sorted(scheduler.slots[0].messages[0]):
+                scheduler.handle(0, Result(0, index, np.arange(size), {}, [], 10.0, 10.001))
+        return sent
+
+    assert max(sizes(lambda n: [f"r{i}" for i in range(n, n + size)])) == 3
+    assert max(sizes(lambda n: Rows("opener", np.arange(n, n + size)))) == MAX_UNITS_PER_MESSAGE
+
+
 def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_alone():
     """On Ray a call's answers come back when it returns, and a death can lose those of a call
     finished just before it: a timeout in a call of several workunits, or a death while an actor

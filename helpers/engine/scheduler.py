@@ -61,7 +61,9 @@ import numpy as np
 from helpers.engine.backends import IMPORTED_MAIN, IMPORTED_MAIN_EXIT, Backend, Wakeup
 from helpers.engine.messages import (POLL_SECONDS, UNREADABLE, UNWRITABLE, Died, Failed, Ready,
                                      Result, WorkerInfo, Workunit)
-from helpers.engine.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS, PoolSettings
+from helpers.engine.protocol import Rows
+from helpers.engine.settings import (MAX_UNITS_PER_MESSAGE, MESSAGE_RECORDS, MESSAGE_SECONDS,
+                                     PoolSettings)
 from helpers.engine.sizing import Sizing
 
 log = logging.getLogger("gpufeed")
@@ -118,6 +120,8 @@ class Slot:
     unit_seconds: float | None = None  # its workunits' seconds (read, run and written, as its
     # worker timed them): up at once, down as a moving average; the size of its messages
     last_message: int = 0  # workunits in the last message it was sent
+    held: int = 0  # records a workunit of it holds in the driver's memory (0: its worker reads
+    # them itself), the largest of the last message's
     optional: bool = False  # an added worker (growth): if it cannot start, the pool goes on
 
 
@@ -314,6 +318,7 @@ class Scheduler:
                 slot.in_flight.extend(message)
                 slot.messages.append({unit.index for unit in message})
                 slot.last_message = len(message)
+                slot.held = max(0 if isinstance(u.records, Rows) else len(u) for u in message)
                 if self.stamp is not None:
                     message = [self.stamp(unit) for unit in message]
                 self.backend.send(slot.info.index, message)
@@ -339,11 +344,13 @@ class Scheduler:
     def message_size(self, slot: Slot) -> int:
         """Workunits in a message to ``slot``: ``per_message``, or where messages grow (fixed
         workunit sizes: auto sizes make each workunit about a second already), as many as its
-        worker runs in about MESSAGE_SECONDS, at most twice its last message's and
-        MAX_UNITS_PER_MESSAGE."""
+        worker runs in about MESSAGE_SECONDS, at most twice its last message's,
+        MAX_UNITS_PER_MESSAGE, and MESSAGE_RECORDS of records the driver holds."""
         if not self.growing_messages or self.sizing is not None or slot.unit_seconds is None:
             return self.per_message
         fit = int(MESSAGE_SECONDS / max(slot.unit_seconds, 1e-6))
+        if slot.held:
+            fit = min(fit, MESSAGE_RECORDS // slot.held)
         return max(self.per_message, min(MAX_UNITS_PER_MESSAGE, 2 * slot.last_message, fit))
 
     def _enough_left(self, feed: Feed, ready: list[Slot], each: int = 1,
