@@ -273,9 +273,9 @@ class WorkerPool:
         settings, records, attrs = self._job(source, changes)
         settings = replace(settings, writes=who_writes(settings, self.settings.backend, records))
         scheduler = self._scheduler
-        scheduler.sizing = self._sizing if settings.auto_size else None
         scheduler.new_job(self.settings.per_message(settings.auto_size),
-                          self.settings.growing_messages)
+                          self.settings.growing_messages,
+                          self._sizing if settings.auto_size else None)
         self._sizing.start_job(settings.workunit_seconds)
         own = carried(records)
         outputs = self._outputs(own)  # (a clash is refused before the pool is at risk)
@@ -316,7 +316,7 @@ class WorkerPool:
             settings = replace(settings, writes="driver")
         scheduler = self._scheduler
         scheduler.new_job(per_message=1)  # a slice a worker, whole: one workunit each, not cut
-        scheduler.sizing = None  # to the sizes an earlier workunit_size="auto" job left
+        # to the sizes an earlier workunit_size="auto" job left
         own = carried(records)
         outputs = self._outputs(own)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:

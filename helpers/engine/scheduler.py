@@ -281,10 +281,12 @@ class Scheduler:
         """The same workunit under an index no other workunit of this pool has."""
         return replace(unit, index=next(self._numbers))
 
-    def new_job(self, per_message: int, growing_messages: bool = False) -> None:
-        """Messages of ``per_message`` workunits for the next job, growing or not; what an earlier
-        job's workunits took is forgotten (this one's may be of another size)."""
-        self.per_message, self.growing_messages = per_message, growing_messages
+    def new_job(self, per_message: int, growing_messages: bool = False,
+                sizing: Sizing | None = None) -> None:
+        """Messages of ``per_message`` workunits for the next job, growing or not, and its
+        workunits' ``sizing`` (workunit_size="auto") or None; what an earlier job's workunits took
+        is forgotten (this one's may be of another size)."""
+        self.per_message, self.growing_messages, self.sizing = per_message, growing_messages, sizing
         for slot in self.slots.values():
             slot.unit_seconds = None
 
