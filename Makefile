@@ -1,21 +1,22 @@
 # Two commands do all the set-up: `make run` (the main job: the notebook suite) and `make test`.
 # Each creates .venv if missing and installs the project with its test and ray extras (so that CI
-# tests the ray backend); torch is pinned to 2.13.0 (pyproject.toml) and installed first, so a
-# CPU-only machine never pulls a CUDA build.
+# tests the ray backend), torch first; every install is constrained by constraints.txt (torch
+# 2.13.0's CPU build), so a CPU-only machine never pulls a CUDA build. pyproject.toml asks only for
+# torch >= 2.11: `pip install -e .` into an environment that has a torch keeps it.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gpufeed-installed
-TORCH := torch==2.13.0
+CONSTRAINTS := constraints.txt
 PARAMS ?= cpu
 export HF_HUB_OFFLINE ?= 1
 
 .PHONY: run test bench results clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet "$(TORCH)" -e ".[test,ray,peers]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) torch
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,ray,peers]"
 	touch $@
 
 # The notebook suite, headless (papermill), with the parameter set notebooks/params/$(PARAMS).yaml:

@@ -30,3 +30,28 @@ def test_samples_stay_bounded_and_the_period_grows():
         telemetry.sample()
     assert len(telemetry.samples) < 8 and telemetry.interval > 0.01
     assert [s.worker for s in telemetry.samples] == [None] * len(telemetry.samples)  # the parent
+
+
+def test_a_cards_memory_in_use_is_nvmls_reading(monkeypatch):
+    """The few NVML calls a card's telemetry makes, faked: a reading in MiB of the card the
+    device names, none for a CPU or where NVML fails."""
+    import sys
+    import types
+
+    from helpers.engine.telemetry import memory_in_use
+
+    calls = []
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetHandleByIndex=lambda index: f"card {index}",
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(
+            used=3 * 2 ** 30 if handle == "card 1" else 0),
+        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=40))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert memory_in_use("cuda:1") == 3 * 1024 and calls == ["init", "shutdown"]
+    assert memory_in_use("cpu") is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # cuda:0 is the physical card 1
+    assert memory_in_use("cuda:0") == 3 * 1024
+    nvml.nvmlDeviceGetMemoryInfo = lambda handle: 1 / 0
+    assert memory_in_use("cuda:0") is None

@@ -1,4 +1,5 @@
-"""``python -m helpers.bench overhead|failures|scale|autotune|ray|sources|dispatch|runtimes ...``"""
+"""``python -m helpers.bench COMMAND``: overhead, failures, scale, autotune, ray, sources, dispatch,
+runtimes, gpu (each command's ``--help`` says what it measures)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,8 @@ import sys
 
 from helpers.bench import (autotune, dispatch, failures, overhead, ray_backend, runtimes, scale,
                            sources)
+from helpers.bench.gpu import check as gpu_check
+from helpers.bench.gpu import report as gpu_report
 
 
 def _per_message(value: str) -> int | str:
@@ -105,7 +108,24 @@ def main(argv: list[str] | None = None) -> int:
                              help="workunits a message to a worker (PoolSettings."
                                   "units_per_message; auto: 4 on Ray, else 1, more for short "
                                   "workunits)")
+    card = commands.add_parser("gpu", help="the GPU check: one call on a lent card "
+                                           "(helpers.bench.gpu)")
+    mode = card.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--out", help="run the check; its tables go into this folder")
+    mode.add_argument("--plan", action="store_true",
+                      help="prepare what a device call carries; print its size and the call")
+    mode.add_argument("--report", metavar="PATH",
+                      help="a check's tables (a folder, or the call's .tgz): copied into "
+                           "--results-dir, drawn into --figures-dir, summarised")
+    card.add_argument("--dry-run", action="store_true",
+                      help="every section with tiny sizes, on the CPU where there is no card")
+    card.add_argument("--budget", type=float, default=gpu_check.BUDGET_SECONDS,
+                      help="seconds the check may take (its study is cut to fit)")
+    card.add_argument("--results-dir", default=gpu_report.RESULTS_DIR)
+    card.add_argument("--figures-dir", default=gpu_report.FIGURES_DIR)
     args = parser.parse_args(argv)
+    if args.command == "gpu":
+        return _gpu(args)
     if args.command == "failures":
         failures.main(args.records, args.repeats, args.results_dir)
         return 0
@@ -146,6 +166,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     overhead.report(*overhead.measure(args.records, args.block, args.rounds, args.batch_size,
                                       args.workunit_size, args.threads))
+    return 0
+
+
+def _gpu(args: argparse.Namespace) -> int:
+    if args.plan:
+        from helpers.bench.gpu.plan import plan
+
+        print(plan())
+    elif args.report:
+        gpu_report.ingest(args.report, args.results_dir, args.figures_dir)
+    else:
+        gpu_check.run(args.out, args.dry_run, args.budget)
     return 0
 
 

@@ -105,7 +105,8 @@ from helpers.engine.devices import check_available
 from helpers.engine.fingerprint import as_attrs, input_paths
 from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
 from helpers.engine.hdf5_sink import HDF5Sink
-from helpers.engine.messages import POLL_SECONDS, Died, Failed, Result, WorkerInfo, Workunit
+from helpers.engine.messages import (POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo,
+                                     Workunit)
 from helpers.engine.ownership import OutputError, check_output, owning
 from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
@@ -252,6 +253,12 @@ class WorkerPool:
     def pids(self) -> dict[int, int]:
         """The process id of each worker, by slot (the parent's for threads)."""
         return {i: s.ready.pid for i, s in self._scheduler.slots.items() if s.ready}
+
+    @property
+    def ready(self) -> dict[int, Ready]:
+        """What each worker said once its model was loaded (its pid, load time, the device's
+        free memory and this copy's size), by slot."""
+        return {i: s.ready for i, s in self._scheduler.slots.items() if s.ready}
 
     @property
     def loaded(self) -> dict[str, dict]:

@@ -105,6 +105,17 @@ class Telemetry(threading.Thread):
             self.interval *= 2
 
 
+def memory_in_use(device: str) -> float | None:
+    """MiB in use on a CUDA device by NVML's count (every process's, the driver's too), or None
+    where NVML cannot tell (a CPU, no driver)."""
+    nvml = _Nvml()
+    try:
+        card = nvml.read(device)
+        return None if card is None else card[1]
+    finally:
+        nvml.close()
+
+
 class _Nvml:
     """NVML's view of the CUDA devices, or nothing where there is no NVIDIA driver."""
 

@@ -2,6 +2,7 @@
 versions, recorded beside every result table."""
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -72,14 +73,22 @@ CODE = ("helpers", "notebooks", "pyproject.toml", "environment.yml", "Makefile")
 # the tests, nor the tables and figures a run writes as it goes)
 
 
+COMMIT_ENV = "GPUFEED_COMMIT"  # the commit of a copy of the checkout without its .git (the
+# working tree a device call carries to a GPU machine), set by the command that sends it
+
+
 def git_commit(root: Path) -> str:
     """The checkout's commit, with ``-dirty`` if a tracked file of CODE differs from it (the
-    results and figures a run rewrites as it goes do not count); 'unknown' outside git."""
+    results and figures a run rewrites as it goes do not count); outside git, what COMMIT_ENV
+    says, else 'unknown'."""
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               check=False)
-    head = git("rev-parse", "HEAD")
-    if head.returncode != 0:
-        return "unknown"
+    try:
+        head = git("rev-parse", "HEAD")
+    except FileNotFoundError:  # no git on this machine
+        head = None
+    if head is None or head.returncode != 0:
+        return os.environ.get(COMMIT_ENV) or "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", *CODE).stdout.strip()
     return head.stdout.strip() + ("-dirty" if dirty else "")

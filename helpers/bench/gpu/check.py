@@ -1,0 +1,196 @@
+"""``python -m helpers.bench gpu --out DIR``: the whole GPU check, in one call, within its budget.
+
+Sections, in this order (each writes its tables as soon as it ends, so a call cut short keeps
+what it measured)::
+
+    the card's ceilings ─► the model's side ─► faults ─► the study ─► the summary, printed last
+    (bf16 matmul, copy)    (model_side.py)     (faults.py) (study.py)
+
+The model's side has until MODEL_SHARE of the budget, the faults take what they take (three
+fixed checks, about a minute), and the study fills what is left but RESERVE_SECONDS, a run it
+cannot finish skipped and said so. The model workers load is all-MiniLM-L6-v2's configuration and
+tokenizer with seeded random weights (helpers.bench.gpu.weights), built into a temporary folder
+first. ``--dry-run`` runs every section on a CPU with tiny sizes (DRY), in under a minute: the
+test suite runs it, so the check never reaches a card broken.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from helpers.bench.gpu import faults, model_side, study
+from helpers.bench.gpu.tables import TABLES, measured
+from helpers.bench.gpu.weights import PREPARED, WEIGHTS, build, prepare
+
+BUDGET_SECONDS = 400.0  # the check's own limit: a card's call ends within 7 minutes
+MODEL_SHARE = 0.3  # of the budget, the model's side ends by then (compiles last, while it allows)
+RESERVE_SECONDS = 15.0  # kept at the end: tables, the summary
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each section does: CARD on a GPU, DRY for the dry run."""
+
+    model_texts: int = 6144  # the sample's paragraphs the model's side times
+    batch_sizes: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    repeats: int = 3  # forward passes timed, and rounds of encode
+    precisions: tuple[str, ...] = model_side.PRECISIONS
+    compiled: bool = True
+    study_records: int = 200_000
+    worker_counts: tuple[int, ...] = study.WORKER_COUNTS
+    workunit_sizes: tuple[int | str, ...] = study.SIZES
+    oom_records: int = faults.OOM_RECORDS
+    fit_max: int = faults.FIT_MAX
+    kill_units: int = 256  # workunit size of the killed job
+    kill_seconds: float = faults.KILL_SECONDS  # how long the killed job should last
+    matmul_size: int = 8192
+    copy_bytes: int = 2 ** 31
+    layers: int | None = None  # fewer transformer layers (None: the model's six)
+
+
+CARD = Sizes()
+DRY = Sizes(model_texts=32, batch_sizes=(16, 32), repeats=1, precisions=("fp32",),
+            compiled=False, study_records=160, worker_counts=(1, 2), workunit_sizes=("auto", 32),
+            oom_records=32, fit_max=2, kill_units=8, kill_seconds=3.0, matmul_size=256,
+            copy_bytes=2 ** 22, layers=1)
+
+
+def check_device(dry_run: bool) -> str:
+    """cuda:0, or the CPU for a dry run; ValueError (a bad argument) for a real run without a
+    card."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda:0"
+    if dry_run:
+        return "cpu"
+    raise ValueError("no CUDA device here: the GPU check runs on a card (`--dry-run` runs it on "
+                     "this CPU with tiny sizes, to check the script)")
+
+
+def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
+        prepared: Path = PREPARED) -> Path:
+    """Every section into ``out``; print the summary last; return ``out``."""
+    started = time.monotonic()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # (workers inherit it: nothing is fetched)
+    device = check_device(dry_run)
+    sizes = DRY if dry_run else CARD
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TABLES:  # an older call's tables never pass for this one's
+        for suffix in (".csv", ".json"):
+            (out / f"{name}{suffix}").unlink(missing_ok=True)
+    parameters = {**asdict(sizes), "device": device, "dry_run": dry_run, "budget_s": budget,
+                  "weights": WEIGHTS}
+
+    def say(what: str) -> None:  # progress, for the call's log
+        print(f"[{time.monotonic() - started:5.0f} s] {what}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="gpufeed-gpu-") as scratch:
+        folder = Path(scratch)
+        say(f"on {device}: building the model (weights {WEIGHTS})")
+        if not (prepared / "config.json").is_file() and dry_run:
+            prepare(prepared)  # (here, from the embedded model; a card's call carries it)
+        model_dir = str(build(prepared, folder / "model", layers=sizes.layers))
+        say("the card's ceilings")
+        card = pd.DataFrame(_ceilings(device, sizes))
+        _save(card, "gpu_card", out, parameters)
+        tflops = float(card.set_index("ceiling").loc["matmul_bf16", "value"])
+        from helpers.study.paths import sample_texts
+
+        texts = _repeated(sample_texts(), sizes.model_texts)
+        say("the model's side")
+        rows = model_side.measure(model_dir, device, texts, sizes.batch_sizes, sizes.repeats,
+                                  started + MODEL_SHARE * budget, tflops, sizes.precisions,
+                                  sizes.compiled)
+        model = _save(pd.DataFrame(rows), "gpu_model", out, parameters)
+        _release(device)  # (the workers need the card's memory this process cached)
+        workload = _study_workload(model_dir, device)
+        say("faults")
+        checks = faults.measure(workload, device, sizes.oom_records, _worker_rate(model, device),
+                                sizes.kill_units, folder, sizes.fit_max, sizes.kill_seconds)
+        _save(pd.DataFrame(checks), "gpu_faults", out, parameters)
+        say("the study")
+        runs, samples = study.measure(workload, device, sizes.study_records, sizes.worker_counts,
+                                      sizes.workunit_sizes,
+                                      started + budget - RESERVE_SECONDS, folder)
+        _save(pd.DataFrame(runs), "gpu_study", out, parameters)
+        if samples:
+            _save(pd.DataFrame(samples), "gpu_study_samples", out, parameters)
+    from helpers.bench.gpu.report import summary
+
+    print(summary(out))
+    print(f"tables: {out} ({time.monotonic() - started:.0f} s)")
+    return out
+
+
+def _release(device: str) -> None:
+    """Give back what the model's side held: its models, compiled graphs and cached blocks."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.compiler.reset()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def _repeated(texts: list[str], count: int) -> list[str]:
+    return [texts[i % len(texts)] for i in range(count)]
+
+
+def _ceilings(device: str, sizes: Sizes) -> list[dict[str, Any]]:
+    import torch
+
+    from helpers.bench.gpu.card import ceilings
+
+    rows = ceilings(device, sizes.matmul_size, sizes.copy_bytes)
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        facts = {"gpu": props.name, "multiprocessors": props.multi_processor_count,
+                 "memory_gib": total / 2 ** 30, "free_gib": free / 2 ** 30}
+    else:
+        facts = {"gpu": "none (a dry run on the CPU)"}
+    from helpers.engine.devices import available_cores
+
+    return [{**row, **facts, "cores": available_cores()} for row in rows]
+
+
+def _study_workload(model_dir: str, device: str) -> Any:
+    """The workload the study and the faults run: the feed variant, batch ENCODE_BATCH,
+    tokenize-ahead and pinned memory on."""
+    from helpers.workloads.embedding import EmbeddingWorkload
+
+    ahead, pin = model_side.FEEDS[0]
+    return EmbeddingWorkload(model=model_dir, batch_size=model_side.ENCODE_BATCH,
+                             precision=model_side.feed_precision(device),
+                             tokenize_ahead=ahead, pin_memory=pin)
+
+
+def _worker_rate(model: pd.DataFrame, device: str) -> float:
+    """Texts a second one worker ran the study's workload at in the model's side (its encode
+    rows), or one a second where none was measured."""
+    ahead, pin = model_side.FEEDS[0]
+    mine = measured(model)
+    mine = mine[(mine["mode"] == "encode")
+                & (mine["precision"] == model_side.feed_precision(device))
+                & ~mine["compile"].astype(bool)
+                & (mine["tokenize_ahead"] == ahead) & (mine["pin_memory"] == pin)
+                & (mine["batch_size"] == model_side.ENCODE_BATCH)]
+    return float(mine["texts_per_s"].median()) if len(mine) else 1.0
+
+
+def _save(frame: pd.DataFrame, name: str, out: Path, parameters: dict[str, Any]) -> pd.DataFrame:
+    from helpers.study.results import save_table
+
+    if not frame.empty:
+        save_table(frame, name, out, "helpers.bench.gpu", parameters)
+    return frame

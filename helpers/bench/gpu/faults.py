@@ -1,0 +1,196 @@
+"""The check's third section: what the CPU tests only simulate, on the card.
+
+One pool with ``workers_per_device="fit"`` on a card whose free memory this process first cuts to
+BALLAST_FREE_GIB with a tensor it holds (another tenant of the card, as on a shared machine; it
+keeps the out-of-memory cheap: a batch far over the whole card would take minutes to tokenize):
+
+- ``fit``: the workers it started, and what each said when ready (the card's free memory by
+  ``torch.cuda.mem_get_info`` in the worker, its copy's size by ``memory_allocated``) beside
+  NVML's memory in use before and after: does "fit" read the real free memory, and what does a
+  copy really take (its CUDA context included)?
+- ``out_of_memory``: one workunit of OOM_RECORDS long texts (each cut at the model's 256 tokens)
+  as one batch, far over what is free: CUDA's out-of-memory error, the scheduler's backoff
+  (halves until one fits), every id written once and none in ``errors/``.
+- ``killed``: a worker SIGKILLed 40 % of the way through a job: its death seen, a replacement
+  started, every id written once.
+
+Without a card (the dry run) nothing holds memory and the out-of-memory error is raised by
+SimulatedOom above a size: the rows say so.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from helpers.workloads.embedding import EmbeddingWorkload
+
+BALLAST_FREE_GIB = 6.0  # what the ballast leaves free on the card
+OOM_RECORDS = 16384  # texts in the one workunit (and batch) that runs out of memory
+FIT_MAX = 4  # workers "fit" may start (each start is seconds: the section's time)
+KILL_AT = 0.4  # of the killed job's expected time
+KILL_SECONDS = 8.0  # the killed job lasts about this long at the model's side's rate
+LONG_CHARACTERS = 1500  # a long text: paragraphs joined up to this (past 256 tokens)
+
+
+@dataclass(frozen=True)
+class SimulatedOom(EmbeddingWorkload):
+    """The embedding workload that raises CUDA's out-of-memory error for a workunit of more than
+    ``oom_above`` records, as a card would for a batch too large (for the dry run on a CPU)."""
+
+    oom_above: int = 0
+
+    def process(self, model: Any, records: list[Any]) -> dict[str, Any]:
+        if self.oom_above and len(records) > self.oom_above:
+            import torch
+
+            raise torch.cuda.OutOfMemoryError(f"simulated: {len(records)} records > "
+                                              f"{self.oom_above} (a dry run has no card)")
+        return super().process(model, records)
+
+
+def long_texts(count: int) -> list[tuple[int, str]]:
+    """``count`` (id, text) pairs of consecutive sample paragraphs joined to LONG_CHARACTERS."""
+    from helpers.study.paths import sample_texts
+
+    paragraphs, texts, current = sample_texts(), [], ""
+    index = 0
+    while len(texts) < count:
+        current = f"{current} {paragraphs[index % len(paragraphs)]}".strip()
+        index += 1
+        if len(current) >= LONG_CHARACTERS:
+            texts.append(current)
+            current = ""
+    return list(enumerate(texts))
+
+
+class _Deaths(logging.Handler):
+    """Counts the scheduler's log lines that say a worker died."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if " died (" in record.getMessage():
+            self.times.append(record.created)
+
+
+def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: float,
+            kill_units: int, folder: Path, fit_max: int = FIT_MAX,
+            kill_seconds: float = KILL_SECONDS) -> list[dict[str, Any]]:
+    """Tidy rows, one per check (``check``: fit, out_of_memory, killed), each with ``passed``.
+    ``rate``: texts a second one worker runs (the killed job is sized from it to last about
+    ``kill_seconds``)."""
+    from helpers.engine.pipeline import WorkerPool
+    from helpers.engine.telemetry import memory_in_use
+
+    card = device.startswith("cuda")
+    workload = replace(workload, batch_size=oom_records)  # a workunit of oom_records: one batch
+    if not card:
+        workload = SimulatedOom(**{**vars(workload), "oom_above": oom_records // 4})
+    rows: list[dict[str, Any]] = []
+    held: list[Any] = []  # the ballast, while the pool runs
+    try:
+        if card:
+            held.append(_ballast(device))
+        before = memory_in_use(device)
+        with WorkerPool(workload, [device], workers_per_device="fit",
+                        max_workers_per_device=fit_max, progress=False) as pool:
+            rows.append(_fit(pool, device, before))
+            rows.append(_oom(pool, oom_records, folder, card))
+            records = max(oom_records, int(rate * len(pool.ready) * kill_seconds))
+            rows.append(_killed(pool, records, kill_units, KILL_AT * kill_seconds, folder))
+    except Exception as exc:  # what did not run is a failed row
+        rows.append({"check": "pool", "passed": False,
+                     "detail": f"{type(exc).__name__}: {exc}"[:300]})
+    finally:
+        held.clear()
+        if card:
+            import torch
+
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _ballast(device: str) -> Any:
+    """A tensor taking all but BALLAST_FREE_GIB of the card's free memory (None if less is
+    free)."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    take = int(free - BALLAST_FREE_GIB * 2 ** 30)
+    ballast = torch.empty(take, dtype=torch.uint8, device=device) if take > 0 else None
+    torch.cuda.synchronize(device)
+    return ballast
+
+
+def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
+    """How many workers "fit" started and what each said of the card when ready."""
+    from helpers.engine.telemetry import memory_in_use
+
+    after = memory_in_use(device)
+    ready = pool.ready
+    started = len(ready)
+    frees = [round(r.free_mb) if r.free_mb is not None else None for r in ready.values()]
+    copies = [round(r.model_mb) if r.model_mb is not None else None for r in ready.values()]
+    real = (after - before) / started if after is not None and before is not None else None
+    return {"check": "fit", "passed": started >= 1, "workers": started,
+            "worker_free_mb": " ".join(map(str, frees)), "copy_mb": " ".join(map(str, copies)),
+            "used_before_mb": before, "used_after_mb": after, "copy_real_mb": real,
+            "spinup_s": pool.spinup_seconds,
+            "detail": f"stopped at {started} of {pool.settings.max_workers_per_device}"}
+
+
+def _oom(pool: Any, records: int, folder: Path, card: bool) -> dict[str, Any]:
+    """One workunit of ``records`` long texts, as one batch: backed off, every id once."""
+    from helpers.bench.scale import exactly_once
+
+    output = folder / "faults-oom.h5"
+    pairs = long_texts(records)
+    stats = pool.run(pairs, output, workunit_size=records, overwrite=True)
+    once = exactly_once(output, records)
+    backoffs = stats.recovery.get("oom_backoffs", 0)
+    return {"check": "out_of_memory", "passed": once and backoffs >= 1
+            and stats.failed_records == 0, "records": records, "exactly_once": once,
+            "failed_records": stats.failed_records, "oom_backoffs": backoffs,
+            "wall_s": stats.wall_seconds, "simulated": not card,
+            "detail": f"{backoffs} backoffs; splits {stats.recovery.get('splits', 0)}"}
+
+
+def _killed(pool: Any, records: int, units: int, after: float, folder: Path) -> dict[str, Any]:
+    """A job with one worker SIGKILLed ``after`` seconds in: replaced, every id once."""
+    from helpers.bench.gpu.study import corpus
+    from helpers.bench.scale import exactly_once
+
+    output = folder / "faults-killed.h5"
+    victim = next(iter(pool.pids.values()))
+    deaths = _Deaths()
+    logging.getLogger("gpufeed").addHandler(deaths)
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        killed_at.append(time.time())
+        os.kill(victim, signal.SIGKILL)
+
+    timer = threading.Timer(after, kill)
+    try:
+        timer.start()
+        stats = pool.run(corpus(records), output, workunit_size=units, overwrite=True)
+    finally:
+        timer.cancel()
+        logging.getLogger("gpufeed").removeHandler(deaths)
+    once = exactly_once(output, records)
+    restarts = stats.recovery.get("restart_seconds") or []
+    return {"check": "killed", "passed": bool(killed_at) and once and
+            stats.recovery.get("deaths", 0) >= 1, "records": records, "exactly_once": once,
+            "failed_records": stats.failed_records, "deaths": stats.recovery.get("deaths", 0),
+            "detection_s": deaths.times[0] - killed_at[0] if deaths.times and killed_at
+            else None, "restart_s": restarts[0] if restarts else None,
+            "wall_s": stats.wall_seconds,
+            "detail": "killed mid-run" if killed_at else "the job ended before the kill"}

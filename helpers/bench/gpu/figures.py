@@ -1,0 +1,129 @@
+"""The GPU check's two figures, drawn from its tables only (helpers.study.figures saves them):
+
+- ``model-texts_per_s-vs-batch_size``: the card alone (forward passes, one line per variant) and
+  a worker's whole path (encode, the feed variant), in texts/s and as a share of the card's
+  measured bf16 limit: how much of the card the model can use, and how much the CPU side leaves;
+- ``study-texts_per_s-vs-workers``: the study's corpus through 1-4 workers per GPU, by workunit
+  size, and the card's busy share (NVML) in each run: how many workers keep the card fed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from helpers.bench.gpu.model_side import FEEDS, feed_precision
+from helpers.bench.gpu.tables import FIGURES, measured, read, sidecar
+
+
+def draw(results: str | Path, figures_dir: str | Path) -> list[Path]:
+    """Both figures from the tables in ``results``; their paths."""
+    from helpers.study.figures import save_figure
+    from helpers.study.provenance import describe_machine
+
+    tables, meta = read(results), sidecar(results)
+    machine = describe_machine(meta["machine"]) + f"; weights {meta['parameters']['weights']}"
+    device = meta["parameters"]["device"]
+    saved = []
+    if "gpu_model" in tables:
+        fig, finding = model_figure(tables["gpu_model"], device)
+        saved.append(save_figure(fig, FIGURES, "model-texts_per_s-vs-batch_size", figures_dir,
+                                 finding=finding, machine=machine,
+                                 replicates=int(meta["parameters"]["repeats"]),
+                                 tables=["gpu_model"]))
+    if "gpu_study" in tables and "texts_per_s" in tables["gpu_study"]:
+        fig, finding = study_figure(tables["gpu_study"])
+        saved.append(save_figure(fig, FIGURES, "study-texts_per_s-vs-workers", figures_dir,
+                                 finding=finding, machine=machine, replicates=1,
+                                 tables=["gpu_study"]))
+    return saved
+
+
+def _panels() -> tuple[Any, Any]:
+    import matplotlib.pyplot as plt
+
+    from helpers.study.figures import use_style
+
+    use_style()
+    fig, axes = plt.subplots(1, 2, figsize=(12.8, 4.4))
+    return fig, axes
+
+
+def model_figure(model: pd.DataFrame, device: str) -> tuple[Any, str]:
+    done = measured(model)
+    ahead, pin = FEEDS[0]
+    lines = done[(done["mode"] == "forward") | (
+        (done["mode"] == "encode") & (done["precision"] == feed_precision(device))
+        & ~done["compile"].astype(bool) & (done["tokenize_ahead"] == ahead)
+        & (done["pin_memory"] == pin))]
+    medians = lines.groupby(["mode", "precision", "compile", "batch_size"], sort=False)[
+        ["texts_per_s", "card_share"]].median().reset_index()
+    fig, (rate, share) = _panels()
+    for (mode, precision, compile), group in medians.groupby(["mode", "precision", "compile"],
+                                                             sort=False):
+        label = f"{mode}: {precision}{' compiled' if compile else ''}"
+        style = {"linestyle": "--", "color": "black"} if mode == "encode" else {}
+        for ax, column, scale in ((rate, "texts_per_s", 1), (share, "card_share", 100)):
+            ax.plot(group["batch_size"], group[column] * scale, marker="o", label=label, **style)
+    sizes = sorted(medians["batch_size"].unique())
+    for ax, ylabel in ((rate, "texts per second"), (share, "share of the card's bf16 limit [%]")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, labels=[str(int(s)) for s in sizes])
+        ax.set(xlabel="batch size [texts]", ylabel=ylabel)
+        ax.set_ylim(bottom=0)
+    rate.legend(fontsize=8)
+    fig.suptitle("Higher is better: the card alone (forward) against a worker's whole path "
+                 "(encode, dashed)")
+    return fig, model_finding(medians)
+
+
+def model_finding(medians: pd.DataFrame) -> str:
+    forward = medians[medians["mode"] == "forward"]
+    encode = medians[medians["mode"] == "encode"]
+    if forward.empty:
+        return "no forward pass was timed"
+    best = forward.loc[forward["texts_per_s"].idxmax()]
+    text = (f"The card alone peaks at {best['texts_per_s']:,.0f} texts/s ({best['precision']}"
+            f"{' compiled' if best['compile'] else ''}, batch {int(best['batch_size'])}: "
+            f"{best['card_share']:.1%} of its bf16 limit)")
+    if not encode.empty:
+        top = encode.loc[encode["texts_per_s"].idxmax()]
+        text += (f"; one worker's whole path reaches {top['texts_per_s']:,.0f} "
+                 f"({top['texts_per_s'] / best['texts_per_s']:.1%} of that)")
+    return text + "."
+
+
+def study_figure(runs: pd.DataFrame) -> tuple[Any, str]:
+    done = measured(runs)
+    fig, (rate, busy) = _panels()
+    source = done["busy_source"].iloc[0] if len(done) else "nvml"
+    scale = 100 if source == "nvml" else 1  # a card's share in %; a CPU's in cores
+    for size, group in done.groupby("workunit_size", sort=False):
+        group = group.sort_values("workers")
+        rate.plot(group["workers"], group["texts_per_s"], marker="o", label=f"workunit {size}")
+        busy.plot(group["workers"], group["busy_share"] * scale, marker="o",
+                  label=f"workunit {size}")
+    counts = sorted(done["workers"].unique())
+    for ax, ylabel in ((rate, "texts per second"),
+                       (busy, "card busy [%] (NVML)" if source == "nvml"
+                        else "workers' CPU [cores] (psutil: no card)")):
+        ax.set_xticks(counts)
+        ax.set(xlabel="workers per GPU", ylabel=ylabel)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle("Higher is better: how many workers keep one card fed")
+    return fig, study_finding(done)
+
+
+def study_finding(done: pd.DataFrame) -> str:
+    if done.empty:
+        return "no run of the study finished"
+    best = done.loc[done["texts_per_s"].idxmax()]
+    one = done[done["workers"] == done["workers"].min()]["texts_per_s"].max()
+    use = (f"the card busy {best['busy_share']:.0%} of the time (NVML)"
+           if best["busy_source"] == "nvml" else
+           f"its workers using {best['busy_share']:.1f} cores (psutil: no card)")
+    return (f"{int(best['workers'])} workers per GPU (workunit {best['workunit_size']}) ran "
+            f"{best['texts_per_s']:,.0f} texts/s, {best['texts_per_s'] / one:.2f}x "
+            f"{int(done['workers'].min())}, {use}.")

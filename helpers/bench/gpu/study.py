@@ -1,0 +1,141 @@
+"""The check's second section: the study's question on the card.
+
+How many workers should feed one GPU, and should their workunits be sized from their rates or
+fixed? Each count of WORKER_COUNTS is a pool of its own (process backend, the feed variant of the
+first section: fp16, batch 256, tokenize-ahead and pinned memory on), and each pool runs the
+same corpus (the sample's paragraphs repeated, at least 200,000 on a card) once per workunit size
+of SIZES, in an order that alternates from pool to pool. Through each run the card is sampled
+every SAMPLE_SECONDS (helpers.engine.telemetry; NVML on a card): its busy share (the share of the
+time a kernel ran: a card at 100 % may still be far from its FLOP limit) and the longest stretch
+it read 0 % while the job ran (to NVML's resolution, its own averaging period of 1/6 s to 1 s);
+beside them the workers' longest wait for work and whether every id was written once.
+
+The largest counts come first after one worker, so that a run the section's time cuts (a row
+says so) is one between two that were measured.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+WORKER_COUNTS = (1, 4, 2, 3)
+SIZES = ("auto", 1024)  # workunit sizes: from each worker's rate, and fixed (gpu.yaml's ~1,000)
+SAMPLE_SECONDS = 0.1
+SPINUP_GUESS = 20.0  # seconds a pool may take to start, before one is measured
+
+
+def corpus(records: int) -> list[tuple[int, str]]:
+    """``records`` (id, text) pairs: the sample's paragraphs, repeated."""
+    from helpers.study.paths import sample_texts
+
+    texts = sample_texts()
+    return [(i, texts[i % len(texts)]) for i in range(records)]
+
+
+def measure(workload: Any, device: str, records: int, worker_counts: tuple[int, ...],
+            sizes: tuple[int | str, ...], deadline: float, folder: Path
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows: one per run or run skipped, samples: the card's use through each run)."""
+    from helpers.engine.pipeline import WorkerPool
+
+    pairs = corpus(records)
+    rows: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    measured: tuple[int, float] | None = None  # the last run's workers and texts/s
+    spinup = SPINUP_GUESS  # the last pool's start
+
+    def expected(workers: int) -> float:  # a run's seconds, guessed on the safe side: no faster
+        if measured is None:  # than the last run, slower in proportion with fewer workers
+            return 0.0
+        return records / (measured[1] * min(1.0, workers / measured[0]))
+
+    for turn, workers in enumerate(worker_counts):
+        order = sizes if turn % 2 == 0 else tuple(reversed(sizes))
+        if not _fits(deadline, spinup + expected(workers)):
+            rows += [{"workers": workers, "workunit_size": str(s), "skipped": "budget"}
+                     for s in order]
+            continue
+        try:
+            with WorkerPool(workload, [device], workers_per_device=workers,
+                            progress=False) as pool:
+                spinup = pool.spinup_seconds
+                for size in order:
+                    run = f"{workers}-{size}"
+                    base = {"run": run, "workers": workers, "workunit_size": str(size),
+                            "spinup_s": spinup, "skipped": ""}
+                    if not _fits(deadline, expected(workers)):
+                        rows.append({**base, "skipped": "budget"})
+                        continue
+                    row, seen = _run(pool, pairs, device, size, folder / f"study-{run}.h5")
+                    rows.append({**base, **row})
+                    samples += [{"run": run, **s} for s in seen]
+                    measured = (workers, row["texts_per_s"])
+        except Exception as exc:  # a pool that fails is a row; the next count still runs
+            rows.append({"workers": workers, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
+    return rows, samples
+
+
+def _fits(deadline: float, seconds: float) -> bool:
+    return time.monotonic() + seconds <= deadline
+
+
+def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
+         output: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One job, the card sampled through it; the output removed once checked."""
+    from helpers.bench.scale import exactly_once
+    from helpers.engine.telemetry import Telemetry
+
+    clock = time.monotonic()
+    sampler = Telemetry(lambda: {slot: (device, pid) for slot, pid in pool.pids.items()},
+                        clock, interval=SAMPLE_SECONDS)
+    sampler.start()
+    try:
+        stats = pool.run(pairs, output, workunit_size=size)
+    finally:
+        sampler.stop()
+    once = exactly_once(output, len(pairs))
+    output.unlink(missing_ok=True)
+    shutil.rmtree(output.with_name(output.name + ".parts"), ignore_errors=True)
+    seen = [{"seconds": s.seconds, "worker": s.worker, "utilization": s.utilization,
+             "memory_mb": s.memory_mb, "source": s.source} for s in sampler.samples]
+    counts, phases = stats.counts, stats.phases
+    gpu = [w.peak_gpu_mb for w in stats.workers if w.peak_gpu_mb is not None]
+    return {"records": stats.records, "failed_records": stats.failed_records,
+            "exactly_once": once, "wall_s": stats.wall_seconds,
+            "texts_per_s": stats.records_per_second,
+            "tokens_needed": counts.get("tokens_needed"),
+            "tokens_computed": counts.get("tokens_computed"),
+            "tokens_per_s": counts.get("tokens_needed", 0) / stats.wall_seconds,
+            **card_use(seen), "longest_worker_wait_s": stats.longest_idle_seconds,
+            "efficiency": stats.efficiency,
+            **{f"{phase}_s": s for phase, s in phases.items()},
+            "peak_gpu_mb": max(gpu) if gpu else None,
+            "worker_cores": os.cpu_count(),
+            **{k: v for k, v in stats.recovery.items() if k != "restart_seconds"}}, seen
+
+
+def card_use(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The card's busy share over a run (NVML: the mean of its readings; elsewhere the workers'
+    mean CPU use, in cores), and its longest stretch read as idle (0 %) between its first and
+    last busy reading: ``longest_card_idle_s`` (NaN off NVML: a CPU's idle says nothing)."""
+    nvml = [s for s in samples if s["source"] == "nvml"]
+    if not nvml:
+        by_time: dict[float, float] = {}
+        for s in samples:
+            by_time[s["seconds"]] = by_time.get(s["seconds"], 0.0) + s["utilization"] / 100
+        return {"busy_source": "psutil", "busy_share": sum(by_time.values()) / len(by_time)
+                if by_time else float("nan"), "longest_card_idle_s": float("nan")}
+    busy = [i for i, s in enumerate(nvml) if s["utilization"] > 0]
+    longest, since = 0.0, None
+    for s in nvml[busy[0]:busy[-1] + 1] if busy else []:
+        if s["utilization"] > 0:
+            since = None
+        else:
+            since = s["seconds"] if since is None else since
+            longest = max(longest, s["seconds"] - since + SAMPLE_SECONDS)
+    return {"busy_source": "nvml",
+            "busy_share": sum(s["utilization"] for s in nvml) / len(nvml) / 100,
+            "longest_card_idle_s": longest}

@@ -1,0 +1,36 @@
+"""The GPU check's tables: their names, and reading them back (what the summary and the figures
+read; nothing else)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+TABLES = ("gpu_card", "gpu_model", "gpu_faults", "gpu_study", "gpu_study_samples")
+FIGURES = "check"  # the figures' folder under a figures folder
+
+
+def read(folder: str | Path) -> dict[str, pd.DataFrame]:
+    """Each table the check wrote into ``folder``, by name."""
+    folder = Path(folder)
+    return {name: pd.read_csv(folder / f"{name}.csv") for name in TABLES
+            if (folder / f"{name}.csv").is_file()}
+
+
+def sidecar(folder: str | Path, table: str = "gpu_card") -> dict[str, Any]:
+    path = Path(folder) / f"{table}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def skipped(frame: pd.DataFrame) -> pd.Series:
+    """Which rows say why they were not measured (a CSV reads an empty reason as NaN)."""
+    if "skipped" not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame["skipped"].notna() & frame["skipped"].astype(str).ne("")
+
+
+def measured(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows that were measured."""
+    return frame[~skipped(frame)]

@@ -1,0 +1,169 @@
+"""The GPU check (helpers.bench.gpu): its dry run goes through every section on this CPU, its
+report draws the figures from the tables alone, a call fits what the device tool carries, and the
+few card calls it makes are faked where a card is needed."""
+import json
+import subprocess
+import tarfile
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers.bench.gpu import card, check, faults, plan, report, study, tables, weights
+from helpers.study.paths import ROOT
+from helpers.study.provenance import git_commit
+
+pytestmark = pytest.mark.timeout(240)  # reached only on deadlock
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return weights.prepare(tmp_path_factory.mktemp("prepared"))
+
+
+def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
+        tmp_path, prepared, capsys):
+    out = check.run(tmp_path / "out", dry_run=True, prepared=prepared)
+    printed = capsys.readouterr().out
+    assert printed.index("faults:") < printed.index("the study (") < printed.index("tables:")
+    sizes = check.DRY
+    meta = json.loads((out / "gpu_model.json").read_text())
+    assert meta["commit"] == git_commit(ROOT) and meta["parameters"]["dry_run"] is True
+    assert meta["parameters"]["weights"] == weights.WEIGHTS
+
+    ceilings = pd.read_csv(out / "gpu_card.csv").set_index("ceiling")
+    assert set(ceilings.index) == {"matmul_bf16", "copy"} and (ceilings["value"] > 0).all()
+
+    model = pd.read_csv(out / "gpu_model.csv")
+    timed = model[model["skipped"].isna()]
+    forward = timed[timed["mode"] == "forward"]
+    assert sorted(forward["batch_size"]) == sorted(sizes.batch_sizes)  # fp32 alone: a CPU
+    assert (timed["texts_per_s"] > 0).all() and (timed["card_share"] > 0).all()
+    assert (timed["tokens_computed"] >= timed["tokens_needed"]).all()
+    encode = timed[timed["mode"] == "encode"]
+    feeds = set(zip(encode["tokenize_ahead"], encode["pin_memory"]))
+    assert feeds == set(model_feeds()) and (encode["cpu_s"] > 0).all()
+    assert set(encode["batch_size"]) == {256, *sizes.batch_sizes}
+    assert model[model["compile"] & model["skipped"].notna()].shape[0] == 1  # said, not silent
+
+    checks = pd.read_csv(out / "gpu_faults.csv").set_index("check")
+    assert list(checks.index) == ["fit", "out_of_memory", "killed"] and checks["passed"].all()
+    assert checks.loc["fit", "workers"] == sizes.fit_max
+    assert checks.loc["out_of_memory", "simulated"] and checks.loc["out_of_memory",
+                                                                    "oom_backoffs"] >= 1
+    assert checks.loc["killed", "deaths"] >= 1 and checks.loc["killed", "exactly_once"]
+
+    runs = pd.read_csv(out / "gpu_study.csv")
+    assert sorted(zip(runs["workers"], runs["workunit_size"])) == sorted(
+        (w, str(s)) for w in sizes.worker_counts for s in sizes.workunit_sizes)
+    assert runs["exactly_once"].all() and (runs["records"] == sizes.study_records).all()
+    assert set(pd.read_csv(out / "gpu_study_samples.csv")["run"]) == set(runs["run"])
+
+    with tarfile.open(tmp_path / "gpu-check.tgz", "w:gz") as archive:  # as the call brings it
+        archive.add(out, arcname=".")
+    results = report.ingest(tmp_path / "gpu-check.tgz", tmp_path / "results",
+                            tmp_path / "figures")
+    assert sorted(p.name for p in results.glob("*.csv")) == sorted(f"{t}.csv"
+                                                                   for t in tables.TABLES)
+    drawn = sorted((tmp_path / "figures" / tables.FIGURES).glob("*.png"))
+    assert [p.stem for p in drawn] == ["model-texts_per_s-vs-batch_size",
+                                       "study-texts_per_s-vs-workers"]
+    finding = json.loads(drawn[1].with_suffix(".json").read_text())["finding"]
+    assert "workers per GPU" in finding and "texts/s" in finding
+
+
+def model_feeds():
+    from helpers.bench.gpu.model_side import FEEDS
+
+    return FEEDS
+
+
+def test_a_run_without_a_card_is_refused_and_only_a_dry_run_uses_the_cpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA device.*--dry-run"):
+        check.check_device(dry_run=False)
+    assert check.check_device(dry_run=True) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert check.check_device(dry_run=True) == "cuda:0"
+
+
+def test_minilm_costs_22_mflop_a_token_at_128_tokens(prepared):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(prepared)
+    assert card.flops(config, 1, 128) / 128 == pytest.approx(22.4e6, rel=0.01)  # ANCHORS.md
+    assert card.flops(config, 2, 256) / (2 * 256) > card.flops(config, 1, 128) / 128  # quadratic
+
+
+def test_the_prepared_model_leaves_its_weights_behind_and_seeded_weights_repeat(
+        tmp_path, prepared):
+    from safetensors.numpy import load_file
+
+    files = [p for p in prepared.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix in (".safetensors", ".bin")]
+    assert sum(p.stat().st_size for p in files) < 2 * 2 ** 20
+    one = weights.build(prepared, tmp_path / "one", seed=1, layers=1)
+    two = weights.build(prepared, tmp_path / "two", seed=1, layers=1)
+    other = weights.build(prepared, tmp_path / "other", seed=2, layers=1)
+    a, b, c = (load_file(f / "model.safetensors") for f in (one, two, other))
+    key = next(k for k in a if k.endswith("query.weight"))
+    assert np.array_equal(a[key], b[key]) and not np.array_equal(a[key], c[key])
+    assert a[key].std() == pytest.approx(0.02, rel=0.1)  # BERT's initialisation, not zeros
+    assert (one / "1_Pooling" / "config.json").is_file() and (one / "tokenizer.json").is_file()
+
+
+def test_the_plan_prepares_what_a_call_carries_fits_it_and_sends_the_commit():
+    text = plan.plan()  # (prepares build/gpu/model, git-ignored, as make builds its venv)
+    found = plan.sizes()
+    assert sum(found.values()) < plan.LIMIT_BYTES and found["carried"] > 0
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    command = plan.command(head)
+    assert f"GPUFEED_COMMIT={head}" in command and "--out" in command and len(command) < 2000
+    assert "$OUT/gpu-check.tgz" in command
+    call = json.loads(text[text.index("{"):text.index("}") + 1])
+    assert "fits" in text and call["timeout_s"] == plan.TIMEOUT_S
+    assert call["carry"] == ["build/gpu/model"] and (ROOT / "build/gpu/model/config.json").is_file()
+
+
+def test_a_copy_without_git_names_the_commit_it_was_sent(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFEED_COMMIT", "abc123")
+    assert git_commit(tmp_path) == "abc123"
+    monkeypatch.delenv("GPUFEED_COMMIT")
+    assert git_commit(tmp_path) == "unknown"
+
+
+def test_the_cards_idle_stretch_is_read_between_its_first_and_last_busy_reading():
+    def readings(values):
+        return [{"seconds": i * study.SAMPLE_SECONDS, "utilization": v, "source": "nvml",
+                 "worker": None, "memory_mb": 1.0} for i, v in enumerate(values)]
+
+    use = study.card_use(readings([0, 0, 0, 50, 0, 0, 0, 80, 0, 100, 0, 0, 0, 0]))
+    assert use["longest_card_idle_s"] == pytest.approx(3 * study.SAMPLE_SECONDS)  # not the ends
+    assert use["busy_share"] == pytest.approx(230 / 14 / 100) and use["busy_source"] == "nvml"
+    assert study.card_use(readings([0, 0]))["longest_card_idle_s"] == 0.0
+    cpu = study.card_use([{"seconds": 0.0, "utilization": 90.0, "source": "psutil"},
+                          {"seconds": 0.0, "utilization": 70.0, "source": "psutil"}])
+    assert cpu["busy_share"] == pytest.approx(1.6) and np.isnan(cpu["longest_card_idle_s"])
+
+
+def test_the_ballast_leaves_what_the_check_asks_free_on_the_card(monkeypatch):
+    import torch
+
+    taken = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * 2 ** 30, 80 * 2 ** 30))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: None)
+    monkeypatch.setattr(torch, "empty", lambda n, **kw: taken.append((n, kw)) or "ballast")
+    assert faults._ballast("cuda:0") == "ballast"
+    assert taken == [(int((10 - faults.BALLAST_FREE_GIB) * 2 ** 30),
+                      {"dtype": torch.uint8, "device": "cuda:0"})]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 ** 30, 80 * 2 ** 30))
+    assert faults._ballast("cuda:0") is None and len(taken) == 1  # less free: nothing taken
+
+
+def test_long_texts_pass_the_models_length():
+    texts = faults.long_texts(5)
+    assert [i for i, _ in texts] == list(range(5))
+    assert all(len(t) >= faults.LONG_CHARACTERS for _, t in texts)
