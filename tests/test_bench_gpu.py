@@ -32,13 +32,16 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
     assert meta["parameters"]["weights"] == weights.WEIGHTS
 
     ceilings = pd.read_csv(out / "gpu_card.csv").set_index("ceiling")
-    assert set(ceilings.index) == {"matmul_bf16", "copy"} and (ceilings["value"] > 0).all()
+    assert set(ceilings.index) == {"matmul_bf16", "matmul_fp32", "copy"}
+    assert (ceilings["value"] > 0).all()
 
     model = pd.read_csv(out / "gpu_model.csv")
     timed = model[model["skipped"].isna()]
     forward = timed[timed["mode"] == "forward"]
     assert sorted(forward["batch_size"]) == sorted(sizes.batch_sizes)  # fp32 alone: a CPU
     assert (timed["texts_per_s"] > 0).all() and (timed["card_share"] > 0).all()
+    for share, ceiling in (("card_share", "matmul_bf16"), ("own_share", "matmul_fp32")):
+        assert np.allclose(timed[share] * ceilings.loc[ceiling, "value"], timed["tflop_per_s"])
     assert (timed["tokens_computed"] >= timed["tokens_needed"]).all()
     encode = timed[timed["mode"] == "encode"]
     feeds = set(zip(encode["tokenize_ahead"], encode["pin_memory"]))
@@ -47,8 +50,8 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
     assert model[model["compile"] & model["skipped"].notna()].shape[0] == 1  # said, not silent
 
     checks = pd.read_csv(out / "gpu_faults.csv").set_index("check")
-    assert list(checks.index) == ["fit", "out_of_memory", "killed"] and checks["passed"].all()
-    assert checks.loc["fit", "workers"] == sizes.fit_max
+    assert list(checks.index) == ["fit", "killed", "out_of_memory"] and checks["passed"].all()
+    assert checks.loc["fit", "workers"] == sizes.fit_max  # (a CPU's memory: no stop before)
     assert checks.loc["out_of_memory", "simulated"] and checks.loc["out_of_memory",
                                                                     "oom_backoffs"] >= 1
     assert checks.loc["killed", "deaths"] >= 1 and checks.loc["killed", "exactly_once"]

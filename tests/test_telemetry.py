@@ -38,7 +38,7 @@ def test_a_cards_memory_in_use_is_nvmls_reading(monkeypatch):
     import sys
     import types
 
-    from helpers.engine.telemetry import memory_in_use
+    from helpers.engine.telemetry import compute_mode, memory_in_use
 
     calls = []
     nvml = types.SimpleNamespace(
@@ -46,11 +46,13 @@ def test_a_cards_memory_in_use_is_nvmls_reading(monkeypatch):
         nvmlDeviceGetHandleByIndex=lambda index: f"card {index}",
         nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(
             used=3 * 2 ** 30 if handle == "card 1" else 0),
-        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=40))
+        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=40),
+        nvmlDeviceGetComputeMode=lambda handle: 3)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert memory_in_use("cuda:1") == 3 * 1024 and calls == ["init", "shutdown"]
     assert memory_in_use("cpu") is None
+    assert compute_mode("cuda:0") == "exclusive_process" and compute_mode("cpu") is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # cuda:0 is the physical card 1
     assert memory_in_use("cuda:0") == 3 * 1024
     nvml.nvmlDeviceGetMemoryInfo = lambda handle: 1 / 0

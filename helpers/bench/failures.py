@@ -53,7 +53,7 @@ def durable_rows(records: int, repeats: int, workload_name: str) -> list[dict]:
     return rows
 
 
-class _Deaths(logging.Handler):
+class Deaths(logging.Handler):
     """Notes when the scheduler logs a worker's death."""
 
     def __init__(self) -> None:
@@ -72,7 +72,7 @@ def crash_rows(workload_name: str, records: int, repeats: int) -> list[dict]:
         workload, pairs = EmbeddingWorkload(), list(enumerate(sample_texts(records)))
     else:
         workload, pairs = SyntheticWorkload(0.01), [(i, f"r{i}") for i in range(records)]
-    deaths = _Deaths()
+    deaths = Deaths()
     logging.getLogger("gpufeed").addHandler(deaths)
     rows = []
     try:

@@ -116,6 +116,20 @@ def memory_in_use(device: str) -> float | None:
         nvml.close()
 
 
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+
+def compute_mode(device: str) -> str | None:
+    """A CUDA device's compute mode by NVML ("default": any number of processes may use it;
+    "exclusive_process": one, so a pool's workers cannot share it with their parent), or None
+    where NVML cannot tell."""
+    nvml = _Nvml()
+    try:
+        return nvml.compute_mode(device)
+    finally:
+        nvml.close()
+
+
 class _Nvml:
     """NVML's view of the CUDA devices, or nothing where there is no NVIDIA driver."""
 
@@ -140,6 +154,15 @@ class _Nvml:
             return float(self._pynvml.nvmlDeviceGetUtilizationRates(handle).gpu), used
         except Exception:  # a simulated card beyond the real ones, or one NVML cannot read
             return None
+
+    def compute_mode(self, device: str) -> str | None:
+        if self._pynvml is None or not device.startswith("cuda:"):
+            return None
+        try:
+            mode = self._pynvml.nvmlDeviceGetComputeMode(self._handle(int(device.split(":")[1])))
+        except Exception:
+            return None
+        return COMPUTE_MODES.get(int(mode), str(mode))
 
     def _handle(self, index: int) -> Any:
         """NVML numbers cards physically; ``cuda:i`` is the i-th of CUDA_VISIBLE_DEVICES."""

@@ -1,8 +1,9 @@
 """What the card can do, measured in the same call, and what the model asks of it.
 
 The two ceilings of the device tool's METHOD.md, measured once: the dense bf16 rate of a large
-matrix product (random operands, never zeros: a product of zeros ran 13 % faster on an H200 here)
-and the bandwidth of a large device-to-device copy (bytes read plus bytes written). Datasheet
+matrix product (random operands, never zeros: a product of zeros ran 13 % faster on an H200 here;
+fp32's too, the ceiling of the fp32 variant) and the bandwidth of a large device-to-device copy
+(bytes read plus bytes written). Datasheet
 figures are leads only. The model's arithmetic comes from its configuration (``flops``), so a
 texts-per-second figure becomes a share of the card's limit. ``Stopwatch`` times a stretch of
 work on the device: CUDA events where there is a card, else the host clock.
@@ -19,8 +20,9 @@ WARMUPS, REPEATS = 3, 10
 
 
 class Stopwatch:
-    """Seconds of device work between ``start()`` and ``stop()``: CUDA events on a card (the
-    work queued between them, not the host's launch time), the host clock on a CPU."""
+    """Seconds between ``start()`` and ``stop()`` on the device's own clock: CUDA events on a
+    card (from the card reaching the first to its reaching the second: its kernels, and any wait
+    for the host to launch the next), the host clock on a CPU."""
 
     def __init__(self, device: str) -> None:
         import torch
@@ -63,25 +65,29 @@ def _spread(seconds: list[float]) -> tuple[float, float, float]:
 
 def ceilings(device: str, matmul_size: int = MATMUL_SIZE,
              copy_bytes: int = COPY_BYTES) -> list[dict[str, Any]]:
-    """Tidy rows: the bf16 matrix rate (TFLOP/s) and the copy bandwidth (TB/s, read + written),
-    each the median of REPEATS after WARMUPS, with their range."""
+    """Tidy rows: the bf16 and fp32 matrix rates (TFLOP/s) and the copy bandwidth (TB/s, read +
+    written), each the median of REPEATS after WARMUPS, with their range."""
     import torch
 
     generator = torch.Generator(device=device).manual_seed(0)
-    rows = [_matmul(device, matmul_size, generator), _copy(device, copy_bytes, generator)]
+    rows = [_matmul(device, matmul_size, generator, torch.bfloat16),
+            _matmul(device, matmul_size, generator, torch.float32),
+            _copy(device, copy_bytes, generator)]
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # (the operands, gone with their functions)
     return rows
 
 
-def _matmul(device: str, size: int, generator: Any) -> dict[str, Any]:
+def _matmul(device: str, size: int, generator: Any, dtype: Any) -> dict[str, Any]:
+    """An n×n×n product's rate in ``dtype`` (float32 as torch runs it by default: no TF32)."""
     import torch
 
-    a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16, generator=generator)
+    a, b = (torch.randn(size, size, device=device, dtype=dtype, generator=generator)
             for _ in range(2))
     median, least, most = _spread(timed(device, lambda: torch.matmul(a, b)))
     flop = 2.0 * size ** 3
-    return {"ceiling": "matmul_bf16", "size": size, "value": flop / median / 1e12,
+    name = {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    return {"ceiling": f"matmul_{name}", "size": size, "value": flop / median / 1e12,
             "low": flop / most / 1e12, "high": flop / least / 1e12, "unit": "TFLOP/s",
             "repeats": REPEATS}
 

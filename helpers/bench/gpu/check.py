@@ -4,14 +4,15 @@ Sections, in this order (each writes its tables as soon as it ends, so a call cu
 what it measured)::
 
     the card's ceilings ─► the model's side ─► faults ─► the study ─► the summary, printed last
-    (bf16 matmul, copy)    (model_side.py)     (faults.py) (study.py)
+    (matmul, copy)         (model_side.py)     (faults.py) (study.py)
 
-The model's side has until MODEL_SHARE of the budget, the faults take what they take (three
-fixed checks, about a minute), and the study fills what is left but RESERVE_SECONDS, a run it
-cannot finish skipped and said so. The model workers load is all-MiniLM-L6-v2's configuration and
-tokenizer with seeded random weights (helpers.bench.gpu.weights), built into a temporary folder
-first. ``--dry-run`` runs every section on a CPU with tiny sizes (DRY), in under a minute: the
-test suite runs it, so the check never reaches a card broken.
+The model's side has until MODEL_SHARE of the budget, the faults until FAULTS_SHARE (three
+checks, about a minute), and the study fills what is left but RESERVE_SECONDS, a run it cannot
+finish skipped and said so; its tables are saved after every run. The model is
+all-MiniLM-L6-v2's configuration and tokenizer with seeded random weights
+(helpers.bench.gpu.weights), built into a temporary folder first. ``--dry-run`` runs every
+section on a CPU with tiny sizes (DRY), in under a minute: the test suite runs it, so the check
+never reaches a card broken.
 """
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ from helpers.bench.gpu.tables import TABLES, measured
 from helpers.bench.gpu.weights import PREPARED, WEIGHTS, build, prepare
 
 BUDGET_SECONDS = 400.0  # the check's own limit: a card's call ends within 7 minutes
-MODEL_SHARE = 0.3  # of the budget, the model's side ends by then (compiles last, while it allows)
+MODEL_SHARE = 0.35  # of the budget: the model's side ends by then (the feed variant compiled
+# first, the others last while time allows)
+FAULTS_SHARE = 0.55  # and a fault check starts only if it should end by then
 RESERVE_SECONDS = 15.0  # kept at the end: tables, the summary
 
 
@@ -37,9 +40,10 @@ RESERVE_SECONDS = 15.0  # kept at the end: tables, the summary
 class Sizes:
     """How much each section does: CARD on a GPU, DRY for the dry run."""
 
-    model_texts: int = 6144  # the sample's paragraphs the model's side times
+    model_texts: int = 4096  # the sample's paragraphs the model's side times
     batch_sizes: tuple[int, ...] = (64, 128, 256, 512, 1024)
-    repeats: int = 3  # forward passes timed, and rounds of encode
+    repeats: int = 3  # passes of the forward alone timed
+    rounds: int = 2  # rounds of encode
     precisions: tuple[str, ...] = model_side.PRECISIONS
     compiled: bool = True
     study_records: int = 200_000
@@ -55,7 +59,7 @@ class Sizes:
 
 
 CARD = Sizes()
-DRY = Sizes(model_texts=32, batch_sizes=(16, 32), repeats=1, precisions=("fp32",),
+DRY = Sizes(model_texts=32, batch_sizes=(16, 32), repeats=1, rounds=1, precisions=("fp32",),
             compiled=False, study_records=160, worker_counts=(1, 2), workunit_sizes=("auto", 32),
             oom_records=32, fit_max=2, kill_units=8, kill_seconds=3.0, matmul_size=256,
             copy_bytes=2 ** 22, layers=1)
@@ -101,28 +105,34 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
         say("the card's ceilings")
         card = pd.DataFrame(_ceilings(device, sizes))
         _save(card, "gpu_card", out, parameters)
-        tflops = float(card.set_index("ceiling").loc["matmul_bf16", "value"])
+        rates = card.set_index("ceiling")["value"]
+        ceilings = {"bf16": float(rates["matmul_bf16"]), "fp32": float(rates["matmul_fp32"])}
         from helpers.study.paths import sample_texts
 
         texts = _repeated(sample_texts(), sizes.model_texts)
         say("the model's side")
         rows = model_side.measure(model_dir, device, texts, sizes.batch_sizes, sizes.repeats,
-                                  started + MODEL_SHARE * budget, tflops, sizes.precisions,
-                                  sizes.compiled)
+                                  sizes.rounds, started + MODEL_SHARE * budget, ceilings,
+                                  sizes.precisions, sizes.compiled)
         model = _save(pd.DataFrame(rows), "gpu_model", out, parameters)
         _release(device)  # (the workers need the card's memory this process cached)
         workload = _study_workload(model_dir, device)
+        rate = _worker_rate(model, device)
         say("faults")
-        checks = faults.measure(workload, device, sizes.oom_records, _worker_rate(model, device),
-                                sizes.kill_units, folder, sizes.fit_max, sizes.kill_seconds)
+        checks = faults.measure(workload, device, sizes.oom_records, rate, sizes.kill_units,
+                                folder, started + FAULTS_SHARE * budget, sizes.fit_max,
+                                sizes.kill_seconds)
         _save(pd.DataFrame(checks), "gpu_faults", out, parameters)
         say("the study")
-        runs, samples = study.measure(workload, device, sizes.study_records, sizes.worker_counts,
-                                      sizes.workunit_sizes,
-                                      started + budget - RESERVE_SECONDS, folder)
-        _save(pd.DataFrame(runs), "gpu_study", out, parameters)
-        if samples:
+
+        def keep(runs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> None:
+            _save(pd.DataFrame(runs), "gpu_study", out, parameters)
             _save(pd.DataFrame(samples), "gpu_study_samples", out, parameters)
+
+        runs, _ = study.measure(workload, device, sizes.study_records, sizes.worker_counts,
+                                sizes.workunit_sizes, started + budget - RESERVE_SECONDS, folder,
+                                rate, keep)
+        _save(pd.DataFrame(runs), "gpu_study", out, parameters)  # (the runs cut, too)
     from helpers.bench.gpu.report import summary
 
     print(summary(out))
@@ -153,10 +163,17 @@ def _ceilings(device: str, sizes: Sizes) -> list[dict[str, Any]]:
 
     rows = ceilings(device, sizes.matmul_size, sizes.copy_bytes)
     if device.startswith("cuda"):
+        from helpers.engine.telemetry import compute_mode
+
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
         facts = {"gpu": props.name, "multiprocessors": props.multi_processor_count,
-                 "memory_gib": total / 2 ** 30, "free_gib": free / 2 ** 30}
+                 "memory_gib": total / 2 ** 30, "free_gib": free / 2 ** 30,
+                 "compute_mode": compute_mode(device)}
+        if facts["compute_mode"] not in ("default", None):
+            print(f"warning: {device}'s compute mode is {facts['compute_mode']}: workers cannot "
+                  f"share it with this process, so the faults and the study will fail",
+                  flush=True)
     else:
         facts = {"gpu": "none (a dry run on the CPU)"}
     from helpers.engine.devices import available_cores

@@ -1,18 +1,20 @@
-"""The check's third section: what the CPU tests only simulate, on the card.
+"""The GPU check's faults: what the CPU tests only simulate, on the card.
 
-One pool with ``workers_per_device="fit"`` on a card whose free memory this process first cuts to
-BALLAST_FREE_GIB with a tensor it holds (another tenant of the card, as on a shared machine; it
-keeps the out-of-memory cheap: a batch far over the whole card would take minutes to tokenize):
+This process first cuts the card's free memory to BALLAST_FREE_GIB with a tensor it holds
+(another tenant of the card, as on a shared machine; it keeps the out-of-memory cheap: a batch far
+over the whole card would take minutes to tokenize). Then, each while the section's time allows:
 
-- ``fit``: the workers it started, and what each said when ready (the card's free memory by
-  ``torch.cuda.mem_get_info`` in the worker, its copy's size by ``memory_allocated``) beside
-  NVML's memory in use before and after: does "fit" read the real free memory, and what does a
-  copy really take (its CUDA context included)?
-- ``out_of_memory``: one workunit of OOM_RECORDS long texts (each cut at the model's 256 tokens)
-  as one batch, far over what is free: CUDA's out-of-memory error, the scheduler's backoff
-  (halves until one fits), every id written once and none in ``errors/``.
-- ``killed``: a worker SIGKILLed 40 % of the way through a job: its death seen, a replacement
-  started, every id written once.
+- ``fit``: a pool with ``workers_per_device="fit"`` (at most FIT_MAX). Each worker says when
+  ready what it read of the card's free memory (``torch.cuda.mem_get_info``) and what its copy
+  takes (``memory_allocated``); the check passes if the last one's reading is the card's real
+  free memory, read here just after (FIT_TOLERANCE). Beside them, NVML's memory in use before and
+  after the workers started: what a copy really takes (its CUDA context included), so how many
+  copies "fit" would start uncapped, and what it would leave free for all their batches.
+- ``killed``: on that pool, a worker SIGKILLed 40 % of the way through a job: its death seen, a
+  replacement started, every id written once.
+- ``out_of_memory``: a pool of one worker, given one workunit of OOM_RECORDS long texts (each cut
+  at the model's 256 tokens) as one batch, far over what is free: CUDA's out-of-memory error, the
+  scheduler's backoff (halves until one fits), every id written once and none in ``errors/``.
 
 Without a card (the dry run) nothing holds memory and the out-of-memory error is raised by
 SimulatedOom above a size: the rows say so.
@@ -33,6 +35,7 @@ from helpers.workloads.embedding import EmbeddingWorkload
 BALLAST_FREE_GIB = 6.0  # what the ballast leaves free on the card
 OOM_RECORDS = 16384  # texts in the one workunit (and batch) that runs out of memory
 FIT_MAX = 4  # workers "fit" may start (each start is seconds: the section's time)
+FIT_TOLERANCE = (0.05, 256.0)  # a worker's free memory is the card's within 5 % or 256 MiB
 KILL_AT = 0.4  # of the killed job's expected time
 KILL_SECONDS = 8.0  # the killed job lasts about this long at the model's side's rate
 LONG_CHARACTERS = 1500  # a long text: paragraphs joined up to this (past 256 tokens)
@@ -69,24 +72,12 @@ def long_texts(count: int) -> list[tuple[int, str]]:
     return list(enumerate(texts))
 
 
-class _Deaths(logging.Handler):
-    """Counts the scheduler's log lines that say a worker died."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if " died (" in record.getMessage():
-            self.times.append(record.created)
-
-
 def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: float,
-            kill_units: int, folder: Path, fit_max: int = FIT_MAX,
+            kill_units: int, folder: Path, deadline: float, fit_max: int = FIT_MAX,
             kill_seconds: float = KILL_SECONDS) -> list[dict[str, Any]]:
-    """Tidy rows, one per check (``check``: fit, out_of_memory, killed), each with ``passed``.
-    ``rate``: texts a second one worker runs (the killed job is sized from it to last about
-    ``kill_seconds``)."""
+    """Tidy rows, one per check (``check``: fit, killed, out_of_memory), each with ``passed``;
+    a check the time left cannot hold (``deadline``) is a row that says so. ``rate``: texts a
+    second one worker runs (the killed job is sized from it to last about ``kill_seconds``)."""
     from helpers.engine.pipeline import WorkerPool
     from helpers.engine.telemetry import memory_in_use
 
@@ -95,7 +86,7 @@ def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: fl
     if not card:
         workload = SimulatedOom(**{**vars(workload), "oom_above": oom_records // 4})
     rows: list[dict[str, Any]] = []
-    held: list[Any] = []  # the ballast, while the pool runs
+    held: list[Any] = []  # the ballast, while the pools run
     try:
         if card:
             held.append(_ballast(device))
@@ -103,9 +94,15 @@ def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: fl
         with WorkerPool(workload, [device], workers_per_device="fit",
                         max_workers_per_device=fit_max, progress=False) as pool:
             rows.append(_fit(pool, device, before))
-            rows.append(_oom(pool, oom_records, folder, card))
             records = max(oom_records, int(rate * len(pool.ready) * kill_seconds))
-            rows.append(_killed(pool, records, kill_units, KILL_AT * kill_seconds, folder))
+            rows.append(_killed(pool, records, kill_units, KILL_AT * kill_seconds, folder)
+                        if time.monotonic() + 2 * kill_seconds < deadline else
+                        {"check": "killed", "passed": False, "detail": "skipped: budget"})
+        if time.monotonic() + 4 * kill_seconds < deadline:
+            with WorkerPool(workload, [device], progress=False) as pool:
+                rows.append(_oom(pool, oom_records, folder, card))
+        else:
+            rows.append({"check": "out_of_memory", "passed": False, "detail": "skipped: budget"})
     except Exception as exc:  # what did not run is a failed row
         rows.append({"check": "pool", "passed": False,
                      "detail": f"{type(exc).__name__}: {exc}"[:300]})
@@ -131,20 +128,45 @@ def _ballast(device: str) -> Any:
 
 
 def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
-    """How many workers "fit" started and what each said of the card when ready."""
+    """How many workers "fit" started, what each read of the device's free memory, whether
+    the last one's reading is the device's (read here now), and what a copy really takes."""
+    from helpers.engine.pipeline import ADAPTIVE_HEADROOM
     from helpers.engine.telemetry import memory_in_use
 
     after = memory_in_use(device)
-    ready = pool.ready
+    ready = list(pool.ready.values())
     started = len(ready)
-    frees = [round(r.free_mb) if r.free_mb is not None else None for r in ready.values()]
-    copies = [round(r.model_mb) if r.model_mb is not None else None for r in ready.values()]
-    real = (after - before) / started if after is not None and before is not None else None
-    return {"check": "fit", "passed": started >= 1, "workers": started,
-            "worker_free_mb": " ".join(map(str, frees)), "copy_mb": " ".join(map(str, copies)),
-            "used_before_mb": before, "used_after_mb": after, "copy_real_mb": real,
-            "spinup_s": pool.spinup_seconds,
-            "detail": f"stopped at {started} of {pool.settings.max_workers_per_device}"}
+    free_now = _free_mb(device)
+    last = ready[-1].free_mb if ready else None
+    reads_real = last is not None and \
+        abs(last - free_now) <= max(FIT_TOLERANCE[0] * free_now, FIT_TOLERANCE[1])
+    counted = ready[-1].model_mb if ready else None  # what "fit" takes a copy to be
+    real = (after - before) / started if after is not None and before is not None and started \
+        else None
+    free_before = free_now + (real or 0.0) * started
+    leaves = ADAPTIVE_HEADROOM * counted if counted else None  # free, once "fit" stops
+    return {"check": "fit", "passed": started >= 1 and reads_real, "workers": started,
+            "worker_free_mb": " ".join(f"{r.free_mb:.0f}" for r in ready if r.free_mb),
+            "free_now_mb": free_now, "copy_mb": counted, "copy_real_mb": real,
+            "used_before_mb": before, "used_after_mb": after, "spinup_s": pool.spinup_seconds,
+            "fit_leaves_free_mb": leaves,  # uncapped, for every worker's batches together
+            "copies_fit_would_start": int((free_before - leaves) / real) + 1
+            if real and leaves is not None else None,
+            "detail": f"started {started} of at most {pool.settings.max_workers_per_device}; "
+                      f"the last read {last or float('nan'):.0f} MiB free, the device has "
+                      f"{free_now:.0f}; a copy counted {counted or float('nan'):.0f} MiB, "
+                      f"takes {real or float('nan'):.0f}"}
+
+
+def _free_mb(device: str) -> float:
+    """The device's free memory now, as a worker reads it (worker.device_memory)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(device)[0] / 2 ** 20
+    import psutil
+
+    return psutil.virtual_memory().available / 2 ** 20
 
 
 def _oom(pool: Any, records: int, folder: Path, card: bool) -> dict[str, Any]:
@@ -165,12 +187,13 @@ def _oom(pool: Any, records: int, folder: Path, card: bool) -> dict[str, Any]:
 
 def _killed(pool: Any, records: int, units: int, after: float, folder: Path) -> dict[str, Any]:
     """A job with one worker SIGKILLed ``after`` seconds in: replaced, every id once."""
+    from helpers.bench.failures import Deaths
     from helpers.bench.gpu.study import corpus
     from helpers.bench.scale import exactly_once
 
     output = folder / "faults-killed.h5"
     victim = next(iter(pool.pids.values()))
-    deaths = _Deaths()
+    deaths = Deaths()
     logging.getLogger("gpufeed").addHandler(deaths)
     killed_at: list[float] = []
 

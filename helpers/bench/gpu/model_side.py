@@ -1,22 +1,26 @@
-"""The check's first section: the model's side on the card, alone and as a worker runs it.
+"""The GPU check's model side: the model on the card, alone and as a worker runs it.
 
 Each precision (fp32, fp16, bf16), eager and compiled, is loaded as a worker loads it
 (``EmbeddingWorkload.load``: the cast, ``torch.compile``, the quality guard against float32 on the
 guard's texts, pinned memory, tokenize-ahead), then timed two ways on the same texts:
 
-- ``forward``: the card alone. The texts are tokenized first, in batches of each size sorted by
-  token count as ``encode`` sorts them, and put on the card; then only the forward passes are
-  timed (CUDA events, REPEATS passes over all batches after a warm-up). Its FLOPs over the
-  card's measured bf16 rate are the share of the card's limit the model reaches.
+- ``forward``: the forward passes alone. The texts are tokenized first (once for every variant),
+  in batches of each size sorted by token count as ``encode`` sorts them, and put on the card;
+  then REPEATS passes over all batches are timed with CUDA events after a warm-up, launched from
+  one Python thread (the card waits for the host's launches where they are slower than its
+  kernels: eager PyTorch as it runs). Their FLOPs over the card's measured bf16 matrix rate are
+  ``card_share``, the share of the card's limit the model reaches; over the ceiling of its own
+  precision (fp32's without TF32), ``own_share``.
 - ``encode``: what a worker does per workunit (``workload.process``: sort by tokens, tokenize,
   copy, forward, back to the host) on one thread, with its process CPU seconds and its phases;
-  for every variant at ENCODE_BATCH with tokenize-ahead and pinned memory on, for the FEED
-  variant at every batch size and with each of those two options off. Rounds are interleaved,
-  each in another order.
+  for every variant at ENCODE_BATCH with tokenize-ahead and pinned memory on, for the feed
+  variant at every batch size and with each of those two options off. ROUNDS rounds, each in
+  another order.
 
 The gap between the two modes is what the CPU side costs a card: the question of the feed issue.
-Compiled variants come last and only while the section's time allows one more compile (the first
-one's cost, measured; COMPILE_GUESS before it): a row says what was skipped and why.
+The feed variant is compiled right after the eager loads; the other compiled variants come last,
+each only while the section's time allows another compile (the last one's cost, COMPILE_GUESS
+before one is measured): a row says what was skipped and why.
 """
 from __future__ import annotations
 
@@ -33,8 +37,8 @@ COMPILED_ORDER = ("fp16", "bf16", "fp32")  # the likeliest to be used first
 ENCODE_BATCH = 256  # the batch size each variant is compared at (gpu.yaml's)
 FEEDS = ((True, True), (False, True), (True, False), (False, False))  # (tokenize_ahead,
 # pin_memory): the first is every variant's and the study's
-COMPILE_GUESS = 90.0  # seconds a first torch.compile may take, before one is measured
-TIMING_RESERVE = 10.0  # seconds a compiled variant's timing needs once compiled
+COMPILE_GUESS = 60.0  # seconds a first torch.compile may take, before one is measured
+TIMING_RESERVE = 15.0  # seconds a compiled variant's timing needs once compiled
 
 
 @dataclass
@@ -62,39 +66,62 @@ def feed_precision(device: str) -> str:
 
 
 def measure(model_dir: str, device: str, texts: list[str], batch_sizes: tuple[int, ...],
-            repeats: int, deadline: float, ceiling_tflops: float,
+            repeats: int, rounds: int, deadline: float, ceilings: dict[str, float],
             precisions: tuple[str, ...] = PRECISIONS, compiled: bool = True
             ) -> list[dict[str, Any]]:
     """Tidy rows, one per (mode, variant, batch size, repeat), plus one per variant skipped
-    (``precisions``, ``compiled``: fewer, for a dry run). The eager variants are loaded and
-    timed first; then each compiled one, while the time left allows its compile."""
+    (``precisions``, ``compiled``: fewer, for a dry run). ``ceilings``: TFLOP/s of the card's
+    matrix products by precision (card.ceilings)."""
     feed = feed_precision(device)
     rows: list[dict[str, Any]] = []
     wanted = [(p, *FEEDS[0]) for p in PRECISIONS if p in precisions] + \
         [(feed, *options) for options in FEEDS[1:]]
-    eager = [item for item in (_load_row(model_dir, device, p, False, ahead, pin, rows)
-                               for p, ahead, pin in wanted) if item is not None]
-    if not eager:
+    loaded = [item for item in (_load_row(model_dir, device, p, False, ahead, pin, rows)
+                                for p, ahead, pin in wanted) if item is not None]
+    if not loaded:
         return rows
-    shapes = _Shapes(model_dir, eager[0].model, texts)
-    rows += _timed(eager, device, texts, batch_sizes, shapes, repeats, deadline, ceiling_tflops)
-    compile_cost = COMPILE_GUESS
-    for precision in (p for p in COMPILED_ORDER if p in precisions):
-        key = {"mode": "load", "precision": precision, "compile": True}
-        if not compiled:
-            rows.append({**key, "skipped": "compile not asked for (a dry run: minutes on a CPU)"})
-        elif time.monotonic() + compile_cost + TIMING_RESERVE > deadline:
-            rows.append({**key, "skipped": f"budget (a compile takes ~{compile_cost:.0f} s)"})
-        elif (item := _load_row(model_dir, device, precision, True, *FEEDS[0], rows)) is not None:
-            compile_cost = item.load_s
-            rows += _timed([item], device, texts, batch_sizes, shapes, repeats, deadline,
-                           ceiling_tflops)
+    shapes = _Shapes(model_dir, loaded[0].model, texts)
+    compiling = _Compiles(model_dir, device, rows, deadline, compiled)
+    order = [p for p in COMPILED_ORDER if p in precisions]
+    loaded += compiling.load(order[:1])  # (the likeliest to be used, while time is plenty)
+    rows += _timed(loaded, device, texts, batch_sizes, shapes, repeats, rounds, deadline,
+                   ceilings)
+    for precision in order[1:]:
+        rows += _timed(compiling.load([precision]), device, texts, batch_sizes, shapes, repeats,
+                       rounds, deadline, ceilings)
     return rows
 
 
+class _Compiles:
+    """Loads compiled variants while the time left allows another compile."""
+
+    def __init__(self, model_dir: str, device: str, rows: list[dict[str, Any]],
+                 deadline: float, wanted: bool) -> None:
+        self.model_dir, self.device, self.rows = model_dir, device, rows
+        self.deadline, self.wanted, self.cost = deadline, wanted, COMPILE_GUESS
+
+    def load(self, precisions: list[str]) -> list[Loaded]:
+        loaded = []
+        for precision in precisions:
+            key = {"mode": "load", "precision": precision, "compile": True}
+            if not self.wanted:
+                self.rows.append({**key, "skipped": "compile not asked for (a dry run: minutes "
+                                                    "on a CPU)"})
+            elif time.monotonic() + self.cost + TIMING_RESERVE > self.deadline:
+                self.rows.append({**key, "skipped": f"budget (a compile takes ~{self.cost:.0f} "
+                                                    f"s)"})
+            else:
+                item = _load_row(self.model_dir, self.device, precision, True, *FEEDS[0],
+                                 self.rows)
+                if item is not None:
+                    self.cost = item.load_s
+                    loaded.append(item)
+        return loaded
+
+
 def _timed(items: list[Loaded], device: str, texts: list[str], batch_sizes: tuple[int, ...],
-           shapes: _Shapes, repeats: int, deadline: float,
-           ceiling_tflops: float) -> list[dict[str, Any]]:
+           shapes: _Shapes, repeats: int, rounds: int, deadline: float,
+           ceilings: dict[str, float]) -> list[dict[str, Any]]:
     """The forward pass of each variant (loaded with the study's feed) at every batch size,
     then the encode rounds of ``_encode_plan``."""
     rows: list[dict[str, Any]] = []
@@ -105,9 +132,9 @@ def _timed(items: list[Loaded], device: str, texts: list[str], batch_sizes: tupl
             if time.monotonic() > deadline:
                 rows.append({**_base("forward", item, size), "skipped": "budget"})
                 continue
-            rows += _forward(item, device, texts, size, shapes, repeats, ceiling_tflops)
+            rows += _forward(item, device, texts, size, shapes, repeats, ceilings)
     return rows + _encode_rounds(_encode_plan(items, batch_sizes, device), texts, shapes,
-                                 repeats, deadline, ceiling_tflops)
+                                 rounds, deadline, ceilings)
 
 
 def _base(mode: str, item: Loaded, batch_size: int) -> dict[str, Any]:
@@ -158,9 +185,23 @@ class _Shapes:
         self.config = AutoConfig.from_pretrained(model_dir)
         self.lengths = np.asarray(token_lengths(model, texts))
         self.order = np.argsort(-self.lengths, kind="stable")
+        self.model, self.texts = model, texts
+        self._features: dict[int, list[dict[str, Any]]] = {}
 
     def batches(self, size: int) -> list[np.ndarray]:
         return [self.order[k:k + size] for k in range(0, len(self.order), size)]
+
+    def features(self, size: int) -> list[dict[str, Any]]:
+        """The batches of ``size`` tokenized (on the host; every variant shares its tokenizer),
+        by the class's own method: not the worker's wrappers on the instance (pinned memory,
+        tokenize-ahead, the phase clock)."""
+        if size not in self._features:
+            kind = type(self.model)
+            preprocess = getattr(kind, "preprocess", None) or kind.tokenize
+            self._features[size] = [
+                {k: v for k, v in preprocess(self.model, [self.texts[i] for i in batch]).items()
+                 if hasattr(v, "to")} for batch in self.batches(size)]
+        return self._features[size]
 
     def figures(self, size: int) -> dict[str, float]:
         from helpers.bench.gpu.card import flops
@@ -175,40 +216,41 @@ class _Shapes:
 
 
 def _rates(row: dict[str, Any], texts: int, seconds: float, figures: dict[str, float],
-           ceiling_tflops: float) -> dict[str, Any]:
+           ceilings: dict[str, float]) -> dict[str, Any]:
     tflops = figures["flop"] / seconds / 1e12
+    own = ceilings.get("fp32" if row["precision"] == "fp32" else "bf16", float("nan"))
     return {**row, "texts": texts, "seconds": seconds, "texts_per_s": texts / seconds,
             "tokens_needed": figures["tokens_needed"],
             "tokens_computed": figures["tokens_computed"],
             "tokens_per_s": figures["tokens_needed"] / seconds, "tflop_per_s": tflops,
-            "card_share": tflops / ceiling_tflops if ceiling_tflops else float("nan")}
+            "card_share": tflops / ceilings.get("bf16", float("nan")),
+            "own_share": tflops / own}
 
 
 def _forward(item: Loaded, device: str, texts: list[str], size: int, shapes: _Shapes,
-             repeats: int, ceiling_tflops: float) -> list[dict[str, Any]]:
+             repeats: int, ceilings: dict[str, float]) -> list[dict[str, Any]]:
     """REPEATS timed passes of the forward alone over every batch of ``size``, on the card."""
     import torch
 
     model = item.model
-    preprocess = getattr(type(model), "preprocess", None) or type(model).tokenize  # the
-    # class's: not the worker's wrappers (pinned, ahead, the phase clock) on the instance
-    features = []
-    for batch in shapes.batches(size):
-        tensors = preprocess(model, [texts[k] for k in batch])
-        features.append({k: v.to(device) for k, v in tensors.items() if hasattr(v, "to")})
+    features = [{k: v.to(device) for k, v in one.items()} for one in shapes.features(size)]
 
     def work() -> None:
         for one in features:
             model(dict(one))  # (the modules add their outputs to the dict they get)
 
     base = _base("forward", item, size)
+    clock = getattr(model, "gpufeed_phases", None)  # its hook waits for the card after each
+    waits, clock.cuda = clock.cuda, False  # forward pass: here the passes must queue up
     try:
         with torch.inference_mode():
             seconds = timed(device, work, warmups=1, repeats=repeats)
     except Exception as exc:  # (out of memory at a large batch, say)
         return [{**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]}]
+    finally:
+        clock.cuda = waits
     figures = shapes.figures(size)
-    return [{**_rates(base, len(texts), s, figures, ceiling_tflops), "repeat": r}
+    return [{**_rates(base, len(texts), s, figures, ceilings), "repeat": r}
             for r, s in enumerate(seconds)]
 
 
@@ -225,29 +267,30 @@ def _encode_plan(loaded: list[Loaded], batch_sizes: tuple[int, ...],
 
 
 def _encode_rounds(plan: list[tuple[Loaded, int]], texts: list[str], shapes: _Shapes,
-                   repeats: int, deadline: float, ceiling_tflops: float) -> list[dict[str, Any]]:
-    """``repeats`` rounds of every (variant, batch size) of ``plan``, each round starting one
+                   rounds: int, deadline: float, ceilings: dict[str, float]
+                   ) -> list[dict[str, Any]]:
+    """``rounds`` rounds of every (variant, batch size) of ``plan``, each round starting one
     further along (the machine's drift falls on all alike)."""
-    rows = []
-    for repeat in range(repeats):
+    rows: list[dict[str, Any]] = []
+    for repeat in range(rounds if plan else 0):
         for item, size in plan[repeat % len(plan):] + plan[:repeat % len(plan)]:
             base = {**_base("encode", item, size), "repeat": repeat}
             if time.monotonic() > deadline:
                 rows.append({**base, "skipped": "budget"})
                 continue
             try:
-                rows.append(_encode_once(item, size, texts, shapes, base, ceiling_tflops))
+                rows.append(_encode_once(item, size, texts, shapes, base, ceilings))
             except Exception as exc:
                 rows.append({**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
     return rows
 
 
 def _encode_once(item: Loaded, size: int, texts: list[str], shapes: _Shapes,
-                 base: dict[str, Any], ceiling_tflops: float) -> dict[str, Any]:
+                 base: dict[str, Any], ceilings: dict[str, float]) -> dict[str, Any]:
     workload = replace(item.workload, batch_size=size)
     cpu, wall = time.process_time(), time.perf_counter()
     workload.process(item.model, texts)  # (its vectors come back to the host: the card is done)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     phases = workload.phases(item.model) or {}
-    return {**_rates(base, len(texts), wall, shapes.figures(size), ceiling_tflops),
+    return {**_rates(base, len(texts), wall, shapes.figures(size), ceilings),
             "cpu_s": cpu, **{f"{phase}_s": s for phase, s in phases.items()}}

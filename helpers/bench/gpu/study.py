@@ -1,27 +1,32 @@
-"""The check's second section: the study's question on the card.
+"""The GPU check's study: the study's question on the card.
 
 How many workers should feed one GPU, and should their workunits be sized from their rates or
 fixed? Each count of WORKER_COUNTS is a pool of its own (process backend, the feed variant of the
-first section: fp16, batch 256, tokenize-ahead and pinned memory on), and each pool runs the
-same corpus (the sample's paragraphs repeated, at least 200,000 on a card) once per workunit size
-of SIZES, in an order that alternates from pool to pool. Through each run the card is sampled
-every SAMPLE_SECONDS (helpers.engine.telemetry; NVML on a card): its busy share (the share of the
-time a kernel ran: a card at 100 % may still be far from its FLOP limit) and the longest stretch
-it read 0 % while the job ran (to NVML's resolution, its own averaging period of 1/6 s to 1 s);
-beside them the workers' longest wait for work and whether every id was written once.
+model's side: fp16, batch 256, tokenize-ahead and pinned memory on), started when first needed
+and kept until the section ends; each runs the same corpus (the sample's paragraphs repeated,
+200,000 on a card) once per workunit size of SIZES: the first size over every count, ascending,
+then the second, descending. So a run the section's time cuts (a row says so) is one of the
+second size at the fewest workers, the longest; and the first size alone answers how many
+workers. A run is started only if it should end in time, guessed no faster than the run of the
+most workers up to its own measured so far (at first, one worker's rate in the model's side).
 
-The largest counts come first after one worker, so that a run the section's time cuts (a row
-says so) is one between two that were measured.
+Through each run the card is sampled every SAMPLE_SECONDS (helpers.engine.telemetry; NVML on a
+card): its busy share (NVML's utilisation: the share of its sample period, 1/6 s to 1 s, in
+which any kernel ran; a card at 100 % may still be far from its FLOP limit) and the longest
+stretch it read 0 % while the job ran (a gap shorter than NVML's period is not seen); beside
+them the workers' longest wait for work and whether every id was written once.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-WORKER_COUNTS = (1, 4, 2, 3)
+WORKER_COUNTS = (1, 2, 3, 4)  # the first size runs them in this order, the second in reverse
 SIZES = ("auto", 1024)  # workunit sizes: from each worker's rate, and fixed (gpu.yaml's ~1,000)
 SAMPLE_SECONDS = 0.1
 SPINUP_GUESS = 20.0  # seconds a pool may take to start, before one is measured
@@ -36,45 +41,50 @@ def corpus(records: int) -> list[tuple[int, str]]:
 
 
 def measure(workload: Any, device: str, records: int, worker_counts: tuple[int, ...],
-            sizes: tuple[int | str, ...], deadline: float, folder: Path
+            sizes: tuple[int | str, ...], deadline: float, folder: Path, rate: float,
+            keep: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rows: one per run or run skipped, samples: the card's use through each run)."""
+    """(rows: one per run or run skipped, samples: the card's use through each run); ``keep``
+    is handed both after every run (the tables saved as they grow: a call cut short keeps
+    them). ``rate``: texts a second one worker ran in the model's side, the first guess of a
+    run's length (no faster than that, whatever its workers)."""
     from helpers.engine.pipeline import WorkerPool
 
     pairs = corpus(records)
     rows: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
-    measured: tuple[int, float] | None = None  # the last run's workers and texts/s
-    spinup = SPINUP_GUESS  # the last pool's start
+    rates: dict[int, float] = {}  # texts/s measured, by workers
+    spinup = SPINUP_GUESS
 
-    def expected(workers: int) -> float:  # a run's seconds, guessed on the safe side: no faster
-        if measured is None:  # than the last run, slower in proportion with fewer workers
-            return 0.0
-        return records / (measured[1] * min(1.0, workers / measured[0]))
+    def expected(workers: int) -> float:  # on the safe side: no faster than fewer workers ran
+        known = [r for w, r in sorted(rates.items()) if w <= workers]
+        return records / max(known[-1] if known else rate, 1e-9)
 
-    for turn, workers in enumerate(worker_counts):
-        order = sizes if turn % 2 == 0 else tuple(reversed(sizes))
-        if not _fits(deadline, spinup + expected(workers)):
-            rows += [{"workers": workers, "workunit_size": str(s), "skipped": "budget"}
-                     for s in order]
-            continue
-        try:
-            with WorkerPool(workload, [device], workers_per_device=workers,
-                            progress=False) as pool:
-                spinup = pool.spinup_seconds
-                for size in order:
-                    run = f"{workers}-{size}"
-                    base = {"run": run, "workers": workers, "workunit_size": str(size),
-                            "spinup_s": spinup, "skipped": ""}
-                    if not _fits(deadline, expected(workers)):
-                        rows.append({**base, "skipped": "budget"})
-                        continue
-                    row, seen = _run(pool, pairs, device, size, folder / f"study-{run}.h5")
-                    rows.append({**base, **row})
-                    samples += [{"run": run, **s} for s in seen]
-                    measured = (workers, row["texts_per_s"])
-        except Exception as exc:  # a pool that fails is a row; the next count still runs
-            rows.append({"workers": workers, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
+    with contextlib.ExitStack() as stack:
+        pools: dict[int, Any] = {}
+        for turn, size in enumerate(sizes):  # each size over every count, then the next
+            for workers in worker_counts if turn % 2 == 0 else tuple(reversed(worker_counts)):
+                run = f"{workers}-{size}"
+                base = {"run": run, "workers": workers, "workunit_size": str(size), "skipped": ""}
+                start = 0.0 if workers in pools else spinup
+                if not _fits(deadline, start + expected(workers)):
+                    rows.append({**base, "skipped": "budget"})
+                    continue
+                try:
+                    if workers not in pools:
+                        pools[workers] = stack.enter_context(WorkerPool(
+                            workload, [device], workers_per_device=workers, progress=False))
+                        spinup = pools[workers].spinup_seconds
+                    row, seen = _run(pools[workers], pairs, device, size,
+                                     folder / f"study-{run}.h5")
+                except Exception as exc:  # a run that fails is a row; the next still runs
+                    rows.append({**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
+                    continue
+                rows.append({**base, "spinup_s": pools[workers].spinup_seconds, **row})
+                samples += [{"run": run, **one} for one in seen]
+                rates[workers] = max(rates.get(workers, 0.0), row["texts_per_s"])
+                if keep is not None:
+                    keep(rows, samples)
     return rows, samples
 
 
