@@ -318,7 +318,8 @@ def exactly_once(output: Path, records: int) -> bool:
         return bool(seen.all())
 
 
-def _remove(output: Path) -> None:
+def remove_output(output: Path) -> None:
+    """An output file and its parts folder, gone."""
     output.unlink(missing_ok=True)
     shutil.rmtree(output.with_name(output.name + ".parts"), ignore_errors=True)
 
@@ -346,14 +347,14 @@ def measure(records: int = CORPUS, workers: int = 2, workunit_size: int = 4096, 
         for name, n in runs:
             row = _child(_command(n, output, **setting))
             rows.append({"run": name, **row, "exactly_once": exactly_once(output, n)})
-            _remove(output)
+            remove_output(output)
         if kill_at is not None:
             ran = _kill_when(_command(records, output, **setting), output, int(kill_at * records),
                              workunit_size if writes == "workers" else 0)
             rows.append({"run": "killed", "records": _held(output), "wall_s": ran})
             row = _child(_command(records, output, resume=True, **setting))
             rows.append({"run": "resumed", **row, "exactly_once": exactly_once(output, records)})
-            _remove(output)
+            remove_output(output)
     table = pd.DataFrame(rows).assign(source=source, backend=backend, writes=writes,
                                       workers=workers, units_per_message=str(per_message),
                                       workunit_size=workunit_size, dim=dim, total_records=records)

@@ -107,9 +107,7 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
         _save(card, "gpu_card", out, parameters)
         rates = card.set_index("ceiling")["value"]
         ceilings = {"bf16": float(rates["matmul_bf16"]), "fp32": float(rates["matmul_fp32"])}
-        from helpers.study.paths import sample_texts
-
-        texts = _repeated(sample_texts(), sizes.model_texts)
+        texts = [text for _, text in study.corpus(sizes.model_texts)]
         say("the model's side")
         rows = model_side.measure(model_dir, device, texts, sizes.batch_sizes, sizes.repeats,
                                   sizes.rounds, started + MODEL_SHARE * budget, ceilings,
@@ -150,10 +148,6 @@ def _release(device: str) -> None:
     torch.compiler.reset()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-
-
-def _repeated(texts: list[str], count: int) -> list[str]:
-    return [texts[i % len(texts)] for i in range(count)]
 
 
 def _ceilings(device: str, sizes: Sizes) -> list[dict[str, Any]]:

@@ -132,11 +132,12 @@ def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
     the last one's reading is the device's (read here now), and what a copy really takes."""
     from helpers.engine.pipeline import ADAPTIVE_HEADROOM
     from helpers.engine.telemetry import memory_in_use
+    from helpers.engine.worker import device_memory
 
     after = memory_in_use(device)
     ready = list(pool.ready.values())
     started = len(ready)
-    free_now = _free_mb(device)
+    free_now, _ = device_memory(None, None, device)  # (as a worker reads it)
     last = ready[-1].free_mb if ready else None
     reads_real = last is not None and \
         abs(last - free_now) <= max(FIT_TOLERANCE[0] * free_now, FIT_TOLERANCE[1])
@@ -156,17 +157,6 @@ def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
                       f"the last read {last or float('nan'):.0f} MiB free, the device has "
                       f"{free_now:.0f}; a copy counted {counted or float('nan'):.0f} MiB, "
                       f"takes {real or float('nan'):.0f}"}
-
-
-def _free_mb(device: str) -> float:
-    """The device's free memory now, as a worker reads it (worker.device_memory)."""
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.mem_get_info(device)[0] / 2 ** 20
-    import psutil
-
-    return psutil.virtual_memory().available / 2 ** 20
 
 
 def _oom(pool: Any, records: int, folder: Path, card: bool) -> dict[str, Any]:

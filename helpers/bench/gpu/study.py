@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -95,7 +94,7 @@ def _fits(deadline: float, seconds: float) -> bool:
 def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
          output: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One job, the card sampled through it; the output removed once checked."""
-    from helpers.bench.scale import exactly_once
+    from helpers.bench.scale import exactly_once, remove_output
     from helpers.engine.telemetry import Telemetry
 
     clock = time.monotonic()
@@ -107,8 +106,7 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
     finally:
         sampler.stop()
     once = exactly_once(output, len(pairs))
-    output.unlink(missing_ok=True)
-    shutil.rmtree(output.with_name(output.name + ".parts"), ignore_errors=True)
+    remove_output(output)
     seen = [{"seconds": s.seconds, "worker": s.worker, "utilization": s.utilization,
              "memory_mb": s.memory_mb, "source": s.source} for s in sampler.samples]
     counts, phases = stats.counts, stats.phases

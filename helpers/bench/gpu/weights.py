@@ -14,6 +14,7 @@ quality guard then compares each precision with float32 on these same weights.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from helpers.study.paths import ROOT
@@ -37,13 +38,8 @@ def prepare(target: Path = PREPARED, source: str | Path | None = None) -> Path:
     if not (source / "config.json").is_file():
         raise FileNotFoundError(f"{source}: no config.json; expected a sentence-transformers "
                                 f"model folder")
-    for path in sorted(source.rglob("*")):
-        relative = path.relative_to(source)
-        if path.is_dir() or path.name in LEFT_BEHIND or \
-                LEFT_BEHIND_FOLDERS.intersection(relative.parts):
-            continue
-        (target / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target / relative)
+    _copy(source, target, lambda relative: relative.name in LEFT_BEHIND
+          or bool(LEFT_BEHIND_FOLDERS.intersection(relative.parts)))
     return target
 
 
@@ -63,11 +59,16 @@ def build(prepared: Path, folder: Path, seed: int = SEED, layers: int | None = N
         config.num_hidden_layers = layers
     torch.manual_seed(seed)
     model = AutoModel.from_config(config)
-    folder.mkdir(parents=True, exist_ok=True)
-    for path in sorted(prepared.rglob("*")):
-        relative = path.relative_to(prepared)
-        if path.is_file() and relative != Path("config.json"):  # (the model's: written below)
-            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, folder / relative)
-    model.save_pretrained(folder)  # config.json and model.safetensors
+    _copy(prepared, folder)
+    model.save_pretrained(folder)  # model.safetensors, and config.json anew (``layers``)
     return folder
+
+
+def _copy(source: Path, target: Path, leave: Callable[[Path], bool] = lambda _: False) -> None:
+    """Every file under ``source`` into ``target``, where it stands, but those ``leave`` says
+    (of their path under ``source``)."""
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if path.is_file() and not leave(relative):
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target / relative)
