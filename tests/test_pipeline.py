@@ -384,3 +384,38 @@ def test_a_refused_output_leaves_the_pool_and_its_loaded_workers_usable(tmp_path
             pool.run(pairs, tmp_path / "a.h5", workunit_size=5)  # nothing dispatched
         stats = pool.run(pairs, tmp_path / "b.h5", workunit_size=5)
     assert stats.records == 20
+
+
+def test_an_input_rewritten_while_the_driver_reads_it_stops_the_run_unmixed(tmp_path):
+    """Issue 44: with --writes driver, a Parquet input rewritten 3.5 s into a run gave 18,000
+    old and 22,000 new rows, exit 0. The run now stops naming the file (an OSError: exit 1),
+    and the output holds only the old file's rows."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from helpers.engine.sources import open_source
+
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": [f"old{i}" for i in range(20_000)]}), path,
+                   row_group_size=1000)
+    source = open_source(path)
+    real = source.slices
+
+    def slices(skip, limit):
+        for n, piece in enumerate(real(skip, limit)):
+            if n == 3:
+                pq.write_table(pa.table({"text": [f"new{i}" for i in range(20_000)]}), path,
+                               row_group_size=1000)
+                os.utime(path, ns=(1, 1))  # (another time, on any filesystem's clock)
+            yield piece
+
+    source.slices = slices
+    with pytest.raises(OSError, match=r"in\.parquet: changed since the run started"):
+        run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 256,
+                     tmp_path / "out.h5", "thread", progress=False, writes="driver")
+    done = read_output(tmp_path / "out.h5")
+    assert len(done["ids"]) < 20_000  # (what was written before the stop: the old rows)
+    assert all(np.array_equal(v, record_vector(f"old{i}", 8))
+               for i, v in zip(done["ids"].tolist()[::50], done["values"][::50]))

@@ -269,3 +269,54 @@ def test_jsonl_lines_that_pyarrow_would_miscount_are_read_line_by_line(tmp_path)
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     got = dict(JSONLSource(tmp_path / "in.jsonl"))
     assert got[2] == "c" and got[3] == "d" and isinstance(got[0], BadRecord)
+
+
+def _jsonl(path, n, word="r"):
+    path.write_text("".join(json.dumps({"text": f"{word}{i}"}) + "\n" for i in range(n)))
+
+
+@pytest.mark.parametrize("change", ["in place", "cut to a third", "appended", "renamed over"])
+def test_the_drivers_jsonl_reading_stops_at_a_file_changed_half_way(tmp_path, monkeypatch,
+                                                                     change):
+    """Issue 44: a JSON-lines file rewritten while the driver read it gave 16,510 old and 23,490
+    new rows (exit 0); one cut short lost its lines to neither the output nor errors/; 100 lines
+    appended were run under the old file's fingerprint. Each now stops the reading, naming it."""
+    import time
+
+    import helpers.engine.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "BLOCK_BYTES", 4096)
+    path = tmp_path / "in.jsonl"
+    _jsonl(path, 3000)
+    slices = JSONLSource(path).slices(IdRanges(), None)
+    ids, records, _ = next(slices)
+    assert records[:2] == ["r0", "r1"]
+    time.sleep(0.01)
+    if change == "in place":
+        with open(path, "r+b") as f:
+            f.write(b"".join(json.dumps({"text": f"n{i}"}).encode() + b"\n"
+                             for i in range(3000)))
+    elif change == "cut to a third":
+        os.truncate(path, path.stat().st_size // 3)
+    elif change == "appended":
+        with open(path, "a") as f:
+            f.write(json.dumps({"text": "more"}) + "\n")
+    else:
+        _jsonl(tmp_path / "other.jsonl", 3000, "n")
+        os.replace(tmp_path / "other.jsonl", path)
+    if change == "renamed over":  # (the file open reads on as it was: the run's own file)
+        assert [r for _, r, _ in slices][-1][-1] == "r2999"
+        return
+    with pytest.raises(OSError, match=r"in\.jsonl: changed since the run started"):
+        for _, records, _ in slices:
+            assert not any(r.startswith("n") for r in records if isinstance(r, str))
+
+
+def test_the_drivers_hdf5_reading_stops_at_a_file_changed_half_way(tmp_path):
+    write_batches(tmp_path / "in.h5", [[f"r{i}" for i in range(3000)]])
+    slices = open_source(tmp_path / "in.h5").slices(IdRanges(), None)
+    assert next(slices)[1][0] == "r0"
+    write_batches(tmp_path / "other.h5", [[f"x{i}" for i in range(3000)]])
+    os.replace(tmp_path / "other.h5", tmp_path / "in.h5")
+    with pytest.raises(OSError, match=r"in\.h5: changed since the run started"):
+        list(slices)

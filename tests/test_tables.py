@@ -420,3 +420,64 @@ def test_opening_a_csv_reads_its_first_block_only(tmp_path, monkeypatch, first):
     assert read < 4 * max(1 << 16, len(row)) + (1 << 16) < path.stat().st_size // 10
     assert source._columns == [("text", "n")]
     assert source.carried() == {} and len(source) == 1_000_001
+
+
+def rewrite_in_place(path, table):
+    """``path`` written again, in place, holding ``table`` (same inode, other bytes)."""
+    import os
+    import time
+
+    time.sleep(0.01)  # (a time that differs, on any filesystem's clock)
+    with open(path, "r+b") as f:
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, row_group_size=1000) if str(path).endswith(".parquet") \
+            else _arrow_bytes(table, sink, stream=False)
+        f.write(sink.getvalue().to_pybytes())
+        f.truncate()
+    os.utime(path)
+
+
+def _arrow_bytes(table, sink, stream):
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, table.schema) as f:
+        for batch in table.to_batches(max_chunksize=600):
+            f.write_batch(batch)
+
+
+def replace_by_rename(path, table):
+    """Another file renamed over ``path`` (what ``mv``, rsync and most writers do)."""
+    import os
+
+    other = path.with_name("other" + path.suffix)
+    if str(path).endswith(".parquet"):
+        pq.write_table(table, other, row_group_size=1000)
+    else:
+        with open(other, "wb") as f:
+            _arrow_bytes(table, pa.PythonFile(f), stream=False)
+    os.replace(other, path)
+
+
+def cut_short(path, _table):
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+@pytest.mark.parametrize("change", [rewrite_in_place, replace_by_rename, cut_short])
+def test_the_drivers_reading_stops_at_a_file_changed_half_way_naming_it(tmp_path, fmt, change):
+    """Issue 44: the driver's reading (what --writes driver runs) mixed an input replaced, or
+    rewritten, half way into the run with the old one (exit 0); one cut short exited 2 with
+    pyarrow's "magic bytes" and no file named."""
+    from pathlib import Path
+
+    path = Path(write(corpus(4000), tmp_path / "in", fmt))
+    source = TableSource(path, "body", "doc")
+    slices = source.slices(IdRanges(), None)
+    first = next(slices)
+    assert first[2]["keys"][0] == "doc-000000"
+    newer = corpus(4000).set_column(1, "doc", pa.array([f"new-{i}" for i in range(4000)]))
+    change(path, newer)
+    with pytest.raises(OSError, match=rf"in\.{fmt}: changed since the run started .*never a "
+                                      rf"mix of two") as raised:
+        for _, _, carried in slices:
+            assert not any(k.startswith("new-") for k in carried["keys"])
+    assert not isinstance(raised.value, ValueError)  # (exit 1, a failed run: not a bad argument)

@@ -25,7 +25,7 @@ import numpy as np
 from helpers.engine.csv_scan import ROW_STEP, without
 from helpers.engine.protocol import holds_inputs, null_texts
 from helpers.engine.table_files import column_texts, csv_parse, file_spanning, row_name
-from helpers.engine.table_rows import check_unchanged, checked_open
+from helpers.engine.fingerprint import check_unchanged, checked_open
 
 FILES = 4  # CSV files a worker process keeps open
 

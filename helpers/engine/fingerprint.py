@@ -6,14 +6,21 @@ digest of its first, middle and last MiB; a folder's listing; the source's optio
 what a record is) and its workload's (name, model, the options that change the values, and each
 output's shape and dtype). A resumed run computes both again; any field that differs is named,
 and the resume refused, before anything is written or moved.
+
+While a run reads its input, every reader (the driver's, each worker's) checks each file against
+what the run found when it opened it (``file_stats``: its path, size and modification time): on
+the open file when it opens it, and again after each read (``checked_open``, ``check_unchanged``,
+``unchanged``). A file replaced, rewritten, cut short or appended to stops the run (OSError naming
+the file) rather than mix two inputs' rows in one output.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +53,50 @@ def listing_identity(folder: str | os.PathLike, files: list[Path]) -> dict[str, 
         stat = file.stat()
         digest.update(f"{file.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return {"path": str(folder.resolve()), "files": len(files), "digest": digest.hexdigest()[:16]}
+
+
+def file_stats(files: list[str]) -> list[tuple[str, int, int]]:
+    """Each file as a run checks it while reading: ``(absolute path, size, mtime_ns)``."""
+    stats = []
+    for f in files:
+        stat = os.stat(f)
+        stats.append((os.path.abspath(f), stat.st_size, stat.st_mtime_ns))
+    return stats
+
+
+def checked_open(stat: tuple[str, int, int]) -> Any:
+    """The file ``stat`` names, open, if it is still the one the run found."""
+    file = open(stat[0], "rb")
+    try:
+        check_unchanged(file, stat)
+    except OSError:
+        file.close()
+        raise
+    return file
+
+
+def check_unchanged(file: Any, stat: tuple[str, int, int]) -> None:
+    """OSError naming the file if the open ``file`` is no longer the one ``stat`` describes."""
+    now = os.fstat(file.fileno())
+    if (now.st_size, now.st_mtime_ns) != stat[1:]:
+        raise OSError(f"{stat[0]}: changed since the run started ({stat[1]:,} bytes then, "
+                      f"{now.st_size:,} now; modified {_when(stat[2])} then, "
+                      f"{_when(now.st_mtime_ns)} now): a run reads one input from start to "
+                      f"end, never a mix of two; run it again on a file that stays as it is")
+
+
+@contextlib.contextmanager
+def unchanged(stat: tuple[str, int, int]) -> Iterator[Any]:
+    """The file ``stat`` names, open (``checked_open``); whatever reading it raises is checked
+    against a change first (a file cut short reads as a broken one: the change is what to say)."""
+    file = checked_open(stat)
+    try:
+        yield file
+    except Exception:
+        check_unchanged(file, stat)
+        raise
+    finally:
+        file.close()
 
 
 def source_fingerprint(source: Any) -> dict[str, Any]:

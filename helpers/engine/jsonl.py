@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.fingerprint import file_identity
+from helpers.engine.fingerprint import check_unchanged, file_identity, unchanged
 from helpers.engine.id_checks import checked_ids, id_record, key_problems, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.jsonl_rows import JSONLRows, LineIndex, file_stat, line_index
@@ -47,6 +47,8 @@ class JSONLSource:
         self.path, self.text_field, self.id_field = Path(path), text_field, id_field
         if not self.path.is_file():
             raise SourceError(f"input {str(self.path)!r}: no such file")
+        self._stat = file_stat(str(self.path.resolve()))  # every read checks the file against
+        # it (helpers.engine.fingerprint)
         self.ids = self._id_kind()
         self.keyed = self.ids == "keys"
         self._index: tuple[tuple[str, int, int], LineIndex] | None = None  # (``_scanned``)
@@ -70,15 +72,16 @@ class JSONLSource:
         return self._scanned()[1].lines
 
     def _scanned(self) -> tuple[tuple[str, int, int], LineIndex]:
-        """The file as found (``file_stat``) and its lines (``line_index``): one pass, parsing
-        nothing, which ``rows`` and ``__len__`` share while the file stays as it was."""
-        path = str(self.path.resolve())
-        stat = file_stat(path)
-        if self._index is None or self._index[0] != stat:
-            index = line_index(path)
-            if file_stat(path) != stat:
-                raise SourceError(f"input {str(self.path)!r}: written to while it was read")
-            self._index = stat, index
+        """The file as it was opened (``file_stat``) and its lines (``line_index``): one pass,
+        parsing nothing, which ``rows`` and ``__len__`` share; SourceError if the file has
+        changed since it was opened."""
+        if self._index is None:
+            path = self._stat[0]
+            index = line_index(path) if file_stat(path) == self._stat else None
+            if index is None or file_stat(path) != self._stat:
+                raise SourceError(f"input {str(self.path)!r}: written to since it was opened; "
+                                  f"open it again")
+            self._index = self._stat, index
         return self._index
 
     def carried(self) -> dict[str, OutputSpec]:
@@ -88,7 +91,7 @@ class JSONLSource:
         """A block of lines at a time (pyarrow, or line by line where a block has a bad line),
         ids as the module docstring says, the first ``limit`` lines only, done ids dropped."""
         seen = SeenValues() if self.keyed else SeenIds()
-        for first, block in blocks(self.path, limit):
+        for first, block in blocks(self.path, limit, self._stat):
             positions, raw, records = self._block(first, block)
             if limit is not None and len(positions) and positions[-1] >= limit:
                 n = int(np.searchsorted(positions, limit))
@@ -229,13 +232,17 @@ class JSONLSource:
 
 
 
-def blocks(path: Any, limit_lines: int | None = None) -> Iterator[tuple[int, bytes]]:
+def blocks(path: Any, limit_lines: int | None = None,
+           stat: tuple[str, int, int] | None = None) -> Iterator[tuple[int, bytes]]:
     """``(first line number, bytes of whole lines)`` through the file; the last line may lack
-    its newline."""
+    its newline. The file is checked against ``stat`` (as the run found it; by default as it is
+    now) when opened and after each read: one changed stops the reading (OSError)."""
     first, rest = 0, b""
-    with open(path, "rb") as f:
+    stat = stat or file_stat(os.path.abspath(path))
+    with unchanged(stat) as f:
         while True:
             data = f.read(BLOCK_BYTES)
+            check_unchanged(f, stat)
             if not data:
                 break
             data = rest + data

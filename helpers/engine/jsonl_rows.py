@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.protocol import holds_inputs
-from helpers.engine.table_rows import check_unchanged, checked_open, file_stats
+from helpers.engine.fingerprint import check_unchanged, checked_open, file_stats
 
 LINE_STEP = 256  # a line start kept every LINE_STEP lines
 FILES = 2  # JSON-lines files a worker process keeps open

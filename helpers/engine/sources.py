@@ -67,6 +67,7 @@ class HDF5BatchesSource:
         self.path, self.group = Path(path), group
         if not self.path.is_file():
             raise SourceError(f"input {str(self.path)!r}: no such file")
+        self._identity = _identity(str(self.path.resolve()))  # every read checks it
         try:
             with h5py.File(self.path, "r") as f:
                 self._names, self._length = _batch_layout(f, group, self.path)
@@ -99,6 +100,7 @@ class HDF5BatchesSource:
                     if skip.runs and skip.covers(offset + start, offset + stop):
                         continue
                     raw = dataset[start:stop]
+                    _same(str(self.path.resolve()), self._identity)  # (read: the run's file)
                     if skip.runs:
                         keep = ~skip.contains(ids)
                         ids, raw = ids[keep], raw[keep]
@@ -111,8 +113,8 @@ class HDF5BatchesSource:
         """The records as Rows for the workers to read (Source protocol), from the batches'
         lengths alone, done ids left out."""
         end = self._length if limit is None else min(limit, self._length)
-        return positions(HDF5Rows(str(self.path.resolve()), self.group,
-                                  _identity(str(self.path.resolve()))), end, skip)
+        return positions(HDF5Rows(str(self.path.resolve()), self.group, self._identity), end,
+                         skip)
 
     def describe(self) -> str:
         return f"hdf5:{self.path}#{self.group}"
@@ -155,7 +157,7 @@ def _identity(path: str) -> tuple:
 def _same(path: str, identity: tuple) -> None:
     if _identity(path) != identity:
         raise OSError(f"{path}: changed since the run started (another file there, or written "
-                      f"to): every worker must read the input the driver found")
+                      f"to): a run reads one input from start to end, never a mix of two")
 
 
 @holds_inputs

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.csv_scan import head
+from helpers.engine.fingerprint import check_unchanged, file_stats, unchanged
 from helpers.engine.protocol import TEXT, BadRecord, SourceError, decoded
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
@@ -60,26 +61,30 @@ def table_files(path: str | os.PathLike) -> tuple[list[str], str]:
     return files, kinds.pop()
 
 
-def layout(path: str, fmt: str) -> tuple[Any, list[tuple[str, int | None, Callable]]]:
+def layout(path: str, fmt: str, stat: tuple[str, int, int] | None = None
+           ) -> tuple[Any, list[tuple[str, int | None, Callable]]]:
     """A file's schema and its pieces, ``(file, rows, read(columns) -> batches)``, from one
     look at it: a Parquet footer, an Arrow file's batches; a CSV's first block (its types
     inferred; only its whole rows read: pyarrow's own reader would read several blocks ahead),
-    and no pieces (its rows: module docstring)."""
+    and no pieces (its rows: module docstring). Each piece's ``read`` checks the file against
+    ``stat`` (as the run found it: helpers.engine.fingerprint; by default, as it is now) when it
+    opens it and after each batch."""
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
+    stat = stat or file_stats([path])[0]
     if fmt == "parquet":
         with pq.ParquetFile(path) as f:
             meta = f.metadata
-            return f.schema_arrow, [(path, meta.row_group(i).num_rows, _parquet_reader(path, i))
+            return f.schema_arrow, [(path, meta.row_group(i).num_rows, _parquet_reader(stat, i))
                                     for i in range(meta.num_row_groups)]
     if fmt == "arrow":
         reader = open_arrow(path)
         if hasattr(reader, "num_record_batches"):
-            return reader.schema, [(path, reader.get_batch(i).num_rows, _arrow_reader(path, i))
+            return reader.schema, [(path, reader.get_batch(i).num_rows, _arrow_reader(stat, i))
                                    for i in range(reader.num_record_batches)]
         rows = sum(b.num_rows for b in reader)  # one piece: a stream is read in order
-        return reader.schema, [(path, rows, _stream_reader(path))]
+        return reader.schema, [(path, rows, _stream_reader(stat))]
     first, block = first_rows(path, fmt)
     with pacsv.open_csv(io.BytesIO(first), parse_options=csv_parse(fmt, lambda row: "skip"),
                         read_options=pacsv.ReadOptions(block_size=block)) as reader:
@@ -243,26 +248,46 @@ def kept_dtypes(schemas: list, files: list[str], names: Sequence[str], taken: se
     return kept
 
 
-def _parquet_reader(path: str, group: int) -> Callable:
+def _parquet_reader(stat: tuple[str, int, int], group: int) -> Callable:
     def read(columns: list[str]) -> Iterator[Any]:
         import pyarrow.parquet as pq
 
-        with pq.ParquetFile(path) as f:
-            yield from f.iter_batches(batch_size=65536, row_groups=[group], columns=columns)
+        with unchanged(stat) as raw, pq.ParquetFile(raw) as f:
+            for batch in f.iter_batches(batch_size=65536, row_groups=[group], columns=columns):
+                check_unchanged(raw, stat)
+                yield batch
     return read
 
 
-def _arrow_reader(path: str, index: int) -> Callable:
+def _arrow_reader(stat: tuple[str, int, int], index: int) -> Callable:
     def read(columns: list[str]) -> Iterator[Any]:
-        yield open_arrow(path).get_batch(index).select(columns)
+        import pyarrow as pa
+
+        with unchanged(stat) as raw:
+            batch = pa.ipc.open_file(mapped(raw)).get_batch(index).select(columns)
+            check_unchanged(raw, stat)
+        yield batch
     return read
 
 
-def _stream_reader(path: str) -> Callable:
+def _stream_reader(stat: tuple[str, int, int]) -> Callable:
     def read(columns: list[str]) -> Iterator[Any]:
-        for batch in open_arrow(path):
-            yield batch.select(columns)
+        import pyarrow as pa
+
+        with unchanged(stat) as raw:
+            for batch in pa.ipc.open_stream(mapped(raw)):
+                check_unchanged(raw, stat)
+                yield batch.select(columns)
     return read
+
+
+def mapped(file: Any) -> Any:
+    """An open file memory-mapped, as pyarrow reads it without a copy."""
+    import mmap
+
+    import pyarrow as pa
+
+    return pa.BufferReader(pa.py_buffer(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)))
 
 
 def canonical_integers(path: str, fmt: str, column: str) -> bool:

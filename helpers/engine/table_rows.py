@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from helpers.engine.fingerprint import check_unchanged, checked_open, file_stats
 from helpers.engine.protocol import holds_inputs, null_texts
 from helpers.engine.table_files import column_texts, layout, open_arrow, row_name, table_files
 
@@ -41,14 +42,6 @@ TABLES = 2  # inputs a worker process keeps open (a pool that runs one input aft
 def digest(files: list[str]) -> str:
     """What the driver and each worker must agree on: the files, their sizes and times."""
     return _digest(file_stats(files))
-
-
-def file_stats(files: list[str]) -> list[tuple[str, int, int]]:
-    stats = []
-    for f in files:
-        stat = os.stat(f)
-        stats.append((os.path.abspath(f), stat.st_size, stat.st_mtime_ns))
-    return stats
 
 
 def _digest(stats: list[tuple[str, int, int]]) -> str:
@@ -205,24 +198,6 @@ class _Cursor:
     def close(self) -> None:
         self._file.close()
         self._raw.close()
-
-
-def checked_open(stat: tuple[str, int, int]) -> Any:
-    """The file ``stat`` names, open, if it is still the one the driver found."""
-    file = open(stat[0], "rb")
-    try:
-        check_unchanged(file, stat)
-    except OSError:
-        file.close()
-        raise
-    return file
-
-
-def check_unchanged(file: Any, stat: tuple[str, int, int]) -> None:
-    now = os.fstat(file.fileno())
-    if (now.st_size, now.st_mtime_ns) != stat[1:]:
-        raise OSError(f"{stat[0]}: changed since the run started ({stat[1]:,} bytes then, "
-                      f"{now.st_size:,} now): every worker must read the input the driver found")
 
 
 _OPEN: OrderedDict[tuple[str, str, str], _Table] = OrderedDict()

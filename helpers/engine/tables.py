@@ -37,7 +37,7 @@ import numpy as np
 
 from helpers.engine.csv_rows import CSVFile, CSVRows, read_rows, row_text
 from helpers.engine.csv_scan import row_index
-from helpers.engine.fingerprint import file_identity, listing_identity
+from helpers.engine.fingerprint import file_identity, file_stats, listing_identity
 from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.id_checks import id_record, integer_ids, key_problems
 from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows,
@@ -45,7 +45,7 @@ from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, R
 from helpers.engine.table_files import (canonical_integers, column_kind, column_texts,
                                         delimiter, file_spanning, kept_dtypes, layout, row_name,
                                         table_files)
-from helpers.engine.table_rows import TableRows, digest, file_stats, random_access
+from helpers.engine.table_rows import TableRows, digest, random_access
 
 CSV = ("csv", "tsv")
 SLICE_ROWS = 8192  # rows handed on at a time (a piece may hold millions)
@@ -62,12 +62,12 @@ class TableSource:
         self.path, self.text_column, self.id_column = str(path), text_column, id_column
         self.keep_columns = tuple(keep_columns)
         self.files, self.format = table_files(path)
-        self._stats = file_stats(self.files) if self.format in CSV else None  # as its columns
-        # were read (a CSV's rows are found later: helpers.engine.csv_scan)
+        self._stats = file_stats(self.files)  # as the files were when opened: every read
+        # checks them (helpers.engine.fingerprint; a CSV's rows are found later: csv_scan)
         layouts, self._columns = [], []
-        for f in self.files:
+        for f, stat in zip(self.files, self._stats):
             try:
-                layouts.append(layout(f, self.format))
+                layouts.append(layout(f, self.format, stat))
                 self._columns.append(tuple(layouts[-1][0].names))
             except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a name not UTF-8 alike
                 which = f" ({f!r})" if os.path.abspath(f) != os.path.abspath(self.path) else ""
