@@ -310,10 +310,11 @@ def test_a_csv_quote_left_open_and_a_ragged_row_cost_their_rows_and_say_why(tmp_
                          output=tmp_path / "o.h5", progress=False)
     data = read_output(tmp_path / "o.h5")
     messages = sorted((e["message"] for e in data["errors"]), key=lambda m: "ragged" not in m)
-    assert stats.failed_records == 2 and len(data["ids"]) == 1999
+    assert stats.failed_records == 2 and len(data["ids"]) == 3998  # (the rows after the quote
+    # were lost into its text until issue 44)
     assert "a row with the wrong number of fields: 'k40,a,ragged row'" in messages[0]
-    assert "spans over 1000 lines: a quote left open" in messages[1]
-    assert data["keys"][-1] == "k1999" and data["keys"][40] == "k41"
+    assert "a quote opened in this row never closes" in messages[1]
+    assert data["keys"][-1] == "k3999" and data["keys"][40] == "k41"
 
 
 def test_odd_ids_keys_and_kept_values_cost_only_their_rows(tmp_path):
@@ -481,3 +482,25 @@ def test_the_drivers_reading_stops_at_a_file_changed_half_way_naming_it(tmp_path
         for _, _, carried in slices:
             assert not any(k.startswith("new-") for k in carried["keys"])
     assert not isinstance(raised.value, ValueError)  # (exit 1, a failed run: not a bad argument)
+
+
+@pytest.mark.parametrize("writes", ["driver", "workers"])
+@pytest.mark.parametrize("opened", [2995, 1500])
+def test_a_csv_quote_left_open_costs_its_row_alone(tmp_path, writes, opened):
+    """Issue 44: in a 3,000-row key,text file, row 2,995 ``key2995,"row 2995 open`` swallowed
+    the rows after it into its text (exit 0, keys 2,996-2,999 nowhere); opened more than 1,000
+    lines before the end, its row was filed and the 1,499 after it were nowhere. pandas and
+    Python's csv report the quote: here its row is filed, saying so, and every other row read."""
+    path = tmp_path / "in.csv"
+    path.write_text("key,text\n" + "".join(
+        f'key{i},"row {i} open\n' if i == opened else f"key{i},row {i}\n" for i in range(3000)))
+    run_pipeline(str(path), synthetic(), ["cpu"] * 2, 256, tmp_path / "out.h5", "thread",
+                 progress=False, writes=writes, id_column="key")
+    data = read_output(tmp_path / "out.h5")
+    assert data["keys"].tolist() == [f"key{i}" for i in range(3000) if i != opened]
+    assert [e["message"] for e in data["errors"]] == [
+        f"in.csv: a quote opened in this row never closes (it would swallow every row after "
+        f"it; the rows after it are read from its next line on): 'key{opened},\"row {opened} "
+        f"open'"]
+    k = data["keys"].tolist().index("key2999")
+    assert data["values"][k].tolist() == record_vector("row 2999", 8).tolist()

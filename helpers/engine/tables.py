@@ -159,7 +159,7 @@ class TableSource:
                                       f"{index.fields} fields by quotes and delimiters, "
                                       f"{len(columns)} by pyarrow")
                 files.append(CSVFile(os.path.abspath(path), stat, columns, first, index.rows,
-                                     index.starts, index.bad))
+                                     index.starts, index.bad, unclosed=index.unclosed))
                 first += index.rows
             self._files = files
         return self._files
@@ -360,17 +360,24 @@ def _rows_of_other_widths(files: Sequence[CSVFile], skip: IdRanges, limit: int |
         position += len(file.bad)
         fresh = ~skip.contains(at) if skip.runs else np.ones(len(at), dtype=bool)
         if fresh.any() and (limit is None or file.first < limit):
-            yield _unparsed([row_text(file.stat, start, stop) for start, stop in file.bad[fresh]],
-                            Path(file.path).name, carried, at[fresh])
+            rows = file.bad[fresh]
+            yield _unparsed([row_text(file.stat, start, stop) for start, stop in rows],
+                            Path(file.path).name, carried, at[fresh],
+                            np.isin(rows[:, 0], file.unclosed).tolist())
 
 
 def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec],
-              positions: np.ndarray | None = None) -> tuple:
-    """A slice of the CSV rows the parser could not split into the header's fields (no id; their
-    ``positions`` where known, else -1), so that each goes to ``errors/``."""
+              positions: np.ndarray | None = None, unclosed: list[bool] | None = None) -> tuple:
+    """A slice of the CSV rows the parser could not split into the header's fields, or whose
+    quote never closes (``unclosed``: helpers.engine.csv_scan), with no id (their ``positions``
+    where known, else -1), so that each goes to ``errors/``."""
     at = positions.tolist() if positions is not None else [-1] * len(lines)
-    records = [BadRecord("ValueError", f"{name}: a row with the wrong number of fields: "
-                         f"{line[:80]!r}", position) for line, position in zip(lines, at)]
+    unclosed = unclosed or [False] * len(lines)
+    records = [BadRecord("ValueError", f"{name}: " + (
+        "a quote opened in this row never closes (it would swallow every row after it; the "
+        "rows after it are read from its next line on)" if left_open else
+        "a row with the wrong number of fields") + f": {line[:80]!r}", position)
+        for line, position, left_open in zip(lines, at, unclosed)]
     columns = {c: np.full(len(lines), NULLS[s.dtype] if s.dtype != TEXT else "",
                           dtype=object if s.dtype == TEXT else s.dtype)
                for c, s in carried.items()}
