@@ -504,3 +504,32 @@ def test_a_csv_quote_left_open_costs_its_row_alone(tmp_path, writes, opened):
         f"open'"]
     k = data["keys"].tolist().index("key2999")
     assert data["values"][k].tolist() == record_vector("row 2999", 8).tolist()
+
+
+def test_a_resume_over_a_folder_with_files_replaced_and_their_times_put_back_is_refused(
+        tmp_path):
+    """Issue 44: a folder's fingerprint held names, sizes and times only; three files replaced
+    by same-size files of other texts, their times restored (``cp -p``, ``rsync -a``), were
+    resumed over, mixing both inputs (exit 0). Each file's content is sampled now."""
+    import os
+
+    from helpers.engine.ownership import OutputError
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k in range(4):
+        pq.write_table(pa.table({"text": [f"a{k}-{i:04d}" for i in range(1000)]}),
+                       folder / f"part-{k}.parquet", compression="none")
+    run_pipeline(str(folder), synthetic(), "cpu", 128, tmp_path / "out.h5", "thread",
+                 progress=False, limit=1500)
+    for k in (1, 2, 3):
+        path = folder / f"part-{k}.parquet"
+        size, times = path.stat().st_size, (path.stat().st_atime_ns, path.stat().st_mtime_ns)
+        pq.write_table(pa.table({"text": [f"b{k}-{i:04d}" for i in range(1000)]}), path,
+                       compression="none")
+        os.utime(path, ns=times)
+        assert path.stat().st_size == size
+    with pytest.raises(OutputError, match=r"was made from another input: digest"):
+        run_pipeline(str(folder), synthetic(), "cpu", 128, tmp_path / "out.h5", "thread",
+                     progress=False, resume=True)
+    assert len(read_output(tmp_path / "out.h5")["ids"]) == 1500  # (untouched)

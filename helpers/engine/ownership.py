@@ -429,8 +429,10 @@ def _check_same_job(path: Path, folder: Path, now: Mapping[str, Mapping]) -> Non
             continue
         hint = ""
         if key == INPUT_ATTR and set(changes) <= {"modified", *MOVABLE}:
-            hint = (f" (if only its time changed, a copy, say, `touch -d "
-                    f"'{changes['modified'][0]}' FILE` gives it back)")
+            hint = (f" (its size and sampled bytes are the same, its time not: if it is a "
+                    f"byte-for-byte copy of the file that run read, and only then, `touch -d "
+                    f"'{changes['modified'][0]}' FILE` gives it back its time; any other file "
+                    f"would mix two inputs in one output)")
         raise OutputError(f"resume: {str(path)!r} was made from another {what}: "
                           f"{describe(changes)}{hint}; resume it with the {what} that made it, "
                           f"or start anew with --overwrite")
