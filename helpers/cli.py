@@ -472,9 +472,8 @@ def export_output(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     try:
-        with owning(args.source):  # not while a run writes it
-            rows = export(args.source, args.to, args.output, overwrite=args.overwrite,
-                          partial=args.partial)
+        rows = export(args.source, args.to, args.output, overwrite=args.overwrite,
+                      partial=args.partial)  # (refused while a run writes it: its lock)
     except ValueError as exc:  # ExportError, OutputError
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

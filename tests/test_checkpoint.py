@@ -465,3 +465,57 @@ def test_a_percent_sign_in_a_column_s_name_reaches_its_rows(tmp_path):
     data = read_output(tmp_path / "out.h5")
     assert data["ids"].tolist() == list(range(6))
     np.testing.assert_array_equal(data["p%q"][:, 1], np.arange(6, dtype=np.float32))
+
+
+def test_a_read_raced_by_a_merge_of_parts_is_read_again_never_zeros(tmp_path, monkeypatch):
+    """Issue 44: read_output of a run still writing returned all-zero vectors (1,050 of 1,050
+    rows) when small parts were merged while it read: the index it opened named parts the merge
+    then deleted, which HDF5 reads as zeros. The read is now done again from the new index; an
+    export (export(partial=True) from Python, as the command line) is refused while a run holds
+    the output."""
+    from helpers.engine.export import export
+    from helpers.engine.ownership import OutputLocked, owning
+
+    monkeypatch.setattr(helpers.engine.checkpoint, "COMPACT_PARTS", 3)
+    parts = Parts(tmp_path / "out.h5", SPEC)
+    parts.scan()
+    for number in range(2):  # two small parts, indexed; the third will merge all three
+        ids = np.arange(number * 10, number * 10 + 10)
+        parts.write([{"ids": ids, "values": np.repeat(ids[:, None] + 1, 8, 1).astype(np.float32),
+                      "label": np.array([f"r{i}" for i in ids], dtype=object)}])
+    parts.write_index({})
+    real, merged = helpers.engine.hdf5_sink._values, []
+
+    def values(dataset):  # the merge happens while the first read is under way
+        if not merged:
+            merged.append(True)
+            ids = np.arange(20, 30)
+            parts.write([{"ids": ids, "values": np.repeat(ids[:, None] + 1, 8, 1).astype(
+                np.float32), "label": np.array([f"r{i}" for i in ids], dtype=object)}])
+            assert [p.path.name for p in parts.parts] == ["part-L1-00000000-00000002.h5"]
+        return real(dataset)
+
+    monkeypatch.setattr(helpers.engine.hdf5_sink, "_values", values)
+    data = read_output(tmp_path / "out.h5")
+    assert merged and data["ids"].tolist() == list(range(30))
+    assert (data["values"] == np.repeat(np.arange(1, 31)[:, None], 8, 1)).all()
+    import threading
+
+    held, done = threading.Event(), threading.Event()
+
+    def run():  # a run holds the output (another thread: as another process would)
+        with owning(tmp_path / "out.h5"):
+            held.set()
+            done.wait(10)
+
+    holder = threading.Thread(target=run)
+    holder.start()
+    try:
+        held.wait(10)
+        with pytest.raises(OutputLocked):
+            export(tmp_path / "out.h5", "npy", tmp_path / "out-npy", partial=True)
+    finally:
+        done.set()
+        holder.join()
+    assert not (tmp_path / "out-npy").exists()
+    assert export(tmp_path / "out.h5", "npy", tmp_path / "out-npy", partial=True) == 30

@@ -13,7 +13,10 @@ output's ``errors/``.
 The export is written under a temporary name and renamed when whole, and marked as gpufeed's
 (the Parquet file's metadata, a MARK file in the npy folder): an existing ``path`` is refused, and
 with ``overwrite`` replaced only if it is such an export. An unfinished run's output (killed,
-interrupted) is refused unless ``partial``: its rows are only those written so far.
+interrupted) is refused unless ``partial``: its rows are only those written so far. An output a
+run is writing is refused (OutputLocked, naming the run): the export holds the output's lock, as
+a run does, so no merge of the run's parts can delete what it reads (``read_output`` reads a
+live output).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import numpy as np
 
 from helpers.engine.atomic import temporary
 from helpers.engine.hdf5_sink import check_parts
+from helpers.engine.ownership import owning
 
 TARGETS = ("parquet", "npy")
 EXPORT_ROWS = 65536
@@ -57,7 +61,7 @@ def export(output: str | os.PathLike, to: str, path: str | os.PathLike,
         raise ExportError(f"{path} is the output itself")
     if not h5py.is_hdf5(output):
         raise ExportError(f"{output}: not a gpufeed output (not an HDF5 file)")
-    with h5py.File(output, "r") as f:
+    with owning(output), h5py.File(output, "r") as f:  # (no run writes it meanwhile)
         if "ids" not in f:
             raise ExportError(f"{output}: not a gpufeed output (no ids)")
         if not f.attrs.get("complete", True) and not partial:

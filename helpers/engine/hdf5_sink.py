@@ -55,6 +55,7 @@ IDLE_SECONDS = 0.5  # an idle writer thread looks this often whether the index i
 STR_OVERHEAD = 49  # bytes of a Python str beside its characters (sys.getsizeof("") == 49)
 
 log = logging.getLogger("gpufeed")
+READ_TRIES = 10  # reads of a run's index that a merge of its parts may race (read_output)
 
 
 class HDF5Sink:
@@ -386,28 +387,52 @@ def read_output(path: str | os.PathLike) -> dict[str, Any]:
     is ``{"id", "type", "message", "time", "position"}`` (id None: the record had no usable id;
     position None: not a record the reader rejected).
 
-    Reads a finished file and the index of an unfinished run alike. For inspection and tests; a
-    20-million-row file is better read in slices with h5py.
+    Reads a finished file and the index of a run still writing alike: the parts the index names
+    are checked to be there after the read too, and a read that a merge of small parts raced
+    (its old parts deleted while they were read: HDF5 reads them as zeros) is read again from the
+    new index (``consistent``). For inspection and tests; a 20-million-row file is better read in
+    slices with h5py.
     """
-    with h5py.File(path, "r") as f:
-        check_parts(f, Path(path))
-        order = np.argsort(f["ids"][...], kind="stable")
-        data = {name: _values(f[name])[order] for name in f if isinstance(f[name], h5py.Dataset)}
-        errors = f["errors"]
-        positions = errors["position"][...] if "position" in errors else \
-            np.full(len(errors["ids"]), -1, np.int64)
-        data["errors"] = [
-            {"id": None if i == NO_ID else int(i), "type": t, "message": m, "time": float(s),
-             "position": None if p < 0 else int(p)}
-            for i, t, m, s, p in zip(errors["ids"][...], errors["type"].asstr()[...],
-                                     errors["message"].asstr()[...], errors["time"][...],
-                                     positions)]
-        data["attrs"] = {k: _plain(v) for k, v in f.attrs.items()}
+    return consistent(Path(path), _read_all)
+
+
+def _read_all(f: h5py.File) -> dict[str, Any]:
+    order = np.argsort(f["ids"][...], kind="stable")
+    data = {name: _values(f[name])[order] for name in f if isinstance(f[name], h5py.Dataset)}
+    errors = f["errors"]
+    positions = errors["position"][...] if "position" in errors else \
+        np.full(len(errors["ids"]), -1, np.int64)
+    data["errors"] = [
+        {"id": None if i == NO_ID else int(i), "type": t, "message": m, "time": float(s),
+         "position": None if p < 0 else int(p)}
+        for i, t, m, s, p in zip(errors["ids"][...], errors["type"].asstr()[...],
+                                 errors["message"].asstr()[...], errors["time"][...],
+                                 positions)]
+    data["attrs"] = {k: _plain(v) for k, v in f.attrs.items()}
     return data
 
 
-def check_parts(f: h5py.File, path: Path) -> None:
-    """OSError if an index names a part that is not there: HDF5 would read its rows as zeros."""
+def consistent(path: Path, read: Callable[[h5py.File], Any], tries: int = READ_TRIES) -> Any:
+    """``read(f)`` of the output at ``path``, from parts that were all there from before the
+    read began until after it ended: a run still writing merges small parts (a new index, then
+    the old parts deleted), and a read of the old index meanwhile gets zeros for their rows;
+    such a read is done again, ``tries`` times at most (then OSError: a run merging faster than
+    the output can be read; read it once the run has ended)."""
+    for attempt in range(tries):
+        with h5py.File(path, "r") as f:
+            parts = check_parts(f, path)
+            value = read(f)
+        if all(part.is_file() for part in parts):
+            return value
+        time.sleep(0.05 * (attempt + 1))
+    raise OSError(f"{path}: the run writing it merged its parts under every one of {tries} "
+                  f"reads; read it once the run has ended")
+
+
+def check_parts(f: h5py.File, path: Path) -> list[Path]:
+    """The parts an index names (none: a finished file); OSError if one is not there: HDF5
+    would read its rows as zeros."""
+    named = []
     for name in ("ids", "errors/ids"):
         if name in f and f[name].is_virtual:
             for source in f[name].virtual_sources():
@@ -415,6 +440,8 @@ def check_parts(f: h5py.File, path: Path) -> None:
                 if not part.is_file():
                     raise OSError(f"{path}: its part {part.name} is missing (its rows would read "
                                   f"as zeros); `--resume` redoes them")
+                named.append(part)
+    return named
 
 
 def rows_written(path: str | os.PathLike) -> int:
