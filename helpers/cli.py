@@ -302,6 +302,10 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                      help="replace an earlier export at --output (never another file)")
     out.add_argument("--partial", action="store_true",
                      help="export an unfinished run's rows written so far")
+    out.add_argument("--order", choices=("id", "stored"), default="id",
+                     help="id (default): rows in id order, the input's order where ids are row "
+                          "numbers (keys too), so row k of every array is one record; stored: as "
+                          "the run wrote them (arrival order), a little faster")
     books = commands.add_parser("notebooks", help="run the notebook suite with papermill")
     books.add_argument("--params", default="cpu",
                        help="parameter set: smoke, cpu, gpu (notebooks/params/) or a .yaml path")
@@ -473,7 +477,8 @@ def export_output(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         rows = export(args.source, args.to, args.output, overwrite=args.overwrite,
-                      partial=args.partial)  # (refused while a run writes it: its lock)
+                      partial=args.partial, order=args.order)  # (refused while a run writes
+        # it: its lock)
     except ValueError as exc:  # ExportError, OutputError
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -524,10 +529,18 @@ def tune(args: argparse.Namespace) -> int:
                               **({"compile": True} if args.compile else {}),
                               **({"precision": args.precision, "runtime": args.runtime}
                                  if chosen else {}),  # phase 0 skipped: the variant given
-                              input=str(args.input))
+                              **_columns(args), input=str(args.input))
     print(f"wrote {path}: python -m helpers run --config {path} --input ... --output ...",
           file=sys.stderr)
     return 0
+
+
+def _columns(args: argparse.Namespace) -> dict[str, Any]:
+    """The input's columns as a tune was told them (those not the defaults), for tuned.yaml: the
+    command it prints runs as printed."""
+    named = {"text_column": args.text_column, "id_column": args.id_column,
+             "keep_columns": list(args.keep_columns or [])}
+    return {k: v for k, v in named.items() if v not in ("text", None, [])}
 
 
 def _config_defaults(path: str) -> dict[str, Any]:
@@ -536,9 +549,14 @@ def _config_defaults(path: str) -> dict[str, Any]:
     values = tuner.read_config(path)
     if isinstance(values.get("devices"), list):
         values["devices"] = ",".join(map(str, values["devices"]))
+    if isinstance(values.get("keep_columns"), list) and all(
+            isinstance(c, str) for c in values["keep_columns"]):
+        values["keep_columns"] = ",".join(values["keep_columns"])
     read = {"workload": str, "model": str, "devices": str, "backend": str, "batch_size": int,
             "workunit_size": _count_or_auto, "workunit_seconds": float,
-            "threads_per_worker": int, "precision": str, "runtime": str, "compile": _flag}
+            "threads_per_worker": int, "precision": str, "runtime": str, "compile": _flag,
+            "text_column": str, "id_column": str,
+            "keep_columns": lambda text: [c for c in text.split(",") if c]}
     defaults = {}
     for field, value in values.items():
         if field in read:

@@ -64,6 +64,8 @@ CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
     "workunit_size": "an integer >= 1 or 'auto'", "workunit_seconds": "seconds > 0",
     "threads_per_worker": "an integer >= 1", "precision": "fp32, bf16 or fp16",
     "runtime": "torch, onnx or onnx-int8", "compile": "true or false",
+    "text_column": "the input's text column", "id_column": "the input's id column",
+    "keep_columns": "a list of the input's columns to carry",
     "records_per_s": "the tuned rate (informative)",
     "estimated_seconds": "the estimate for the whole input (informative)",
     "input": "the tuned input (informative)", "created": "when (informative)"}

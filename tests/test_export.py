@@ -9,7 +9,7 @@ import pytest
 
 from helpers import SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import export as export_module
-from helpers.engine.export import ExportError, export
+from helpers.engine.export import ExportError, export, load_strings
 from helpers.study.paths import ROOT
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
@@ -51,9 +51,10 @@ def test_parquet_export_reads_back_with_vectors_as_fixed_size_lists(output, tmp_
 def test_npy_export_is_memory_mappable_and_equal(output, tmp_path):
     export(output, "npy", tmp_path / "e")
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == [
-        ".gpufeed-export", "ids.npy", "keys.npy", "score.npy", "values.npy"]
+        ".gpufeed-export", "ids.npy", "keys.offsets.npy", "keys.utf8.npy", "score.npy",
+        "values.npy"]
     values = np.load(tmp_path / "e" / "values.npy", mmap_mode="r")
-    ids, keys = np.load(tmp_path / "e" / "ids.npy"), np.load(tmp_path / "e" / "keys.npy")
+    ids, keys = np.load(tmp_path / "e" / "ids.npy"), load_strings(tmp_path / "e", "keys")
     data = read_output(output)
     order = np.argsort(ids)
     assert isinstance(values, np.memmap) and values.shape == (1000, 16)
@@ -63,8 +64,10 @@ def test_npy_export_is_memory_mappable_and_equal(output, tmp_path):
 
 def test_an_existing_target_is_refused_and_only_an_export_is_overwritten(output, tmp_path):
     (tmp_path / "mine.parquet").write_text("my notes")
-    with pytest.raises(ExportError, match="exists; give another path"):
+    with pytest.raises(ExportError, match="is not a gpufeed parquet export; it is left as it is: "
+                                          "give another path") as refused:
         export(output, "parquet", tmp_path / "mine.parquet")
+    assert "overwrite=True" not in str(refused.value)  # (issue 44: it suggested what it refuses)
     with pytest.raises(ExportError, match="is not a gpufeed parquet export; it is left as it is"):
         export(output, "parquet", tmp_path / "mine.parquet", overwrite=True)
     assert (tmp_path / "mine.parquet").read_text() == "my notes"
@@ -106,11 +109,51 @@ def test_overwrite_replaces_only_gpufeed_s_exports_and_an_unfinished_run_needs_p
     assert export(output, "parquet", tmp_path / "p.parquet", partial=True) == 1000
 
 
-def test_npy_refuses_a_string_column_too_wide_for_fixed_width(tmp_path):
-    table = pa.table({"text": ["a", "b"], "note": ["x" * 5000, "y"]})
+def test_npy_strings_are_not_padded_to_the_longest(tmp_path):
+    """Issue 44: string columns were fixed-width ``<U``: 4 bytes x the longest string for every
+    row (~8 GB per 100-character key column at 20 M rows; one 5,000-character note was refused).
+    They are Arrow's layout now: UTF-8 bytes and offsets."""
+    notes = ["x" * 5000, "y", "", "naïve ☃"] + ["z"] * 996
+    table = pa.table({"text": [f"r{i}" for i in range(1000)], "note": notes})
     pq.write_table(table, tmp_path / "in.parquet")
     run_pipeline(tmp_path / "in.parquet", SyntheticWorkload(0.0), devices="cpu",
                  output=tmp_path / "o.h5", keep_columns=["note"], progress=False)
-    with pytest.raises(ExportError, match="'note' holds a string of 5,000 characters.*parquet"):
-        export(tmp_path / "o.h5", "npy", tmp_path / "e")
-    assert not (tmp_path / "e").exists()
+    export(tmp_path / "o.h5", "npy", tmp_path / "e")
+    assert load_strings(tmp_path / "e", "note").tolist() == notes
+    data = np.load(tmp_path / "e" / "note.utf8.npy", mmap_mode="r")
+    assert data.nbytes == len("".join(notes).encode())  # (not 1,000 x 5,000 x 4 bytes)
+
+
+@pytest.mark.parametrize("to", ["parquet", "npy"])
+def test_rows_are_exported_in_id_order_however_they_arrived(tmp_path, monkeypatch, to):
+    """Issue 44: exports were in arrival order (ids.npy[:3] = [53, 95, 198]) while read_output
+    and embed give input order: a user lining embeddings.npy up with their Parquet by position
+    got wrong pairs. Rows are stored here out of order (windows shuffled, one row far late) and
+    exported in id order, gathered a stretch at a time; --order stored keeps them as stored."""
+    from helpers.engine.hdf5_sink import HDF5Sink
+    from helpers.engine.protocol import OutputSpec
+
+    monkeypatch.setattr(export_module, "EXPORT_ROWS", 64)
+    rng = np.random.default_rng(0)
+    arrival = np.concatenate([rng.permutation(np.arange(a, a + 100)) for a in range(0, 1000, 100)])
+    arrival = np.r_[arrival[arrival != 5], 5]  # (a retried row, written last)
+    with HDF5Sink(tmp_path / "out.h5", {"values": OutputSpec((4,), "float32"),
+                                        "keys": OutputSpec((), "str")}) as sink:
+        for piece in np.array_split(arrival, 17):
+            sink.append(piece, {"values": np.repeat(piece[:, None], 4, 1).astype(np.float32),
+                                "keys": np.array([f"k{i}" for i in piece], dtype=object)})
+    target = tmp_path / ("e.parquet" if to == "parquet" else "e")
+    assert export(tmp_path / "out.h5", to, target) == 1000
+    if to == "parquet":
+        table = pq.read_table(target)
+        ids, keys = table["ids"].to_numpy(), table["keys"].to_pylist()
+        values = np.stack(table["values"].to_numpy(zero_copy_only=False))
+    else:
+        ids, keys = np.load(target / "ids.npy"), load_strings(target, "keys").tolist()
+        values = np.load(target / "values.npy")
+    assert ids.tolist() == list(range(1000)) and keys == [f"k{i}" for i in range(1000)]
+    np.testing.assert_array_equal(values, np.repeat(np.arange(1000)[:, None], 4, 1))
+    export(tmp_path / "out.h5", to, target, overwrite=True, order="stored")
+    stored = pq.read_table(target)["ids"].to_numpy() if to == "parquet" else \
+        np.load(target / "ids.npy")
+    assert stored.tolist() == arrival.tolist()

@@ -462,3 +462,13 @@ def test_without_flock_two_runs_breaking_a_dead_run_s_lock_never_both_hold_it(tm
         # each got it alone or was refused (one after the other, on a loaded machine: [1, 1]);
         # a refusal for another reason (the lock gone between two opens) raised, not appended
         assert max(results) == 1 and len(results) == 2, results
+
+
+@pytest.mark.parametrize("name", ["emb.parquet", "emb.npy", "emb"])
+def test_an_output_named_as_another_format_is_refused_naming_export(tmp_path, name):
+    """Issue 44: ``--output emb.parquet`` wrote HDF5 under that name (exit 0)."""
+    with pytest.raises(OutputError, match=r"a run writes HDF5, named \.h5 or \.hdf5; name it "
+                                          r"'emb\.h5', then `python -m helpers export emb\.h5"):
+        check_output(tmp_path / name, resume=False, overwrite=False)
+    assert check_output(tmp_path / "emb.HDF5", resume=False, overwrite=False) == "new"
+    assert not list(tmp_path.iterdir())

@@ -419,3 +419,34 @@ def test_an_input_rewritten_while_the_driver_reads_it_stops_the_run_unmixed(tmp_
     assert len(done["ids"]) < 20_000  # (what was written before the stop: the old rows)
     assert all(np.array_equal(v, record_vector(f"old{i}", 8))
                for i, v in zip(done["ids"].tolist()[::50], done["values"][::50]))
+
+
+@pytest.mark.parametrize("strategy", ["queue", "static"])
+def test_a_run_that_loses_rows_fails_naming_the_count_and_is_not_finished(tmp_path, strategy):
+    """Issue 44: rows lost (a CSV quote that swallowed rows, a JSONL cut short) ended in exit 0
+    or 3 with the rows in neither the output nor errors/. Whatever loses them, a run whose
+    output holds fewer rows (written or failed) than the input is a failed run, and its output
+    is left unfinished."""
+    import h5py
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from helpers.engine.sources import open_source
+
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": [f"r{i}" for i in range(5000)]}), path, row_group_size=1000)
+    source = open_source(path)
+    real = source.slices
+    source.slices = lambda skip, limit: (s for n, s in enumerate(real(skip, limit)) if n != 2)
+    with pytest.raises(PipelineError, match=r"the input holds 5,000 rows and the output 4,000 "
+                                            r"\(written or in errors/\): 1,000 rows unaccounted"):
+        run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 256,
+                     tmp_path / "out.h5", "thread", strategy=strategy, progress=False,
+                     writes="driver")
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert not f.attrs["complete"]
+    source.slices = real
+    stats = run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 256,
+                         tmp_path / "out.h5", "thread", strategy=strategy, progress=False,
+                         writes="driver", resume=True)
+    assert stats.records == 1000 and len(read_output(tmp_path / "out.h5")["ids"]) == 5000

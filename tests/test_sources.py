@@ -320,3 +320,10 @@ def test_the_drivers_hdf5_reading_stops_at_a_file_changed_half_way(tmp_path):
     os.replace(tmp_path / "other.h5", tmp_path / "in.h5")
     with pytest.raises(OSError, match=r"in\.h5: changed since the run started"):
         list(slices)
+
+
+def test_an_empty_jsonl_file_is_refused_as_an_empty_parquet_or_csv_is(tmp_path):
+    """Issue 44: a 0-byte JSONL "succeeded" with 0 records (Parquet and CSV exit 2)."""
+    (tmp_path / "in.jsonl").write_bytes(b"")
+    with pytest.raises(SourceError, match=r"in\.jsonl': an empty file \(0 bytes\)"):
+        open_source(tmp_path / "in.jsonl")

@@ -265,3 +265,33 @@ def test_compile_round_trips_through_tuned_yaml(tmp_path):
         args = build_parser(_config_defaults(str(tmp_path / "tuned.yaml"))).parse_args(
             ["run", "--input", "x.jsonl", "--output", "o.h5"])
         assert _workload(args).compile is expected
+
+
+def test_tuned_yaml_carries_the_inputs_columns_so_the_printed_command_runs(tmp_path):
+    """Issue 44: ``tune --text-column body --id-column doc_id`` printed ``run --config
+    tuned.yaml --input ... --output ...``, which then failed ("no column 'text'"), and adding
+    ``text_column:`` to the file was refused. tuned.yaml carries the input's columns now."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": [f"r{i}" for i in range(500)],
+                             "doc_id": [f"d{i:04d}" for i in range(500)],
+                             "lang": ["en"] * 500}), tmp_path / "in.parquet")
+    config = tmp_path / "tuned.yaml"
+    done = cli("tune", "--input", str(tmp_path / "in.parquet"), "--workload", "synthetic",
+               "--devices", "cpu", "--seconds-per-record", "0.0005", "--sample", "200",
+               "--text-column", "body", "--id-column", "doc_id", "--keep-columns", "lang",
+               "--output", str(config), "--variants", "none")
+    assert done.returncode == 0, done.stderr
+    tuned = yaml.safe_load(config.read_text())
+    assert (tuned["text_column"], tuned["id_column"], tuned["keep_columns"]) == \
+        ("body", "doc_id", ["lang"])
+    printed = next(line for line in done.stderr.splitlines() if line.startswith("wrote "))
+    command = printed.split(": python -m helpers ", 1)[1].replace(
+        "--input ...", f"--input {tmp_path / 'in.parquet'}").replace(
+        "--output ...", f"--output {tmp_path / 'out.h5'}").split()
+    done = cli(*command, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    data = read_output(tmp_path / "out.h5")
+    assert data["keys"].tolist() == [f"d{i:04d}" for i in range(500)]
+    assert data["lang"].tolist() == ["en"] * 500

@@ -132,6 +132,14 @@ class HDF5Sink:
         set_attrs(f, self.attrs)
 
     @property
+    def rows_held(self) -> int:
+        """The rows the output holds now, written or in ``errors/``, an earlier run's too (what
+        the writer thread has written: ``flush`` first)."""
+        if self._parts is not None:
+            return sum(p.rows + p.errors for p in self._parts.parts)
+        return len(self._file["ids"]) + len(self._file["errors/ids"])
+
+    @property
     def bytes_written(self) -> int:
         return self._parts.bytes_written if self._parts is not None else self.output_bytes
 

@@ -49,6 +49,8 @@ class JSONLSource:
             raise SourceError(f"input {str(self.path)!r}: no such file")
         self._stat = file_stat(str(self.path.resolve()))  # every read checks the file against
         # it (helpers.engine.fingerprint)
+        if not self._stat[1]:  # (as an empty Parquet or CSV file is refused)
+            raise SourceError(f"input {str(self.path)!r}: an empty file (0 bytes), no lines")
         self.ids = self._id_kind()
         self.keyed = self.ids == "keys"
         self._index: tuple[tuple[str, int, int], LineIndex] | None = None  # (``_scanned``)
@@ -83,6 +85,13 @@ class JSONLSource:
                                   f"open it again")
             self._index = self._stat, index
         return self._index
+
+    def accounted(self, limit: int | None) -> int:
+        """Rows a whole run over the first ``limit`` lines leaves in the output or errors/:
+        every line but the blank ones (no record)."""
+        index = self._scanned()[1]
+        end = index.lines if limit is None else min(limit, index.lines)
+        return end - int(np.count_nonzero(index.blank < end))
 
     def carried(self) -> dict[str, OutputSpec]:
         return {KEYS: OutputSpec((), TEXT)} if self.keyed else {}

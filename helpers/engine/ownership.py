@@ -46,6 +46,7 @@ from helpers.engine.checkpoint import OUTPUT_MARK, foreign_files, parts_folder
 from helpers.engine.fingerprint import (INPUT_ATTR, MOVABLE, WORKLOAD_ATTR, decode, describe,
                                         differences)
 
+OUTPUT_SUFFIXES = (".h5", ".hdf5")  # what a run's output may be named (it is HDF5)
 LOCK_SUFFIX = ".lock"
 LOCK_MARK = "gpufeed_lock"  # a field of every lock's text: a file without it is not ours
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # flock not supported
@@ -340,6 +341,11 @@ def check_output(output: str | os.PathLike, *, resume: bool, overwrite: bool,
     if resume and overwrite:
         raise OutputError("resume and overwrite: choose one (resume keeps what the output holds, "
                           "overwrite replaces it)")
+    if Path(output).suffix.lower() not in OUTPUT_SUFFIXES:
+        name = Path(output).with_suffix(".h5").name
+        raise OutputError(f"output {str(output)!r}: a run writes HDF5, named .h5 or .hdf5; name "
+                          f"it {name!r}, then `python -m helpers export {name} --to parquet "
+                          f"--output ...` (or --to npy) writes the other formats")
     if path.is_dir():
         raise OutputError(f"output {str(path)!r} is a folder; name a file in it, such as "
                           f"{str(path / 'out.h5')!r}")

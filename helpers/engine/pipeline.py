@@ -116,8 +116,8 @@ from helpers.engine.settings import (AUTO, JOB_SETTINGS, POOL_SETTINGS, JobSetti
                                      split_options)
 from helpers.engine.sizing import Sizing
 from helpers.engine.probe import check_workers
-from helpers.engine.sources import (carried, open_source, peek, read_slices, reads_by_position,
-                                    records_left, source_length)
+from helpers.engine.sources import (accounted, carried, open_source, peek, read_slices,
+                                    reads_by_position, records_left, source_length)
 from helpers.engine.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
                                   add_phases)
 from helpers.engine.telemetry import Telemetry
@@ -286,6 +286,7 @@ class WorkerPool:
         self._sizing.start_job(settings.workunit_seconds)
         own = carried(records)
         outputs = self._outputs(own)  # (a clash is refused before the pool is at risk)
+        expected = accounted(records, settings.limit)  # (as the input is when the job starts)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
             job = _Job(scheduler, settings, sink, started, self._growth, own)
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
@@ -306,6 +307,7 @@ class WorkerPool:
                 job.drive(reader, total)
             finally:
                 reader.stop()
+            check_accounted(records, expected, sink, settings.limit)
         job.stop_clock(reader.read_seconds, reader.blocked_seconds)
         return self._stats(job, output)
 
@@ -326,6 +328,7 @@ class WorkerPool:
         # to the sizes an earlier workunit_size="auto" job left
         own = carried(records)
         outputs = self._outputs(own)
+        expected = accounted(records, settings.limit)
         with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
             job = _Job(scheduler, settings, sink, started, carried=own)
             job.start_clock()
@@ -339,6 +342,7 @@ class WorkerPool:
                 unit = Workunit(0, ids[start:end], items[start:end], pinned=info.index)
                 scheduler.pending.append(scheduler.number(unit))
             job.drive(_DEALT)
+            check_accounted(records, expected, sink, settings.limit)
         job.stop_clock(read_seconds, 0.0)
         job.settings = replace(settings, workunit_size=max(1, int(np.diff(bounds).max(initial=0))))
         return self._stats(job, output)
@@ -641,6 +645,24 @@ def static_split(records: int, workers: int) -> np.ndarray:
     """Bounds of ``workers`` even contiguous slices of ``records``: slice i is
     ``bounds[i]:bounds[i + 1]``; sizes differ by one at most, and every record is in one."""
     return np.linspace(0, records, workers + 1).round().astype(int)
+
+
+def check_accounted(source: Any, expected: int | None, sink: HDF5Sink,
+                    limit: int | None) -> None:
+    """PipelineError, before the output is marked complete, unless every row the input holds
+    (``expected``: sources.accounted; None, not known) is in the output, written or in
+    ``errors/``: a row lost or read twice is never a finished run. With ``limit``, an output
+    holding more (an earlier run's larger limit) is not one."""
+    if expected is None:
+        return
+    sink.flush()
+    held = sink.rows_held
+    if held == expected or (limit is not None and held > expected):
+        return
+    raise PipelineError(f"{source.describe()}: the input holds {expected:,} rows and the output "
+                        f"{held:,} (written or in errors/): {abs(expected - held):,} rows "
+                        f"{'unaccounted for' if held < expected else 'too many'}; the output "
+                        f"is left unfinished (a bug: please report it with the input's shape)")
 
 
 def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str = ("cpu",),

@@ -46,7 +46,7 @@ from helpers.engine.table_files import FORMATS
 from helpers.engine.tables import TableSource
 
 __all__ = ["HDF5BatchesSource", "ImageFolderSource", "IterableSource", "JSONLSource",
-           "SourceError", "TableSource", "carried", "open_source", "read_slices",
+           "SourceError", "TableSource", "accounted", "carried", "open_source", "read_slices",
            "records_left", "source_length"]
 
 log = logging.getLogger("gpufeed")
@@ -117,6 +117,10 @@ class HDF5BatchesSource:
         end = self._length if limit is None else min(limit, self._length)
         return positions(HDF5Rows(str(self.path.resolve()), self.group, self._identity), end,
                          skip)
+
+    def accounted(self, limit: int | None) -> int:
+        """Rows a whole run over the first ``limit`` records leaves in the output or errors/."""
+        return records_left(self._length, limit)
 
     def describe(self) -> str:
         return f"hdf5:{self.path}#{self.group}"
@@ -278,6 +282,10 @@ class ImageFolderSource:
         for record_id, path in enumerate(self._paths):
             yield record_id, str(path)
 
+    def accounted(self, limit: int | None) -> int:
+        """Rows a whole run over the first ``limit`` images leaves in the output or errors/."""
+        return records_left(len(self._paths), limit)
+
     def describe(self) -> str:
         return f"images:{self.folder}"
 
@@ -391,6 +399,14 @@ def peek(pieces: Iterator[Any]) -> tuple[Any, Iterator[Any]]:
     """The first of ``pieces`` (None if there is none), and all of them, that one included."""
     first = next(pieces, None)
     return first, itertools.chain([first] if first is not None else [], pieces)
+
+
+def accounted(source: Any, limit: int | None = None) -> int | None:
+    """The rows a whole run over ``source`` (its first ``limit`` records) must leave in the
+    output, written or in ``errors/``, where the source knows it (its ``accounted``: HDF5
+    batches, JSON lines, tables, images); None for any other."""
+    own = getattr(source, "accounted", None)
+    return own(limit) if own is not None else None
 
 
 def source_length(source: Any) -> int | None:

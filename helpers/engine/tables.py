@@ -102,6 +102,15 @@ class TableSource:
             self._length = sum(file.rows for file in self._csv_files())
         return self._length
 
+    def accounted(self, limit: int | None) -> int:
+        """Rows a whole run over the first ``limit`` rows leaves in the output or errors/: a
+        CSV's rows of another width (or a quote left open) too, those of the files begun under
+        ``limit`` (as ``_rows_of_other_widths`` files them)."""
+        rows = len(self) if limit is None else min(limit, len(self))
+        if self.format not in CSV:
+            return rows
+        return rows + sum(len(f.bad) for f in self._csv_files() if limit is None or f.first < limit)
+
     def carried(self) -> dict[str, OutputSpec]:
         """The columns this source carries to the output beside the workload's."""
         specs = {KEYS: OutputSpec((), TEXT)} if self.keyed else {}
