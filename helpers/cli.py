@@ -18,6 +18,7 @@ that die or hang are replaced and their workunits retried; what happened is logg
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -101,6 +102,30 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         return text
 
 
+class _Parser(argparse.ArgumentParser):
+    """A command's parser as argparse users expect: no abbreviated flags (``--text-colum`` is not
+    ``--text-column``), and an unknown flag refused by the command it was given to, with its
+    usage and the flags it most looks like."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._subparsers is None:  # a command's: an unknown flag refused here, first (not
+            # above, nor after a required flag it may be the misspelling of)
+            flags = [f for f in self._option_string_actions if f.startswith("--")]
+            given = sys.argv[1:] if args is None else list(args)
+            unknown = [a for a in given if a.startswith("--") and a.split("=")[0] not in flags]
+            if unknown:
+                near = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=3,
+                                                 cutoff=0.6)
+                self.error(f"unrecognized arguments: {' '.join(unknown)}" +
+                           (f" (did you mean {or_words(near)}?)" if near else ""))
+        return super().parse_known_args(args, namespace)
+
+
 def _prog() -> str:
     return "gpufeed" if Path(sys.argv[0]).name == "gpufeed" else "python -m helpers"
 
@@ -114,31 +139,35 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _common_arguments(shared: argparse.ArgumentParser, devices: str) -> None:
-    """What run and tune share, first: the input, the workload, the devices (default
-    ``devices``), the backend, the columns."""
-    shared.add_argument("--input", required=True,
+def _common_arguments(shared: argparse.ArgumentParser, devices: str
+                      ) -> tuple[Any, Any]:
+    """What run and tune share, first: the input and its columns, the workload, the devices
+    (default ``devices``), the backend; the two groups, for the command's own options."""
+    inputs = shared.add_argument_group("input")
+    layout = shared.add_argument_group("devices and layout")
+    inputs.add_argument("--input", required=True,
                         help="a Parquet, CSV/TSV, Arrow, .jsonl or .h5 (batches/0, 1, ...) "
                              "file, a folder or glob of tables; a folder of images for binning")
     shared.add_argument("--workload", choices=WORKLOADS, default="embedding",
                         help="what runs on each record (its options: the groups below)")
-    shared.add_argument("--devices", default=devices,
+    layout.add_argument("--devices", default=devices,
                         help="one entry per worker, e.g. cuda:0,cuda:0,cpu or cuda:0*2,cpu; "
                              "'auto': every GPU here (else mps, else cpu), 'auto*2': two on each")
-    shared.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend,
+    layout.add_argument("--backend", choices=BACKENDS, default=PoolSettings.backend,
                         help="process: a process per worker; thread: threads sharing one "
                              "model per device; ray: a Ray actor per worker (pip install "
                              "'gpufeed[ray]')")
-    shared.add_argument("--text-column", "--text-field", dest="text_column", default="text",
+    inputs.add_argument("--text-column", "--text-field", dest="text_column", default="text",
                         help="the column (JSONL: field) holding the text")
-    shared.add_argument("--id-column", "--id-field", dest="id_column",
+    inputs.add_argument("--id-column", "--id-field", dest="id_column",
                         help="the column holding each record's id: integers are the ids; "
                              "strings are kept as the output's 'keys' (ids: row numbers). "
                              "Default: row numbers (JSONL: its 'id' field if there)")
-    shared.add_argument("--keep-columns", type=lambda text: [c for c in text.split(",") if c],
+    inputs.add_argument("--keep-columns", type=lambda text: [c for c in text.split(",") if c],
                         default=[], metavar="A,B",
                         help="a table's other columns to carry to the output beside each row "
                              "(numbers, booleans, strings)")
+    return inputs, layout
 
 
 def _workload_groups(shared: argparse.ArgumentParser) -> None:
@@ -195,49 +224,53 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
 def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The command line; ``run_defaults`` (a tuned.yaml's fields) replace run's defaults, so that
     a flag given on the command line still wins."""
-    parser = argparse.ArgumentParser(
-        prog=_prog(), formatter_class=_Help,
+    parser = _Parser(
+        prog=_prog(),
         description="Run a model over a big dataset and keep every device fed: run it, tune "
                     "its layout on a sample first, and read, compact or export what it wrote.",
         epilog=EXIT_STATUS)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=_Parser)
     run = commands.add_parser("run", formatter_class=_Help, epilog=EXIT_STATUS,
                               usage="%(prog)s --input INPUT --output OUTPUT [options]",
                               help="run a workload over an input file",
                               description="Run a workload over an input; the stats are the "
                                           "last line of stdout, as JSON.")
-    _common_arguments(run, ",".join(PoolSettings.devices))
-    run.add_argument("--output", required=True, help="HDF5 file to write (binning: a CSV beside it)")
+    inputs, layout = _common_arguments(run, ",".join(PoolSettings.devices))
+    written = run.add_argument_group("output")
+    safe = run.add_argument_group("failures and resuming")
+    written.add_argument("--output", required=True,
+                         help="the HDF5 file to write, .h5 or .hdf5 (export writes Parquet or "
+                              "npy from it; binning: a CSV beside it)")
     run.add_argument("--config", help="a tuned.yaml (python -m helpers tune): its fields are the "
                                       "defaults; flags given here override them")
-    run.add_argument("--workers-per-device", type=_workers_per_device,
+    layout.add_argument("--workers-per-device", type=_workers_per_device,
                      default=PoolSettings.workers_per_device,
                      help="workers on each entry of --devices; 'auto': one, then more while "
                           "they raise the device's measured rate; 'fit': as many as fit in its "
                           "memory, started before any work")
-    run.add_argument("--strategy", choices=STRATEGIES, default="queue",
+    layout.add_argument("--strategy", choices=STRATEGIES, default="queue",
                      help="queue: workers pull workunits; static: one even slice per worker")
-    run.add_argument("--workunit-size", type=_count_or_auto, default=JobSettings.workunit_size,
+    layout.add_argument("--workunit-size", type=_count_or_auto, default=JobSettings.workunit_size,
                      help="records per workunit; 'auto': sized per worker from its measured rate")
-    run.add_argument("--workunit-seconds", type=float, default=JobSettings.workunit_seconds,
+    layout.add_argument("--workunit-seconds", type=float, default=JobSettings.workunit_seconds,
                      help="--workunit-size auto: seconds a workunit should take on its worker")
-    run.add_argument("--limit", type=int, help="stop after this many records")
-    run.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker, "
+    inputs.add_argument("--limit", type=int, help="stop after this many records")
+    layout.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker, "
                                                      "times --units-per-message)")
-    run.add_argument("--units-per-message", type=_count_or_auto,
+    layout.add_argument("--units-per-message", type=_count_or_auto,
                      default=PoolSettings.units_per_message,
                      help="workunits sent to a worker in one message (on Ray, one call); "
                           f"auto: {RAY_UNITS_PER_MESSAGE} on Ray with a fixed --workunit-size, "
                           f"else 1, then more for a worker whose workunits take under "
                           f"{MESSAGE_SECONDS:g} s (about that much of its work a message, at "
                           f"most {MAX_UNITS_PER_MESSAGE})")
-    run.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
+    layout.add_argument("--threads-per-worker", type=int, help="CPU threads per cpu worker")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--ray-address", help="--backend ray: the cluster's head, e.g. "
+    layout.add_argument("--ray-address", help="--backend ray: the cluster's head, e.g. "
                                            "10.0.0.1:6379 (default: $RAY_ADDRESS, else a local "
                                            "Ray started for the run)")
-    safe = run.add_argument_group("failures and resuming")
     safe.add_argument("--resume", action="store_true",
                       help="keep what OUTPUT holds (a killed or interrupted run) and do the rest; "
                            "refused if OUTPUT was made from another input or workload")
@@ -250,25 +283,25 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                       help="times a failed workunit is retried before it is split")
     safe.add_argument("--max-restarts", type=int, default=PoolSettings.max_restarts,
                       help="replacements per worker")
-    safe.add_argument("--in-place", action="store_true",
+    written.add_argument("--in-place", action="store_true",
                       help="append to OUTPUT in place instead of crash-safe parts (a little "
                            "faster; a killed run may leave OUTPUT unreadable)")
-    safe.add_argument("--writes", choices=WRITES, default=JobSettings.writes,
+    written.add_argument("--writes", choices=WRITES, default=JobSettings.writes,
                       help="who writes the rows: the driver's writer thread, or each worker its "
                            "own part files that the driver commits (the driver then reads none "
                            "of the rows; OUTPUT must be on storage every worker reaches); auto: "
                            "the workers on Ray when they can read the input by position (HDF5, "
                            "Parquet, Arrow, CSV/TSV, JSONL with line-number ids), else the "
                            "driver")
-    safe.add_argument("--adaptive", action="store_true",
+    layout.add_argument("--adaptive", action="store_true",
                       help="the same as --workers-per-device fit (its older name)")
-    safe.add_argument("--max-workers-per-device", type=int,
+    layout.add_argument("--max-workers-per-device", type=int,
                       default=PoolSettings.max_workers_per_device,
                       help="the most workers --workers-per-device auto or fit puts on a "
                            "device")
     _workload_groups(run)
     run.set_defaults(**(run_defaults or {}))
-    tune = commands.add_parser("tune", formatter_class=_Help,
+    tune = commands.add_parser("tune", formatter_class=_Help, epilog=EXIT_STATUS,
                                usage="%(prog)s --input INPUT [--output tuned.yaml] [options]",
                                help="find the fastest configuration on a sample; write tuned.yaml",
                                description="Find the fastest configuration on a sample of the "
@@ -289,9 +322,11 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                       help="where tune_trials.csv goes, with its provenance (default: beside "
                            "--output; '' for nowhere)")
     _workload_groups(tune)
-    pack = commands.add_parser("compact", help="copy a run's index and its parts into one file")
+    pack = commands.add_parser("compact", help="copy a run's index and its parts into one file",
+                               epilog=EXIT_STATUS)
     pack.add_argument("output", help="the output of a run: an index beside OUTPUT.parts/")
-    out = commands.add_parser("export", help="an output as Parquet or NumPy files (streamed)")
+    out = commands.add_parser("export", help="an output as Parquet or NumPy files (streamed)",
+                              epilog=EXIT_STATUS)
     out.add_argument("source", metavar="RUN_OUTPUT", help="a run's output (.h5)")
     out.add_argument("--to", choices=("parquet", "npy"), required=True,
                      help="parquet: one file, vectors as fixed-size lists; npy: a folder of "
@@ -364,7 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted: workers stopped", file=sys.stderr)
-        _say_kept(args.output)
+        held = _say_kept(args.output)
+        print(json.dumps({"interrupted": True, "output": args.output, **held}))  # (the stats
+        # line scripts read last, saying what the output holds)
         return EXIT_INTERRUPTED
     except OSError as exc:  # a full disk, a folder that cannot be written
         print(f"error: {exc}", file=sys.stderr)
@@ -413,26 +450,29 @@ def _run(args: argparse.Namespace) -> Any:
     return stats
 
 
-def _say_kept(output: str) -> None:
-    """After a run stopped: what its output holds now, and what finishes it."""
+def _say_kept(output: str) -> dict[str, Any]:
+    """After a run stopped: what its output holds now, and what finishes it; returns it
+    (``records``, ``failed_records``, ``complete``; nothing where it cannot tell)."""
     import h5py
 
     path = output_path(output)
     try:
         with h5py.File(path, "r") as f:
             rows, complete = len(f["ids"]), bool(f.attrs.get("complete", False))
+            errors = len(f["errors/ids"]) if "errors/ids" in f else 0
             check_parts(f, path)
     except (KeyError, ValueError):
-        return  # not ours to describe
+        return {}  # not ours to describe
     except OSError as exc:  # nothing written, or a part is gone
         if path.exists():
             print(str(exc), file=sys.stderr)
-        return
+        return {}
     if complete:
         print(f"{output} is complete ({rows:,} records)", file=sys.stderr)
     else:
         print(f"{rows:,} records written so far are in {output} (--resume finishes the run)",
               file=sys.stderr)
+    return {"records": rows, "failed_records": errors, "complete": complete}
 
 
 def _table_path(args: argparse.Namespace) -> Path:

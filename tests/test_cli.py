@@ -125,6 +125,8 @@ def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_p
     stopped, stderr = time.monotonic() - started, run.stderr.read().decode()
     assert stopped < 10 and run.returncode == 130, f"{stopped:.1f} s, exit {run.returncode}:\n{stderr}"
     assert "--resume" in stderr
+    said = json.loads(run.stdout.read().decode().strip().splitlines()[-1])  # (issue 44: none)
+    assert said["interrupted"] and not said["complete"] and 0 < said["records"] < n
     time.sleep(0.5)
     assert not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
     partial = read_output(tmp_path / "o.h5")  # opens, and every row in it is whole
@@ -272,3 +274,27 @@ def test_ctrl_c_pressed_again_and_again_ends_the_run_at_once_and_never_hangs(tmp
                   "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert read_output(out)["ids"].tolist() == list(range(3000))
+
+
+def test_flags_are_never_abbreviated_and_a_typo_is_told_by_its_command_with_a_suggestion():
+    """Issue 44: ``--text-colum`` was taken for ``--text-column``; a typo in a command's flag
+    printed the top-level usage with no suggestion; run --help had one "options:" heading;
+    tune --help said no exit statuses."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def helpers_cli(*args):
+        return subprocess.run([sys.executable, "-m", "helpers", *args], capture_output=True,
+                              text=True, env=env, timeout=60)
+
+    done = helpers_cli("run", "--input", "in.parquet", "--output", "o.h5", "--text-colum", "b")
+    assert done.returncode == 2
+    assert "usage: python -m helpers run --input INPUT --output OUTPUT" in done.stderr
+    assert "unrecognized arguments: --text-colum (did you mean --text-column" in done.stderr
+    done = helpers_cli("export", "o.h5", "--to", "npy", "--outptu", "e")
+    assert done.returncode == 2 and "--outptu (did you mean --output?)" in done.stderr
+    assert "usage: python -m helpers export" in done.stderr
+    headings = re.findall(r"^(\S[^\n]*):$", helpers_cli("run", "--help").stdout, re.M)
+    assert headings[:5] == ["options", "input", "devices and layout", "output",
+                            "failures and resuming"]
+    for command in ("tune", "export", "compact"):
+        assert "exit status: 0 done" in helpers_cli(command, "--help").stdout

@@ -64,3 +64,14 @@ def test_each_device_has_its_share_of_the_job_in_the_stats():
            "device memory 2048 MiB" in stats.summary()
     with pytest.raises(TypeError):
         PipelineStats(450, 0, 10.0, 2.0, workers, {}, (), 100, "process", "o.h5")  # by name only
+
+
+def test_the_summary_counts_tokens_as_whole_numbers():
+    """Issue 44: the summary said ``389,794.0 needed`` (counts are summed as floats)."""
+    from helpers.engine.stats import PipelineStats
+
+    stats = PipelineStats(records=10, failed_records=0, wall_seconds=1.0, spinup_seconds=0.0,
+                          workers=(), stages={}, devices=("cpu",), workunit_size=10,
+                          backend="process", output="o.h5",
+                          counts={"tokens_computed": 400000.0, "tokens_needed": 389794.0})
+    assert "389,794 needed" in stats.summary() and "389,794.0" not in stats.summary()

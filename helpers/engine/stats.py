@@ -259,7 +259,7 @@ class PipelineStats:
                 f"{k} {v:.2f} s ({v / compute:.0%})" for k, v in self.phases.items()))
         if self.padding is not None:
             lines.append(f"  padding: {self.padding:.2f}x (tokens computed / tokens needed, "
-                         f"{self.counts['tokens_needed']:,} needed)")
+                         f"{int(self.counts['tokens_needed']):,} needed)")  # (counts are summed as floats)
         for d in self.decisions:
             lines.append(f"  at {d['seconds']:6.1f} s {d['device']}: {d['action']} -> "
                          f"{d['workers']} workers ({d['reason']})")
