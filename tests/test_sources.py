@@ -327,3 +327,75 @@ def test_an_empty_jsonl_file_is_refused_as_an_empty_parquet_or_csv_is(tmp_path):
     (tmp_path / "in.jsonl").write_bytes(b"")
     with pytest.raises(SourceError, match=r"in\.jsonl': an empty file \(0 bytes\)"):
         open_source(tmp_path / "in.jsonl")
+
+
+def _shards(folder, files=3, lines=400, ids=None):
+    folder.mkdir()
+    for k in range(files):
+        with open(folder / f"part-{k:02d}.jsonl", "w") as f:
+            for i in range(lines):
+                row = {"body": f"t{k}-{i}", "lang": ["en", "de"][i % 2], "score": i / 4,
+                       "n": i, "ok": i % 3 == 0}
+                if ids == "keys":
+                    row["doc"] = f"d{k}-{i}"
+                elif ids == "given":
+                    row["doc"] = k * 1000 + i if (k, i) != (2, 7) else 5  # (5: part-00's)
+                f.write(json.dumps(row) + "\n")
+
+
+@pytest.mark.parametrize("as_glob", [False, True])
+def test_a_folder_or_glob_of_jsonl_shards_is_one_input_keeping_its_fields(tmp_path, as_glob):
+    """Issue 44: a folder or a glob of .jsonl files failed ("no image files"; "no such file")
+    and --keep-columns on JSONL was refused. The shards are one input in sorted order, their
+    fields kept as a table's columns are."""
+    from helpers import SyntheticWorkload, read_output, run_pipeline
+
+    _shards(tmp_path / "dump", ids="keys")
+    given = str(tmp_path / "dump" / "*.jsonl") if as_glob else str(tmp_path / "dump")
+    run_pipeline(given, SyntheticWorkload(0.0, dim=4), "cpu", 128, tmp_path / "out.h5",
+                 "thread", progress=False, text_column="body", id_column="doc",
+                 keep_columns=["lang", "score", "n", "ok"])
+    data = read_output(tmp_path / "out.h5")
+    assert data["keys"].tolist() == [f"d{k}-{i}" for k in range(3) for i in range(400)]
+    assert data["lang"].tolist() == ["en", "de"] * 600
+    assert data["score"].tolist() == [i / 4 for i in range(400)] * 3
+    assert data["n"].dtype == np.int64 and data["n"].tolist() == list(range(400)) * 3
+    assert data["ok"].tolist() == [int(i % 3 == 0) for i in range(400)] * 3
+    assert not data["errors"]
+
+
+def test_jsonl_shards_share_their_ids_and_must_agree_on_them(tmp_path):
+    """Integer ids across shards: one repeated in a later shard costs its line alone, named by
+    its file's line and the input's; shards that disagree on what an id is are refused."""
+    from helpers.engine.jsonl import JSONLFiles
+
+    _shards(tmp_path / "dump", ids="given")
+    source = open_source(tmp_path / "dump", text_column="body", id_column="doc")
+    assert isinstance(source, JSONLFiles) and len(source) == 1200
+    rejected = []
+    ids = np.concatenate([i for i, _ in read_slices(source, IdRanges(), reject=rejected.extend)])
+    assert len(ids) == 1199 and 2007 not in ids
+    (_, kind, message, _, position), = rejected
+    assert position == 807 and message.startswith("id 5 appeared earlier in the input")
+    with open(tmp_path / "dump" / "part-03.jsonl", "w") as f:
+        f.write(json.dumps({"body": "no id here"}) + "\n")
+    with pytest.raises(SourceError, match="its files disagree on what a record's id is: "
+                                          "integer ids in .*part-00.jsonl'; line numbers in "):
+        open_source(tmp_path / "dump", text_column="body", id_column="doc")
+
+
+def test_a_jsonl_kept_field_holding_objects_is_refused_and_odd_values_are_nulls(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"text": "a", "meta": {"x": 1}, "n": 1}) + "\n")
+    with pytest.raises(SourceError, match="kept field 'meta' holds dict values"):
+        open_source(path, keep_columns=["meta"])
+    with pytest.raises(SourceError, match="keep_columns: text cannot be kept"):
+        open_source(path, keep_columns=["text"])
+    path.write_text("".join(json.dumps({"text": f"r{i}", "n": i}) + "\n" for i in range(1000)) +
+                    json.dumps({"text": "odd", "n": "many"}) + "\n" + json.dumps({"text": "x"}))
+    source = open_source(path, keep_columns=["n"])  # (its kind: from the first 1,000 lines)
+    assert source.carried()["n"].dtype == "int64" and not source.positional
+    carried = []
+    list(read_slices(source, IdRanges(), carry=lambda ids, c: carried.append(c["n"])))
+    nothing = np.iinfo(np.int64).min
+    assert np.concatenate(carried).tolist() == list(range(1000)) + [nothing, nothing]

@@ -259,8 +259,12 @@ def test_keep_columns_are_refused_clearly(tmp_path):
     with pytest.raises(SourceError, match="doc cannot be kept under its own name"):
         open_source(path, text_column="body", id_column="doc", keep_columns=["doc"])
     (tmp_path / "in.jsonl").write_text('{"text": "a"}\n')
-    with pytest.raises(SourceError, match="only a Parquet, CSV/TSV or Arrow input keeps"):
+    with pytest.raises(SourceError, match="no field 'x' .a field to keep. in its first 1 "
+                                          "objects; their fields: text"):
         open_source(tmp_path / "in.jsonl", keep_columns=["x"])
+    with pytest.raises(SourceError, match=r"only a table \(Parquet, CSV/TSV, Arrow\) or "
+                                          r"JSON-lines input keeps columns"):
+        open_source(tmp_path / "in.h5", keep_columns=["x"])
 
 
 def keyed(n: int, repeat_at: int | None = None) -> pa.Table:

@@ -3,7 +3,8 @@
 - ``HDF5BatchesSource``: a group ``batches/`` of 1-D UTF-8 string datasets ``0, 1, ...``; a
   record's id is its global position across the batches in numeric order.
 - ``JSONLSource`` (helpers.engine.jsonl): one JSON object per line with a text field; the ids are
-  the id field or the 0-based line numbers, for the whole file.
+  the id field or the 0-based line numbers, for the whole file; ``JSONLFiles``, a folder or a
+  glob of them (sharded dumps) as one input.
 - ``TableSource`` (helpers.engine.tables): Parquet, CSV/TSV and Arrow files.
 - ``IterableSource``: any Python iterable of ``(id, record)`` pairs.
 - ``ImageFolderSource``: the image files of a folder, as paths, in sorted relative-path order (ids
@@ -39,7 +40,7 @@ import numpy as np
 from helpers.engine.fingerprint import file_identity, listing_identity
 from helpers.engine.id_checks import checked_ids, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds
-from helpers.engine.jsonl import JSONLSource
+from helpers.engine.jsonl import JSONLFiles, JSONLSource, jsonl_files
 from helpers.engine.protocol import (BadRecord, OutputSpec, Rows, Source, SourceError, decoded,
                                      holds_inputs, positions)
 from helpers.engine.table_files import FORMATS
@@ -334,14 +335,19 @@ def open_source(source: Any, *, text_column: str = "text", id_column: str | None
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         named = text_column != "text" or id_column is not None or bool(keep_columns)
+        if path.suffix.lower() in JSONL_SUFFIXES and path.is_file():
+            return JSONLSource(path, text_column, id_column or "id", keep_columns)
+        shards = jsonl_files(path)
+        if shards and not _table_files_in(path):  # a folder or glob of JSON-lines files
+            return JSONLFiles(path, shards, text_column, id_column or "id", keep_columns)
         table = _is_table(path, named)  # (a folder is listed once)
         if keep_columns and not table:
-            raise SourceError(f"keep_columns: only a Parquet, CSV/TSV or Arrow input keeps "
-                              f"columns ({str(path)!r} is not one)")
+            raise SourceError(f"keep_columns: only a table (Parquet, CSV/TSV, Arrow) or "
+                              f"JSON-lines input keeps columns ({str(path)!r} is not one)")
         if path.suffix.lower() in HDF5_SUFFIXES and path.is_file():
             return HDF5BatchesSource(path)
         if path.suffix.lower() in JSONL_SUFFIXES:
-            return JSONLSource(path, text_column, id_column or "id")
+            return JSONLSource(path, text_column, id_column or "id", keep_columns)
         if table:
             return TableSource(path, text_column, id_column, keep_columns)
         if path.is_dir():
@@ -360,6 +366,17 @@ def open_source(source: Any, *, text_column: str = "text", id_column: str | None
         return IterableSource(source)
     raise SourceError(f"source: expected a file path or an iterable of (id, record) pairs, "
                       f"got {type(source).__name__}")
+
+
+def _table_files_in(path: Path) -> bool:
+    """Whether a folder or glob names any table file (beside JSON-lines ones, it is a table
+    input, whose check then names the odd files)."""
+    import glob
+
+    text = str(path)
+    found = glob.glob(text, recursive=True) if any(c in text for c in "*?[") else \
+        [str(p) for p in path.rglob("*")] if path.is_dir() else []
+    return any(Path(f).suffix.lower() in FORMATS for f in found)
 
 
 def _is_table(path: Path, columns_named: bool = False) -> bool:

@@ -410,13 +410,13 @@ def kept_values(array: Any, dtype: str) -> np.ndarray:
     try:
         array = array.cast(wanted)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # CSV text that is not a number
-        array = pa.array([_number(v, dtype) for v in array.to_pylist()], wanted)
+        array = pa.array([kept_number(v, dtype) for v in array.to_pylist()], wanted)
     if dtype == "int8":
         array = array.cast(pa.int8())
     return array.fill_null(NULLS[dtype]).to_numpy(zero_copy_only=False).astype(dtype)
 
 
-def _number(value: Any, dtype: str) -> Any:
+def kept_number(value: Any, dtype: str) -> Any:
     """One CSV value as a kept column's type, None (a null) where it is not one."""
     try:
         if dtype == "int8":
