@@ -139,3 +139,11 @@ def test_the_binning_finding_gives_each_worker_count_its_speed_up_over_one():
     assert findings.binning_layouts(table).startswith(
         "on cpu: 1 worker: queue-fed 1.10 images/s vs static 1.00 (1.10×); 2 workers: queue-fed "
         "2.10 images/s, 1.91× 1 worker vs static 1.50 (1.40×)")
+
+
+def test_a_single_run_is_said_without_a_spread():
+    """Issue 44: figures/README.md printed "± 0.0" for results of one run each."""
+    table = pd.DataFrame({"workunit_size": [1, 10, 100], "devices": ["cpu"] * 3,
+                          "records_per_s": [5, 20, 10]})
+    assert findings.workunit_sizes(table) == \
+        "on cpu: workunit size 10 best at 20.0 records/s (one run) (1: 0.25×, 100: 0.50×)"

@@ -537,3 +537,16 @@ def test_a_resume_over_a_folder_with_files_replaced_and_their_times_put_back_is_
         run_pipeline(str(folder), synthetic(), "cpu", 128, tmp_path / "out.h5", "thread",
                      progress=False, resume=True)
     assert len(read_output(tmp_path / "out.h5")["ids"]) == 1500  # (untouched)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_an_empty_key_is_no_key_in_every_format(tmp_path, fmt):
+    """Issue 44: an empty-string key was "null" in CSV (its empty field) but a valid key in
+    Parquet, so the same data ran differently by format. One rule: it costs its row."""
+    table = pa.table({"key": ["a", "", "b", ""], "text": ["t0", "t1", "t2", "t3"]})
+    given = write(table, tmp_path / "in", fmt)
+    run_pipeline(given, synthetic(), "cpu", 64, tmp_path / "out.h5", "thread", progress=False,
+                 id_column="key")
+    data = read_output(tmp_path / "out.h5")
+    assert data["keys"].tolist() == ["a", "b"]
+    assert [e["message"].split(": ", 1)[1] for e in data["errors"]] == ["'key' is empty"] * 2

@@ -122,16 +122,20 @@ def integer_ids(values: Any, seen: SeenIds) -> tuple[np.ndarray, list[tuple[int,
 
 
 def key_problems(keys: list, seen: Any) -> list[tuple[int, str]]:
-    """``(row in slice, problem)`` for each null, non-string or NUL-holding key and each key seen
-    earlier in the input: by a 64-bit hash of it, in ``seen`` (a SeenValues). Two keys whose
-    hashes collide (about N**2 / 2**65: one in 10**5 for 20 M keys) would file the later as a
-    repeat; Python's str hash, seeded per process, is the fastest there is here."""
-    if all(map(str.__instancecheck__, keys)) and "\0" not in "".join(keys):  # the usual case
+    """``(row in slice, problem)`` for each null, empty, non-string or NUL-holding key and each
+    key seen earlier in the input: by a 64-bit hash of it, in ``seen`` (a SeenValues). An empty
+    key is no key, in every format (a CSV's empty field reads as a null, a Parquet's "" would
+    otherwise be a key). Two keys whose hashes collide (about N**2 / 2**65: one in 10**5 for
+    20 M keys) would file the later as a repeat; Python's str hash, seeded per process, is the
+    fastest there is here."""
+    if all(map(str.__instancecheck__, keys)) and "\0" not in "".join(keys) \
+            and "" not in keys:  # the usual case
         usable, problems = np.ones(len(keys), dtype=bool), []
         hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys))
     else:
-        usable = np.array([type(key) is str and "\0" not in key for key in keys], dtype=bool)
-        problems = [(k, "is null" if keys[k] is None else
+        usable = np.array([type(key) is str and key != "" and "\0" not in key for key in keys],
+                          dtype=bool)
+        problems = [(k, "is null" if keys[k] is None else "is empty" if keys[k] == "" else
                      f"{keys[k]!r:.60} holds a NUL character, which HDF5 strings cannot"
                      if type(keys[k]) is str else f"is not a string: {keys[k]!r:.60}")
                     for k in np.flatnonzero(~usable).tolist()]

@@ -30,7 +30,14 @@ def estimate(frame: pd.DataFrame, by: Sequence[str], total_records: int) -> pd.D
 
 
 def _rate(row: pd.Series) -> str:
-    return f"{row['mean']:.1f} ± {row['std']:.1f} records/s"
+    runs = row.get("count", 2)
+    return f"{row['mean']:.1f}{_spread(row['std'], runs)} records/s" + (
+        "" if runs > 1 else " (one run)")
+
+
+def _spread(sd: float, runs: int) -> str:
+    """`` ± sd`` over several runs; nothing where there is one (no spread to say)."""
+    return f" ± {sd:.1f}" if runs > 1 else ""
 
 
 def days(total_records: int, records_per_s: float) -> float:
@@ -215,12 +222,12 @@ def _ratio_over(replicates: int, ratio: float | None = None) -> str:
 def tuned_against(table: pd.DataFrame, tuned: str, reference: str, tuner_seconds: float) -> str:
     """The tuner's pick against a reference configuration, measured side by side."""
     rates = table.groupby("configuration")["records_per_s"]
-    mean, sd = rates.mean(), rates.std().fillna(0.0)
+    mean, sd, runs = rates.mean(), rates.std().fillna(0.0), rates.count()
     ratios = table.pivot(index="replicate", columns="configuration", values="records_per_s")
     ratio = (ratios[tuned] / ratios[reference]).median()
-    return (f"{tuned}: {mean[tuned]:.1f} ± {sd[tuned]:.1f} records/s, {reference}: "
-            f"{mean[reference]:.1f} ± {sd[reference]:.1f} ({_ratio_over(len(ratios), ratio)}); "
-            f"the tuner took {tuner_seconds:.0f} s")
+    return (f"{tuned}: {mean[tuned]:.1f}{_spread(sd[tuned], runs[tuned])} records/s, "
+            f"{reference}: {mean[reference]:.1f}{_spread(sd[reference], runs[reference])} "
+            f"({_ratio_over(len(ratios), ratio)}); the tuner took {tuner_seconds:.0f} s")
 
 
 def trials(table: pd.DataFrame) -> str:
@@ -242,10 +249,12 @@ def scale_out(table: pd.DataFrame) -> str:
     rates = table.pivot(index="replicate", columns="backend", values="records_per_s")
     ratio = (rates["ray"] / rates["process"]).median()
     first = table.groupby("backend")[["spinup_s", "cluster_start_s"]].first()
-    mean = table.groupby("backend")["records_per_s"].agg(["mean", "std"]).fillna(0.0)
-    return (f"steady state, models loaded: ray {mean.loc['ray', 'mean']:.1f} ± "
-            f"{mean.loc['ray', 'std']:.1f} records/s, process {mean.loc['process', 'mean']:.1f} ± "
-            f"{mean.loc['process', 'std']:.1f}: ray at {ratio:.2f}× the process backend "
+    mean = table.groupby("backend")["records_per_s"].agg(["mean", "std", "count"]).fillna(0.0)
+    return (f"steady state, models loaded: ray {mean.loc['ray', 'mean']:.1f}"
+            f"{_spread(mean.loc['ray', 'std'], mean.loc['ray', 'count'])} records/s, process "
+            f"{mean.loc['process', 'mean']:.1f}"
+            f"{_spread(mean.loc['process', 'std'], mean.loc['process', 'count'])}: ray at "
+            f"{ratio:.2f}× the process backend "
             f"({_ratio_over(len(rates))}); spin-up: ray "
             f"{first.loc['ray', 'cluster_start_s'] + first.loc['ray', 'spinup_s']:.1f} s (Ray's "
             f"own start {first.loc['ray', 'cluster_start_s']:.1f} s, then its actors "

@@ -12,6 +12,7 @@ import pandas as pd
 from helpers.study.figures import STRATEGY_LABELS, use_style
 from helpers.workloads.binning.rule import BINS
 
+LABEL_CHARS = 36  # a bar's label wrapped at this many characters (ranked_bars)
 USE_LABELS = {"nvml": "GPU busy [%]\n(NVML)", "psutil": "CPU [%] of the\nworkers (psutil)",
               "simulated": "card busy [%]\n(simulated)"}  # telemetry lane, by sample source
 
@@ -208,10 +209,13 @@ def ranked_bars(frame: pd.DataFrame, label: str, y: str, hue: str, title: str,
     stats = stats.sort_values("mean", ascending=False)
     kinds = list(dict.fromkeys(frame[hue]))
     colors = [plt.get_cmap("tab10")(kinds.index(k)) for k in stats["hue"]]
-    fig, ax = plt.subplots(figsize=(8.0, 1.2 + 0.4 * len(stats)))
+    labels = [textwrap.fill(str(name), LABEL_CHARS, break_on_hyphens=False)
+              for name in stats.index]  # (a long label wrapped: the bars keep the width)
+    lines = max(name.count("\n") + 1 for name in labels) if labels else 1
+    fig, ax = plt.subplots(figsize=(8.0, 1.2 + (0.25 + 0.15 * lines) * len(stats)))
     spread = None if stats["sd"].isna().all() else stats["sd"].fillna(0.0)  # one run: no bars
     ax.barh(range(len(stats)), stats["mean"], xerr=spread, capsize=3, color=colors)
-    ax.set_yticks(range(len(stats)), labels=stats.index, fontsize=8)
+    ax.set_yticks(range(len(stats)), labels=labels, fontsize=8)
     ax.invert_yaxis()
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap("tab10")(i))
                        for i in range(len(kinds))], labels=kinds, fontsize=8, loc="upper left",
