@@ -560,6 +560,7 @@ def tune(args: argparse.Namespace) -> int:
     seconds = tuned.estimated_seconds
     estimate = "" if seconds is None else "; the whole input in about " + (
         f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h")
+    print(f"why: {tuned.reason}", file=sys.stderr)
     print(f"best: {','.join(tuned.devices)}, workunits {tuned.workunit_size}"
           f"{'' if tuned.batch_size is None else f', batch size {tuned.batch_size}'}"
           f"{''.join(f', {k} {v}' for k, v in tuned.variant.items())}: "

@@ -19,14 +19,22 @@ Phases, in the order our users tune by hand, each reusing what it can::
                      then fixed sizes around what "auto" chose); on a CPU, whose growing
                      workers run one thread each, again on a fresh pool sharing the cores
                      (threads_per_worker is then part of the pick)
+    4. repeat        the LEADERS fastest configurations of phases 0, 1 and 3 measured once
+                     more each (a pool per layout), in the budget's last REPEAT_SHARE
 
-The budget is checked between trials: a phase that would start past it is skipped, and the best
-configuration so far stands. Every trial is a row of a tidy table (phase, batch_size,
-workers_per_device, devices, threads_per_worker, workunit_size, records, wall_s, records_per_s).
-The pick is the fastest trial of phases 0, 1 and 3, all on the same sample (phase 2's jobs change
-their worker count midway, so none is a configuration to run): where growth added a worker that
-did not pay, one worker per device with the best batch size still wins. The estimate for the
-whole input is its length ÷ the pick's rate (spin-up not included).
+The budget holds (within about a trial's error): before each trial the tuner estimates how long
+it will take (its records at the last job's rate, a pool's start where it needs one) and skips a
+trial that would end past the budget. Every value the user named and every step of a phase is
+tried, or is a row saying why not (refused by the workers, or out of time). Every trial is a row
+of a tidy table (phase, batch_size, workers_per_device, devices, threads_per_worker,
+workunit_size, records, wall_s, records_per_s, refused, skipped, repeat_of).
+
+The pick is the fastest configuration of phases 0, 1, 3 and 4 by the median of its runs, all on
+the same sample (phase 2's jobs change their worker count midway, so none is a configuration to
+run): a lead smaller than a repeat's spread (the largest relative spread of a configuration
+measured twice) is a tie, which the simpler configuration wins (fewer workers, the workload as
+given, its own batch size, workunits sized automatically). ``Tuned.reason`` says in one line why.
+The estimate for the whole input is its length ÷ the pick's rate (spin-up not included).
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from helpers.engine.backends import pool_settings
@@ -58,6 +67,8 @@ log = logging.getLogger("gpufeed.tune")  # a line as each phase starts and each 
 SAMPLE = 2000  # records per trial
 BUDGET_SECONDS = 300.0
 SIZE_FACTORS = (0.5, 2.0)  # phase 3 also tries fixed sizes of these × the size "auto" settled on
+REPEAT_SHARE = 0.15  # of the budget kept to measure the leading configurations again
+LEADERS = 3  # configurations measured again before the pick
 CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
     "workload": "a workload name", "model": "a model name or path", "devices": "a device list",
     "backend": "process or thread", "batch_size": "an integer >= 1",
@@ -68,7 +79,8 @@ CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
     "keep_columns": "a list of the input's columns to carry",
     "records_per_s": "the tuned rate (informative)",
     "estimated_seconds": "the estimate for the whole input (informative)",
-    "input": "the tuned input (informative)", "created": "when (informative)"}
+    "input": "the tuned input (informative)", "created": "when (informative)",
+    "reason": "why the tuner chose it (informative)"}
 
 
 @dataclass
@@ -85,6 +97,7 @@ class Tuned:
     trial: int | None = None  # the trial it comes from
     threads_per_worker: int | None = None  # CPU workers' threads (None: no CPU worker)
     variant: dict[str, Any] = field(default_factory=dict)  # the workload's options (phase 0)
+    reason: str = ""  # one line: why this configuration
 
     def config(self, **extra: Any) -> dict[str, Any]:
         """What tuned.yaml holds."""
@@ -97,7 +110,7 @@ class Tuned:
         if self.threads_per_worker is not None:
             keep["threads_per_worker"] = int(self.threads_per_worker)
         return {**extra, **self.variant, **keep,
-                "created": created()}
+                **({"reason": self.reason} if self.reason else {}), "created": created()}
 
 
 def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
@@ -107,74 +120,100 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
     """Search on the first ``sample`` records of ``source``; ``make(batch_size, **variant)``
     builds the workload (``batch_sizes`` empty: the workload's own, and phase 1 is skipped;
     ``variants`` None: those the workload offers, empty: phase 0 is skipped)."""
-    deadline = time.monotonic() + budget_seconds
+    started = time.monotonic()
     distinct = list(dict.fromkeys(pool_settings(devices, backend).devices))
     trials: list[dict] = []
     if variants is None:
         offered = getattr(make(None), "variants", None)
         variants = offered(distinct) if offered is not None else []
     with tempfile.TemporaryDirectory() as folder:
-        job = _Trials(source, sample, Path(folder), trials, distinct)
-        job.variant = _variant(make, variants, distinct, backend, job, deadline)
+        job = _Trials(source, sample, Path(folder), trials, distinct,
+                      started + budget_seconds * (1 - REPEAT_SHARE))
+        job.variant = _variant(make, variants, distinct, backend, job)
+        own_batch = getattr(make(None, **job.variant), "batch_size", None)
         make = functools.partial(make, **job.variant)
-        batch = None
-        if batch_sizes:
-            # phase 0's pick ran the workload's own batch size on the same layout: not again
-            own = [t for t in _fastest(trials, "variant") if t["batch_size"] in batch_sizes]
-            for size in batch_sizes:
-                if own and size == own[0]["batch_size"]:
-                    log.info("phase 1, batch size %s: measured already (trial %d)", size,
-                             own[0]["trial"])
-                    continue
-                if time.monotonic() > deadline and trials:
-                    break
-                log.info("phase 1, batch size %s: starting one worker per device", size)
-                with WorkerPool(make(size), distinct, backend, progress=False) as pool:
-                    job.run(pool, "batch size", size, AUTO)
-            ran = _fastest(trials, "batch size") + own
-            if ran:
-                batch = max(ran, key=lambda t: t["records_per_s"])["batch_size"]
-            else:  # the budget went in phase 0: the workload's own size, measured there
-                batch = getattr(make(None), "batch_size", None)
-                log.info("phase 1: out of time before any batch size; the workload's own (%s) "
-                         "kept", batch)
-        log.info("phase 2, workers per device: starting a pool that grows while it pays")
-        with WorkerPool(make(batch), distinct, backend, workers_per_device=AUTO,
-                        progress=False) as pool:
-            records = sample
-            while True:  # growth measures within a job: a job too short for it, twice as long
-                done = job.run(pool, "workers", batch, AUTO, records)
-                if pool.settled or time.monotonic() > deadline or done < records:
-                    break  # (the whole input was too short to settle: the count so far stands)
-                records *= 2
-            pool.hold_workers()
-            workers = sorted((info.device for info in pool.workers), key=distinct.index)
-            _workunit_sizes(pool, job, batch, deadline)
-        if any(device.startswith("cpu") for device in workers) and time.monotonic() < deadline:
+        batch = _batch_size(make, batch_sizes, distinct, backend, job)
+        workers = distinct
+        late = job.late(sample, new_pool=True)
+        if late and _fixed(trials):  # (with no trial yet, one is run however late)
+            job.skipped("workers", late, batch_size=batch, devices=",".join(distinct))
+        else:
+            log.info("phase 2, workers per device: starting a pool that grows while it pays")
+            with WorkerPool(make(batch), distinct, backend, workers_per_device=AUTO,
+                            progress=False) as pool:
+                job.opened(pool)
+                records = sample
+                while True:  # growth measures within a job: a job too short, twice as long
+                    done = job.run(pool, "workers", batch, AUTO, records)
+                    if pool.settled or done < records or job.late(records * 2):
+                        break  # (the input too short to settle: the count so far stands)
+                    records *= 2
+                pool.hold_workers()
+                workers = sorted((info.device for info in pool.workers), key=distinct.index)
+                _workunit_sizes(pool, job, batch)
+        if any(device.startswith("cpu") for device in workers):
             # growing CPU workers run a thread each (helpers.engine.settings): also try the cores
             # shared among them, as a run of that layout would by default
-            log.info("phase 3 again: %s sharing the cores", workers_in_words(workers))
-            with WorkerPool(make(batch), workers, backend, progress=False) as pool:
-                _workunit_sizes(pool, job, batch, deadline)
-    # every trial ran the same sample, spin-up apart; growth's own jobs changed their worker
-    # count midway, so they are no configuration to run (unless there is nothing else)
-    fixed = [t for t in trials if t["phase"] != "workers" and not t.get("refused")]
-    best = max(fixed or trials, key=lambda t: t["records_per_s"])
+            late = job.late(sample * (1 + len(SIZE_FACTORS) + 1), new_pool=True)
+            if late:
+                job.skipped("workunit size", late, batch_size=batch, devices=",".join(workers),
+                            workunit_size="shared cores")
+            else:
+                log.info("phase 3 again: %s sharing the cores", workers_in_words(workers))
+                with WorkerPool(make(batch), workers, backend, progress=False) as pool:
+                    job.opened(pool)
+                    _workunit_sizes(pool, job, batch)
+        job.deadline = started + budget_seconds
+        _repeat_leaders(make, backend, job)
+    best, reason = _pick(trials, own_batch)
+    log.info("picked: %s", reason)
     total = source_length(open_source(source))
     devices = best["devices"].split(",")
     threads = best["threads_per_worker"] if "cpu" in devices else None
-    return Tuned(devices, backend, best["batch_size"], best["workunit_size"],
-                 best["records_per_s"],
-                 total / best["records_per_s"] if total and best["records_per_s"] else None, trials,
-                 best["trial"], threads, json.loads(best.get("variant") or "{}"))
+    rate = best["median_records_per_s"]
+    return Tuned(devices, backend, best["batch_size"], best["workunit_size"], rate,
+                 total / rate if total and rate else None, trials, best["trial"], threads,
+                 json.loads(best.get("variant") or "{}"), reason)
+
+
+def _batch_size(make: Callable[..., Workload], batch_sizes: Sequence[int], devices: list[str],
+                backend: str, job: _Trials) -> int | None:
+    """Phase 1: a pool per batch size named (but the one phase 0's pick ran already), one job
+    each; every size named is tried, or a row says why not. The fastest, else the workload's
+    own."""
+    if not batch_sizes:
+        return None
+    own = [t for t in _fastest(job.rows, "variant") if t["batch_size"] in batch_sizes]
+    for size in batch_sizes:
+        if own and size == own[0]["batch_size"]:
+            log.info("phase 1, batch size %s: measured already (trial %d)", size,
+                     own[0]["trial"])
+            continue
+        late = job.late(job.sample, new_pool=True)
+        if late:
+            job.skipped("batch size", late, batch_size=size, devices=",".join(devices))
+            continue
+        log.info("phase 1, batch size %s: starting one worker per device", size)
+        with WorkerPool(make(size), devices, backend, progress=False) as pool:
+            job.opened(pool)
+            job.run(pool, "batch size", size, AUTO)
+    ran = _fastest(job.rows, "batch size") + own
+    if ran:
+        return max(ran, key=lambda t: t["records_per_s"])["batch_size"]
+    batch = getattr(make(None), "batch_size", None)  # the budget went in phase 0
+    log.info("phase 1: out of time before any batch size; the workload's own (%s) kept", batch)
+    return batch
 
 
 def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
-             devices: list[str], backend: str, job: _Trials, deadline: float) -> dict[str, Any]:
-    """Phase 0: a pool per variant, one job each; the fastest variant its workers accepted."""
+             devices: list[str], backend: str, job: _Trials) -> dict[str, Any]:
+    """Phase 0: a pool per variant, one job each; the fastest variant its workers accepted.
+    Every variant is tried, or a row says why not (refused, or out of time)."""
     for variant in variants:
-        if time.monotonic() > deadline and job.rows:
-            break
+        late = job.late(job.sample, new_pool=True) if _fixed(job.rows) else ""
+        if late:
+            job.skipped("variant", late, variant=variant, devices=",".join(devices))
+            continue
         log.info("phase 0, %s: loading one worker per device (and the quality guard)",
                  _words(variant))
         try:
@@ -184,6 +223,7 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
             continue
         try:
             with WorkerPool(workload, devices, backend, progress=False) as pool:
+                job.opened(pool)
                 job.run(pool, "variant", getattr(workload, "batch_size", None), AUTO,
                         variant=variant)
         except PipelineError as exc:  # its workers refused it (the guard), or could not load it
@@ -191,32 +231,172 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
     ran = _fastest(job.rows, "variant")
     if variants and not ran:
         raise RuntimeError("tune: every variant was refused: " +
-                           "; ".join(t["refused"] for t in job.rows))
+                           "; ".join(t["refused"] or t["skipped"] for t in job.rows))
     return json.loads(ran[0]["variant"]) if ran else {}
 
 
 def _fastest(trials: list[dict], phase: str) -> list[dict]:
     """The fastest trial of ``phase`` that ran (a list of one, or empty)."""
-    ran = [t for t in trials if t["phase"] == phase and not t.get("refused")]
+    ran = [t for t in trials if t["phase"] == phase and _ran(t)]
     return [max(ran, key=lambda t: t["records_per_s"])] if ran else []
 
 
+def _ran(trial: dict) -> bool:
+    return not trial.get("refused") and not trial.get("skipped")
+
+
+def _fixed(trials: list[dict]) -> list[dict]:
+    """The trials that ran one configuration from start to end (phase 2's jobs change their
+    worker count midway: no configuration to run)."""
+    return [t for t in trials if t["phase"] != "workers" and _ran(t)]
+
+
+def configuration(trial: dict) -> tuple:
+    """What a trial ran, as a key: two trials of one configuration are repeats."""
+    return (trial.get("variant") or "{}", trial.get("batch_size"), trial["devices"],
+            trial.get("threads_per_worker"), str(trial["workunit_size"]))
+
+
+def _repeat_leaders(make: Callable[..., Workload], backend: str, job: _Trials) -> None:
+    """The LEADERS fastest configurations measured again, once each, while the budget's last
+    REPEAT_SHARE allows: a pool per layout (variant, batch size, workers, threads), each of its
+    leaders' workunit sizes run on it."""
+    leaders: dict[tuple, dict] = {}
+    for trial in sorted(_fixed(job.rows), key=lambda t: -t["records_per_s"]):
+        leaders.setdefault(configuration(trial), trial)
+        if len(leaders) == LEADERS:
+            break
+    if len(leaders) < 2:
+        return
+    pools: dict[tuple, list[dict]] = {}
+    for key, trial in leaders.items():
+        pools.setdefault(key[:4], []).append(trial)
+    for (variant, batch, devices, threads), group in pools.items():
+        late = job.late(job.sample * len(group), new_pool=True)
+        if late:
+            for trial in group:
+                job.skipped("repeat", late, repeat_of=trial["trial"], **_config_of(trial))
+            continue
+        log.info("repeat: the leading %s measured again", "trials " + ", ".join(
+            str(t["trial"]) for t in group) if len(group) > 1 else f"trial {group[0]['trial']}")
+        options = {"threads_per_worker": int(threads)} if threads and "cpu" in devices else {}
+        with WorkerPool(make(batch, **json.loads(variant)), devices.split(","), backend,
+                        progress=False, **options) as pool:
+            job.opened(pool)
+            for trial in group:
+                size = trial["workunit_size"]
+                job.run(pool, "repeat", batch, size, variant=json.loads(variant),
+                        repeat_of=trial["trial"])
+
+
+def _config_of(trial: dict) -> dict[str, Any]:
+    return {"batch_size": trial.get("batch_size"), "devices": trial["devices"],
+            "workunit_size": trial["workunit_size"],
+            "variant": json.loads(trial.get("variant") or "{}")}
+
+
+def _pick(trials: list[dict], own_batch: int | None) -> tuple[dict, str]:
+    """The configuration to run, and one line saying why: the fastest by the median of its runs;
+    a lead smaller than a repeat's spread (the largest of the configurations measured twice) is
+    a tie, which the simpler configuration wins (fewer workers, the workload as given, its own
+    batch size, workunits sized automatically)."""
+    fixed = _fixed(trials) or [t for t in trials if _ran(t)]
+    runs: dict[tuple, list[dict]] = {}
+    for trial in fixed:
+        runs.setdefault(configuration(trial), []).append(trial)
+    medians = {key: float(np.median([t["records_per_s"] for t in group]))
+               for key, group in runs.items()}
+    spreads = [(max(r) - min(r)) / float(np.median(r)) for r in
+               ([t["records_per_s"] for t in group] for group in runs.values())
+               if len(r) > 1 and np.median(r) > 0]
+    spread = max(spreads) if spreads else None
+    ranked = sorted(medians, key=lambda k: -medians[k])
+    leader = ranked[0]
+    tied = [k for k in ranked if spread is not None and medians[k] >= medians[leader] * (1 - spread)]
+    chosen = min(tied, key=lambda k: (_simplicity(runs[k][0], own_batch), -medians[k])) \
+        if len(tied) > 1 else leader
+    best = {**runs[chosen][0], "median_records_per_s": medians[chosen]}
+    said = f"trial {best['trial']} ({_configuration_words(best)}) at {medians[chosen]:.1f} " \
+           f"records/s, " + (f"the median of {len(runs[chosen])} runs" if len(runs[chosen]) > 1
+                             else "one run")
+    if len(ranked) == 1:
+        return best, f"{said}: the only configuration measured"
+    if spread is None:
+        second = ranked[1]
+        return best, (f"{said}: the fastest; the next, trial {runs[second][0]['trial']}, at "
+                      f"{medians[second] / medians[chosen]:.2f}x (no configuration was measured "
+                      f"twice, so how far a repeat moves is not known)")
+    if chosen != leader:
+        return best, (f"{said}: within a repeat's spread ({spread:.0%}) of the fastest, trial "
+                      f"{runs[leader][0]['trial']} at {medians[leader]:.1f}: a tie, which the "
+                      f"simpler configuration wins")
+    if len(tied) > 1:
+        return best, (f"{said}: the fastest, and also the simplest of the {len(tied)} within a "
+                      f"repeat's spread ({spread:.0%}) of it")
+    second = ranked[1]
+    return best, (f"{said}: the fastest, ahead of trial {runs[second][0]['trial']} "
+                  f"({medians[second] / medians[chosen]:.2f}x) by more than a repeat's spread "
+                  f"({spread:.0%})")
+
+
+def _simplicity(trial: dict, own_batch: int | None) -> tuple:
+    """How much a configuration asks for, least first: workers, a variant other than the
+    workload as given, another batch size than its own, fixed workunit sizes."""
+    return (len(trial["devices"].split(",")), json.loads(trial.get("variant") or "{}") != {},
+            trial.get("batch_size") not in (None, own_batch), trial["workunit_size"] != AUTO)
+
+
+def _configuration_words(trial: dict) -> str:
+    said = [_words(json.loads(trial.get("variant") or "{}"))] if trial.get("variant") not in (
+        None, "{}") else []
+    if trial.get("batch_size") is not None:
+        said.append(f"batch {trial['batch_size']}")
+    said.append(workers_in_words(trial["devices"].split(",")))
+    said.append(f"workunits {trial['workunit_size']}")
+    return ", ".join(said)
+
+
 class _Trials:
-    """Runs one trial (a job on the sample) and keeps its row."""
+    """Runs one trial (a job on the sample) and keeps its row; says whether the next one would
+    end past ``deadline`` (``late``), from the rates and spin-ups measured so far."""
 
     def __init__(self, source: Any, sample: int, folder: Path, rows: list[dict],
-                 order: list[str]) -> None:
+                 order: list[str], deadline: float) -> None:
         self.source, self.sample, self.folder, self.rows = source, sample, folder, rows
         self.order = order  # the devices as given: a trial's worker devices in that order
         self.variant: dict[str, Any] = {}  # the phases after 0: the variant they run
+        self.deadline = deadline
+        self.spinup = 0.0  # the longest a pool took to start
+        self._rate: float | None = None  # records/s of the last job
+        self._overhead = 0.0  # a job's seconds beyond its records at its rate (its ends)
+
+    def opened(self, pool: WorkerPool) -> None:
+        self.spinup = max(self.spinup, pool.spinup_seconds)
+
+    def late(self, records: int, new_pool: bool = False) -> str:
+        """Why a job of ``records`` (on a new pool: its start too) would end past the deadline,
+        or "" if it should not (or nothing has been measured to tell)."""
+        if self._rate is None or not self._rate:
+            return "" if time.monotonic() < self.deadline else "out of time before it"
+        expected = records / self._rate + self._overhead + (self.spinup if new_pool else 0.0)
+        left = self.deadline - time.monotonic()
+        if expected <= left:
+            return ""
+        return (f"out of time: it would take about {expected:.0f} s ({'a pool started, then ' if new_pool else ''}"
+                f"{records:,} records at {self._rate:.1f}/s), {max(0.0, left):.0f} s of the "
+                f"budget left")
 
     def run(self, pool: WorkerPool, phase: str, batch: int | None, size: int | str,
-            records: int | None = None, variant: dict[str, Any] | None = None) -> int:
+            records: int | None = None, variant: dict[str, Any] | None = None,
+            repeat_of: int | None = None) -> int:
         """One job on the first ``records`` (default: the sample); returns the records written."""
         output = self.folder / f"trial-{len(self.rows)}.h5"
         stats = pool.run(self.source, output, limit=records or self.sample, workunit_size=size,
                          durable=False)
         output.unlink(missing_ok=True)
+        if stats.records and stats.records_per_second:
+            self._rate = stats.records_per_second
+            self._overhead = max(0.0, stats.wall_seconds - stats.records / self._rate)
         counts = Counter(w.device for w in stats.workers if w.records)
         devices = sorted((info.device for info in pool.workers), key=self.order.index)
         self.rows.append({"trial": len(self.rows), "phase": phase, "batch_size": batch,
@@ -227,7 +407,8 @@ class _Trials:
                           "wall_s": stats.wall_seconds, "records_per_s": stats.records_per_second,
                           "decisions": len(stats.decisions),
                           "variant": json.dumps(variant or self.variant, sort_keys=True),
-                          "loaded": json.dumps(pool.loaded, sort_keys=True), "refused": ""})
+                          "loaded": json.dumps(pool.loaded, sort_keys=True), "refused": "",
+                          "skipped": "", "repeat_of": repeat_of})
         log.info("%s", describe(self.rows[-1]))
         return stats.records
 
@@ -236,7 +417,17 @@ class _Trials:
         self.rows.append({"trial": len(self.rows), "phase": "variant",
                           "variant": json.dumps(variant, sort_keys=True),
                           "devices": ",".join(self.order), "records": 0, "records_per_s": 0.0,
-                          "refused": why})
+                          "refused": why, "skipped": ""})
+        log.info("%s", describe(self.rows[-1]))
+
+    def skipped(self, phase: str, why: str, variant: dict[str, Any] | None = None,
+                **config: Any) -> None:
+        """A trial asked for (a value the user named, a phase) and not run: the reason."""
+        self.rows.append({"trial": len(self.rows), "phase": phase,
+                          "variant": json.dumps(variant if variant is not None else self.variant,
+                                                sort_keys=True),
+                          "devices": ",".join(self.order), "records": 0, "records_per_s": 0.0,
+                          "refused": "", "skipped": why, **config})
         log.info("%s", describe(self.rows[-1]))
 
 
@@ -253,28 +444,34 @@ def describe(trial: dict[str, Any]) -> str:
     said = [_words(variant)] if trial["phase"] == "variant" else []
     if trial.get("batch_size") is not None:
         said.append(f"batch {trial['batch_size']}")
+    if trial.get("skipped"):
+        if trial.get("workunit_size") is not None:
+            said.append(f"workunits {trial['workunit_size']}")
+        return f"{head}: {', '.join(said + [''])}skipped: {trial['skipped']}"
     said.append(workers_in_words(trial["devices"].split(",")))
     if trial.get("threads_per_worker"):
         said.append(threads_in_words(trial["threads_per_worker"]))
     said.append(f"workunits {trial['workunit_size']}")
-    return f"{head}: {', '.join(said)}: {trial['records_per_s']:.1f} records/s"
+    again = f" (trial {trial['repeat_of']} again)" if trial.get("repeat_of") is not None else ""
+    return f"{head}{again}: {', '.join(said)}: {trial['records_per_s']:.1f} records/s"
 
 
-def _workunit_sizes(pool: WorkerPool, job: _Trials, batch: int | None,
-                    deadline: float) -> None:
+def _workunit_sizes(pool: WorkerPool, job: _Trials, batch: int | None) -> None:
     """Phase 3: "auto", then fixed sizes of SIZE_FACTORS and 1× what "auto" gave the median
-    worker (its rate × workunit_seconds)."""
+    worker (its rate × workunit_seconds); a size out of time is a row saying so."""
     log.info("phase 3, workunit sizes: on %s", workers_in_words([i.device for i in pool.workers]))
     job.run(pool, "workunit size", batch, AUTO)
     rates = sorted(pool.sizing.rates.values())
     middle = rates[len(rates) // 2] * pool.job.workunit_seconds if rates \
         else JobSettings.workunit_size
+    devices = ",".join(sorted((i.device for i in pool.workers), key=job.order.index))
     for size in sorted({max(1, round(middle * f)) for f in (*SIZE_FACTORS, 1.0)}):
-        if time.monotonic() > deadline:
-            break
+        late = job.late(job.sample)
+        if late:
+            job.skipped("workunit size", late, batch_size=batch, devices=devices,
+                        workunit_size=size)
+            continue
         job.run(pool, "workunit size", batch, size)
-
-
 def read_config(path: str | Path) -> dict[str, Any]:
     """tuned.yaml's fields; ValueError naming a field this file may not set."""
     try:

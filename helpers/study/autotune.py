@@ -170,10 +170,18 @@ def trials_table(trials: list[dict], picked: int | None) -> pd.DataFrame:
     threads = "threads_per_worker" in table and table["threads_per_worker"].nunique() > 1
     return table.assign(picked=table["trial"] == picked, configuration=[
         f"{t.trial}: " + (f"{t.variant}, " if t.variant else "") + (
-            "refused by the quality guard" if getattr(t, "refused", "") else
+            "refused by the quality guard" if _said(getattr(t, "refused", "")) else
             (f"batch {int(t.batch_size)}, " if pd.notna(t.batch_size) else "")
-            + f"{_workers(t)}{_threads(t) if threads else ''}, workunits of {t.workunit_size}")
+            + ("skipped (out of time)" if _said(getattr(t, "skipped", "")) else
+               f"{_workers(t)}{_threads(t) if threads else ''}, workunits of {t.workunit_size}")
+            + (f" (trial {int(t.repeat_of)} again)" if pd.notna(getattr(t, "repeat_of", None))
+               else ""))
         + (" (picked)" if t.trial == picked else "") for t in table.itertuples()])
+
+
+def _said(value: Any) -> bool:
+    """Whether a trial's ``refused`` or ``skipped`` holds a reason (not "", not a NaN)."""
+    return isinstance(value, str) and bool(value)
 
 
 def _threads(trial: Any) -> str:
