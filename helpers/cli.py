@@ -33,6 +33,7 @@ from typing import Any
 
 from helpers import tuner
 from helpers.engine.hdf5_sink import check_parts, read_output
+from helpers.engine.fingerprint import InputChanged
 from helpers.engine.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
 from helpers.engine.settings import (AUTO, BACKENDS, FIT, MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS,
@@ -310,7 +311,8 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     _common_arguments(tune, "auto")
     tune.add_argument("--output", default="tuned.yaml", help="the YAML file to write")
     tune.add_argument("--budget-seconds", type=float, default=tuner.BUDGET_SECONDS,
-                      help="stop starting trials after this long")
+                      help="the tune's time: a trial that would end past it is not started (a "
+                           "row says so); its last 15 %% measures the leaders again")
     tune.add_argument("--sample", type=int, default=tuner.SAMPLE, help="records per trial")
     tune.add_argument("--batch-sizes", type=_counts, default=(),
                       help="batch sizes to try, e.g. 16,32,64 (default: the workload's own)")
@@ -391,11 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             stats = _run(args)
     except (ValueError, RuntimeError) as exc:  # SourceError, OutputError, PipelineError
         print(f"error: {exc}", file=sys.stderr)
-        if isinstance(exc, PipelineError) and exc.__cause__ is not None:
+        changed = _input_changed(exc)
+        if isinstance(exc, PipelineError) and exc.__cause__ is not None and not changed:
             print(f"remote traceback:{exc.__cause__}", file=sys.stderr)
         if _is_usage(exc):
             return EXIT_USAGE
-        _say_kept(args.output)
+        _failed(args.output, exc, changed)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted: workers stopped", file=sys.stderr)
@@ -403,14 +406,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"interrupted": True, "output": args.output, **held}))  # (the stats
         # line scripts read last, saying what the output holds)
         return EXIT_INTERRUPTED
-    except OSError as exc:  # a full disk, a folder that cannot be written
+    except OSError as exc:  # a full disk, a folder that cannot be written, an input changed
         print(f"error: {exc}", file=sys.stderr)
-        _say_kept(args.output)
+        _failed(args.output, exc, _input_changed(exc))
         return EXIT_FAILED
     except Exception as exc:  # not foreseen: the details, then what it means for the output
         traceback.print_exc()
         print(f"error: the run stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-        _say_kept(args.output)
+        _failed(args.output, exc)
         return EXIT_FAILED
     finally:
         for signum, handler in previous.items():
@@ -450,9 +453,23 @@ def _run(args: argparse.Namespace) -> Any:
     return stats
 
 
-def _say_kept(output: str) -> dict[str, Any]:
-    """After a run stopped: what its output holds now, and what finishes it; returns it
-    (``records``, ``failed_records``, ``complete``; nothing where it cannot tell)."""
+def _input_changed(exc: BaseException) -> bool:
+    """Whether a run stopped because its input changed under it (a reader's InputChanged, in
+    the driver or, named in a PipelineError, in a worker)."""
+    return isinstance(exc, InputChanged) or "changed since the run started" in str(exc)
+
+
+def _failed(output: str, exc: BaseException, changed: bool = False) -> None:
+    """After a failed run: what its output holds, and the last stdout line (JSON) saying so."""
+    held = _say_kept(output, changed)
+    print(json.dumps({"failed": True, "error": f"{type(exc).__name__}: {exc}"[:500],
+                      "output": output, **held}))
+
+
+def _say_kept(output: str, changed: bool = False) -> dict[str, Any]:
+    """After a run stopped: what its output holds now, and what finishes it (``changed``: the
+    input changed under it, which --resume refuses); returns it (``records``,
+    ``failed_records``, ``complete``; nothing where it cannot tell)."""
     import h5py
 
     path = output_path(output)
@@ -470,8 +487,10 @@ def _say_kept(output: str) -> dict[str, Any]:
     if complete:
         print(f"{output} is complete ({rows:,} records)", file=sys.stderr)
     else:
-        print(f"{rows:,} records written so far are in {output} (--resume finishes the run)",
-              file=sys.stderr)
+        print(f"{rows:,} records written so far are in {output} " + (
+            "(the input changed under the run: --resume carries on only once the input is "
+            "again the file the run started with; --overwrite starts anew on the new one)"
+            if changed else "(--resume finishes the run)"), file=sys.stderr)
     return {"records": rows, "failed_records": errors, "complete": complete}
 
 

@@ -67,7 +67,9 @@ log = logging.getLogger("gpufeed.tune")  # a line as each phase starts and each 
 SAMPLE = 2000  # records per trial
 BUDGET_SECONDS = 300.0
 SIZE_FACTORS = (0.5, 2.0)  # phase 3 also tries fixed sizes of these × the size "auto" settled on
-REPEAT_SHARE = 0.15  # of the budget kept to measure the leading configurations again
+REPEAT_SHARE = 0.15  # of the budget kept to measure the leading configurations again (once
+# two are measured)
+BUDGET_SLACK = 0.05  # of the budget a trial may be expected to end past it (the tune: ±10 %)
 LEADERS = 3  # configurations measured again before the pick
 CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
     "workload": "a workload name", "model": "a model name or path", "devices": "a device list",
@@ -127,8 +129,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
         offered = getattr(make(None), "variants", None)
         variants = offered(distinct) if offered is not None else []
     with tempfile.TemporaryDirectory() as folder:
-        job = _Trials(source, sample, Path(folder), trials, distinct,
-                      started + budget_seconds * (1 - REPEAT_SHARE))
+        job = _Trials(source, sample, Path(folder), trials, distinct, started, budget_seconds)
         job.variant = _variant(make, variants, distinct, backend, job)
         own_batch = getattr(make(None, **job.variant), "batch_size", None)
         make = functools.partial(make, **job.variant)
@@ -163,7 +164,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
                 with WorkerPool(make(batch), workers, backend, progress=False) as pool:
                     job.opened(pool)
                     _workunit_sizes(pool, job, batch)
-        job.deadline = started + budget_seconds
+        job.reserve = 0.0  # (the repeats' own share, now theirs)
         _repeat_leaders(make, backend, job)
     best, reason = _pick(trials, own_batch)
     log.info("picked: %s", reason)
@@ -361,11 +362,14 @@ class _Trials:
     end past ``deadline`` (``late``), from the rates and spin-ups measured so far."""
 
     def __init__(self, source: Any, sample: int, folder: Path, rows: list[dict],
-                 order: list[str], deadline: float) -> None:
+                 order: list[str], started: float, budget: float) -> None:
         self.source, self.sample, self.folder, self.rows = source, sample, folder, rows
         self.order = order  # the devices as given: a trial's worker devices in that order
         self.variant: dict[str, Any] = {}  # the phases after 0: the variant they run
-        self.deadline = deadline
+        self.deadline = started + budget
+        self.slack = budget * BUDGET_SLACK  # a trial may end this far past it (a trial's error)
+        self.reserve = budget * REPEAT_SHARE  # kept for the repeats once there are two
+        # configurations to repeat
         self.spinup = 0.0  # the longest a pool took to start
         self._rate: float | None = None  # records/s of the last job
         self._overhead = 0.0  # a job's seconds beyond its records at its rate (its ends)
@@ -376,15 +380,17 @@ class _Trials:
     def late(self, records: int, new_pool: bool = False) -> str:
         """Why a job of ``records`` (on a new pool: its start too) would end past the deadline,
         or "" if it should not (or nothing has been measured to tell)."""
+        reserve = self.reserve if len({configuration(t) for t in _fixed(self.rows)}) >= 2 else 0.0
+        left = self.deadline - reserve - time.monotonic()
         if self._rate is None or not self._rate:
-            return "" if time.monotonic() < self.deadline else "out of time before it"
+            return "" if left > 0 else "out of time before it"
         expected = records / self._rate + self._overhead + (self.spinup if new_pool else 0.0)
-        left = self.deadline - time.monotonic()
-        if expected <= left:
+        if expected <= left + self.slack:
             return ""
-        return (f"out of time: it would take about {expected:.0f} s ({'a pool started, then ' if new_pool else ''}"
-                f"{records:,} records at {self._rate:.1f}/s), {max(0.0, left):.0f} s of the "
-                f"budget left")
+        kept = f", {reserve:.0f} s more kept to measure the leaders again" if reserve else ""
+        return (f"out of time: it would take about {expected:.0f} s ("
+                f"{'a pool started, then ' if new_pool else ''}{records:,} records at "
+                f"{self._rate:.1f}/s), {max(0.0, left):.0f} s of the budget left{kept}")
 
     def run(self, pool: WorkerPool, phase: str, batch: int | None, size: int | str,
             records: int | None = None, variant: dict[str, Any] | None = None,
@@ -441,7 +447,8 @@ def describe(trial: dict[str, Any]) -> str:
     variant = json.loads(trial.get("variant") or "{}")
     if trial.get("refused"):
         return f"{head}: {_words(variant)}: refused: {trial['refused']}"
-    said = [_words(variant)] if trial["phase"] == "variant" else []
+    said = [_words(variant)] if trial["phase"] in ("variant", "repeat") and (
+        trial["phase"] == "variant" or variant) else []
     if trial.get("batch_size") is not None:
         said.append(f"batch {trial['batch_size']}")
     if trial.get("skipped"):

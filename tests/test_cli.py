@@ -298,3 +298,31 @@ def test_flags_are_never_abbreviated_and_a_typo_is_told_by_its_command_with_a_su
                             "failures and resuming"]
     for command in ("tune", "export", "compact"):
         assert "exit status: 0 done" in helpers_cli(command, "--help").stdout
+
+
+def test_a_failed_run_says_what_it_kept_and_a_changed_input_how_to_go_on(tmp_path, capsys):
+    """A run stopped by its input changing said "--resume finishes the run", which resume then
+    refused; and a failed run printed no last stdout line (an interrupted one does)."""
+    import numpy as np
+
+    from helpers import cli
+    from helpers.engine.fingerprint import InputChanged
+    from helpers.engine.hdf5_sink import HDF5Sink
+    from helpers.engine.protocol import OutputSpec
+    from helpers.engine.scheduler import PipelineError
+
+    out = tmp_path / "out.h5"
+    sink = HDF5Sink(out, {"values": OutputSpec((2,), "float32")})
+    sink.append(np.arange(5), {"values": np.zeros((5, 2), np.float32)})
+    sink.close(complete=False)
+    cli._failed(str(out), InputChanged("in.parquet: changed since the run started"), True)
+    said = capsys.readouterr()
+    assert "5 records written so far" in said.err and "--resume carries on only once the " \
+        "input is again the file the run started with" in said.err
+    line = json.loads(said.out.strip().splitlines()[-1])
+    assert line["failed"] and line["records"] == 5 and not line["complete"]
+    assert line["error"].startswith("InputChanged: in.parquet: changed since")
+    assert cli._input_changed(PipelineError("InputUnreadable: worker 0 on h cannot read the "
+                                            "input: OSError: /a.parquet: changed since the run "
+                                            "started (1 bytes then, 2 now)"))
+    assert not cli._input_changed(OSError("No space left on device"))

@@ -168,6 +168,8 @@ def test_the_pass_finds_the_rows_pyarrow_finds_in_any_file(tmp_path, monkeypatch
         texts = [data[a:b].decode().removesuffix("\n").removesuffix("\r")
                  for a, b in index.bad.tolist()]
         assert [t for t, a in zip(texts, index.bad[:, 0]) if a not in index.unclosed] == bad
+        assert len(index.bad_rows) == len(index.bad) and (np.diff(index.bad_rows) > 0).all()
+        assert index.rows + len(index.bad) > (index.bad_rows[-1] if len(index.bad) else -1)
         for k, start in enumerate(index.starts.tolist()):
             after = csv_scan.without(data[start:], unclosed[unclosed[:, 0] >= start] - start)
             rest, _ = pyarrow_reads(after, fmt, column_names=table.column_names)
@@ -337,8 +339,8 @@ def test_a_row_of_another_width_that_is_not_utf8_costs_only_itself(tmp_path, mon
     texts = [f"r{i}" for i in range(300)] + [f"s{i}" for i in range(300)]
     assert rows.read() == texts == [r for _, rs, _ in source.slices(IdRanges(), None)
                                     for r in rs if isinstance(r, str)]
-    assert [r.message for r in bad] == ["in.csv: a row with the wrong number of fields: "
-                                        "'wide\ufffd,1,2'"]
+    assert [r.message for r in bad] == ["in.csv row 300 (every row counted): a row with the "
+                                        "wrong number of fields: 'wide\ufffd,1,2'"]
     csv_rows.close_all()
 
 
@@ -401,8 +403,8 @@ def test_a_file_of_no_row_of_the_header_s_width_still_files_its_rows(tmp_path, o
     records = [r for _, rs, _ in TableSource(path, **options).slices(IdRanges(), None)
                for r in rs]
     assert [r.message for r in records] == [
-        "in.csv: a row with the wrong number of fields: 'x,y,z'",
-        "in.csv: a row with the wrong number of fields: 'lonely'"]
+        "in.csv row 0 (every row counted): a row with the wrong number of fields: 'x,y,z'",
+        "in.csv row 1 (every row counted): a row with the wrong number of fields: 'lonely'"]
 
 
 def test_a_header_that_is_not_utf8_is_refused_by_name(tmp_path):

@@ -399,3 +399,20 @@ def test_a_jsonl_kept_field_holding_objects_is_refused_and_odd_values_are_nulls(
     list(read_slices(source, IdRanges(), carry=lambda ids, c: carried.append(c["n"])))
     nothing = np.iinfo(np.int64).min
     assert np.concatenate(carried).tolist() == list(range(1000)) + [nothing, nothing]
+
+
+def test_jsonl_shards_whose_first_lines_disagree_on_a_kept_fields_kind_share_one(tmp_path):
+    """A stray "n": "five" in one shard's first lines made its field text there and refused
+    the whole input; the shards now share the kind one file would have: text here, as the
+    values' JSON."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": "t", "n": i}) + "\n"
+                                            for i in range(3)))
+    (folder / "b.jsonl").write_text(json.dumps({"text": "t", "n": "five"}) + "\n")
+    (folder / "c.jsonl").write_text(json.dumps({"text": "t", "n": 2.5}) + "\n")
+    source = open_source(folder, keep_columns=["n"])
+    assert source.carried()["n"].dtype == "str"
+    carried = []
+    list(read_slices(source, IdRanges(), carry=lambda ids, c: carried.append(c["n"])))
+    assert np.concatenate(carried).tolist() == ["0", "1", "2", "five", "2.5"]

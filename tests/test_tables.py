@@ -503,7 +503,8 @@ def test_a_csv_quote_left_open_costs_its_row_alone(tmp_path, writes, opened):
     data = read_output(tmp_path / "out.h5")
     assert data["keys"].tolist() == [f"key{i}" for i in range(3000) if i != opened]
     assert [e["message"] for e in data["errors"]] == [
-        f"in.csv: a quote opened in this row never closes (it would swallow every row after "
+        f"in.csv row {opened} (every row counted): a quote opened in this row never closes (it "
+        f"would swallow every row after "
         f"it; the rows after it are read from its next line on): 'key{opened},\"row {opened} "
         f"open'"]
     k = data["keys"].tolist().index("key2999")

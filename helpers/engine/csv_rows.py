@@ -44,6 +44,8 @@ class CSVFile:
     step: int = field(default=0, compare=False)  # the index of starts[0] in the file's
     unclosed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), compare=False,
                                  repr=False)  # RowIndex.unclosed (the driver's alone)
+    bad_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), compare=False,
+                                 repr=False)  # RowIndex.bad_rows (the driver's alone)
 
     def narrowed(self, low: int, high: int) -> CSVFile:
         """Itself with the starts and bad rows reading its rows ``low..high`` takes."""

@@ -44,6 +44,8 @@ class RowIndex:
     starts: np.ndarray  # int64: the byte where row k * ROW_STEP starts
     bad: np.ndarray  # int64 [n, 2]: (start, stop) of each row of another width
     unclosed: np.ndarray  # int64: the starts of those of them filed for a quote left open
+    bad_rows: np.ndarray  # int64: each of them, its row in the file counting every row (the
+    # header not: as pandas and an editor less one count), for messages
 
 
 def row_index(path: str, delimiter: str) -> RowIndex:
@@ -134,6 +136,8 @@ class _Scan:
         self.opened = -1  # where the quoted value it is inside opened
         self.row, self.delimiters = -1, 0  # where the row being read starts; its delimiters
         self.fields = self.rows = 0  # (fields 0: no header yet)
+        self.every = 0  # rows of any width so far, the header not
+        self.bad_rows: list[np.ndarray] = []
         self.starts: list[np.ndarray] = []
         self.bad: list[np.ndarray] = []
         self.unclosed: list[int] = []
@@ -180,6 +184,8 @@ class _Scan:
         good = fields == self.fields
         if not good.all():
             self.bad.append(np.c_[starts[~good], stops[~good]])
+            self.bad_rows.append(self.every + np.flatnonzero(~good))
+        self.every += len(fields)
         kept = starts[good]
         self.starts.append(kept[(-self.rows) % ROW_STEP::ROW_STEP])
         self.rows += len(kept)
@@ -188,6 +194,8 @@ class _Scan:
         """The quoted value being read never closes: the row it is in, up to ``stop`` (the end
         of the line where it opened), is filed, and the pass goes on after it, outside quotes."""
         self.bad.append(np.array([[self.row, stop]], dtype=np.int64))
+        self.bad_rows.append(np.array([self.every], dtype=np.int64))
+        self.every += 1
         self.unclosed.append(self.row)
         self.quoted, self.before, self.row, self.delimiters = 0, LF, stop + 1, 0
 
@@ -197,7 +205,8 @@ class _Scan:
                             np.array([self.delimiters + 1]))
         return RowIndex(self.fields, self.rows,
                         np.concatenate([np.zeros(0, np.int64)] + self.starts).astype(np.int64),
-                        self.filed(), np.array(self.unclosed, dtype=np.int64))
+                        self.filed(), np.array(self.unclosed, dtype=np.int64),
+                        np.concatenate([np.zeros(0, np.int64)] + self.bad_rows).astype(np.int64))
 
     def filed(self) -> np.ndarray:
         """The rows of another width so far, ``(start, stop)``."""

@@ -66,6 +66,10 @@ def _sample(path: Path, size: int, sample: int, digest: Any) -> None:
             digest.update(f.read(sample))
 
 
+class InputChanged(OSError):
+    """A file of the input is not the one the run found when it opened it (exit 1)."""
+
+
 def file_stats(files: list[str]) -> list[tuple[str, int, int]]:
     """Each file as a run checks it while reading: ``(absolute path, size, mtime_ns)``."""
     stats = []
@@ -90,7 +94,7 @@ def check_unchanged(file: Any, stat: tuple[str, int, int]) -> None:
     """OSError naming the file if the open ``file`` is no longer the one ``stat`` describes."""
     now = os.fstat(file.fileno())
     if (now.st_size, now.st_mtime_ns) != stat[1:]:
-        raise OSError(f"{stat[0]}: changed since the run started ({stat[1]:,} bytes then, "
+        raise InputChanged(f"{stat[0]}: changed since the run started ({stat[1]:,} bytes then, "
                       f"{now.st_size:,} now; modified {_when(stat[2])} then, "
                       f"{_when(now.st_mtime_ns)} now): a run reads one input from start to "
                       f"end, never a mix of two; run it again on a file that stays as it is")

@@ -295,15 +295,11 @@ class JSONLFiles:
             raise SourceError(f"input {self.path!r}: its files disagree on what a record's id "
                               f"is: " + "; ".join(f"{_IDS[k]} in {str(p)!r}"
                                                   for k, p in kinds.items()))
-        for name in self.keep_columns:
-            found: dict[str, Path] = {}
-            for f in self.files:
-                found.setdefault(f.kept[name], f.path)
-            if len(found) > 1:
-                raise SourceError(f"input {self.path!r}: files disagree on kept field "
-                                  f"{name!r}: " + "; ".join(f"{k} in {str(p)!r}"
-                                                            for k, p in found.items()))
-        self.ids, self.keyed, self.kept = self.files[0].ids, self.files[0].keyed, self.files[0].kept
+        kept = {name: _common_kind({f.kept[name] for f in self.files})
+                for name in self.keep_columns}  # (as one file's first lines would say it)
+        for f in self.files:
+            f.kept = kept
+        self.ids, self.keyed, self.kept = self.files[0].ids, self.files[0].keyed, kept
         first = 0
         for f in self.files:
             f.first = first
@@ -346,6 +342,14 @@ class JSONLFiles:
 
 
 _IDS = {"lines": "line numbers", "given": "integer ids", "keys": "string keys"}
+
+
+def _common_kind(kinds: set[str]) -> str:
+    """The kind of a kept field whose files' first lines say ``kinds``: theirs where they agree,
+    floats for integers and floats, else text (as ``kept_kinds`` decides within one file)."""
+    if len(kinds) == 1:
+        return kinds.pop()
+    return "float64" if kinds <= {"int64", "float64"} else TEXT
 
 
 def jsonl_files(path: str | os.PathLike) -> list[str]:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.fingerprint import file_identity, listing_identity
+from helpers.engine.fingerprint import InputChanged, file_identity, listing_identity
 from helpers.engine.id_checks import checked_ids, screen
 from helpers.engine.id_ranges import IdRanges, SeenIds
 from helpers.engine.jsonl import JSONLFiles, JSONLSource, jsonl_files
@@ -163,8 +163,9 @@ def _identity(path: str) -> tuple:
 
 def _same(path: str, identity: tuple) -> None:
     if _identity(path) != identity:
-        raise OSError(f"{path}: changed since the run started (another file there, or written "
-                      f"to): a run reads one input from start to end, never a mix of two")
+        raise InputChanged(f"{path}: changed since the run started (another file there, or "
+                           f"written to): a run reads one input from start to end, never a mix "
+                           f"of two")
 
 
 @holds_inputs

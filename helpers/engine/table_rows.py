@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.fingerprint import check_unchanged, checked_open, file_stats
+from helpers.engine.fingerprint import InputChanged, check_unchanged, checked_open, file_stats
 from helpers.engine.protocol import holds_inputs, null_texts
 from helpers.engine.table_files import column_texts, layout, open_arrow, row_name, table_files
 
@@ -213,9 +213,9 @@ def _opened(path: str, fmt: str, identity: str) -> _Table:
         if table is None:
             stats = file_stats(table_files(path)[0])
             if _digest(stats) != identity:
-                raise OSError(f"{path}: the files differ from those the driver found (another "
-                              f"copy, or changed since the run started): every worker must "
-                              f"read the same input")
+                raise InputChanged(f"{path}: the files differ from those the driver found "
+                                   f"(another copy, or changed since the run started): every "
+                                   f"worker must read the same input")
             table = _Table(stats, fmt)
         _OPEN[key] = table
         while len(_OPEN) > TABLES:

@@ -168,7 +168,8 @@ class TableSource:
                                       f"{index.fields} fields by quotes and delimiters, "
                                       f"{len(columns)} by pyarrow")
                 files.append(CSVFile(os.path.abspath(path), stat, columns, first, index.rows,
-                                     index.starts, index.bad, unclosed=index.unclosed))
+                                     index.starts, index.bad, unclosed=index.unclosed,
+                                     bad_rows=index.bad_rows))
                 first += index.rows
             self._files = files
         return self._files
@@ -372,21 +373,26 @@ def _rows_of_other_widths(files: Sequence[CSVFile], skip: IdRanges, limit: int |
             rows = file.bad[fresh]
             yield _unparsed([row_text(file.stat, start, stop) for start, stop in rows],
                             Path(file.path).name, carried, at[fresh],
-                            np.isin(rows[:, 0], file.unclosed).tolist())
+                            np.isin(rows[:, 0], file.unclosed).tolist(),
+                            file.bad_rows[fresh].tolist() if len(file.bad_rows) else None)
 
 
 def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec],
-              positions: np.ndarray | None = None, unclosed: list[bool] | None = None) -> tuple:
+              positions: np.ndarray | None = None, unclosed: list[bool] | None = None,
+              rows: list[int] | None = None) -> tuple:
     """A slice of the CSV rows the parser could not split into the header's fields, or whose
     quote never closes (``unclosed``: helpers.engine.csv_scan), with no id (their ``positions``
-    where known, else -1), so that each goes to ``errors/``."""
+    where known, else -1; ``rows``: each one's row in its file, every row counted), so that
+    each goes to ``errors/``. Such a row has no id: the ids of a CSV are the rows of its
+    header's width."""
     at = positions.tolist() if positions is not None else [-1] * len(lines)
     unclosed = unclosed or [False] * len(lines)
-    records = [BadRecord("ValueError", f"{name}: " + (
+    names = [f"{name} row {row} (every row counted)" for row in rows] if rows else [name] * len(lines)
+    records = [BadRecord("ValueError", f"{where}: " + (
         "a quote opened in this row never closes (it would swallow every row after it; the "
         "rows after it are read from its next line on)" if left_open else
         "a row with the wrong number of fields") + f": {line[:80]!r}", position)
-        for line, position, left_open in zip(lines, at, unclosed)]
+        for line, position, left_open, where in zip(lines, at, unclosed, names)]
     columns = {c: np.full(len(lines), NULLS[s.dtype] if s.dtype != TEXT else "",
                           dtype=object if s.dtype == TEXT else s.dtype)
                for c, s in carried.items()}
