@@ -341,11 +341,6 @@ def check_output(output: str | os.PathLike, *, resume: bool, overwrite: bool,
     if resume and overwrite:
         raise OutputError("resume and overwrite: choose one (resume keeps what the output holds, "
                           "overwrite replaces it)")
-    if Path(output).suffix.lower() not in OUTPUT_SUFFIXES:
-        name = Path(output).with_suffix(".h5").name
-        raise OutputError(f"output {str(output)!r}: a run writes HDF5, named .h5 or .hdf5; name "
-                          f"it {name!r}, then `python -m helpers export {name} --to parquet "
-                          f"--output ...` (or --to npy) writes the other formats")
     if path.is_dir():
         raise OutputError(f"output {str(path)!r} is a folder; name a file in it, such as "
                           f"{str(path / 'out.h5')!r}")
@@ -353,6 +348,11 @@ def check_output(output: str | os.PathLike, *, resume: bool, overwrite: bool,
         if _same(path, Path(source)):
             raise OutputError(f"output {str(path)!r} is the input {source!r}: writing it would "
                               f"destroy the input; name another output")
+    if Path(output).suffix.lower() not in OUTPUT_SUFFIXES:
+        name = Path(output).with_suffix(".h5").name
+        raise OutputError(f"output {str(output)!r}: a run writes HDF5, named .h5 or .hdf5; name "
+                          f"it {name!r}, then `python -m helpers export {name} --to parquet "
+                          f"--output ...` (or --to npy) writes the other formats")
     folder = parts_folder(path)
     if folder.exists() and not folder.is_dir():
         raise OutputError(f"{str(folder)!r} is in the way of the output's parts folder and is not "
