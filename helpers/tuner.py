@@ -135,7 +135,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
         make = functools.partial(make, **job.variant)
         batch = _batch_size(make, batch_sizes, distinct, backend, job)
         workers = distinct
-        late = job.late(sample, new_pool=True)
+        late = job.late(sample, new_pool=True, rate=_best_rate(trials))
         if late and _fixed(trials):  # (with no trial yet, one is run however late)
             job.skipped("workers", late, batch_size=batch, devices=",".join(distinct))
         else:
@@ -190,7 +190,7 @@ def _batch_size(make: Callable[..., Workload], batch_sizes: Sequence[int], devic
             log.info("phase 1, batch size %s: measured already (trial %d)", size,
                      own[0]["trial"])
             continue
-        late = job.late(job.sample, new_pool=True)
+        late = job.late(job.sample, new_pool=True, rate=_best_rate(job.rows))
         if late:
             job.skipped("batch size", late, batch_size=size, devices=",".join(devices))
             continue
@@ -211,7 +211,9 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
     """Phase 0: a pool per variant, one job each; the fastest variant its workers accepted.
     Every variant is tried, or a row says why not (refused, or out of time)."""
     for variant in variants:
-        late = job.late(job.sample, new_pool=True) if _fixed(job.rows) else ""
+        rates = [t["records_per_s"] for t in job.rows if t["phase"] == "variant" and _ran(t)]
+        late = job.late(job.sample, new_pool=True, rate=float(np.median(rates))) \
+            if rates else ""
         if late:
             job.skipped("variant", late, variant=variant, devices=",".join(devices))
             continue
@@ -240,6 +242,12 @@ def _fastest(trials: list[dict], phase: str) -> list[dict]:
     """The fastest trial of ``phase`` that ran (a list of one, or empty)."""
     ran = [t for t in trials if t["phase"] == phase and _ran(t)]
     return [max(ran, key=lambda t: t["records_per_s"])] if ran else []
+
+
+def _best_rate(trials: list[dict]) -> float | None:
+    """The fastest rate measured so far (what the later phases refine runs about that fast)."""
+    rates = [t["records_per_s"] for t in _fixed(trials)]
+    return max(rates) if rates else None
 
 
 def _ran(trial: dict) -> bool:
@@ -273,7 +281,8 @@ def _repeat_leaders(make: Callable[..., Workload], backend: str, job: _Trials) -
     for key, trial in leaders.items():
         pools.setdefault(key[:4], []).append(trial)
     for (variant, batch, devices, threads), group in pools.items():
-        late = job.late(job.sample * len(group), new_pool=True)
+        late = job.late(job.sample * len(group), new_pool=True,
+                        rate=min(t["records_per_s"] for t in group))
         if late:
             for trial in group:
                 job.skipped("repeat", late, repeat_of=trial["trial"], **_config_of(trial))
@@ -370,27 +379,30 @@ class _Trials:
         self.slack = budget * BUDGET_SLACK  # a trial may end this far past it (a trial's error)
         self.reserve = budget * REPEAT_SHARE  # kept for the repeats once there are two
         # configurations to repeat
-        self.spinup = 0.0  # the longest a pool took to start
+        self._spinups: list[float] = []  # how long each pool took to start
         self._rate: float | None = None  # records/s of the last job
         self._overhead = 0.0  # a job's seconds beyond its records at its rate (its ends)
 
     def opened(self, pool: WorkerPool) -> None:
-        self.spinup = max(self.spinup, pool.spinup_seconds)
+        self._spinups.append(pool.spinup_seconds)
 
-    def late(self, records: int, new_pool: bool = False) -> str:
-        """Why a job of ``records`` (on a new pool: its start too) would end past the deadline,
+    def late(self, records: int, new_pool: bool = False, rate: float | None = None) -> str:
+        """Why a job of ``records`` (on a new pool: its start too, the median of those so far)
+        at ``rate`` (default: the last job's, on the pool it ran on) would end past the deadline,
         or "" if it should not (or nothing has been measured to tell)."""
         reserve = self.reserve if len({configuration(t) for t in _fixed(self.rows)}) >= 2 else 0.0
         left = self.deadline - reserve - time.monotonic()
-        if self._rate is None or not self._rate:
+        rate = rate or self._rate
+        if not rate:
             return "" if left > 0 else "out of time before it"
-        expected = records / self._rate + self._overhead + (self.spinup if new_pool else 0.0)
+        spinup = float(np.median(self._spinups)) if new_pool and self._spinups else 0.0
+        expected = records / rate + self._overhead + spinup
         if expected <= left + self.slack:
             return ""
         kept = f", {reserve:.0f} s more kept to measure the leaders again" if reserve else ""
         return (f"out of time: it would take about {expected:.0f} s ("
                 f"{'a pool started, then ' if new_pool else ''}{records:,} records at "
-                f"{self._rate:.1f}/s), {max(0.0, left):.0f} s of the budget left{kept}")
+                f"{rate:.1f}/s), {max(0.0, left):.0f} s of the budget left{kept}")
 
     def run(self, pool: WorkerPool, phase: str, batch: int | None, size: int | str,
             records: int | None = None, variant: dict[str, Any] | None = None,
