@@ -27,7 +27,11 @@ it will take (its records at the last job's rate, a pool's start where it needs 
 trial that would end past the budget. Every value the user named and every step of a phase is
 tried, or is a row saying why not (refused by the workers, or out of time). Every trial is a row
 of a tidy table (phase, batch_size, workers_per_device, devices, threads_per_worker,
-workunit_size, records, wall_s, records_per_s, refused, skipped, repeat_of).
+workunit_size, records, wall_s, records_per_s, refused, skipped, repeat_of, spinup_s: the
+pool's start on its first trial, cut: read no further than the budget's end). A trial's reading
+stops at the budget's end (a variant's speed is known only once it runs: bf16 on a CPU without
+AVX-512 BF16 ran at a sixth of fp32's here), so a trial past it ends with its workunits in flight,
+its rate measured on the records it did.
 
 The pick is the fastest configuration of phases 0, 1, 3 and 4 by the median of its runs, all on
 the same sample (phase 2's jobs change their worker count midway, so none is a configuration to
@@ -380,6 +384,7 @@ class _Trials:
         self.reserve = budget * REPEAT_SHARE  # kept for the repeats once there are two
         # configurations to repeat
         self._spinups: list[float] = []  # how long each pool took to start
+        self._pool: WorkerPool | None = None  # the last trial's (its start is the first's)
         self._rate: float | None = None  # records/s of the last job
         self._overhead = 0.0  # a job's seconds beyond its records at its rate (its ends)
 
@@ -407,11 +412,17 @@ class _Trials:
     def run(self, pool: WorkerPool, phase: str, batch: int | None, size: int | str,
             records: int | None = None, variant: dict[str, Any] | None = None,
             repeat_of: int | None = None) -> int:
-        """One job on the first ``records`` (default: the sample); returns the records written."""
+        """One job on the first ``records`` (default: the sample), its dispatching stopped at the
+        budget's end (JobSettings.stop_at: a variant's speed is known only once it runs);
+        returns the records written."""
         output = self.folder / f"trial-{len(self.rows)}.h5"
-        stats = pool.run(self.source, output, limit=records or self.sample, workunit_size=size,
-                         durable=False)
+        wanted = records or self.sample
+        end = self.deadline + self.slack if _fixed(self.rows) else float("inf")  # (the first
+        # trial runs whole: a tune measures something)
+        stats = pool.run(self.source, output, limit=wanted, workunit_size=size, durable=False,
+                         stop_at=end)
         output.unlink(missing_ok=True)
+        spinup, self._pool = (pool.spinup_seconds if pool is not self._pool else 0.0), pool
         if stats.records and stats.records_per_second:
             self._rate = stats.records_per_second
             self._overhead = max(0.0, stats.wall_seconds - stats.records / self._rate)
@@ -426,7 +437,9 @@ class _Trials:
                           "decisions": len(stats.decisions),
                           "variant": json.dumps(variant or self.variant, sort_keys=True),
                           "loaded": json.dumps(pool.loaded, sort_keys=True), "refused": "",
-                          "skipped": "", "repeat_of": repeat_of})
+                          "skipped": "", "repeat_of": repeat_of, "spinup_s": spinup,
+                          "cut": stats.records + stats.failed_records < wanted and
+                          time.monotonic() > end})
         log.info("%s", describe(self.rows[-1]))
         return stats.records
 

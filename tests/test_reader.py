@@ -207,3 +207,30 @@ def test_the_reader_pulls_from_the_source_no_further_than_the_queue_allows():
     reader.stop()
     assert not reader.is_alive()
     assert pulled <= 2 * READ_SLICE  # the slice being cut, and the one read ahead at most
+
+
+def test_a_feed_past_its_stop_time_gives_no_more_and_says_it_was_cut():
+    """JobSettings.stop_at (the tuner's time-boxed trials): once it has passed, no workunit is
+    given out, the feed counts as exhausted (the job ends with what is in flight), and
+    ``cut`` says the source was not done."""
+    import time
+
+    ids = np.arange(100, dtype=np.int64)
+    reader = Reader([(ids, list(range(100)))], 10, depth=2, stop_at=time.monotonic() + 60)
+    reader.start()
+    deadline = time.monotonic() + 5
+    while (first := reader.take()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert first is not None and not reader.cut
+    reader._stop_at = time.monotonic() - 1  # (its time has come)
+    assert reader.take() is None and reader.exhausted() and reader.cut
+    assert reader.remaining() == 0 and reader.backlog() == 0
+    reader.stop()
+    done = Reader([(ids, list(range(100)))], 10, depth=20, stop_at=time.monotonic() + 60)
+    done.start()
+    done.join(5)
+    while done.take() is not None:
+        pass
+    done._stop_at = time.monotonic() - 1  # (past, but nothing was left: not cut)
+    assert done.exhausted() and not done.cut
+    done.stop()

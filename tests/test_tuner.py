@@ -370,3 +370,21 @@ def test_a_slow_variant_last_does_not_make_the_later_phases_look_too_long(tmp_pa
     job._rate, job._spinups = 4.4, [5.0]
     assert job.late(256, new_pool=True).startswith("out of time: it would take about 63 s")
     assert job.late(256, new_pool=True, rate=_best_rate(job.rows)) == ""
+
+
+def test_a_variant_slower_than_any_before_it_is_cut_at_the_budgets_end():
+    """A variant's speed is known only once it runs (bf16 on this CPU: a sixth of fp32's; a
+    compiled one's start 36-54 s): its trial reads no further than the budget's end, ends with
+    its workunits in flight, and says it was cut (notebook 07's 240 s tune took 312 s)."""
+    import time
+
+    def make(batch_size=None, name="fast"):
+        return SyntheticWorkload({"fast": 0.0002, "crawl": 0.05}[name], values="zeros")
+
+    started = time.monotonic()
+    tuned = tune(make, [(i, i) for i in range(4000)], ["cpu"], backend="thread", sample=400,
+                 budget_seconds=6, variants=[{"name": "fast"}, {"name": "crawl"}])
+    took = time.monotonic() - started
+    crawl = next(t for t in tuned.trials if t["variant"] == '{"name": "crawl"}')
+    assert crawl["cut"] and 0 < crawl["records"] < 400 and took < 6 * 1.1 + 2, (crawl, took)
+    assert tuned.variant == {"name": "fast"}

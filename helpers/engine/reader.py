@@ -37,12 +37,15 @@ class Reader(threading.Thread):
 
     def __init__(self, slices: Iterable[tuple[np.ndarray, list]], workunit_size: int, depth: int,
                  wake: Callable[[], None] = lambda: None, window: int = 0,
-                 cost: Callable[[Any], float] | None = None, total: int | None = None) -> None:
+                 cost: Callable[[Any], float] | None = None, total: int | None = None,
+                 stop_at: float | None = None) -> None:
         super().__init__(name="gpufeed-reader", daemon=True)
         self._slices, self._size, self._wake = slices, workunit_size, wake
         self._work: queue.Queue[Workunit] = queue.Queue(depth)
         self._halt = threading.Event()
         self._window, self._cost, self._total = window, cost, total
+        self._stop_at = stop_at  # (time.monotonic()) after it, no workunit is given out
+        self.cut = False  # whether ``stop_at`` ended the feed before the source did
         self._records_put = self._records_taken = 0  # each written by one thread only
         self.error: BaseException | None = None
         self.read_seconds = self.blocked_seconds = 0.0
@@ -67,7 +70,16 @@ class Reader(threading.Thread):
             self.error = exc
             self._wake()
 
+    def _past(self) -> bool:
+        """Whether ``stop_at`` has passed with workunits still to give (the feed is cut)."""
+        if self._stop_at is not None and not self.cut and time.monotonic() > self._stop_at \
+                and not (self.done and self._work.empty()):
+            self.cut = True
+        return self.cut
+
     def take(self) -> Workunit | None:
+        if self._past():
+            return None
         self._wanted = True  # (before the look: a workunit put meanwhile then wakes it)
         try:
             unit = self._work.get_nowait()
@@ -78,10 +90,14 @@ class Reader(threading.Thread):
         return unit
 
     def backlog(self) -> int:
+        if self._past():
+            return 0
         self._wanted = True  # asked, then maybe not taken: too few for a second per worker
         return self._work.qsize() + (not self.done)
 
     def remaining(self) -> int | None:
+        if self._past():
+            return 0
         self._wanted = True
         if self.done:
             return self._records_put - self._records_taken
@@ -101,7 +117,7 @@ class Reader(threading.Thread):
         """True once the source is read and every workunit taken; raises the reader's error."""
         if self.error is not None:
             raise self.error
-        return self.done and self._work.empty()
+        return self._past() or self.done and self._work.empty()
 
     def stop(self) -> None:
         self._halt.set()

@@ -167,6 +167,9 @@ class JobSettings:
     durable: bool = True  # write part files + an index, so that a killed run leaves a readable file
     resume: bool = False  # skip the ids the output already holds (or gave up on); needs durable
     overwrite: bool = False  # replace an existing output (without it, an existing one is refused)
+    stop_at: float | None = None  # a time.monotonic() after which no workunit is dispatched:
+    # the job ends with those in flight, its output holding fewer rows (a time-boxed trial: the
+    # tuner's; no output of it is ever resumed)
     writes: str = AUTO  # who writes the rows: the parent's writer thread ("driver"), or each
     # worker its workunits' own part files, the parent only committing them ("workers"; durable);
     # "auto": workers on Ray when they can read the source too (``rows``), else the driver
