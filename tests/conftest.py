@@ -115,7 +115,7 @@ def run_changed_half_way(monkeypatch, source, output, opener: type, change, name
 
     change_at_fourth_read(monkeypatch, opener, change)
     with pytest.raises(PipelineError, match=r"InputUnreadable: worker \d on .* cannot read the "
-                                            r"input: OSError: .*" + re.escape(name) +
+                                            r"input: InputChanged: .*" + re.escape(name) +
                                             r": changed since the run started"):
         run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 64, output, "thread",
                      progress=False, writes="workers")
