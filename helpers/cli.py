@@ -84,6 +84,11 @@ def _count_or(*words: str) -> Any:
 _count_or_auto, _workers_per_device = _count_or(AUTO), _count_or(AUTO, FIT)
 
 
+def _names(text: str) -> list[str]:
+    """``a,b`` -> ["a", "b"]: the columns ``--keep-columns`` (and tuned.yaml) names."""
+    return [c for c in text.split(",") if c]
+
+
 def _flag(text: str) -> bool:
     """A tuned.yaml's true or false."""
     if text.strip().lower() in ("true", "false"):
@@ -164,7 +169,7 @@ def _common_arguments(shared: argparse.ArgumentParser, devices: str
                         help="the column holding each record's id: integers are the ids; "
                              "strings are kept as the output's 'keys' (ids: row numbers). "
                              "Default: row numbers (JSONL: its 'id' field if there)")
-    inputs.add_argument("--keep-columns", type=lambda text: [c for c in text.split(",") if c],
+    inputs.add_argument("--keep-columns", type=_names,
                         default=[], metavar="A,B",
                         help="a table's other columns to carry to the output beside each row "
                              "(numbers, booleans, strings)")
@@ -616,7 +621,7 @@ def _config_defaults(path: str) -> dict[str, Any]:
             "workunit_size": _count_or_auto, "workunit_seconds": float,
             "threads_per_worker": int, "precision": str, "runtime": str, "compile": _flag,
             "text_column": str, "id_column": str,
-            "keep_columns": lambda text: [c for c in text.split(",") if c]}
+            "keep_columns": _names}
     defaults = {}
     for field, value in values.items():
         if field in read:

@@ -115,11 +115,22 @@ def unchanged(stat: tuple[str, int, int]) -> Iterator[Any]:
 
 
 def source_fingerprint(source: Any) -> dict[str, Any]:
-    """The source's own ``fingerprint()``, or what its ``describe()`` says."""
+    """The source's own ``fingerprint()``, or what its ``describe()`` says; taken once per
+    source object (a run asks twice: before its pool starts and as its job opens, and a
+    folder's reads every file's samples), kept on it where it takes an attribute."""
+    known = getattr(source, "_gpufeed_fingerprint", None)
+    if known is not None:
+        return known
     own = getattr(source, "fingerprint", None)
-    if own is not None:
-        return own()
-    return {"source": source.describe() if hasattr(source, "describe") else type(source).__name__}
+    if own is None:
+        return {"source": source.describe() if hasattr(source, "describe")
+                else type(source).__name__}
+    found = own()
+    try:
+        source._gpufeed_fingerprint = found
+    except AttributeError:  # (slots, a frozen dataclass: taken again next time)
+        pass
+    return found
 
 
 def workload_fingerprint(workload: Any, outputs: Mapping[str, Any] | None = None

@@ -33,7 +33,7 @@ from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.jsonl_rows import JSONLRows, LineIndex, file_stat, line_index
 from helpers.engine.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows, SourceError,
                                      null_texts, positions as row_slices)
-from helpers.engine.table_files import RESERVED, count_lines
+from helpers.engine.table_files import check_kept_names, count_lines
 from helpers.engine.tables import as_text, kept_number, kept_values
 
 BLOCK_BYTES = 4 << 20
@@ -373,14 +373,7 @@ def kept_kinds(heads: list[dict], names: Sequence[str], taken: set[str], path: A
     first lines' objects hold (integers, floats, booleans, strings; a field none of them has is
     text): SourceError for a name the output cannot hold, or a field that holds objects or
     lists."""
-    clash = sorted(set(names) & (taken | RESERVED))
-    if clash:
-        raise SourceError(f"keep_columns: {', '.join(clash)} cannot be kept under its own name "
-                          f"(the text, the ids or the keys, or a name the output uses)")
-    odd = [n for n in names if "/" in n or n.startswith(".") or not n]
-    if odd:
-        raise SourceError(f"keep_columns: {odd!r}: an output dataset's name holds no '/' and does "
-                          f"not start with '.'")
+    check_kept_names(names, taken)
     kinds = {}
     for name in names:
         if heads and not any(name in obj for obj in heads):

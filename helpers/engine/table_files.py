@@ -224,10 +224,9 @@ def column_kind(schemas: list, files: list[str], column: str, path: str, what: s
     return next(iter(known), "null")
 
 
-def kept_dtypes(schemas: list, files: list[str], names: Sequence[str], taken: set[str],
-                path: str) -> dict[str, str]:
-    """``{column: OutputSpec dtype}`` of the columns to carry to the output: scalars only, under
-    a name the output can hold (else SourceError)."""
+def check_kept_names(names: Sequence[str], taken: set[str]) -> None:
+    """SourceError unless every name of ``names`` (columns or fields to keep) can be an output
+    dataset's beside ``taken`` (the text and id columns) and the names an output uses."""
     clash = sorted(set(names) & (taken | RESERVED))
     if clash:
         raise SourceError(f"keep_columns: {', '.join(clash)} cannot be kept under its own name "
@@ -236,6 +235,13 @@ def kept_dtypes(schemas: list, files: list[str], names: Sequence[str], taken: se
     if odd:
         raise SourceError(f"keep_columns: {odd!r}: an output dataset's name holds no '/' and does "
                           f"not start with '.'")
+
+
+def kept_dtypes(schemas: list, files: list[str], names: Sequence[str], taken: set[str],
+                path: str) -> dict[str, str]:
+    """``{column: OutputSpec dtype}`` of the columns to carry to the output: scalars only, under
+    a name the output can hold (else SourceError)."""
+    check_kept_names(names, taken)
     dtypes = {"integer": "int64", "unsigned": "uint64", "float": "float64", "bool": "int8",
               "text": TEXT, "null": TEXT}
     kept = {}
