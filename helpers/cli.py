@@ -43,6 +43,7 @@ from helpers.engine.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
 from helpers.workloads.binning.table import is_table, write_csv
+from helpers.workloads.cards import CARDS
 from helpers.workloads.embedding import EmbeddingWorkload
 from helpers.workloads.runtimes import PRECISIONS, RUNTIMES
 from helpers.workloads.synthetic import MODES, SyntheticWorkload
@@ -198,6 +199,20 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                           "checked against eager fp32 first)")
     emb.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
                      help="on CUDA: copy tokenized batches from pageable memory, blocking")
+    emb.add_argument("--card", choices=tuple(CARDS),
+                     help="a simulated card instead of the model's forward pass (the tokenizer "
+                          "and all around it real, the embeddings zeros): does this CPU side "
+                          "keep such a card busy? --devices are then labels (cuda:0*2: two "
+                          "workers on one card)")
+    emb.add_argument("--card-cores", type=int,
+                     help="the simulated card scaled to this machine's cores from this many "
+                          "a GPU on a real machine (16: one GPU, 16 cores)")
+    emb.add_argument("--tokenize-threads", type=int,
+                     help="a simulated card's threads tokenizing ahead in each worker "
+                          "(default: one per core)")
+    emb.add_argument("--batch-tokens", type=int,
+                     help="a simulated card's batches: as many texts as fit this many padded "
+                          "tokens (default: --batch-size texts)")
     syn = shared.add_argument_group("synthetic workload (--workload synthetic: a model that "
                                     "costs a set time, for trying layouts)")
     syn.add_argument("--seconds-per-record", type=float,
@@ -601,10 +616,13 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def _columns(args: argparse.Namespace) -> dict[str, Any]:
-    """The input's columns as a tune was told them (those not the defaults), for tuned.yaml: the
-    command it prints runs as printed."""
+    """The input's columns as a tune was told them (those not the defaults), and a simulated
+    card's options, for tuned.yaml: the command it prints runs as printed."""
     named = {"text_column": args.text_column, "id_column": args.id_column,
-             "keep_columns": list(args.keep_columns or [])}
+             "keep_columns": list(args.keep_columns or []),
+             **({"card": args.card, "card_cores": args.card_cores,
+                 "tokenize_threads": args.tokenize_threads, "batch_tokens": args.batch_tokens}
+                if args.workload == "embedding" else {})}
     return {k: v for k, v in named.items() if v not in ("text", None, [])}
 
 
@@ -621,7 +639,8 @@ def _config_defaults(path: str) -> dict[str, Any]:
             "workunit_size": _count_or_auto, "workunit_seconds": float,
             "threads_per_worker": int, "precision": str, "runtime": str, "compile": _flag,
             "text_column": str, "id_column": str,
-            "keep_columns": _names}
+            "keep_columns": _names, "card": str, "card_cores": int, "tokenize_threads": int,
+            "batch_tokens": int}
     defaults = {}
     for field, value in values.items():
         if field in read:
@@ -652,7 +671,10 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None, **variant
     options = {"embedding": {"normalize": args.normalize,
                              "tokenize_ahead": args.tokenize_ahead,
                              "precision": args.precision, "runtime": args.runtime,
-                             "compile": args.compile, "pin_memory": args.pin_memory},
+                             "compile": args.compile, "pin_memory": args.pin_memory,
+                             "card": args.card, "card_cores": args.card_cores,
+                             "tokenize_threads": args.tokenize_threads,
+                             "batch_tokens": args.batch_tokens},
                "synthetic": {"mode": args.mode,
                              "seconds_per_workunit": args.seconds_per_workunit,
                              "parallelism": args.parallelism},

@@ -189,3 +189,27 @@ def test_sources_bench_reads_every_format_and_runs_parquet_end_to_end(tmp_path, 
         pytest.approx(40_000 * 8 / 2**20)
     out = capsys.readouterr().out
     assert "parquet_read_rows_per_s" in out and "the repeat check's 8 bytes a key" in out
+
+
+def test_feed_bench_sets_the_feeding_side_s_cpu_against_the_bare_tokenizer_s(capsys):
+    from helpers.bench import feed
+
+    table = feed.measure(records=192, repeats=1, workunit_size=64, batch_size=32)
+    assert sorted(table.groupby(["corpus", "kind"]).size().items()) == [
+        (("paragraphs", "bare"), 3), (("paragraphs", "pipeline"), len(feed.LAYOUTS)),
+        (("tokens128", "bare"), 3), (("tokens128", "pipeline"), len(feed.LAYOUTS))]
+    bare = table[table.kind.eq("bare")].set_index(["corpus", "method"])
+    assert (bare.xs("rust", level="method")["over_bare"] == 1).all()
+    assert (bare.xs("wrapper", level="method")["over_bare"] > 1).all()  # (its padding to tensors)
+    runs = table[table.kind.eq("pipeline")]
+    assert (runs["records"] == 192).all() and (runs["tokens"] > 192 * 30).all()
+    tokens128 = table[table.corpus.eq("tokens128")]
+    assert (tokens128["tokens"] == 192 * 128).all()  # every text 128 tokens
+    stages = runs[[f"{s}_cpu_s" for s in feed.STAGES]]
+    assert (stages["tokenize_cpu_s"] > 0).all() and (stages["driver_cpu_s"] > 0).all()
+    assert runs["cpu_s"].round(9).equals(stages.sum(axis=1).round(9))
+    assert runs["card_busy_share"].between(0, 1, inclusive="right").all()
+    assert (table["card"] == "simulated h100").all()
+    figures = feed.report(table)
+    assert figures["h100_cores"] > figures["bare_h100_cores"] > 0
+    assert "one real H100 at 17.5 M tokens/s would need" in capsys.readouterr().out

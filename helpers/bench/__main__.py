@@ -1,5 +1,5 @@
 """``python -m helpers.bench COMMAND``: overhead, failures, scale, autotune, ray, sources, dispatch,
-runtimes, gpu (each command's ``--help`` says what it measures)."""
+runtimes, feed, gpu (each command's ``--help`` says what it measures)."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from helpers.bench import (autotune, dispatch, failures, overhead, ray_backend, runtimes, scale,
-                           sources)
+from helpers.bench import (autotune, dispatch, failures, feed, overhead, ray_backend, runtimes,
+                           scale, sources)
 from helpers.bench.gpu import check as gpu_check
 from helpers.bench.gpu import report as gpu_report
 
@@ -87,6 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     variants.add_argument("--batch-size", type=int, default=16)
     variants.add_argument("--results-dir", default="data/results/cpu",
                           help="where runtimes_bench.csv goes ('' to save nothing)")
+    fed = commands.add_parser("feed", help=feed.__doc__.splitlines()[0])
+    fed.add_argument("--records", type=int, default=4096, help="texts of each corpus a run")
+    fed.add_argument("--repeats", type=int, default=3)
+    fed.add_argument("--card", default="h100", help="the simulated card's profile")
+    fed.add_argument("--card-cores", type=int, default=16,
+                     help="cores a real machine gives each GPU (the card is scaled to this "
+                          "machine's)")
+    fed.add_argument("--batch-size", type=int, default=128)
+    fed.add_argument("--workunit-size", type=int, default=512)
+    fed.add_argument("--results-dir", default="data/results/cpu",
+                     help="where feed_bench.csv goes ('' to save nothing)")
     one = commands.add_parser("scale-run", help="one run of `scale`, in this process")
     one.add_argument("--records", type=int, required=True)
     one.add_argument("--output", required=True)
@@ -154,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dispatch-run":
         print(json.dumps(dispatch.run_once(args.units, args.writes, args.output,
                                            args.units_per_message, args.backend)))
+        return 0
+    if args.command == "feed":
+        feed.main(args.records, args.repeats, args.card, args.card_cores, args.batch_size,
+                  args.workunit_size, args.results_dir)
         return 0
     if args.command == "runtimes":
         runtimes.main(args.records, args.repeats, args.batch_size, args.results_dir)

@@ -126,6 +126,8 @@ class Result(_PackedIds):
     phases: dict[str, float] | None = None  # seconds per phase of process (workload.phases)
     counts: dict[str, int] | None = None  # what process counted (workload.counts: tokens, say)
     part: Any = None  # the WorkerPart holding the rows (``arrays`` then empty), or None
+    cpu_seconds: float | None = None  # CPU its worker's process spent answering it (reading,
+    # checking, the workload's threads, writing its part); None where threads share a process
 
     @property
     def compute_seconds(self) -> float:

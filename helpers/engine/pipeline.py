@@ -558,7 +558,7 @@ class _Job:
                             phases=result.phases, counts=result.counts)
         self.tallies.setdefault(result.worker, Tally()).add(
             span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb,
-            result.phases, result.counts)
+            result.phases, result.counts, result.cpu_seconds)
         self.timeline.add(span)
         self._idle(slot, result)
         if self.growth is not None and self._settled(result.worker, span.records):
@@ -605,7 +605,8 @@ class _Job:
         return WorkerStats(slot.info.index, slot.info.device, ready.pid if ready else 0,
                            ready.load_seconds if ready else 0.0, tally.records, tally.workunits,
                            tally.busy_seconds, max(0.0, self.wall - tally.busy_seconds),
-                           tally.peak_rss_mb, tally.peak_gpu_mb, slot.restarts)
+                           tally.peak_rss_mb, tally.peak_gpu_mb, slot.restarts,
+                           tally.cpu_seconds)
 
 
 @contextmanager

@@ -25,6 +25,7 @@ class WorkerStats:
     peak_rss_mb: float = 0.0  # the worker's process (threads share their parent's)
     peak_gpu_mb: float | None = None  # torch's peak allocation on its CUDA device
     restarts: int = 0  # replacements started in this slot since the pool started
+    cpu_seconds: float | None = None  # its process's CPU answering workunits (None: threads)
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,14 @@ class Tally:
     peak_gpu_mb: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    cpu_seconds: float | None = None
 
     def add(self, records: int, busy_seconds: float, rss_mb: float, gpu_mb: float | None,
             phases: dict[str, float] | None = None,
-            counts: dict[str, int] | None = None) -> None:
+            counts: dict[str, int] | None = None, cpu_seconds: float | None = None) -> None:
         add_phases(self.phases, phases)
+        if cpu_seconds is not None:
+            self.cpu_seconds = (self.cpu_seconds or 0.0) + cpu_seconds
         add_phases(self.counts, counts)
         self.records += records
         self.workunits += 1
@@ -184,6 +188,13 @@ class PipelineStats:
         return padding(self.counts)
 
     @property
+    def worker_cpu_seconds(self) -> float | None:
+        """CPU seconds every worker process spent answering workunits (None: thread workers,
+        whose CPU is their process's, the driver's)."""
+        cpu = [w.cpu_seconds for w in self.workers if w.cpu_seconds is not None]
+        return sum(cpu) if cpu else None
+
+    @property
     def write_amplification(self) -> float:
         """Bytes written ÷ bytes of the finished output (1.0: each byte written once)."""
         return self.bytes_written / self.output_bytes if self.output_bytes else 0.0
@@ -231,6 +242,7 @@ class PipelineStats:
         data["partial"] = self.partial
         data["write_amplification"] = self.write_amplification
         data["efficiency"] = self.efficiency
+        data["worker_cpu_seconds"] = self.worker_cpu_seconds
         data["padding"] = self.padding
         data["per_device"] = self.per_device
         return data

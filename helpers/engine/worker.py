@@ -139,6 +139,7 @@ def answer(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputS
            unit: Workunit) -> Result | Failed:
     """One workunit's Result, or the Failed message that says why it raised (every backend's
     worker answers each workunit with this)."""
+    cpu = time.process_time()
     try:
         result = run_workunit(workload, model, specs, unit, info.index)
     except Exception as exc:  # the workunit's fault or the model's: the parent decides
@@ -148,7 +149,8 @@ def answer(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputS
             release_memory(info.device)
         return message
     rss, gpu = peak_memory(info.device)
-    return replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu)
+    return replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu,
+                   cpu_seconds=time.process_time() - cpu)
 
 
 def release_memory(device: str) -> None:
@@ -330,6 +332,8 @@ def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", inbox: 
     def send(message: Any) -> bool:
         if abandoned.is_set():
             return False
+        if isinstance(message, Result):  # the process's CPU is every thread's: not this one's
+            message = replace(message, cpu_seconds=None)
         post(message)
         return True
 

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
+import weakref
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import Any, ClassVar
@@ -222,6 +225,15 @@ class EmbeddingWorkload:
     onnx-int8: CPU only): how the model runs (helpers.workloads.runtimes); any variant but fp32
     torch is first checked against fp32 torch on a fixed sample in the worker that loads it, and
     refused (QualityRefused, with the numbers) if its mean or least cosine is below ``guard``.
+    ``card``: run on a simulated card (helpers.workloads.cards: "h100", "a100", "l4") instead
+    of the model's forward pass: the model's own tokenizer and everything around it real, the
+    forward pass a wait of the card's cost model, the embeddings zeros of the model's width (the
+    output says it is simulated); device strings are then labels, several entries of one label
+    sharing that card. ``card_cores``: scale the card to the cores a real machine gives each GPU
+    (this machine's cores ÷ ``card_cores`` of its speed; None: full speed).
+    ``tokenize_threads`` (a simulated card's feeder): threads tokenizing ahead (None: one per
+    core). ``batch_tokens``: a simulated card's batches hold as many texts as fit that many
+    padded tokens (None: ``batch_size`` texts).
     ``compile``: ``torch.compile`` the transformer (runtime torch; compiled and guarded in the
     worker's load, so its cost is spin-up). ``pin_memory``: on CUDA devices, tokenized batches go
     through pinned host memory without blocking (ignored on a CPU).
@@ -238,8 +250,14 @@ class EmbeddingWorkload:
     guard: tuple[float, float] = (GUARD_MEAN, GUARD_MIN)
     compile: bool = False
     pin_memory: bool = True
+    card: str | None = None
+    card_cores: int | None = None
+    tokenize_threads: int | None = None
+    batch_tokens: int | None = None
     name: str = "embedding"
     requires_hardware: bool = True
+    cards: str | None = field(default=None, init=False, repr=False, compare=False)  # the
+    # simulated cards' queues (a folder every worker copy shares)
     imports: ClassVar[tuple[str, ...]] = ("torch", "sentence_transformers")  # what load imports
 
     def __post_init__(self) -> None:
@@ -269,6 +287,29 @@ class EmbeddingWorkload:
         if len(guard) != 2 or not all(isinstance(g, (int, float)) and 0 < g <= 1 for g in guard):
             raise ValueError(f"guard: expected (mean, min) cosines in (0, 1], got {self.guard!r}")
         object.__setattr__(self, "guard", (float(guard[0]), float(guard[1])))
+        for option in ("card_cores", "tokenize_threads", "batch_tokens"):
+            value = getattr(self, option)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{option}: expected a positive integer or None, got {value!r}")
+        if self.card is None:
+            for option in ("card_cores", "tokenize_threads", "batch_tokens"):
+                if getattr(self, option) is not None:
+                    raise ValueError(f"{option}: for a simulated card (card=...): the model's "
+                                     f"own encode batches and tokenizes here")
+            return
+        from helpers.workloads.cards import parse_card
+
+        object.__setattr__(self, "card", parse_card(self.card).name)
+        if self.runtime != "torch" or self.precision != "fp32" or self.compile \
+                or self.tokenize_ahead:
+            raise ValueError(f"card={self.card!r}: a simulated card's speed is its profile's; "
+                             f"precision, runtime, compile and tokenize_ahead are a real "
+                             f"model's options")
+        object.__setattr__(self, "requires_hardware", False)
+        cards = tempfile.mkdtemp(prefix="gpufeed-cards-")  # shared by every worker copy
+        object.__setattr__(self, "cards", cards)
+        weakref.finalize(self, shutil.rmtree, cards, True)
 
     def check_devices(self, devices: tuple[str, ...]) -> None:
         """In the driver, before any worker starts: a device this variant cannot run on (fp16 on
@@ -277,6 +318,13 @@ class EmbeddingWorkload:
             check_variant(self.precision, self.runtime, device, hardware=False)
 
     def load(self, device: str, threads: int) -> Any:
+        if self.card is not None:
+            from helpers.workloads.simulated import load_simulated
+
+            if self.model is None:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
+            return load_simulated(self.model or default_model_path(), self.card, self.card_cores, device, self.cards,
+                                  self.tokenize_threads)
         check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
         model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
@@ -326,6 +374,8 @@ class EmbeddingWorkload:
         precision and runtime, the torch ones also compiled (only those when this workload
         compiles; only torch ones when it tokenizes ahead); whether the guard passes each is
         found when its workers load it."""
+        if self.card is not None:  # a simulated card's speed is its profile's
+            return []
         return [{"precision": precision, "runtime": runtime, "compile": compiled}
                 for compiled, precision, runtime in product(
                     (True,) if self.compile else (False, True), PRECISIONS, RUNTIMES)
@@ -334,6 +384,8 @@ class EmbeddingWorkload:
 
     def report(self, model: Any) -> dict[str, Any]:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""
+        if self.card is not None:
+            return {"card": model.label, "tokenize_threads": model.feeder.threads}
         quality = getattr(model, "gpufeed_quality", None)
         guard_s = getattr(model, "gpufeed_guard_s", None)
         return {"precision": self.precision, "runtime": self.runtime,
@@ -362,6 +414,8 @@ class EmbeddingWorkload:
         return float(len(record))
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
+        if self.card is not None:
+            return model.process(records, self.batch_size, self.batch_tokens)
         clock = getattr(model, "gpufeed_phases", None)
         if clock is not None:
             clock.start()
@@ -401,7 +455,10 @@ class EmbeddingWorkload:
         these; batch size, tokenize_ahead and the guard may change."""
         return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
                 "normalize": self.normalize, "max_chars": self.max_chars,
-                "precision": self.precision, "runtime": self.runtime}  # (variants never mix)
+                "precision": self.precision, "runtime": self.runtime,  # (variants never mix)
+                "card": f"simulated {self.card}" if self.card else "none"}  # (a simulated
+        # card's zeros are never mixed with a model's rows; "none": an older output, which did
+        # not record it, still resumes)
 
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
@@ -409,4 +466,9 @@ class EmbeddingWorkload:
                 "tokenize_ahead": self.tokenize_ahead,
                 "max_chars": self.max_chars, "precision": self.precision,
                 "runtime": self.runtime, "guard": list(self.guard), "compile": self.compile,
-                "pin_memory": self.pin_memory}
+                "pin_memory": self.pin_memory,
+                **({k: v for k, v in (("card", f"simulated {self.card}"),
+                                      ("card_cores", self.card_cores),
+                                      ("tokenize_threads", self.tokenize_threads),
+                                      ("batch_tokens", self.batch_tokens)) if v is not None}
+                   if self.card else {})}

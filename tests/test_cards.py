@@ -1,0 +1,99 @@
+"""The simulated card: its cost model, its profiles, and one queue shared by threads and
+processes."""
+import multiprocessing
+import threading
+import time
+
+import pytest
+
+from helpers.workloads.cards import (CARDS, KERNEL_FLOOR_US, REFERENCE, Card, CardModel,
+                                     flops_per_token, parse_card, scale_for)
+
+
+def minilm(card="h100", scale=1.0):
+    return CardModel(CARDS[card], REFERENCE["layers"], REFERENCE["hidden"],
+                     REFERENCE["intermediate"], scale)
+
+
+def test_the_reference_model_runs_at_its_profile_s_rate_and_minilm_costs_what_anchors_say():
+    assert flops_per_token(6, 384, 1536, 128) == pytest.approx(22.4e6, rel=0.02)  # ANCHORS.md
+    for name, profile in CARDS.items():
+        seconds = minilm(name).seconds(1024, 128)
+        assert 1024 * 128 / seconds == pytest.approx(profile.tokens_per_second)
+        assert profile.source  # every figure says where it comes from
+    assert CARDS["h100"].tokens_per_second > CARDS["a100"].tokens_per_second \
+        > CARDS["l4"].tokens_per_second
+
+
+def test_a_batch_costs_its_padded_tokens_with_attention_s_quadratic_term():
+    card = minilm()
+    assert card.seconds(64, 128) == pytest.approx(2 * card.seconds(32, 128))  # linear in texts
+    ratio = card.seconds(32, 256) / card.seconds(32, 128)
+    assert 2.0 < ratio < 2.2  # twice the tokens, each a little dearer (attention's L²)
+    assert card.seconds(1, 1) == pytest.approx(card.kernels * KERNEL_FLOOR_US / 1e6)  # the floor
+    assert card.launch_seconds() > 0 and card.kernels == 6 * 16 + 8
+
+
+def test_a_scaled_card_is_the_cores_here_over_the_cores_a_real_gpu_gets():
+    assert scale_for(None, 2) == 1.0
+    assert scale_for(16, 2) == pytest.approx(1 / 8)
+    assert minilm(scale=1 / 8).seconds(32, 128) == pytest.approx(8 * minilm().seconds(32, 128))
+
+
+def test_an_unknown_card_names_the_choices():
+    assert parse_card("H100").name == "h100"
+    with pytest.raises(ValueError, match="h100, a100, l4"):
+        parse_card("v100")
+
+
+def slow_card(tmp_path, seconds=0.05):
+    model = minilm()
+    per_batch = model.seconds(1024, 128)
+    return Card(CardModel(model.profile, 6, 384, 1536, per_batch / seconds), str(tmp_path / "q"))
+
+
+def test_batches_queue_on_the_card_and_a_wait_holds_no_cpu(tmp_path):
+    card = slow_card(tmp_path)
+    started, cpu = time.monotonic(), time.process_time()
+    for _ in range(4):
+        assert card.submit(1024, 128) == pytest.approx(0.05)
+    launched = time.monotonic() - started
+    card.wait()
+    assert time.monotonic() - started == pytest.approx(0.2, abs=0.05)  # one after another
+    assert launched < 0.05  # launching does not wait for the card
+    assert time.process_time() - cpu < 0.05  # the wait sleeps
+    assert card.busy_seconds() == pytest.approx(0.2)
+
+
+def test_threads_and_processes_share_one_card(tmp_path):
+    card = slow_card(tmp_path)
+    started = time.monotonic()
+    threads = [threading.Thread(target=lambda: (card.submit(1024, 128), card.wait()))
+               for _ in range(2)]
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=_submit_twice, args=(str(tmp_path / "q"),))
+    process.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    process.join()
+    card.wait()
+    assert process.exitcode == 0
+    assert card.busy_seconds() == pytest.approx(0.2)  # 2 + 2 batches, one queue
+    assert time.monotonic() - started >= 0.2
+
+
+def _submit_twice(path):
+    model = minilm()
+    card = Card(CardModel(model.profile, 6, 384, 1536, model.seconds(1024, 128) / 0.05), path)
+    card.submit(1024, 128)
+    card.submit(1024, 128)
+    card.wait()
+
+
+def test_a_card_travels_as_its_path_not_as_an_open_card(tmp_path):
+    import pickle
+
+    with pytest.raises(TypeError, match="path travels"):
+        pickle.dumps(slow_card(tmp_path))

@@ -1,0 +1,80 @@
+"""The feeding side: the Rust tokenizer's ids as sentence-transformers' own, collation, batches
+by count or token budget, and a feeder that hands every text to the card once."""
+import numpy as np
+import pytest
+
+from helpers.workloads.embedding import tokenizer_name
+from helpers.workloads.feed import CHUNK_TEXTS, Feeder, RustTokenizer, batches, collate
+
+
+@pytest.fixture(scope="module")
+def rust(st_model):
+    return RustTokenizer(st_model[0].tokenizer, st_model.max_seq_length)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    from helpers.study.paths import sample_texts
+
+    texts = sample_texts()
+    longest = sorted(texts, key=len)[-64:]  # (past max_seq_length: truncated)
+    return texts[:448] + longest + ["  spaces around  ", "Ünïcödé — ‘quotes’ 日本語", "a"]
+
+
+def test_the_rust_tokenizer_gives_the_ids_sentence_transformers_computes(st_model, rust, sample):
+    features = getattr(st_model, tokenizer_name(st_model))(sample)
+    ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
+    got = rust.encode(sample)
+    assert max(map(len, got)) == st_model.max_seq_length  # truncation was exercised
+    for row, tokens in enumerate(got):
+        assert tokens == ids[row, :mask[row].sum()].tolist(), sample[row][:80]
+    batch, ours = collate(got, rust.pad_id)
+    assert batch.shape == ids.shape and (batch == ids).all() and (ours == mask).all()
+
+
+def test_collate_pads_to_the_longest_with_a_mask():
+    batch, mask = collate([[1, 2, 3], [4]], pad_id=0)
+    assert batch.tolist() == [[1, 2, 3], [4, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch.dtype == np.int64 and mask.dtype == np.int64
+
+
+def test_batches_longest_first_by_count_or_by_a_token_budget():
+    lengths = [5, 50, 10, 40, 20]
+    assert batches(lengths, 2, None) == [[1, 3], [4, 2], [0]]
+    by_budget = batches(lengths, 2, 60)
+    assert by_budget == [[1], [3], [4, 2, 0]]  # 50; 40 (+20 would pad to 80); 3 x 20 = 60
+    assert all(len(g) * lengths[g[0]] <= 60 for g in by_budget)
+    assert batches([500], 2, 60) == [[0]]  # a text longer than the budget is a batch of its own
+
+
+class FakeCard:
+    def __init__(self):
+        self.shapes, self.waits = [], 0
+
+    def submit(self, texts, tokens):
+        self.shapes.append((texts, tokens))
+        return 0.001
+
+    def wait(self):
+        self.waits += 1
+        return 0.0
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("batch_tokens", [None, 2048])
+def test_the_feeder_hands_every_text_to_the_card_once(rust, sample, threads, batch_tokens):
+    texts = sample[:5 * CHUNK_TEXTS + 7]
+    card = FakeCard()
+    counts, phases = Feeder(rust, card, threads).run(texts, 32, batch_tokens)
+    lengths = [len(t) for t in rust.encode(texts)]
+    assert sum(n for n, _ in card.shapes) == len(texts)
+    assert counts.tokens_needed == sum(lengths)
+    assert counts.tokens_computed == sum(n * length for n, length in card.shapes)
+    assert counts.tokens_computed < 1.3 * counts.tokens_needed  # sorted by tokens
+    if batch_tokens is None:
+        assert max(n for n, _ in card.shapes) == 32
+    else:
+        assert all(n * length <= batch_tokens or n == 1 for n, length in card.shapes)
+    assert card.waits == 1 and counts.card_busy_us == 1000 * len(card.shapes)
+    assert counts.tokenize_cpu_us > 0 and counts.collate_cpu_us > 0
+    assert set(phases) == {"tokenize", "forward", "copy_out"}

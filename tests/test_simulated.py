@@ -1,0 +1,80 @@
+"""A run on a simulated card: everything real but the forward pass, and every output saying it
+was simulated."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers.engine.hdf5_sink import read_output
+from helpers.engine.pipeline import run_pipeline
+from helpers.study.paths import ROOT, SAMPLE_TEXT
+from helpers.workloads.embedding import EmbeddingWorkload
+
+
+@pytest.fixture(scope="module")
+def records():
+    from helpers.study.paths import sample_texts
+
+    return list(enumerate(sample_texts(600)))
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_a_run_on_a_simulated_card_writes_zeros_of_the_model_s_width_and_counts_its_feeding(
+        tmp_path, records, backend):
+    workload = EmbeddingWorkload(card="h100", card_cores=16, batch_size=64, tokenize_threads=2)
+    stats = run_pipeline(records, workload, devices="cuda:0*2", workunit_size=128,
+                         output=tmp_path / "out.h5", backend=backend, progress=False)
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(600))
+    assert data["embeddings"].shape == (600, 384) and not data["embeddings"].any()
+    assert data["attrs"]["card"] == "simulated h100"
+    assert "simulated h100, scaled to" in data["attrs"]["loaded"]
+    assert "simulated h100" in json.loads(data["attrs"]["workload_fingerprint"])["card"]
+    counts = stats.counts
+    assert counts["tokens_needed"] > 600 * 30 and counts["tokens_computed"] >= counts["tokens_needed"]
+    assert counts["card_busy_us"] > 0 and counts["tokenize_cpu_us"] > 0
+    assert 0 < counts["card_busy_us"] / 1e6 / stats.wall_seconds <= 1.0  # one card, shared
+    if backend == "process":
+        assert stats.worker_cpu_seconds > counts["tokenize_cpu_us"] / 1e6
+    else:
+        assert stats.worker_cpu_seconds is None  # (threads: the driver's process's CPU)
+
+
+def test_a_simulated_output_is_never_resumed_by_a_real_model(tmp_path, records):
+    output = tmp_path / "out.h5"
+    run_pipeline(records, EmbeddingWorkload(card="l4"), devices="cuda:0", workunit_size=200,
+                 output=output, limit=200, progress=False)
+    with pytest.raises(ValueError, match="card"):
+        run_pipeline(records, EmbeddingWorkload(), devices="cpu", workunit_size=200,
+                     output=output, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"card": "v100"}, "h100, a100, l4"),
+    ({"card": "h100", "precision": "bf16"}, "a real model's options"),
+    ({"card_cores": 16}, "for a simulated card"),
+    ({"card": "h100", "tokenize_threads": 0}, "tokenize_threads: expected a positive"),
+])
+def test_card_options_are_checked_where_they_are_given(options, message):
+    with pytest.raises(ValueError, match=message):
+        EmbeddingWorkload(**options)
+
+
+def test_the_command_line_runs_a_simulated_card(tmp_path):
+    out = tmp_path / "out.h5"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "helpers", "run", "--input", str(SAMPLE_TEXT), "--output",
+         str(out), "--card", "a100", "--card-cores", "16", "--devices", "cuda:0*2",
+         "--batch-tokens", "4096", "--limit", "300", "--workunit-size", "100"],
+        capture_output=True, text=True, env=env, timeout=150)
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stats["records"] == 300 and stats["counts"]["card_busy_us"] > 0
+    attrs = read_output(out)["attrs"]
+    assert attrs["card"] == "simulated a100" and attrs["batch_tokens"] == 4096
+    assert np.isclose(stats["padding"], stats["counts"]["tokens_computed"]
+                      / stats["counts"]["tokens_needed"])
