@@ -609,6 +609,9 @@ def tune(args: argparse.Namespace) -> int:
                               **({"compile": True} if args.compile else {}),
                               **({"precision": args.precision, "runtime": args.runtime}
                                  if chosen else {}),  # phase 0 skipped: the variant given
+                              **({"batch_size": args.batch_size}  # (the size it measured)
+                                 if tuned.batch_size is None and args.workload == "embedding"
+                                 else {}),
                               **_columns(args), input=str(args.input))
     print(f"wrote {path}: python -m helpers run --config {path} --input ... --output ...",
           file=sys.stderr)

@@ -388,3 +388,30 @@ def test_a_variant_slower_than_any_before_it_is_cut_at_the_budgets_end():
     crawl = next(t for t in tuned.trials if t["variant"] == '{"name": "crawl"}')
     assert crawl["cut"] and 0 < crawl["records"] < 400 and took < 6 * 1.1 + 2, (crawl, took)
     assert tuned.variant == {"name": "fast"}
+
+
+def test_the_tuner_chooses_a_simulated_card_s_tokenizing_threads_and_run_config_keeps_it(
+        tmp_path):
+    from helpers.study.paths import SAMPLE_TEXT
+
+    config = tmp_path / "tuned.yaml"
+    done = cli("tune", "--input", str(SAMPLE_TEXT), "--card", "h100", "--card-cores", "16",
+               "--devices", "cuda:0", "--batch-size", "64", "--sample", "600",
+               "--budget-seconds", "40", "--output", str(config))
+    assert done.returncode == 0, done.stderr
+    trials = pd.read_csv(tmp_path / "tune_trials.csv")
+    variants = trials[trials["phase"].eq("variant")]["variant"].map(json.loads)
+    threads = sorted(v["tokenize_threads"] for v in variants)
+    assert threads[0] == 1 and threads[-1] == len(os.sched_getaffinity(0))  # one, every core
+    ran = trials[trials["records_per_s"].notna()]
+    assert ran["card_busy_share"].between(0, 1, inclusive="right").all()
+    tuned = yaml.safe_load(config.read_text())
+    assert tuned["card"] == "h100" and tuned["card_cores"] == 16 and tuned["batch_size"] == 64
+    assert tuned["tokenize_threads"] in threads
+    out = tmp_path / "out.h5"
+    done = cli("run", "--config", str(config), "--input", str(SAMPLE_TEXT), "--output", str(out),
+               "--limit", "300", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    attrs = read_output(out)["attrs"]
+    assert attrs["card"] == "simulated h100" and attrs["batch_size"] == 64
+    assert f'"tokenize_threads": {tuned["tokenize_threads"]}' in attrs["loaded"]

@@ -373,9 +373,14 @@ class EmbeddingWorkload:
         """The ways every one of ``devices`` can run the model, for the tuner's phase 0: each
         precision and runtime, the torch ones also compiled (only those when this workload
         compiles; only torch ones when it tokenizes ahead); whether the guard passes each is
-        found when its workers load it."""
-        if self.card is not None:  # a simulated card's speed is its profile's
-            return []
+        found when its workers load it. On a simulated card: tokenizing threads, one, half the
+        cores and every core (unless the workload names its own)."""
+        if self.card is not None:  # a simulated card's speed is its profile's: what varies
+            if self.tokenize_threads is not None:  # is the CPU side feeding it
+                return []
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else os.cpu_count() or 1
+            return [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})]
         return [{"precision": precision, "runtime": runtime, "compile": compiled}
                 for compiled, precision, runtime in product(
                     (True,) if self.compile else (False, True), PRECISIONS, RUNTIMES)

@@ -74,8 +74,10 @@ def guard_texts() -> list[str]:
 
 
 def variant_label(variant: dict[str, Any]) -> str:
-    """A variant in words: 'bf16 torch', 'fp32 torch compiled' (options set to False unsaid)."""
-    words = [str(v) for v in variant.values() if not isinstance(v, bool)]
+    """A variant in words: 'bf16 torch', 'fp32 torch compiled', 'tokenize_threads=2' (options
+    set to False unsaid)."""
+    words = [str(v) if isinstance(v, str) else f"{k}={v}"
+             for k, v in variant.items() if not isinstance(v, bool)]
     return " ".join(words + ["compiled" if k == "compile" else k
                              for k, v in variant.items() if v is True])
 
