@@ -29,6 +29,7 @@ run: $(STAMP)
 # each scale run moves the study's 20.6 M rows, about 31 GB written and deleted).
 results: run
 	$(PY) -m helpers.bench runtimes --repeats 7
+	$(PY) -m helpers.bench feed
 	$(PY) -m helpers.bench dispatch
 	$(PY) -m helpers.bench dispatch --backend ray --units 10000
 	$(PY) -m helpers.bench failures

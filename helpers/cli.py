@@ -363,6 +363,13 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                      help="id (default): rows in id order, the input's order where ids are row "
                           "numbers (keys too), so row k of every array is one record; stored: as "
                           "the run wrote them (arrival order), a little faster")
+    look = commands.add_parser("report", help="a finished run's picture, from its output (PNG)",
+                               epilog=EXIT_STATUS)
+    look.add_argument("output", help="a run's output (.h5)")
+    look.add_argument("--to", metavar="PNG",
+                      help="where the picture goes (default: OUTPUT.report.png, beside it)")
+    look.add_argument("--run", type=int, default=-1,
+                      help="which run of a resumed output: 0 the first (default: the last)")
     books = commands.add_parser("notebooks", help="run the notebook suite with papermill")
     books.add_argument("--params", default="cpu",
                        help="parameter set: smoke, cpu, gpu (notebooks/params/) or a .yaml path")
@@ -387,6 +394,19 @@ def notebooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def report(args: argparse.Namespace) -> int:
+    """``python -m helpers report``: draw a finished run from what it recorded in its output."""
+    from helpers.study.run_report import draw
+
+    try:
+        path = draw(args.output, args.to, args.run)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "notebooks":
@@ -395,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return compact_output(args.output)
     if args.command == "export":
         return export_output(args)
+    if args.command == "report":
+        return report(args)
     if args.command == "run" and args.config:
         try:
             args = build_parser(_config_defaults(args.config)).parse_args(argv)

@@ -147,3 +147,18 @@ def test_a_single_run_is_said_without_a_spread():
                           "records_per_s": [5, 20, 10]})
     assert findings.workunit_sizes(table) == \
         "on cpu: workunit size 10 best at 20.0 records/s (one run) (1: 0.25×, 100: 0.50×)"
+
+
+def test_card_feeding_names_the_busiest_layout_and_the_cores_one_card_needs():
+    rows = [{"workers": w, "tokenize_threads": t, "replicate": r, "card_busy_share": busy + r / 100,
+             "cpu_s_per_m_tokens": cpu, "card": "simulated h100", "cores": 2, "card_cores": 16,
+             "card_tokens_per_s": 17.5e6}
+            for w, t, busy, cpu in ((1, 1, 0.20, 3.0), (2, 1, 0.30, 4.0), (1, 2, 0.25, 3.5))
+            for r in (0, 1)]
+    said = findings.card_feeding(pd.DataFrame(rows))
+    assert said.startswith("the simulated h100, scaled to 2 of 16 cores was busiest at 30% ± 1% "
+                           "with 2 workers × 1 tokenizing thread")
+    assert "1×2: 26%, 1×1: 20%" in said and "the card waits for its CPU" in said
+    assert "one real card needs 52 of these cores" in said  # 3.0 CPU s / M tokens × 17.5 M/s
+    fed = pd.DataFrame(rows).assign(card_busy_share=0.9)
+    assert "the card is fed" in findings.card_feeding(fed)

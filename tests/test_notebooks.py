@@ -20,6 +20,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLES = {  # table -> columns it must have
     "workers_per_device": {"strategy", "workers", "replicate", "records", "wall_s",
                            "records_per_s", "efficiency", "spinup_s", "devices"},
+    "card_feeding": {"workers", "tokenize_threads", "replicate", "records_per_s", "tokens_per_s",
+                     "card_busy_share", "cpu_s_per_m_tokens", "tokenize_cpu_s", "driver_cpu_s",
+                     "card", "card_cores", "cores"},
     "one_worker_per_device": {"round", "workload", "records_per_s", "efficiency", "wall_s"},
     "one_worker_per_device_timeline": {"round", "worker", "device", "start_s", "end_s"},
     "workunit_sizes": {"workunit_size", "replicate", "records_per_s", "wall_s", "devices"},
@@ -53,7 +56,7 @@ TABLES = {  # table -> columns it must have
                        "classes", "dispersion", "similarity", "caption", "ocr_s", "detector_s",
                        "error"},
 }
-FIGURES = ["01_workers_per_device/records_per_s-vs-workers",
+FIGURES = ["01_workers_per_device/records_per_s-vs-workers", "01_workers_per_device/card_busy-vs-workers",
            "02_one_worker_per_device/timeline-real", "02_one_worker_per_device/timeline-synthetic",
            "03_queue_and_workunit_size/records_per_s-vs-workunit_size",
            "03_queue_and_workunit_size/timeline-static-vs-queue",

@@ -23,17 +23,17 @@ is simulated (the table says so).
 from __future__ import annotations
 
 import os
-import resource
 import tempfile
 import time
 from typing import Any
 
 import pandas as pd
 
+from helpers.study.feeding import STAGES, card_run
+
 CORPORA = ("paragraphs", "tokens128")
 LAYOUTS = ((1, 1), (1, 2), (2, 1))  # (workers on the card, tokenizing threads each)
 GOALS = {"feeding_over_bare": 1.3, "h100_cores": 16.0}
-STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")
 
 
 def corpora(texts: list[str], tokenizer: Any, records: int) -> dict[str, list[str]]:
@@ -56,11 +56,6 @@ def corpora(texts: list[str], tokenizer: Any, records: int) -> dict[str, list[st
     return {"paragraphs": texts[:records], "tokens128": cut[:records]}
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def bare(texts: list[str], tokenizer: Any, rust: Any, batch_size: int) -> dict[str, float]:
     """CPU seconds of each bare method over ``texts`` (this process, one thread each)."""
     from helpers.workloads.feed import collate
@@ -81,31 +76,6 @@ def bare(texts: list[str], tokenizer: Any, rust: Any, batch_size: int) -> dict[s
         work()
         seconds[method] = time.process_time() - started
     return seconds
-
-
-def pipeline(texts: list[str], workers: int, threads: int, card: str, card_cores: int,
-             batch_size: int, workunit_size: int, folder: str) -> dict[str, Any]:
-    """One run on the simulated card: CPU seconds by stage, the card's busy share, the rate."""
-    from helpers.engine.pipeline import run_pipeline
-    from helpers.workloads.embedding import EmbeddingWorkload
-
-    workload = EmbeddingWorkload(card=card, card_cores=card_cores, batch_size=batch_size,
-                                 tokenize_threads=threads)
-    before = _cpu()
-    stats = run_pipeline(list(enumerate(texts)), workload, devices=f"cuda:0*{workers}",
-                         workunit_size=workunit_size, output=os.path.join(folder, "out.h5"),
-                         overwrite=True, progress=False)
-    driver = _cpu() - before
-    counts = stats.counts
-    stage = {name: counts.get(f"{name}_cpu_us", 0) / 1e6
-             for name in ("tokenize", "collate", "launch")}
-    stage["worker_other"] = max(0.0, (stats.worker_cpu_seconds or 0.0) - sum(stage.values()))
-    stage["driver"] = driver
-    return {"seconds": stats.wall_seconds, "spinup_s": stats.spinup_seconds,
-            "records": stats.records, "tokens": int(counts.get("tokens_needed", 0)),
-            "padding": stats.padding,
-            "card_busy_share": counts.get("card_busy_us", 0) / 1e6 / stats.wall_seconds,
-            **{f"{name}_cpu_s": value for name, value in stage.items()}}
 
 
 def measure(records: int = 4096, repeats: int = 3, card: str = "h100", card_cores: int = 16,
@@ -133,17 +103,15 @@ def measure(records: int = 4096, repeats: int = 3, card: str = "h100", card_core
                                  "method": method, "tokens": tokens, "cpu_s": seconds})
                 layouts = LAYOUTS[replicate % len(LAYOUTS):] + LAYOUTS[:replicate % len(LAYOUTS)]
                 for workers, threads in layouts:
-                    found = pipeline(chosen, workers, threads, card, card_cores, batch_size,
+                    found = card_run(chosen, workers, threads, card, card_cores, batch_size,
                                      workunit_size, folder)
                     rows.append({"replicate": replicate, "corpus": corpus, "kind": "pipeline",
                                  "method": f"{workers} worker{'s' * (workers > 1)} x "
-                                           f"{threads} thread{'s' * (threads > 1)}",
-                                 "workers": workers, "tokenize_threads": threads, **found,
-                                 "cpu_s": sum(found[f"{s}_cpu_s"] for s in STAGES)})
+                                           f"{threads} thread{'s' * (threads > 1)}", **found})
     table = pd.DataFrame(rows).assign(
         card=f"simulated {card}", card_cores=card_cores, cores=os.cpu_count(),
         batch_size=batch_size, workunit_size=workunit_size)
-    table["cpu_s_per_m_tokens"] = table["cpu_s"] / table["tokens"] * 1e6
+    table["cpu_s_per_m_tokens"] = table["cpu_s"] / table["tokens"] * 1e6  # (bare rows' too)
     rust_cost = table[table.method.eq("rust")].set_index(["replicate", "corpus"])[
         "cpu_s_per_m_tokens"]
     table["over_bare"] = table["cpu_s_per_m_tokens"] / pd.Series(

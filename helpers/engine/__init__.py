@@ -13,7 +13,8 @@ study, the CLI and the benchmarks, and importing none of them. Its modules, bott
 - deciding: ``scheduler`` (which workunit goes where, and recovery), ``sizing`` (workunit sizes
   from measured rates), ``growth`` (workers per device), ``telemetry`` (were the devices fed);
 - results out: ``atomic`` (files whole or not at all), ``ownership`` (one run per output, nothing
-  replaced without asking), ``checkpoint`` and ``hdf5_sink`` (crash-safe parts and their index),
+  replaced without asking), ``run_log`` (each finished run's record, kept in its output),
+  ``checkpoint`` and ``hdf5_sink`` (crash-safe parts and their index),
   ``export`` (Parquet, NumPy), ``stats``;
 - ``pipeline`` on top, drawing the data flow.
 """

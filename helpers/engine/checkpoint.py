@@ -48,6 +48,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from helpers.engine import run_log
 from helpers.engine.atomic import (STR, WriteBack, fsync, hdf5_replacing, is_temporary, set_attrs,
                                    temporary)
 from helpers.engine.id_ranges import IdRanges
@@ -91,6 +92,7 @@ class Part:
     rows: int
     errors: int
     size: int = 0  # bytes on disk
+    runs: bool = False  # holds runs' records (helpers.engine.run_log): a finished file adopted
 
     @property
     def small(self) -> bool:
@@ -264,7 +266,9 @@ class Parts:
             found = check_columns(f, self.columns, path)
             rows, errors = found["ids"][0][0], found["errors/ids"][0][0]
             ids, rejected = done_in(f, errors)  # one open per part: resume at scale
-        return Part(path, level, first, last, rows, errors, path.stat().st_size), ids, rejected
+            runs = run_log.GROUP in f
+        return Part(path, level, first, last, rows, errors, path.stat().st_size, runs), ids, \
+            rejected
 
     @property
     def next_number(self) -> int:
@@ -361,7 +365,7 @@ class Parts:
                 merge_into(out, group, self.columns, self.part_attrs)
             merged = Part(path, level, group[0].first, group[-1].last,
                           sum(p.rows for p in group), sum(p.errors for p in group),
-                          path.stat().st_size)
+                          path.stat().st_size, any(p.runs for p in group))
             self.bytes_written += merged.size
             self.parts = self.parts[:-COMPACT_PARTS] + [merged]
             self.write_index({})  # the index must point at the merged part before ...
@@ -399,6 +403,10 @@ class Parts:
                 else:
                     f.create_dataset(name, shape=(0, *shape), dtype=dtype)
             set_attrs(f, {**self.attrs, INDEX_MARK: self.folder.name, OUTPUT_MARK: FORMAT})
+            for part in self.parts:
+                if part.runs:  # (the finished file a resumed run built on: its runs' records)
+                    with h5py.File(part.path, "r") as source:
+                        run_log.carry(source, f)
         self.bytes_written += self.path.stat().st_size
         self._index_at = time.monotonic()
         self._index_cost, self._index_stale = self._index_at - started, False
@@ -574,7 +582,8 @@ def compact(path: str | os.PathLike) -> int:
 
 def _datasets(f: h5py.File) -> list[str]:
     names: list[str] = []
-    f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+    f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset)
+                 and not name.startswith(f"{run_log.GROUP}/") else None)  # (rows, not runs)
     return names
 
 
@@ -615,6 +624,7 @@ def merge_into(out: h5py.File, parts: list[Part], cols: Mapping[str, tuple],
                     if held[name] >= COPY_BYTES:
                         write(name)
             done = done.union(done_in(f, rows["errors/ids"])[0])
+            run_log.carry(f, out)
     for name in cols:
         write(name)
     out.create_dataset(SPANS, data=done.as_spans())

@@ -105,9 +105,10 @@ from helpers.engine.devices import check_available
 from helpers.engine.fingerprint import as_attrs, input_paths
 from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
 from helpers.engine.hdf5_sink import HDF5Sink
+from helpers.engine import run_log
 from helpers.engine.messages import (POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo,
                                      Workunit)
-from helpers.engine.ownership import OutputError, check_output, owning
+from helpers.engine.ownership import OutputError, check_output, output_path, owning
 from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
 from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery, RemoteTraceback,
@@ -707,9 +708,10 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
         check_output(output, resume=job.resume, overwrite=job.overwrite, inputs=input_paths(attrs),
                      fingerprints={k: json.loads(v) for k, v in attrs.items()})
         with WorkerPool.from_settings(workload, settings, job) as pool:
-            if strategy == "static":
-                return pool.run_static(records, output)
-            return pool.run(records, output)
+            stats = pool.run_static(records, output) if strategy == "static" else \
+                pool.run(records, output)
+        run_log.record(output_path(output), stats)  # (the lock still held: the run's record)
+        return stats
 
 
 def _peak_rss(workers: list[WorkerStats]) -> float:

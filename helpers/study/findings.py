@@ -339,3 +339,27 @@ def faults(table: pd.DataFrame) -> str:
 
 def _names(rows: pd.DataFrame) -> str:
     return ", ".join(rows["label"])
+
+
+def card_feeding(table: pd.DataFrame) -> str:
+    """How busy the simulated card was at each layout, and how many of this machine's cores one
+    real card would need (helpers.study.feeding)."""
+    from helpers.study.feeding import cores_needed
+
+    stats = mean_sd(table, ["workers", "tokenize_threads"], "card_busy_share")
+    best = stats.iloc[0]
+    runs = int(best["count"])
+    others = ", ".join(f"{int(r['workers'])}×{int(r['tokenize_threads'])}: {r['mean']:.0%}"
+                       for _, r in stats.iloc[1:].iterrows())
+    first = table.iloc[0]
+    scaled = f", scaled to {int(first['cores'])} of {int(first['card_cores'])} cores"
+    needed = cores_needed(table)
+    verdict = "the card waits for its CPU" if best["mean"] < 0.85 else "the card is fed"
+    spread = "" if runs < 2 else f" ± {best['std']:.0%}"
+    return (f"the {first['card']}{scaled} was busiest at {best['mean']:.0%}{spread} with "
+            f"{int(best['workers'])} worker"
+            f"{'s' if int(best['workers']) > 1 else ''} × {int(best['tokenize_threads'])} "
+            f"tokenizing thread{'s' if int(best['tokenize_threads']) > 1 else ''} (workers × "
+            f"threads: {others}): {verdict}; "
+            f"at its cheapest layout's CPU per token, one real card needs {needed:.0f} of these "
+            f"cores to be fed")

@@ -16,6 +16,7 @@ from helpers.engine.settings import BACKENDS, positive_int
 from helpers.study.paths import NOTEBOOKS
 from helpers.study.peers import SYSTEMS
 from helpers.workloads.binning.rule import Thresholds
+from helpers.workloads.cards import CARDS
 
 PARAMS = NOTEBOOKS / "params"
 
@@ -137,6 +138,9 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "workers_per_node": positive_int, "node_cpus": positive_int, "lose_at_seconds": _seconds,
     "cluster_records": positive_int, "systems": _subset(SYSTEMS), "workers": positive_int,
     "fault_records": positive_int, "kill_after_seconds": _seconds, "limit_seconds": _seconds,
+    "card": _choice(tuple(CARDS)), "card_cores": positive_int, "card_workers": _ints,
+    "tokenize_threads": _ints, "card_records": positive_int, "card_batch_size": positive_int,
+    "card_workunit_size": positive_int,
     **{name: _threshold for name in THRESHOLDS},
 }
 

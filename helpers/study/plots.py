@@ -47,6 +47,21 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
     return fig
 
 
+def card_busy(table: pd.DataFrame, title: str) -> Any:
+    """A simulated card's busy share against the workers on it, one line per tokenizing
+    threads each, on a 0-100 % axis with "fed" marked: how far the card is from fed."""
+    shown = table.assign(card_busy_pct=100 * table["card_busy_share"],
+                         tokenizing=[f"{t} tokenizing thread{'s' if t > 1 else ''} each"
+                                     for t in table["tokenize_threads"]])
+    fig = mean_sd(shown, "workers", "card_busy_pct", "tokenizing", title=title,
+                  xlabel="workers on the card", ylabel="card busy [%]")
+    ax = fig.axes[0]
+    ax.axhline(100, color="0.3", linestyle="--", linewidth=0.8)
+    ax.text(ax.get_xlim()[0], 101, " fed", fontsize=8, color="0.3", va="bottom")
+    ax.set_ylim(0, 110)
+    return fig
+
+
 def timeline(spans: pd.DataFrame, title: str, panel: str | None = None,
              round_ends: pd.Series | None = None, sizes: bool = False,
              decisions: pd.DataFrame | None = None, telemetry: pd.DataFrame | None = None,

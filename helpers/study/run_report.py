@@ -1,0 +1,190 @@
+"""A finished run's own picture, from what it recorded in its output (helpers.engine.run_log):
+``python -m helpers report OUT.h5``.
+
+One PNG, four panels, each answering one question:
+
+- where each worker's time went: busy (split by the workload's phases where it measures them:
+  tokenizing, the forward pass, the rest) and waiting (for work, or at the end);
+- the rate over time: rows written per second, each device's and the whole run's;
+- was the card fed: each device's busy share over time, from a simulated card's queue or the
+  card's own telemetry (NVML); a CPU run says it has none;
+- what failed: the output's error rows by type (none: every input row is in the output).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from helpers.engine import run_log
+from helpers.study.figures import use_style
+
+BINS = 40  # time bins of the rate and busy panels
+PHASE_COLORS = {"tokenize": "#4c72b0", "forward": "#dd8452", "copy_out": "#8172b3"}
+
+
+def default_path(output: str | Path) -> Path:
+    """``OUT.h5.report.png``, beside the output."""
+    return Path(f"{output}.report.png")
+
+
+def _errors(output: str | Path) -> pd.Series:
+    """The output's error rows counted by type."""
+    import h5py
+
+    with h5py.File(output, "r") as f:
+        kinds = f["errors/type"][()] if "errors/type" in f else np.array([], dtype=object)
+    kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in kinds]
+    return pd.Series(kinds, dtype=object).value_counts()
+
+
+def _bins(spans: pd.DataFrame, wall: float) -> np.ndarray:
+    return np.linspace(0.0, max(wall, float(spans["end_s"].max()) if len(spans) else 0.0, 1e-6),
+                       BINS + 1)
+
+
+def _spread(spans: pd.DataFrame, column: str, edges: np.ndarray) -> np.ndarray:
+    """``column`` of each span spread evenly over its time, summed per bin."""
+    totals = np.zeros(len(edges) - 1)
+    for start, end, value in zip(spans["start_s"], spans["end_s"], spans[column]):
+        length = max(end - start, 1e-9)
+        overlap = np.clip(np.minimum(edges[1:], end) - np.maximum(edges[:-1], start), 0, None)
+        totals += value * overlap / length
+    return totals
+
+
+def draw(output: str | Path, path: str | Path | None = None, run: int = -1) -> Path:
+    """Draw run ``run`` (default: the last) of ``output`` into ``path`` (default:
+    ``default_path``); ValueError if the output records no run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = run_log.read(output)
+    if not runs:
+        raise ValueError(f"{output}: records no finished run (an output written before gpufeed "
+                         f"kept runs' records, or a run that did not finish)")
+    try:
+        chosen = runs[run]
+    except IndexError:
+        raise ValueError(f"run: {output} records runs 0 to {len(runs) - 1}, not {run}") from None
+    stats, spans = chosen.stats, pd.DataFrame(chosen.timeline)
+    wall = float(stats["wall_seconds"])
+    use_style()
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    _time_split(axes[0, 0], stats, spans)
+    edges = _bins(spans, wall)
+    _rate(axes[0, 1], spans, edges)
+    _card(axes[1, 0], stats, spans, pd.DataFrame(chosen.telemetry), edges)
+    _failures(axes[1, 1], _errors(output), stats)
+    card = f" on a {_card_name(output)}" if "card_busy_us" in stats.get("counts", {}) else ""
+    fig.suptitle(f"{Path(output).name}, run {chosen.number} of {len(runs)}{card}: "
+                 f"{stats['records']:,} rows in {wall:.1f} s "
+                 f"({stats['records_per_second']:,.0f} rows/s), {stats['failed_records']:,} "
+                 f"failed", fontsize=12)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    target = Path(path) if path is not None else default_path(output)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
+def _card_name(output: str | Path) -> str:
+    import h5py
+
+    with h5py.File(output, "r") as f:
+        name = f.attrs.get("card", "simulated card")
+    return str(name)
+
+
+def _time_split(ax: Any, stats: dict[str, Any], spans: pd.DataFrame) -> None:
+    workers = pd.DataFrame(stats["workers"]).sort_values("worker")
+    labels = [f"worker {w} · {d}" for w, d in zip(workers["worker"], workers["device"])]
+    left = np.zeros(len(workers))
+    phases = sorted((c for c in spans.columns if c.startswith("phase_")), key=lambda c: (
+        list(PHASE_COLORS).index(c[6:]) if c[6:] in PHASE_COLORS else len(PHASE_COLORS), c))
+    if phases:
+        by_worker = spans.groupby("worker")[phases].sum().reindex(workers["worker"]).fillna(0)
+        busy = workers["busy_seconds"].to_numpy()
+        measured = by_worker.sum(axis=1).to_numpy()
+        for phase in phases:
+            name = phase.removeprefix("phase_")
+            width = by_worker[phase].to_numpy()
+            ax.barh(labels, width, left=left, color=PHASE_COLORS.get(name), label=f"busy: {name}")
+            left += width
+        rest = np.clip(busy - measured, 0, None)  # checks, reading, writing its part
+        ax.barh(labels, rest, left=left, color="#55a868", label="busy: the rest")
+        left += rest
+    else:
+        ax.barh(labels, workers["busy_seconds"], color="#55a868", label="busy")
+        left += workers["busy_seconds"].to_numpy()
+    ax.barh(labels, workers["wait_seconds"], left=left, color="0.85", label="waiting")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds of the run (after spin-up)")
+    ax.set_title("Where each worker's time went (more busy is better)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def _rate(ax: Any, spans: pd.DataFrame, edges: np.ndarray) -> None:
+    width = edges[1] - edges[0]
+    middle = (edges[:-1] + edges[1:]) / 2
+    if spans["device"].nunique() > 1:
+        for device, part in spans.groupby("device", sort=False):
+            ax.plot(middle, _spread(part, "records", edges) / width, label=str(device),
+                    linewidth=1.2)
+    ax.plot(middle, _spread(spans, "records", edges) / width, color="black", linewidth=1.8,
+            label="all")
+    ax.set_xlabel("time since the first read [s]")
+    ax.set_ylabel("rows per second")
+    ax.set_ylim(bottom=0)
+    ax.set_title("The rate over time (flat is steady; a dip is a stall)", fontsize=10)
+    ax.legend(fontsize=8)
+
+
+def _card(ax: Any, stats: dict[str, Any], spans: pd.DataFrame, telemetry: pd.DataFrame,
+          edges: np.ndarray) -> None:
+    width = edges[1] - edges[0]
+    middle = (edges[:-1] + edges[1:]) / 2
+    if "count_card_busy_us" in spans:
+        for device, part in spans.groupby("device", sort=False):
+            busy = _spread(part, "count_card_busy_us", edges) / 1e6 / width
+            ax.plot(middle, 100 * np.clip(busy, 0, 1), label=f"{device} (simulated)")
+        share = stats["counts"]["card_busy_us"] / 1e6 / stats["wall_seconds"] / max(
+            1, spans["device"].nunique())
+        ax.set_title(f"Was the card fed? Simulated card busy {share:.0%} of the run "
+                     f"(100 % is fed)", fontsize=10)
+    elif len(telemetry) and (telemetry["source"] == "nvml").any():
+        cards = telemetry[telemetry["source"] == "nvml"]
+        for device, part in cards.groupby("device", sort=False):
+            ax.plot(part["seconds"], part["utilization"], label=f"{device} (NVML)")
+        ax.set_title("Was the card fed? GPU busy, from NVML (100 % is fed)", fontsize=10)
+    else:
+        ax.text(0.5, 0.5, "no card here: a CPU run (its workers' busy share is above)",
+                transform=ax.transAxes, ha="center", va="center", fontsize=10, color="0.4")
+        ax.set_title("Was the card fed?", fontsize=10)
+        ax.set_axis_off()
+        return
+    ax.set_ylim(0, 105)
+    ax.set_xlabel("time since the first read [s]")
+    ax.set_ylabel("card busy [%]")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def _failures(ax: Any, errors: pd.Series, stats: dict[str, Any]) -> None:
+    if errors.empty:
+        ax.text(0.5, 0.5, "no error rows: every input row is in the output",
+                transform=ax.transAxes, ha="center", va="center", fontsize=10, color="0.3")
+        ax.set_axis_off()
+    else:
+        ax.barh([str(k) for k in errors.index], errors.to_numpy(), color="#c44e52")
+        ax.invert_yaxis()
+        ax.set_xlabel("rows in errors/ (python -m helpers export, or read_output's errors)")
+    recovery = stats.get("recovery", {})
+    said = ", ".join(f"{v} {k}" for k, v in recovery.items()
+                     if isinstance(v, int) and v and k != "restart_seconds")
+    ax.set_title("What failed, by type" + (f"\n(the run recovered from: {said})" if said
+                                            else ""), fontsize=10)

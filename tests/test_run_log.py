@@ -1,0 +1,76 @@
+"""Each finished run keeps its record in its output: stats, timeline, telemetry; a resumed run
+adds its own, compaction carries them, and the output's readers ignore them."""
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+import helpers.engine.checkpoint
+from helpers.engine import run_log
+from helpers.engine.checkpoint import compact
+from helpers.engine.hdf5_sink import read_output
+from helpers.engine.pipeline import run_pipeline
+from helpers.workloads.synthetic import SyntheticWorkload
+
+RECORDS = [(i, f"r{i}") for i in range(300)]
+
+
+def test_a_run_records_its_stats_and_timeline_and_a_resume_adds_its_own(tmp_path):
+    out = tmp_path / "out.h5"
+    first = run_pipeline(RECORDS, SyntheticWorkload(0.0005), devices="cpu*2", workunit_size=25,
+                         output=out, limit=100, progress=False)
+    second = run_pipeline(RECORDS, SyntheticWorkload(0.0005), devices="cpu*2", workunit_size=25,
+                          output=out, resume=True, progress=False)
+    runs = run_log.read(out)
+    assert [r.number for r in runs] == [0, 1]
+    assert runs[0].stats["records"] == first.records == 100
+    assert runs[1].stats["records"] == second.records == 200
+    spans = runs[1].timeline
+    assert spans["records"].sum() == 200 and (spans["end_s"] >= spans["start_s"]).all()
+    assert set(spans["device"]) == {"cpu"} and set(spans["worker"]) <= {0, 1}
+    assert len(runs[1].stats["workers"]) == 2
+    data = read_output(out)  # the rows alone: the runs are not an output
+    assert data["ids"].tolist() == list(range(300)) and "runs" not in data
+
+
+def test_an_embedding_run_records_each_span_s_phases_and_counts(tmp_path):
+    from helpers.workloads.embedding import EmbeddingWorkload
+
+    out = tmp_path / "out.h5"
+    run_pipeline([(i, f"text number {i} " * (1 + i % 7)) for i in range(200)],
+                 EmbeddingWorkload(card="h100", card_cores=16), devices="cuda:0",
+                 workunit_size=50, output=out, progress=False)
+    (run,) = run_log.read(out)
+    spans = run.timeline
+    assert spans["count_tokens_needed"].sum() == run.stats["counts"]["tokens_needed"]
+    assert (spans["count_card_busy_us"] > 0).all() and (spans["phase_tokenize"] > 0).all()
+
+
+def test_compaction_carries_the_runs_and_an_output_without_them_reads_as_none(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)  # stays an index
+    out = tmp_path / "out.h5"
+    run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50, output=out,
+                 progress=False)
+    with h5py.File(out) as f:
+        assert f["ids"].is_virtual  # (an index of parts)
+    compact(out)
+    with h5py.File(out) as f:
+        assert not f["ids"].is_virtual
+    (run,) = run_log.read(out)
+    assert run.stats["records"] == 300
+    np.testing.assert_array_equal(read_output(out)["ids"], np.arange(300))
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        f["ids"] = np.arange(3)
+    assert run_log.read(tmp_path / "old.h5") == []
+
+
+def test_a_record_that_cannot_be_written_is_a_warning_not_a_failed_run(tmp_path, caplog):
+    class Broken:
+        def to_dict(self):
+            raise TypeError("not serialisable")
+
+    (tmp_path / "out.h5").write_bytes(b"")
+    run_log.record(tmp_path / "nowhere" / "out.h5", Broken())
+    assert "could not be added" in caplog.text

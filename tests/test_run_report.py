@@ -1,0 +1,51 @@
+"""A finished run's picture, drawn from its output alone."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers.engine.pipeline import run_pipeline
+from helpers.study import run_report
+from helpers.study.paths import ROOT
+from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.synthetic import SyntheticWorkload
+
+
+def test_a_simulated_card_s_run_is_drawn_with_its_error_rows(tmp_path):
+    out = tmp_path / "out.h5"
+    records = [(i, "" if i == 7 else f"paragraph {i} " * (1 + i % 9)) for i in range(400)]
+    run_pipeline(records, EmbeddingWorkload(card="h100", card_cores=16), devices="cuda:0*2",
+                 workunit_size=50, output=out, progress=False)
+    assert run_report._errors(out).to_dict() == {"ValueError": 1}  # the empty text
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "helpers", "report", str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    png = run_report.default_path(out)
+    assert done.stdout.strip() == str(png) and png.read_bytes()[:4] == b"\x89PNG"
+    assert png.stat().st_size > 30_000  # four panels drawn, not an empty canvas
+
+
+def test_a_cpu_run_is_drawn_and_an_output_without_runs_is_refused(tmp_path):
+    out = tmp_path / "out.h5"
+    run_pipeline([(i, i) for i in range(100)], SyntheticWorkload(0.001), devices="cpu*2",
+                 workunit_size=10, output=out, progress=False)
+    assert run_report.draw(out, tmp_path / "mine.png").is_file()
+    with pytest.raises(ValueError, match="records runs 0 to 0, not 3"):
+        run_report.draw(out, run=3)
+    import h5py
+
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        f["ids"] = np.arange(3)
+    with pytest.raises(ValueError, match="records no finished run"):
+        run_report.draw(tmp_path / "old.h5")
+
+
+def test_a_span_s_rows_are_spread_over_the_bins_it_covers():
+    spans = pd.DataFrame({"start_s": [0.0, 1.0], "end_s": [2.0, 1.5], "records": [100, 10]})
+    edges = np.array([0.0, 1.0, 2.0, 3.0])
+    spread = run_report._spread(spans, "records", edges)
+    assert spread.tolist() == pytest.approx([50.0, 60.0, 0.0]) and spread.sum() == 110
