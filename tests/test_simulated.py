@@ -74,6 +74,7 @@ def test_the_command_line_runs_a_simulated_card(tmp_path):
     assert done.returncode == 0, done.stderr
     stats = json.loads(done.stdout.strip().splitlines()[-1])
     assert stats["records"] == 300 and stats["counts"]["card_busy_us"] > 0
+    assert "simulated card: busy" in done.stderr and "the rows are zeros" in done.stderr
     attrs = read_output(out)["attrs"]
     assert attrs["card"] == "simulated a100" and attrs["batch_tokens"] == 4096
     assert np.isclose(stats["padding"], stats["counts"]["tokens_computed"]

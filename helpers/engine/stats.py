@@ -272,6 +272,12 @@ class PipelineStats:
         if self.padding is not None:
             lines.append(f"  padding: {self.padding:.2f}x (tokens computed / tokens needed, "
                          f"{int(self.counts['tokens_needed']):,} needed)")  # (counts are summed as floats)
+        if self.counts.get("card_busy_us") and self.wall_seconds > 0:
+            cards = len(set(self.devices)) or 1
+            lines.append(f"  simulated card{'s' * (cards > 1)}: busy "
+                         f"{self.counts['card_busy_us'] / 1e6 / self.wall_seconds / cards:.0%} of "
+                         f"the run (a wait of the card's cost model: no model ran, the rows are "
+                         f"zeros)")
         for d in self.decisions:
             lines.append(f"  at {d['seconds']:6.1f} s {d['device']}: {d['action']} -> "
                          f"{d['workers']} workers ({d['reason']})")
