@@ -212,7 +212,7 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                           "(default: one per core)")
     emb.add_argument("--batch-tokens", type=int,
                      help="a simulated card's batches: as many texts as fit this many padded "
-                          "tokens (default: --batch-size texts)")
+                          "tokens, at most --batch-size (default: --batch-size texts)")
     syn = shared.add_argument_group("synthetic workload (--workload synthetic: a model that "
                                     "costs a set time, for trying layouts)")
     syn.add_argument("--seconds-per-record", type=float,

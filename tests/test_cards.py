@@ -68,7 +68,9 @@ def test_batches_queue_on_the_card_and_a_wait_holds_no_cpu(tmp_path):
 def test_threads_and_processes_share_one_card(tmp_path):
     card = slow_card(tmp_path)
     started = time.monotonic()
-    threads = [threading.Thread(target=lambda: (card.submit(1024, 128), card.wait()))
+    waited = []
+    threads = [threading.Thread(target=lambda: (card.submit(1024, 128),
+                                                waited.append(card.wait())))
                for _ in range(2)]
     context = multiprocessing.get_context("spawn")
     process = context.Process(target=_submit_twice, args=(str(tmp_path / "q"),))
@@ -81,7 +83,8 @@ def test_threads_and_processes_share_one_card(tmp_path):
     card.wait()
     assert process.exitcode == 0
     assert card.busy_seconds() == pytest.approx(0.2)  # 2 + 2 batches, one queue
-    assert time.monotonic() - started >= 0.2
+    assert card.queue_end() >= started + 0.2 - 1e-6  # one after another, never side by side
+    assert max(waited) >= 0.05 - 1e-3  # the second thread waited for the first's batch too
 
 
 def _submit_twice(path):

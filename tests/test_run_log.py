@@ -1,5 +1,6 @@
 """Each finished run keeps its record in its output: stats, timeline, telemetry; a resumed run
-adds its own, compaction carries them, and the output's readers ignore them."""
+adds its own, merges, index rewrites and compaction carry them once each, and the output's
+readers ignore them."""
 import subprocess
 import sys
 
@@ -66,11 +67,56 @@ def test_compaction_carries_the_runs_and_an_output_without_them_reads_as_none(
     assert run_log.read(tmp_path / "old.h5") == []
 
 
-def test_a_record_that_cannot_be_written_is_a_warning_not_a_failed_run(tmp_path, caplog):
-    class Broken:
-        def to_dict(self):
-            raise TypeError("not serialisable")
+def test_a_big_output_resumed_keeps_every_run_and_compaction_carries_them(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)  # stays an index
+    out = tmp_path / "out.h5"
+    for options in ({"limit": 100}, {"resume": True, "limit": 200}, {"resume": True}):
+        run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50,
+                     output=out, progress=False, **options)
+        with h5py.File(out) as f:
+            assert f["ids"].is_virtual
+    assert [r.stats["records"] for r in run_log.read(out)] == [100, 100, 100]
+    compact(out)
+    assert [r.stats["records"] for r in run_log.read(out)] == [100, 100, 100]
+    np.testing.assert_array_equal(read_output(out)["ids"], np.arange(300))
 
-    (tmp_path / "out.h5").write_bytes(b"")
-    run_log.record(tmp_path / "nowhere" / "out.h5", Broken())
-    assert "could not be added" in caplog.text
+
+def test_a_small_output_taken_over_by_a_resume_that_grows_it_big_keeps_its_first_run(
+        tmp_path, monkeypatch):
+    out = tmp_path / "out.h5"
+    run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50, output=out,
+                 limit=100, progress=False)  # one file
+    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)
+    run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50, output=out,
+                 limit=200, resume=True, progress=False)  # the file a part, the output an index
+    run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50, output=out,
+                 resume=True, progress=False)  # that index resumed: its runs, once each
+    assert [r.stats["records"] for r in run_log.read(out)] == [100, 100, 100]
+
+
+class Span:
+    def __init__(self, records):
+        self.worker, self.device, self.records, self.workunits = 0, "cpu", records, 1
+        self.start_s, self.end_s, self.phases, self.counts = 0.0, 1.0, None, None
+
+
+class Stats:
+    def __init__(self, records, fail=False):
+        self.timeline, self.telemetry, self.fail = [Span(records)], [], fail
+
+    def to_dict(self):
+        if self.fail:
+            raise TypeError("not serialisable")
+        return {"records": 1}
+
+
+def test_a_record_that_cannot_be_written_leaves_no_group_and_no_failed_run(tmp_path, caplog):
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        run_log.write(f, Stats(1))
+        run_log.write(f, Stats(1, fail=True))  # fails before the group is made
+        run_log.write(f, Stats({"a": "dict"}))  # fails half-way: its group goes again
+        run_log.write(f, Stats(2))
+        assert sorted(f["runs"]) == ["0", "1"]
+    assert caplog.text.count("could not be added") == 2
+    assert len(run_log.read(tmp_path / "out.h5")) == 2

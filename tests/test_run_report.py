@@ -34,7 +34,10 @@ def test_a_cpu_run_is_drawn_and_an_output_without_runs_is_refused(tmp_path):
     run_pipeline([(i, i) for i in range(100)], SyntheticWorkload(0.001), devices="cpu*2",
                  workunit_size=10, output=out, progress=False)
     assert run_report.draw(out, tmp_path / "mine.png").is_file()
-    with pytest.raises(ValueError, match="records runs 0 to 0, not 3"):
+    run_pipeline([(i, i) for i in range(100)], SyntheticWorkload(0.001), devices="cpu",
+                 workunit_size=10, output=out, resume=True, progress=False)  # nothing left
+    assert run_report.draw(out, tmp_path / "empty.png").is_file()  # its run: no workunits
+    with pytest.raises(ValueError, match="records runs 0 to 1, not 3"):
         run_report.draw(out, run=3)
     import h5py
 

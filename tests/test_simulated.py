@@ -55,7 +55,7 @@ def test_a_simulated_output_is_never_resumed_by_a_real_model(tmp_path, records):
 @pytest.mark.parametrize("options, message", [
     ({"card": "v100"}, "h100, a100, l4"),
     ({"card": "h100", "precision": "bf16"}, "a real model's options"),
-    ({"card_cores": 16}, "for a simulated card"),
+    ({"card_cores": 16}, "an option of a simulated card"),
     ({"card": "h100", "tokenize_threads": 0}, "tokenize_threads: expected a positive"),
 ])
 def test_card_options_are_checked_where_they_are_given(options, message):

@@ -41,7 +41,7 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,8 @@ class Parts:
         self.columns = columns(outputs)
         self.parts: list[Part] = []
         self.attrs: dict[str, Any] = {}  # written to the index and the final file
+        self.earlier_runs: Any = None  # a resumed index's runs (run_log.held), carried on
+        self.new_run: Any = None  # this run's record (its PipelineStats), written as it finishes
         self.part_attrs = {OUTPUT_MARK: FORMAT, **(part_attrs or {})}  # and these to each part
         self.bytes_written = 0
         self._done = IdRanges()  # the ids of the parts found on disk (scan, adopt)
@@ -324,6 +326,25 @@ class Parts:
                 if _WORKER_NAME.match(path.name):
                     path.unlink(missing_ok=True)
 
+    def hold_runs(self, index: Path) -> None:
+        """A resumed index's runs, held in memory until the index or file that replaces it is
+        written; the parts' own copies (a finished file taken over as a part, whose runs every
+        index rewrite carried into the index) no longer count."""
+        self.earlier_runs = run_log.held(index)
+        self.parts = [replace(part, runs=False) for part in self.parts]
+
+    def _runs_into(self, target: h5py.File) -> None:
+        """The runs the output records, into ``target`` (an index or the final file being
+        written): the marked parts', a resumed index's, then this run's once it finished."""
+        for part in self.parts:
+            if part.runs:
+                with h5py.File(part.path, "r") as source:
+                    run_log.carry(source, target)
+        if self.earlier_runs is not None:
+            run_log.carry(self.earlier_runs, target)
+        if self.new_run is not None:
+            run_log.write(target, self.new_run)
+
     def adopt(self, path: Path, discard_parts: bool = False) -> None:
         """Take a finished output file over as a part (a resumed run builds on it); with
         ``discard_parts``, the parts beside it go first (a run killed between merging them into
@@ -403,24 +424,23 @@ class Parts:
                 else:
                     f.create_dataset(name, shape=(0, *shape), dtype=dtype)
             set_attrs(f, {**self.attrs, INDEX_MARK: self.folder.name, OUTPUT_MARK: FORMAT})
-            for part in self.parts:
-                if part.runs:  # (the finished file a resumed run built on: its runs' records)
-                    with h5py.File(part.path, "r") as source:
-                        run_log.carry(source, f)
+            self._runs_into(f)
         self.bytes_written += self.path.stat().st_size
         self._index_at = time.monotonic()
         self._index_cost, self._index_stale = self._index_at - started, False
 
-    def finish(self, attrs: Mapping[str, Any]) -> None:
+    def finish(self, attrs: Mapping[str, Any], record: Any = None) -> None:
         """The run is complete: one self-contained file if the output is small enough (and the
         disk has room for the copy), else the index over the parts, marked complete (``compact``
-        makes it one file)."""
+        makes it one file); either records the runs, ``record`` (this run's stats) last."""
         self.attrs.update(attrs, complete=True)
+        self.new_run = record
         if sum(p.size for p in self.parts) <= MERGE_AT_END_BYTES:
             try:
                 with hdf5_replacing(self.path, sum(p.size for p in self.parts)) as out:
                     merge_into(out, self.parts, self.columns,
-                               {**self.attrs, OUTPUT_MARK: FORMAT})
+                               {**self.attrs, OUTPUT_MARK: FORMAT}, runs=False)
+                    self._runs_into(out)
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:  # a part gone, say: not a finished output
                     raise
@@ -575,7 +595,7 @@ def compact(path: str | os.PathLike) -> int:
         raise ValueError(f"{str(path)!r}: its part {missing[0].name!r} is missing "
                          f"({len(missing)} in all): its rows would read as zeros")
     with hdf5_replacing(path, sum(p.stat().st_size for p in parts)) as out:
-        merge_into(out, [Part(path, 0, 0, 0, 0, 0)], cols, attrs)
+        merge_into(out, [Part(path, 0, 0, 0, 0, 0, runs=True)], cols, attrs)
     remove_folder(parts_folder(path), parts)
     return path.stat().st_size
 
@@ -588,10 +608,11 @@ def _datasets(f: h5py.File) -> list[str]:
 
 
 def merge_into(out: h5py.File, parts: list[Part], cols: Mapping[str, tuple],
-               attrs: Mapping | None = None) -> None:
+               attrs: Mapping | None = None, runs: bool = True) -> None:
     """Concatenate ``parts`` (in order) into the new file ``out``, with the union of their done
     ids: each part opened once (thousands of workers' parts: one file open at a time), read
-    COPY_ROWS rows at a time, and small parts' rows gathered up to COPY_BYTES per write."""
+    COPY_ROWS rows at a time, and small parts' rows gathered up to COPY_BYTES per write.
+    ``runs``: the marked parts' runs too (helpers.engine.run_log)."""
     lengths = []  # each part's rows per column (None: the column is missing, FORMAT 1)
     for part in parts:
         with h5py.File(part.path, "r") as f:
@@ -624,7 +645,8 @@ def merge_into(out: h5py.File, parts: list[Part], cols: Mapping[str, tuple],
                     if held[name] >= COPY_BYTES:
                         write(name)
             done = done.union(done_in(f, rows["errors/ids"])[0])
-            run_log.carry(f, out)
+            if runs and part.runs:
+                run_log.carry(f, out)
     for name in cols:
         write(name)
     out.create_dataset(SPANS, data=done.as_spans())

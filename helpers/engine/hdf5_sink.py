@@ -41,6 +41,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from helpers.engine import run_log
 from helpers.engine.atomic import set_attrs, temporary, uninterrupted
 from helpers.engine.checkpoint import (CHUNK_RECORDS, FORMAT, OUTPUT_MARK, PART_BYTES, PART_ROWS,
                                        Parts, PartTarget, WorkerPart, columns, is_index)
@@ -84,6 +85,8 @@ class HDF5Sink:
         self.resumed_after = 0  # records a previous run handled: both of those
         self._parts: Parts | None = None
         self._file: h5py.File | None = None
+        self.record: Callable[[], Any] | None = None  # the run's stats once every row is
+        # written, recorded in the output as it is finished (helpers.engine.run_log)
         self._closed = True
         with ExitStack() as held:
             held.enter_context(owning(self.path))  # released at close (or now, if refused)
@@ -111,6 +114,8 @@ class HDF5Sink:
             # a run killed before it removed them: counted again, they would be duplicates
             parts.adopt(self.path, discard_parts=True)
         parts.scan()
+        if mode == "resume" and self.path.exists():  # (an index: its runs, held till the end)
+            parts.hold_runs(self.path)
         self.done, self.done_positions = parts.done(), parts.done_positions()
         if mode == "resume":
             self.resumed_after = len(self.done) + len(self.done_positions)
@@ -276,11 +281,26 @@ class HDF5Sink:
             self._writer.close()
             if self._parts is not None:
                 if complete:
-                    self._parts.finish(self.attrs)
+                    self._parts.finish(self.attrs, self._recorded())
                 else:
                     self._parts.refresh_index(force=True)
             elif self._file.id.valid:
+                record = self._recorded() if complete else None
+                if record is not None:
+                    run_log.write(self._file, record)
                 self._file.close()
+
+    def _recorded(self) -> Any:
+        """The run's stats for its record (``record``), now that every row is written; None
+        if there is none, or taking it failed (logged: a record is never worth the rows)."""
+        if self.record is None:
+            return None
+        try:
+            return self.record()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("%s: the run's record could not be taken (%s: %s)", self.path,
+                        type(exc).__name__, exc)
+            return None
 
     def __enter__(self) -> "HDF5Sink":
         return self

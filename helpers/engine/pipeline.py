@@ -89,9 +89,10 @@ import logging
 import os
 import secrets
 import socket
+import functools
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
@@ -105,10 +106,9 @@ from helpers.engine.devices import check_available
 from helpers.engine.fingerprint import as_attrs, input_paths
 from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
 from helpers.engine.hdf5_sink import HDF5Sink
-from helpers.engine import run_log
 from helpers.engine.messages import (POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo,
                                      Workunit)
-from helpers.engine.ownership import OutputError, check_output, output_path, owning
+from helpers.engine.ownership import OutputError, check_output, owning
 from helpers.engine.protocol import Workload
 from helpers.engine.reader import Reader
 from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery, RemoteTraceback,
@@ -310,8 +310,9 @@ class WorkerPool:
                 reader.stop()
             if not reader.cut:  # (a time-boxed job holds fewer rows by design)
                 check_accounted(records, expected, sink, settings.limit)
-        job.stop_clock(reader.read_seconds, reader.blocked_seconds)
-        return self._stats(job, output)
+            job.stop_clock(reader.read_seconds, reader.blocked_seconds)
+            sink.record = job.take_stats = job.once(functools.partial(self._stats, job, output))
+        return _finished(job, sink)
 
     def run_static(self, source: Any, output: str | os.PathLike, **changes: Any) -> PipelineStats:
         """The data-parallel layout as one job: read every record, give worker i the i-th of
@@ -345,9 +346,11 @@ class WorkerPool:
                 scheduler.pending.append(scheduler.number(unit))
             job.drive(_DEALT)
             check_accounted(records, expected, sink, settings.limit)
-        job.stop_clock(read_seconds, 0.0)
-        job.settings = replace(settings, workunit_size=max(1, int(np.diff(bounds).max(initial=0))))
-        return self._stats(job, output)
+            job.stop_clock(read_seconds, 0.0)
+            job.settings = replace(settings,
+                                   workunit_size=max(1, int(np.diff(bounds).max(initial=0))))
+            sink.record = job.take_stats = job.once(functools.partial(self._stats, job, output))
+        return _finished(job, sink)
 
     def _job(self, source: Any, changes: dict[str, Any]) -> tuple[JobSettings, Any, dict[str, Any]]:
         """A job's settings, its records, and the output file's attrs; starts the job's clocks."""
@@ -453,6 +456,7 @@ class _Job:
                  carried: dict[str, Any] | None = None) -> None:
         self.scheduler, self.settings, self.sink, self.started = scheduler, settings, sink, started
         self.growth = growth
+        self._taken: PipelineStats | None = None
         self._decided = len(growth.decisions) if growth is not None else 0
         if growth is not None:
             growth.new_job()
@@ -477,6 +481,15 @@ class _Job:
     def target(self) -> PartTarget:
         """Where a worker writes its next part: a name no other part of any run has."""
         return self.sink.target(f"{self._token}-{next(self._sends)}")
+
+    def once(self, take: Callable[[], PipelineStats]) -> Callable[[], PipelineStats]:
+        """``take`` called once however often asked: the output's record of the job and the
+        stats the job returns are one set (taking them reads the recovery since the last)."""
+        def taken() -> PipelineStats:
+            if self._taken is None:
+                self._taken = take()
+            return self._taken
+        return taken
 
     def start_clock(self) -> None:
         self.clock = time.monotonic()
@@ -708,10 +721,25 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
         check_output(output, resume=job.resume, overwrite=job.overwrite, inputs=input_paths(attrs),
                      fingerprints={k: json.loads(v) for k, v in attrs.items()})
         with WorkerPool.from_settings(workload, settings, job) as pool:
-            stats = pool.run_static(records, output) if strategy == "static" else \
-                pool.run(records, output)
-        run_log.record(output_path(output), stats)  # (the lock still held: the run's record)
-        return stats
+            if strategy == "static":
+                return pool.run_static(records, output)
+            return pool.run(records, output)
+
+
+def _finished(job: "_Job", sink: HDF5Sink) -> PipelineStats:
+    """The job's stats (taken as the output was finished, once every row was written, and
+    recorded in it) with what finishing the output added: the wall time to the output whole,
+    the writer's time and bytes."""
+    stats = job.take_stats()
+    wall = time.monotonic() - job.clock
+    workers = tuple(replace(w, wait_seconds=max(0.0, wall - w.busy_seconds))
+                    for w in stats.workers)
+    return replace(stats, wall_seconds=wall, workers=workers,
+                   stages={**stats.stages, "write": sink.write_seconds,
+                           "write_blocked": sink.blocked_seconds,
+                           "wait": sum(w.wait_seconds for w in workers)},
+                   bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
+                   parent_rss_mb=peak_memory("cpu")[0], peak_rss_mb=_peak_rss(list(workers)))
 
 
 def _peak_rss(workers: list[WorkerStats]) -> float:

@@ -2,7 +2,8 @@
 report``) is drawn from the output alone.
 
 A finished run (a resumed one too: each adds its own) writes the group ``runs/<n>`` into its
-output, while it still holds the output's lock:
+output as the writer finishes it (the last file, or the index over big parts, before it is
+renamed into place):
 
 - ``stats``: the job's PipelineStats as JSON (``to_dict``: workers, stages, phases, counts,
   recovery, settings), and ``finished``, when;
@@ -13,8 +14,10 @@ output, while it still holds the output's lock:
   ``utilization``, ``memory_mb``, ``source``).
 
 The outputs' readers (``read_output``, export, compaction) read the top-level datasets and
-the errors; a ``runs`` group is theirs to ignore. A resumed run takes the finished file over as a
-part, and merging parts (at the end, or ``compact``) carries their runs (``carry``).
+the errors; a ``runs`` group is theirs to ignore. Where runs are kept until the output is one
+file: a finished file a resumed run takes over as a part keeps its runs (the part is marked,
+``Part.runs``); a resumed index's runs are held in memory by its ``Parts``; merging parts, every
+index rewrite and ``compact`` carry them (``carry``).
 """
 from __future__ import annotations
 
@@ -57,32 +60,36 @@ def _timeline(stats: Any) -> tuple[dict[str, np.ndarray], list[str]]:
     return _columns(rows), devices
 
 
-def record(output: str | Path, stats: Any) -> None:
-    """Add ``stats``'s run to ``output`` (an HDF5 output this process holds the lock of); a
-    failure to is logged, not raised: the rows are written already."""
-    import h5py
-
+def write(target: Any, stats: Any) -> None:
+    """Add ``stats``'s run to ``target`` (an open HDF5 file: the output as its writer finishes
+    it, before it is renamed into place, so that a crash leaves the old file or the new one,
+    whole). Everything is built before the group is made; a failure leaves no group behind and
+    is logged, not raised: the rows matter more than their record."""
+    name = None
     try:
-        with h5py.File(output, "a") as f:
-            runs = f.require_group(GROUP)
-            group = runs.create_group(str(len(runs)))
-            group.attrs["stats"] = json.dumps(stats.to_dict(), default=str)
-            timeline, devices = _timeline(stats)
-            spans = group.create_group("timeline")
-            spans.attrs["devices"] = json.dumps(devices)
-            for name, values in timeline.items():
-                spans.create_dataset(name, data=values)
-            samples = group.create_group("telemetry")
-            for name, values in _columns([
-                    {"seconds": s.seconds, "device": s.device, "worker":
-                     -1 if s.worker is None else s.worker, "utilization": s.utilization,
-                     "memory_mb": s.memory_mb, "source": s.source}
-                    for s in stats.telemetry]).items():
-                samples.create_dataset(name, data=values.astype("S") if values.dtype.kind == "U"
-                                       else values)
-    except (OSError, ValueError, TypeError) as exc:
+        summary = json.dumps(stats.to_dict(), default=str)
+        timeline, devices = _timeline(stats)
+        samples = _columns([{"seconds": s.seconds, "device": s.device,
+                             "worker": -1 if s.worker is None else s.worker,
+                             "utilization": s.utilization, "memory_mb": s.memory_mb,
+                             "source": s.source} for s in stats.telemetry])
+        runs = target.require_group(GROUP)
+        name = str(len(runs))
+        group = runs.create_group(name)
+        spans = group.create_group("timeline")
+        spans.attrs["devices"] = json.dumps(devices)
+        for column, values in timeline.items():
+            spans.create_dataset(column, data=values)
+        telemetry = group.create_group("telemetry")
+        for column, values in samples.items():
+            telemetry.create_dataset(column, data=values.astype("S") if values.dtype.kind == "U"
+                                     else values)
+        group.attrs["stats"] = summary  # (last: a group with its stats is whole)
+    except Exception as exc:  # noqa: BLE001 (a record is never worth a finished run)
+        if name is not None and GROUP in target and name in target[GROUP]:
+            del target[GROUP][name]
         log.warning("the run's record could not be added to %s (%s: %s); its rows are written",
-                    output, type(exc).__name__, exc)
+                    target.filename, type(exc).__name__, exc)
 
 
 def read(output: str | Path) -> list[RunLog]:
@@ -95,6 +102,8 @@ def read(output: str | Path) -> list[RunLog]:
         runs = []
         for name in sorted(f[GROUP], key=int):
             group = f[GROUP][name]
+            if "stats" not in group.attrs:  # (a record cut short)
+                continue
             timeline = {k: v[()] for k, v in group["timeline"].items()}
             devices = json.loads(group["timeline"].attrs["devices"])
             if "device" in timeline:
@@ -105,6 +114,21 @@ def read(output: str | Path) -> list[RunLog]:
             runs.append(RunLog(int(name), json.loads(group.attrs["stats"]), timeline,
                                telemetry))
         return runs
+
+
+def held(path: str | Path) -> Any:
+    """The runs the file at ``path`` records, copied into an HDF5 file in memory (None if it
+    records none): what a resumed index carries into the index or file that replaces it."""
+    import io
+
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        if GROUP not in f:
+            return None
+        memory = h5py.File(io.BytesIO(), "w")
+        carry(f, memory)
+        return memory
 
 
 def carry(source: Any, target: Any) -> None:

@@ -148,7 +148,7 @@ def answer(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputS
         if message.out_of_memory:
             release_memory(info.device)
         return message
-    rss, gpu = peak_memory(info.device)
+    rss, gpu = peak_memory(info.device, getattr(workload, "requires_hardware", True))
     return replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu,
                    cpu_seconds=time.process_time() - cpu)
 
@@ -161,8 +161,9 @@ def release_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def peak_memory(device: str) -> tuple[float, float | None]:
-    """This process's peak resident memory in MiB, and torch's peak allocation on ``device``.
+def peak_memory(device: str, hardware: bool = True) -> tuple[float, float | None]:
+    """This process's peak resident memory in MiB, and torch's peak allocation on ``device``
+    (``hardware`` False: the device is a label, a simulated card's, say: no torch asked).
 
     On Linux the peak of this program alone (VmHWM): ``ru_maxrss`` also counts the process it was
     forked from, as big as it was when it forked (a worker spawned by a parent of 500 MiB would
@@ -173,7 +174,8 @@ def peak_memory(device: str) -> tuple[float, float | None]:
         rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS
     torch = sys.modules.get("torch")
     gpu = None
-    if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
+    if hardware and device.startswith("cuda") and torch is not None \
+            and torch.cuda.is_available():
         gpu = torch.cuda.max_memory_allocated(device) / 2**20
     return rss_mb, gpu
 
@@ -199,6 +201,8 @@ def device_memory(workload: Any, model: Any, device: str) -> tuple[float | None,
     ask = getattr(workload, "device_memory", None)
     if ask is not None:
         return ask(model, device)
+    if not getattr(workload, "requires_hardware", True) and device != "cpu":  # a label (a
+        return None, None  # simulated card's): no card to ask
     torch = sys.modules.get("torch")
     if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(device)

@@ -41,8 +41,8 @@ def _errors(output: str | Path) -> pd.Series:
 
 
 def _bins(spans: pd.DataFrame, wall: float) -> np.ndarray:
-    return np.linspace(0.0, max(wall, float(spans["end_s"].max()) if len(spans) else 0.0, 1e-6),
-                       BINS + 1)
+    last = float(spans["end_s"].max()) if len(spans) else 0.0
+    return np.linspace(0.0, max(wall, last, 1e-6), BINS + 1)
 
 
 def _spread(spans: pd.DataFrame, column: str, edges: np.ndarray) -> np.ndarray:
@@ -106,7 +106,7 @@ def _time_split(ax: Any, stats: dict[str, Any], spans: pd.DataFrame) -> None:
     left = np.zeros(len(workers))
     phases = sorted((c for c in spans.columns if c.startswith("phase_")), key=lambda c: (
         list(PHASE_COLORS).index(c[6:]) if c[6:] in PHASE_COLORS else len(PHASE_COLORS), c))
-    if phases:
+    if phases and not spans.empty:
         by_worker = spans.groupby("worker")[phases].sum().reindex(workers["worker"]).fillna(0)
         busy = workers["busy_seconds"].to_numpy()
         measured = by_worker.sum(axis=1).to_numpy()
@@ -128,7 +128,16 @@ def _time_split(ax: Any, stats: dict[str, Any], spans: pd.DataFrame) -> None:
     ax.legend(fontsize=8, loc="lower right")
 
 
+def _nothing(ax: Any, title: str) -> None:
+    ax.text(0.5, 0.5, "no workunits in this run (it found the output done)",
+            transform=ax.transAxes, ha="center", va="center", fontsize=10, color="0.4")
+    ax.set_title(title, fontsize=10)
+    ax.set_axis_off()
+
+
 def _rate(ax: Any, spans: pd.DataFrame, edges: np.ndarray) -> None:
+    if spans.empty:
+        return _nothing(ax, "The rate over time")
     width = edges[1] - edges[0]
     middle = (edges[:-1] + edges[1:]) / 2
     if spans["device"].nunique() > 1:
@@ -146,6 +155,8 @@ def _rate(ax: Any, spans: pd.DataFrame, edges: np.ndarray) -> None:
 
 def _card(ax: Any, stats: dict[str, Any], spans: pd.DataFrame, telemetry: pd.DataFrame,
           edges: np.ndarray) -> None:
+    if spans.empty:
+        return _nothing(ax, "Was the card fed?")
     width = edges[1] - edges[0]
     middle = (edges[:-1] + edges[1:]) / 2
     if "count_card_busy_us" in spans:
@@ -186,5 +197,5 @@ def _failures(ax: Any, errors: pd.Series, stats: dict[str, Any]) -> None:
     recovery = stats.get("recovery", {})
     said = ", ".join(f"{v} {k}" for k, v in recovery.items()
                      if isinstance(v, int) and v and k != "restart_seconds")
-    ax.set_title("What failed, by type" + (f"\n(the run recovered from: {said})" if said
+    ax.set_title("What failed, by type (the output's error rows, every run's)" + (f"\n(the run recovered from: {said})" if said
                                             else ""), fontsize=10)

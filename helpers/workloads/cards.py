@@ -35,6 +35,7 @@ import os
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,7 @@ class Card:
             os.close(fd)
         self._file = open(path, "rb")  # (flock's handle)
         self._lock, self._local = threading.Lock(), threading.local()
+        weakref.finalize(self, _close, self._map, self._file)
 
     def submit(self, texts: int, tokens: int) -> float:
         """Launch a batch; returns the card's seconds for it (what the card is busy with)."""
@@ -181,5 +183,14 @@ class Card:
         """Every worker's batches on this card so far, in card seconds."""
         return struct.unpack_from(self._FORMAT, self._map)[1]
 
+    def queue_end(self) -> float:
+        """When the card will have done every batch queued so far (CLOCK_MONOTONIC)."""
+        return struct.unpack_from(self._FORMAT, self._map)[0]
+
     def __getstate__(self) -> Any:
         raise TypeError("a Card is opened in each worker (its path travels, not the card)")
+
+
+def _close(mapped: mmap.mmap, handle: Any) -> None:
+    mapped.close()
+    handle.close()

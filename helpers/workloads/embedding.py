@@ -233,7 +233,7 @@ class EmbeddingWorkload:
     (this machine's cores ÷ ``card_cores`` of its speed; None: full speed).
     ``tokenize_threads`` (a simulated card's feeder): threads tokenizing ahead (None: one per
     core). ``batch_tokens``: a simulated card's batches hold as many texts as fit that many
-    padded tokens (None: ``batch_size`` texts).
+    padded tokens, at most ``batch_size`` (None: ``batch_size`` texts).
     ``compile``: ``torch.compile`` the transformer (runtime torch; compiled and guarded in the
     worker's load, so its cost is spin-up). ``pin_memory``: on CUDA devices, tokenized batches go
     through pinned host memory without blocking (ignored on a CPU).
@@ -255,7 +255,7 @@ class EmbeddingWorkload:
     tokenize_threads: int | None = None
     batch_tokens: int | None = None
     name: str = "embedding"
-    requires_hardware: bool = True
+    requires_hardware: bool = field(default=True, init=False)  # False on a simulated card
     cards: str | None = field(default=None, init=False, repr=False, compare=False)  # the
     # simulated cards' queues (a folder every worker copy shares)
     imports: ClassVar[tuple[str, ...]] = ("torch", "sentence_transformers")  # what load imports
@@ -292,11 +292,13 @@ class EmbeddingWorkload:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{option}: expected a positive integer or None, got {value!r}")
+        object.__setattr__(self, "requires_hardware", self.card is None)  # (a card: labels)
         if self.card is None:
             for option in ("card_cores", "tokenize_threads", "batch_tokens"):
                 if getattr(self, option) is not None:
-                    raise ValueError(f"{option}: for a simulated card (card=...): the model's "
-                                     f"own encode batches and tokenizes here")
+                    raise ValueError(f"{option}: an option of a simulated card (card=h100, "
+                                     f"say); without one the model runs, through its own "
+                                     f"encode")
             return
         from helpers.workloads.cards import parse_card
 
@@ -306,7 +308,6 @@ class EmbeddingWorkload:
             raise ValueError(f"card={self.card!r}: a simulated card's speed is its profile's; "
                              f"precision, runtime, compile and tokenize_ahead are a real "
                              f"model's options")
-        object.__setattr__(self, "requires_hardware", False)
         cards = tempfile.mkdtemp(prefix="gpufeed-cards-")  # shared by every worker copy
         object.__setattr__(self, "cards", cards)
         weakref.finalize(self, shutil.rmtree, cards, True)
@@ -458,7 +459,8 @@ class EmbeddingWorkload:
     def fingerprint(self) -> dict[str, Any]:
         """What decides the embeddings (and which texts are rejected): a resumed run must keep
         these; batch size, tokenize_ahead and the guard may change."""
-        return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
+        workload = self.name if self.card is None else f"{self.name} on a simulated {self.card}"
+        return {"workload": workload, "model": self.model or DEFAULT_MODEL,
                 "normalize": self.normalize, "max_chars": self.max_chars,
                 "precision": self.precision, "runtime": self.runtime,  # (variants never mix)
                 "card": f"simulated {self.card}" if self.card else "none"}  # (a simulated

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -67,13 +68,15 @@ def collate(ids: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
 
 def batches(lengths: list[int], batch_size: int, batch_tokens: int | None) -> list[list[int]]:
     """Positions grouped into batches, longest first: ``batch_size`` texts each, or, with
-    ``batch_tokens``, as many as fit that many padded tokens (at least one)."""
+    ``batch_tokens``, as many as fit that many padded tokens (at least one) and at most
+    ``batch_size`` (as text-embeddings-inference caps a batch's tokens and its requests)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     if batch_tokens is None:
         return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     groups: list[list[int]] = []
     for position in order:  # longest first: the first text of a batch sets its length
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= batch_tokens:
+        if groups and len(groups[-1]) < batch_size \
+                and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= batch_tokens:
             groups[-1].append(position)
         else:
             groups.append([position])
@@ -106,6 +109,7 @@ class Feeder:
         # (Rust's own would oversubscribe the cores, and its CPU would go uncounted)
         if threads > 1:
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpufeed-tokenize")
+            weakref.finalize(self, self._pool.shutdown, wait=False)
 
     def _tokenize(self, texts: list[str]) -> tuple[list[list[int]], float]:
         started = time.thread_time()

@@ -44,11 +44,25 @@ class SimulatedModel:
         return dict(getattr(self._local, "counts", {}))
 
 
-def max_seq_length(path: str, tokenizer: Any, config: Any) -> int:
-    """The length sentence-transformers truncates to: the model folder's
-    sentence_bert_config.json, else the tokenizer's, capped by the model's positions."""
+def _config_file(path: str) -> Path | None:
+    """The model's sentence_bert_config.json: in its folder, else from the hub (its cache);
+    None where it has none."""
     own = Path(path) / "sentence_bert_config.json"
-    if own.is_file():
+    if own.is_file() or Path(path).is_dir():
+        return own if own.is_file() else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(path, "sentence_bert_config.json"))
+    except Exception:  # noqa: BLE001 (no such file, or offline: the tokenizer's length)
+        return None
+
+
+def max_seq_length(path: str, tokenizer: Any, config: Any) -> int:
+    """The length sentence-transformers truncates to: the model's sentence_bert_config.json
+    (its folder's, or the hub's), else the tokenizer's, capped by the model's positions."""
+    own = _config_file(path)
+    if own is not None:
         found = json.loads(own.read_text(encoding="utf-8")).get("max_seq_length")
         if found:
             return int(found)
