@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,8 @@ def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: fl
     card = device.startswith("cuda")
     workload = replace(workload, batch_size=oom_records)  # a workunit of oom_records: one batch
     if not card:
-        workload = SimulatedOom(**{**vars(workload), "oom_above": oom_records // 4})
+        given = {f.name: getattr(workload, f.name) for f in fields(workload) if f.init}
+        workload = SimulatedOom(**given, oom_above=oom_records // 4)
     rows: list[dict[str, Any]] = []
     held: list[Any] = []  # the ballast, while the pools run
     try:
