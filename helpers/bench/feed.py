@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd
 
 from helpers.study.feeding import STAGES, card_run
+from helpers.workloads.cards import CARDS
 
 CORPORA = ("paragraphs", "tokens128")
 LAYOUTS = ((1, 1), (1, 2), (2, 1))  # (workers on the card, tokenizing threads each)
@@ -45,7 +46,6 @@ def corpora(texts: list[str], tokenizer: Any, records: int) -> dict[str, list[st
     rust.no_truncation()
     rust.no_padding()
     cut: list[str] = []
-    joined = ""
     for start in range(0, len(texts), 200):
         joined = " ".join(texts[start:start + 200])
         offsets = rust.encode(joined, add_special_tokens=False).offsets
@@ -81,16 +81,19 @@ def bare(texts: list[str], tokenizer: Any, rust: Any, batch_size: int) -> dict[s
 def measure(records: int = 4096, repeats: int = 3, card: str = "h100", card_cores: int = 16,
             batch_size: int = 128, workunit_size: int = 512) -> pd.DataFrame:
     """One tidy row per (corpus, method or layout, round)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from helpers.study.paths import sample_texts
     from helpers.workloads.embedding import default_model_path
     from helpers.workloads.feed import RustTokenizer
+    from helpers.workloads.simulated import max_seq_length
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: the CPU per token
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
-    rust = RustTokenizer(tokenizer, 256)  # (all-MiniLM-L6-v2's max_seq_length)
+    path = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    length = max_seq_length(path, tokenizer, AutoConfig.from_pretrained(path))
+    rust = RustTokenizer(tokenizer, length)
     texts = corpora(sample_texts(), tokenizer, records)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-feed-") as folder:
@@ -116,7 +119,7 @@ def measure(records: int = 4096, repeats: int = 3, card: str = "h100", card_core
         "cpu_s_per_m_tokens"]
     table["over_bare"] = table["cpu_s_per_m_tokens"] / pd.Series(
         list(zip(table.replicate, table.corpus))).map(rust_cost).to_numpy()
-    rate = 17.5e6  # (cards.CARDS["h100"]: MiniLM-L6, 128 tokens)
+    rate = CARDS["h100"].tokens_per_second  # (MiniLM-L6, 128 tokens)
     table["h100_cores"] = table["cpu_s_per_m_tokens"] * rate / 1e6
     return table
 

@@ -197,5 +197,6 @@ def _failures(ax: Any, errors: pd.Series, stats: dict[str, Any]) -> None:
     recovery = stats.get("recovery", {})
     said = ", ".join(f"{v} {k}" for k, v in recovery.items()
                      if isinstance(v, int) and v and k != "restart_seconds")
-    ax.set_title("What failed, by type (the output's error rows, every run's)" + (f"\n(the run recovered from: {said})" if said
-                                            else ""), fontsize=10)
+    recovered = f"\n(the run recovered from: {said})" if said else ""
+    ax.set_title(f"What failed, by type (the output's error rows, every run's){recovered}",
+                 fontsize=10)

@@ -9,8 +9,8 @@ card of that speed busy.
 The cost model of one batch of ``b`` texts padded to ``L`` tokens, for a model of ``n`` layers,
 hidden size ``h`` and feed-forward size ``i``:
 
-- FLOPs: ``2 · b · L · n · (4h² + 2hi)`` (the matrix products) ``+ 4 · b · n · L² · h`` (attention's
-  scores and weighted sum: the quadratic term);
+- FLOPs: ``2 · b · L · n · (4h² + 2hi)`` (the matrix products) ``+ 4 · b · n · L² · h``
+  (attention's scores and weighted sum: the quadratic term);
 - card seconds: FLOPs ÷ the card's effective rate, at least ``kernels × KERNEL_FLOOR_US``;
 - the effective rate comes from the card's measured or estimated tokens per second for the
   reference model (all-MiniLM-L6-v2 at 128 tokens: ``REFERENCE``) times that model's FLOPs a

@@ -324,8 +324,8 @@ class EmbeddingWorkload:
 
             if self.model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
-            return load_simulated(self.model or default_model_path(), self.card, self.card_cores, device, self.cards,
-                                  self.tokenize_threads)
+            return load_simulated(self.model or default_model_path(), self.card,
+                                  self.card_cores, device, self.cards, self.tokenize_threads)
         check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
         model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
