@@ -245,15 +245,6 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
     return json.loads(ran[0]["variant"]) if ran else {}
 
 
-def _card_busy(stats: Any, devices: list[str]) -> dict[str, float]:
-    """A simulated card's busy share in a trial (each device label one card), where there is
-    one: how well this layout feeds it."""
-    busy = stats.counts.get("card_busy_us")
-    if not busy or stats.wall_seconds <= 0:
-        return {}
-    return {"card_busy_share": busy / 1e6 / (stats.wall_seconds * len(set(devices)))}
-
-
 def _fastest(trials: list[dict], phase: str) -> list[dict]:
     """The fastest trial of ``phase`` that ran (a list of one, or empty)."""
     ran = [t for t in trials if t["phase"] == phase and _ran(t)]
@@ -451,7 +442,9 @@ class _Trials:
                           "loaded": json.dumps(pool.loaded, sort_keys=True), "refused": "",
                           "skipped": "", "repeat_of": repeat_of, "spinup_s": spinup,
                           "cut": stats.records + stats.failed_records < wanted and
-                          time.monotonic() > end, **_card_busy(stats, devices)})
+                          time.monotonic() > end,
+                          **({"card_busy_share": stats.card_busy_share}  # (a simulated card's)
+                             if stats.card_busy_share is not None else {})})
         log.info("%s", describe(self.rows[-1]))
         return stats.records
 

@@ -188,6 +188,15 @@ class PipelineStats:
         return padding(self.counts)
 
     @property
+    def card_busy_share(self) -> float | None:
+        """A simulated card's busy seconds ÷ (cards × wall seconds), each device label one
+        card; None where no card was simulated."""
+        busy = self.counts.get("card_busy_us")
+        if not busy or self.wall_seconds <= 0:
+            return None
+        return busy / 1e6 / (self.wall_seconds * (len(set(self.devices)) or 1))
+
+    @property
     def worker_cpu_seconds(self) -> float | None:
         """CPU seconds every worker process spent answering workunits (None: thread workers,
         whose CPU is their process's, the driver's)."""
@@ -243,6 +252,7 @@ class PipelineStats:
         data["write_amplification"] = self.write_amplification
         data["efficiency"] = self.efficiency
         data["worker_cpu_seconds"] = self.worker_cpu_seconds
+        data["card_busy_share"] = self.card_busy_share
         data["padding"] = self.padding
         data["per_device"] = self.per_device
         return data
@@ -272,10 +282,9 @@ class PipelineStats:
         if self.padding is not None:
             lines.append(f"  padding: {self.padding:.2f}x (tokens computed / tokens needed, "
                          f"{int(self.counts['tokens_needed']):,} needed)")  # (counts are summed as floats)
-        if self.counts.get("card_busy_us") and self.wall_seconds > 0:
-            cards = len(set(self.devices)) or 1
-            lines.append(f"  simulated card{'s' * (cards > 1)}: busy "
-                         f"{self.counts['card_busy_us'] / 1e6 / self.wall_seconds / cards:.0%} of "
+        if self.card_busy_share is not None:
+            lines.append(f"  simulated card{'s' * (len(set(self.devices)) > 1)}: busy "
+                         f"{self.card_busy_share:.0%} of "
                          f"the run (a wait of the card's cost model: no model ran, the rows are "
                          f"zeros)")
         for d in self.decisions:

@@ -49,7 +49,7 @@ def card_run(texts: list[str], workers: int, threads: int, card: str, card_cores
             "records_per_s": stats.records_per_second,
             "tokens_per_s": tokens / stats.wall_seconds if stats.wall_seconds > 0 else 0.0,
             "padding": stats.padding,
-            "card_busy_share": counts.get("card_busy_us", 0) / 1e6 / stats.wall_seconds,
+            "card_busy_share": stats.card_busy_share or 0.0,
             **{f"{name}_cpu_s": value for name, value in stage.items()},
             "cpu_s": cpu, "cpu_s_per_m_tokens": cpu / tokens * 1e6 if tokens else float("nan")}
 

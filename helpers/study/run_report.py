@@ -163,8 +163,7 @@ def _card(ax: Any, stats: dict[str, Any], spans: pd.DataFrame, telemetry: pd.Dat
         for device, part in spans.groupby("device", sort=False):
             busy = _spread(part, "count_card_busy_us", edges) / 1e6 / width
             ax.plot(middle, 100 * np.clip(busy, 0, 1), label=f"{device} (simulated)")
-        share = stats["counts"]["card_busy_us"] / 1e6 / stats["wall_seconds"] / max(
-            1, spans["device"].nunique())
+        share = stats["card_busy_share"]
         ax.set_title(f"Was the card fed? Simulated card busy {share:.0%} of the run "
                      f"(100 % is fed)", fontsize=10)
     elif len(telemetry) and (telemetry["source"] == "nvml").any():

@@ -379,8 +379,9 @@ class EmbeddingWorkload:
         if self.card is not None:  # a simulated card's speed is its profile's: what varies
             if self.tokenize_threads is not None:  # is the CPU side feeding it
                 return []
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-                else os.cpu_count() or 1
+            from helpers.workloads.feed import available_cores
+
+            cores = available_cores()
             return [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})]
         return [{"precision": precision, "runtime": runtime, "compile": compiled}
                 for compiled, precision, runtime in product(

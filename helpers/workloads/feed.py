@@ -25,6 +25,12 @@ from typing import Any
 
 import numpy as np
 
+def available_cores() -> int:
+    """Cores this process may run on (as the engine's ``available_cores``: a workload sees
+    only the engine's protocol)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 CHUNK_TEXTS = 64  # texts a tokenizing thread encodes at a time
 SORT_WINDOW = 3  # batches kept back to sort by tokens with the next chunks (texts arrive
 # sorted by characters, which put batches of the sample at 1.17x the padding of a sort by tokens)

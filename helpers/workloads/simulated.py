@@ -11,13 +11,7 @@ from typing import Any
 import numpy as np
 
 from helpers.workloads.cards import Card, CardModel, parse_card, scale_for
-from helpers.workloads.feed import Feeder, RustTokenizer
-
-
-def _cores() -> int:
-    """Cores this process may run on (as the engine's ``available_cores``: a workload sees
-    only the engine's protocol)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+from helpers.workloads.feed import Feeder, RustTokenizer, available_cores
 
 
 class SimulatedModel:
@@ -78,7 +72,7 @@ def load_simulated(path: str, card: str, card_cores: int | None, device: str,
     from transformers import AutoConfig, AutoTokenizer
 
     config, tokenizer = AutoConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    here = _cores()
+    here = available_cores()
     cost = CardModel(parse_card(card), config.num_hidden_layers, config.hidden_size,
                      config.intermediate_size, scale_for(card_cores, here))
     shared = Card(cost, os.path.join(cards, device.replace(":", "-").replace("/", "-")))
