@@ -134,6 +134,10 @@ def test_the_trials_table_names_each_variant_its_guard_and_a_refusal():
     assert finding.startswith("3 trials (1 variant refused by the quality guard); picked: "
                               "bf16 torch compiled, 2 workers on cpu, workunits of auto at "
                               "280.0 records/s")
+    assert "card" not in finding
+    on_a_card = table.assign(card_busy_share=[0.2, 0.25, 0.3])
+    assert findings.trials(on_a_card).endswith(
+        "; the simulated card 25% busy there (the busiest trial 30%)")
 
 
 def test_trials_that_differ_only_in_threads_per_worker_are_labelled_apart():

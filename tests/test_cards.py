@@ -65,6 +65,17 @@ def test_batches_queue_on_the_card_and_a_wait_holds_no_cpu(tmp_path):
     assert card.busy_seconds() == pytest.approx(0.2)
 
 
+def test_a_wait_until_what_done_said_leaves_the_later_batches_running(tmp_path):
+    """A worker that launched its next workunit waits only for the last one's batches."""
+    card = slow_card(tmp_path)
+    card.submit(1024, 128)
+    first = card.done()
+    card.submit(1024, 128)
+    card.wait(first)
+    assert card.done() - time.monotonic() == pytest.approx(0.05, abs=0.02)  # the second's left
+    assert card.done() > first
+
+
 def test_threads_and_processes_share_one_card(tmp_path):
     card = slow_card(tmp_path)
     started = time.monotonic()

@@ -7,9 +7,16 @@ from helpers.workloads.embedding import tokenizer_name
 from helpers.workloads.feed import CHUNK_TEXTS, Feeder, RustTokenizer, batches, collate
 
 
-@pytest.fixture(scope="module")
-def rust(st_model):
-    return RustTokenizer(st_model[0].tokenizer, st_model.max_seq_length)
+@pytest.fixture(scope="module", params=["files", "wrapper"])
+def rust(request, st_model):
+    """The simulated card's tokenizer as its workers read it (the model's files, no
+    transformers), and as taken from transformers' tokenizer."""
+    from helpers.workloads.embedding import default_model_path
+    from helpers.workloads.simulated import read_model
+
+    if request.param == "files":
+        return read_model(default_model_path())[1]
+    return RustTokenizer.of(st_model[0].tokenizer, st_model.max_seq_length)
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +55,17 @@ def test_batches_longest_first_by_count_or_by_a_token_budget():
 
 class FakeCard:
     def __init__(self):
-        self.shapes, self.waits = [], 0
+        self.shapes, self.waits = [], []
 
     def submit(self, texts, tokens):
         self.shapes.append((texts, tokens))
         return 0.001
 
-    def wait(self):
-        self.waits += 1
+    def done(self):  # (a real card's is a moment: here, the batches submitted so far)
+        return len(self.shapes)
+
+    def wait(self, until=None):
+        self.waits.append(until)
         return 0.0
 
 
@@ -75,6 +85,23 @@ def test_the_feeder_hands_every_text_to_the_card_once(rust, sample, threads, bat
     else:
         assert all(n * length <= batch_tokens or n == 1 for n, length in card.shapes)
         assert max(n for n, _ in card.shapes) <= 32
-    assert card.waits == 1 and counts.card_busy_us == 1000 * len(card.shapes)
+    assert card.waits == [len(card.shapes)]  # once, for every batch it submitted
+    assert counts.card_busy_us == 1000 * len(card.shapes)
     assert counts.tokenize_cpu_us > 0 and counts.collate_cpu_us > 0
     assert set(phases) == {"tokenize", "forward", "copy_out"}
+
+
+def test_a_launched_workunit_waits_for_its_own_batches_not_the_next_one_s(rust, sample):
+    """Two workunits launched before the first is finished (a worker overlapping them): the
+    first waits only until the card is done with its own batches."""
+    card = FakeCard()
+    feeder = Feeder(rust, card, 1)
+    first = feeder.launch(sample[:100], 32, None)
+    own = len(card.shapes)
+    second = feeder.launch(sample[100:200], 32, None)
+    assert len(card.shapes) > own and card.waits == []  # launching waits for nothing
+    feeder.finish(first)
+    feeder.finish(second)
+    assert card.waits == [own, len(card.shapes)]
+    assert first.counts.tokens_needed == sum(map(len, rust.encode(sample[:100])))
+

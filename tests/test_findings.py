@@ -152,7 +152,7 @@ def test_a_single_run_is_said_without_a_spread():
 def test_card_feeding_names_the_busiest_layout_and_the_cores_one_card_needs():
     rows = [{"workers": w, "tokenize_threads": t, "replicate": r, "card_busy_share": busy + r / 100,
              "cpu_s_per_m_tokens": cpu, "card": "simulated h100", "cores": 2, "card_cores": 16,
-             "card_tokens_per_s": 17.5e6}
+             "card_tokens_per_s": 17.5e6, "workunit_size": 256, "backend": "process"}
             for w, t, busy, cpu in ((1, 1, 0.20, 3.0), (2, 1, 0.30, 4.0), (1, 2, 0.25, 3.5))
             for r in (0, 1)]
     said = findings.card_feeding(pd.DataFrame(rows))

@@ -477,23 +477,26 @@ def test_a_workunit_to_be_sent_alone_waits_uncut_for_a_worker_holding_nothing():
     assert backend.sent == [(1, [alone.index])] and len(idle.in_flight[0]) == 100
 
 
-@pytest.mark.parametrize("together", [False, True])
+@pytest.mark.parametrize("together, overlaps", [(False, False), (True, False), (False, True)])
 def test_a_death_holding_two_calls_charges_the_first_only_where_its_answer_cannot_be_lost(
-        together):
+        together, overlaps):
     """One workunit a call, two in flight: a process worker's answer to the first is sent before
     it starts the second, so its death charges the one running; a Ray actor's may be lost with
-    it, so both go back alone, charged nothing."""
-    from helpers.engine.messages import Died, WorkerInfo, Workunit
+    it, and a worker that overlaps workunits (Ready.overlaps) may have died in the second, so
+    both go back alone, charged nothing."""
+    from helpers.engine.messages import Died, Ready, WorkerInfo, Workunit
 
     backend = FakeBackend(answers_together=together)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
+    scheduler.slots[0].ready = Ready(0, 1, 0.0, {}, overlaps=overlaps)
     scheduler.dispatch(Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                                for n in reversed(range(2))]))
     assert [len(units) for _, units in backend.sent] == [1, 1]
     scheduler.handle(0, Died(0, -11))
+    unknown = together or overlaps
     assert [(u.attempts, u.alone) for u in scheduler.pending] == (
-        [(0, True), (0, True)] if together else [(1, False), (0, False)])
-    assert scheduler.recovery.failed_workunits == (0 if together else 1)
+        [(0, True), (0, True)] if unknown else [(1, False), (0, False)])
+    assert scheduler.recovery.failed_workunits == (0 if unknown else 1)
 
 
 def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():

@@ -79,3 +79,23 @@ def test_the_command_line_runs_a_simulated_card(tmp_path):
     assert attrs["card"] == "simulated a100" and attrs["batch_tokens"] == 4096
     assert np.isclose(stats["padding"], stats["counts"]["tokens_computed"]
                       / stats["counts"]["tokens_needed"])
+
+
+def test_a_simulated_card_s_worker_overlaps_its_workunits_and_a_real_model_s_does_not(records):
+    """The simulated card's model launches (its batches run while the worker goes on), so its
+    worker starts the next workunit before it finishes the last (helpers.engine.worker.serve);
+    a workunit's counts are there once it is finished, the same as ``process`` counts."""
+    from helpers.engine.worker import launches
+
+    workload = EmbeddingWorkload(card="h100", batch_size=16, tokenize_threads=1)
+    model = workload.load("cuda:0", 1)
+    assert launches(workload, model) and not launches(EmbeddingWorkload(), model)
+    texts = [text for _, text in records[:40]]
+    finish = workload.launch(model, texts)
+    assert workload.counts(model) == {}  # nothing counted before the workunit is finished
+    assert finish()["embeddings"].shape == (40, 384)
+    launched = workload.counts(model)
+    workload.process(model, texts)
+    processed = workload.counts(model)
+    assert launched["tokens_needed"] == processed["tokens_needed"] > 40
+    assert launched["tokens_computed"] == processed["tokens_computed"]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -85,3 +86,108 @@ def _running(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+class Launching:
+    """A workload whose work runs on a card (``launches``): each step is logged."""
+
+    name = "launching"
+
+    def __init__(self, log, launches=True, fail=()):
+        self.log, self._launches, self.fail = log, launches, fail
+
+    def check_record(self, record):
+        pass
+
+    def launches(self, model):
+        return self._launches
+
+    def launch(self, model, records):
+        if ("launch", records[0]) in self.fail:
+            raise RuntimeError(f"launch {records[0]}")
+        self.log.append(("launch", records[0]))
+
+        def finish():
+            if ("finish", records[0]) in self.fail:
+                raise RuntimeError(f"finish {records[0]}")
+            self.log.append(("finish", records[0]))
+            return {"out": np.zeros((len(records), 1), dtype=np.float32)}
+        return finish
+
+    def process(self, model, records):
+        self.log.append(("process", records[0]))
+        return {"out": np.zeros((len(records), 1), dtype=np.float32)}
+
+
+def serve_all(workload, messages, log, overlap=True):
+    """``serve`` over ``messages`` (then END_OF_WORK); a message counts as arrived once the
+    worker has finished with the one before (what ``waiting`` says)."""
+    from helpers.engine.messages import END_OF_WORK, Failed, Result, WorkerInfo
+    from helpers.engine.protocol import OutputSpec
+    from helpers.engine.worker import serve
+
+    left = list(messages) + [END_OF_WORK]
+
+    def receive():
+        log.append("receive")
+        return left.pop(0)
+
+    def send(message):
+        assert isinstance(message, (Result, Failed))
+        log.append(("sent", message.workunit, type(message).__name__))
+        return True
+
+    serve(WorkerInfo(0, "cuda:0", 1), workload, None, {"out": OutputSpec((1,), "float32")},
+          receive, send, waiting=(lambda seconds: bool(left)) if overlap else None)
+
+
+def units(*starts, alone=()):
+    from helpers.engine.messages import Workunit
+
+    return [Workunit(n, np.arange(n, n + 1), [f"r{n}"], alone=n in alone) for n in starts]
+
+
+def test_a_worker_starts_its_next_workunit_before_it_finishes_the_last():
+    """A workload that launches (a card computes while the worker goes on): workunit 1 is
+    handed to the card before 0 is finished and answered, within a message and across
+    messages; the last is finished when END_OF_WORK comes."""
+    log = []
+    serve_all(Launching(log), [units(0, 1), units(2)[0]], log)
+    assert log == ["receive", ("launch", "r0"), ("launch", "r1"), ("finish", "r0"),
+                   ("sent", 0, "Result"), "receive", ("launch", "r2"), ("finish", "r1"),
+                   ("sent", 1, "Result"), "receive", ("finish", "r2"), ("sent", 2, "Result")]
+
+
+def test_with_nothing_waiting_a_worker_finishes_before_it_waits_and_others_never_overlap():
+    """With no message waiting (``waiting`` False), the started workunit is finished and
+    answered before the worker blocks on its inbox; a workload that does not launch, and a
+    backend that cannot say what waits, run each workunit whole, in turn."""
+    log = []
+    serve_all(Launching(log), [units(0)[0], units(1)[0]], log, overlap=False)
+    assert log == ["receive", ("launch", "r0"), ("finish", "r0"), ("sent", 0, "Result"),
+                   "receive", ("launch", "r1"), ("finish", "r1"), ("sent", 1, "Result"),
+                   "receive"]
+    log.clear()
+    serve_all(Launching(log, launches=False), [units(0, 1)], log)
+    assert log == ["receive", ("process", "r0"), ("sent", 0, "Result"), ("process", "r1"),
+                   ("sent", 1, "Result"), "receive"]
+
+
+def test_a_workunit_sent_alone_overlaps_nothing():
+    """Sent alone (which workunit killed a worker is not known): the one before it is finished
+    first, and it is finished before the next starts, so a death is its own."""
+    log = []
+    serve_all(Launching(log), [units(0, 1, 2, alone={1})], log)
+    assert log == ["receive", ("launch", "r0"), ("finish", "r0"), ("sent", 0, "Result"),
+                   ("launch", "r1"), ("finish", "r1"), ("sent", 1, "Result"),
+                   ("launch", "r2"), "receive", ("finish", "r2"), ("sent", 2, "Result")]
+
+
+@pytest.mark.parametrize("step", ["launch", "finish"])
+def test_a_workunit_that_raises_while_overlapped_fails_alone(step):
+    """Whether its launch or its finish raises, the Failed message names that workunit, and
+    the ones around it are answered with their Results, in order."""
+    log = []
+    serve_all(Launching(log, fail={(step, "r1")}), [units(0, 1, 2)], log)
+    assert [entry for entry in log if entry[0] == "sent"] == [
+        ("sent", 0, "Result"), ("sent", 1, "Failed"), ("sent", 2, "Result")]

@@ -81,19 +81,17 @@ def bare(texts: list[str], tokenizer: Any, rust: Any, batch_size: int) -> dict[s
 def measure(records: int = 4096, repeats: int = 3, card: str = "h100", card_cores: int = 16,
             batch_size: int = 128, workunit_size: int = 512) -> pd.DataFrame:
     """One tidy row per (corpus, method or layout, round)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from helpers.study.paths import sample_texts
     from helpers.workloads.embedding import default_model_path
-    from helpers.workloads.feed import RustTokenizer
-    from helpers.workloads.simulated import max_seq_length
+    from helpers.workloads.simulated import read_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: the CPU per token
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    length = max_seq_length(path, tokenizer, AutoConfig.from_pretrained(path))
-    rust = RustTokenizer(tokenizer, length)
+    rust = read_model(path)[1]
     texts = corpora(sample_texts(), tokenizer, records)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-feed-") as folder:

@@ -89,7 +89,8 @@ class Workunit(_PackedIds):
     carried: dict[str, np.ndarray] | None = None  # the source's columns for them, row-aligned
     probe: bool = False  # the start's check (helpers.engine.probe): read, write an empty part
     alone: bool = False  # sent in a message of its own: its worker died (or hung) in a message
-    # whose answers come back together, so which of its workunits did it is not known
+    # whose answers come back together, or while it overlapped workunits, so which of its
+    # workunits did it is not known
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -110,6 +111,8 @@ class Ready:
     host: str = ""  # the machine the worker runs on (socket.gethostname())
     node: str = ""  # its Ray node ("" off Ray: the parent's machine)
     report: dict[str, Any] = field(default_factory=dict)  # workload.report(model): how it runs
+    overlaps: bool = False  # it starts its next workunit before it answers the last
+    # (helpers.engine.worker.serve): a death while it holds two may be either's
 
 
 @dataclass(frozen=True)

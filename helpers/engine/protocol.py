@@ -21,6 +21,12 @@ tokens_computed, tokens_needed, whose ratio is ``stats.padding``). And ``report(
 what a worker says of the model it loaded (its variant, the quality guard's figures: the output's
 ``loaded`` attribute).
 
+A workload whose model computes on a card while the CPU goes on may define ``launches(model) ->
+bool`` and ``launch(model, records) -> finish``: ``process`` in two steps, the records handed to
+the card, then ``finish()`` waiting for their arrays. Where ``launches`` says so, a worker starts
+its next workunit before it finishes the last (helpers.engine.worker.serve), so the card has work
+while the worker writes and answers; ``phases`` and ``counts`` are asked after ``finish``.
+
 And it may define ``fingerprint() -> dict``: what decides its values (model, options), which a
 resumed run must keep; without it, ``attrs()`` is used, every field of it.
 

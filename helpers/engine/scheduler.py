@@ -21,7 +21,9 @@ Recovery, per failure::
                      (a broken CUDA context), not its workunits'
     a death or timeout while a worker holds several workunits, on a backend whose answers come
                      back a message at a time (a Ray call; a death may lose the answers of the
-                     calls just before it): which one did it is not known, so all are requeued
+                     calls just before it), or on a worker that overlaps them (Ready.overlaps:
+                     it starts the next before it finishes the last): which one did it is not
+                     known, so all are requeued
                      without charge, each to be sent ``alone`` (nothing else in flight on its
                      worker), where a death is its own
 
@@ -547,10 +549,11 @@ class Scheduler:
         slot.killed, slot.kill_message, slot.kill_unit, slot.failures_in_a_row = None, "", None, 0
         self.recovery.deaths += 1
         units = list(slot.in_flight)
+        overlapping = len(units) > 1 and slot.ready is not None and slot.ready.overlaps
         if why is Kill.TIMEOUT:  # its running message hung: which of its workunits?
-            unknown = self._running_call(slot) > 1
+            unknown = self._running_call(slot) > 1 or overlapping
         else:  # the answers of the messages before the one it died in may be lost with it
-            unknown = len(units) > 1 and self.backend.answers_together
+            unknown = len(units) > 1 and self.backend.answers_together or overlapping
         slot.in_flight.clear()
         slot.messages.clear()
         given_up: list[tuple] = []

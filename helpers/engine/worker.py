@@ -48,17 +48,30 @@ JOIN_SECONDS = 5.0  # at the pool's shutdown, a terminated worker gets this long
 # killed (a killed Ray actor, to be reported gone)
 EXIT_ORPHANED = 70  # its exit status then (nobody is left to read it; for the tests and logs)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+NEXT_SECONDS = 0.05  # a worker that overlaps workunits waits this long for the next message
+# (the driver sends it as it reads the last answer) before it finishes the last workunit
 
 
-def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: Workunit,
-                 worker: int) -> Result:
-    """Process one workunit; records the workload rejects come back in ``rejected``, not as exceptions."""
+def launches(workload: Any, model: Any) -> bool:
+    """Whether ``workload`` hands ``model``'s work to a card without waiting for it (its
+    optional ``launch``: see helpers.engine.protocol)."""
+    says = getattr(workload, "launches", None)
+    return says is not None and bool(says(model))
+
+
+def start_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: Workunit,
+                   worker: int) -> Callable[[], Result]:
+    """Start one workunit: its records read and checked, then processed (or, where the
+    workload ``launches``, handed to its card); returns what finishes it: the wait for its
+    arrays, their checks, its part written, its Result. Records the workload rejects come back
+    in the Result's ``rejected``, not as exceptions."""
     started = time.monotonic()
     records = _records(unit, worker)
     if unit.probe:  # the start's check (helpers.engine.probe): an empty part where it will go
         part = _write_part(unit, worker, unit.ids[:0], {})
-        return Result(worker, unit.index, unit.ids[:0], {}, [], started, time.monotonic(),
-                      part=part)
+        probed = Result(worker, unit.index, unit.ids[:0], {}, [], started, time.monotonic(),
+                        part=part)
+        return lambda: probed
     prepare = getattr(workload, "prepare", None)
     keep, ready, rejected = [], [], []
     for position, (record_id, record) in enumerate(zip(unit.ids.tolist(), records)):
@@ -75,10 +88,17 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
             continue
         keep.append(position)
         ready.append(record)
-    ids = unit.ids[keep]
-    arrays, phases, counts, part = {}, None, None, None
-    if keep:
+    if not keep:
+        return lambda: Result(worker, unit.index, unit.ids[:0], {}, rejected, started,
+                              time.monotonic())
+    if launches(workload, model):
+        arrived = workload.launch(model, ready)
+    else:
         arrays = workload.process(model, ready)
+        arrived = lambda: arrays  # noqa: E731
+
+    def finish() -> Result:
+        ids, arrays, part = unit.ids[keep], arrived(), None
         for name, spec in specs.items():
             if name not in arrays:
                 raise ValueError(f"workload {workload.name!r} returned no output {name!r}")
@@ -89,8 +109,9 @@ def run_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit: 
         if unit.target is not None:  # the rows go to a part file, not back to the parent
             carried = {name: values[keep] for name, values in (unit.carried or {}).items()}
             part, arrays = _write_part(unit, worker, ids, {**arrays, **carried}), {}
-    return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic(),
-                  phases=phases, part=part, counts=counts)
+        return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic(),
+                      phases=phases, part=part, counts=counts)
+    return finish
 
 
 def _records(unit: Workunit, worker: int) -> list:
@@ -122,16 +143,41 @@ def _write_part(unit: Workunit, worker: int, ids: np.ndarray,
 
 
 def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
-          receive: Callable[[], Any], send: Callable[[Any], bool]) -> None:
+          receive: Callable[[], Any], send: Callable[[Any], bool],
+          waiting: Callable[[float], bool] | None = None) -> None:
     """Run each workunit ``receive`` returns (one, or a list: a message of several) and ``send``
     its Result or Failed message as it ends, until END_OF_WORK (or None: the parent is gone, or
-    has abandoned this worker)."""
+    has abandoned this worker).
+
+    Where the workload ``launches`` (its work runs on a card while the worker goes on) and
+    ``waiting(seconds)`` says whether a message arrives within that time, the worker overlaps
+    workunits, as torch's DataLoader prefetches: it starts the next one it holds (reads it,
+    tokenizes it, hands it to the card) before it finishes the last (waits for its arrays,
+    writes them, answers), so the card has work while the worker collects; with no message
+    within NEXT_SECONDS (the driver sends the next as it reads an answer), it finishes the last
+    before it waits for one. A workunit sent ``alone`` overlaps with nothing."""
+    overlap = waiting is not None and launches(workload, model)
+    last: Callable[[], Result | Failed] | None = None  # started, not yet finished
     while True:
+        if last is not None and not waiting(NEXT_SECONDS):
+            if not send(last()):
+                return
+            last = None
         message = receive()
         if message is None or message == END_OF_WORK:
+            if last is not None and message is not None:
+                send(last())
             return
         for unit in message if isinstance(message, list) else [message]:
-            if not send(answer(info, workload, model, specs, unit)):
+            if last is not None and unit.alone:  # (overlaps nothing: finished first)
+                if not send(last()):
+                    return
+                last = None
+            this = begin(info, workload, model, specs, unit)
+            if last is not None and not send(last()):
+                return
+            last = this if overlap and not unit.alone else None
+            if last is None and not send(this()):
                 return
 
 
@@ -139,18 +185,42 @@ def answer(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputS
            unit: Workunit) -> Result | Failed:
     """One workunit's Result, or the Failed message that says why it raised (every backend's
     worker answers each workunit with this)."""
+    return begin(info, workload, model, specs, unit)()
+
+
+def begin(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
+          unit: Workunit) -> Callable[[], Result | Failed]:
+    """``answer`` in two steps: the workunit started (``start_workunit``), and what finishes it
+    and gives its Result, or the Failed message that says why either step raised; its CPU
+    seconds are those of both steps."""
     cpu = time.process_time()
     try:
-        result = run_workunit(workload, model, specs, unit, info.index)
+        finish = start_workunit(workload, model, specs, unit, info.index)
     except Exception as exc:  # the workunit's fault or the model's: the parent decides
-        message = failed(info, unit, exc)
+        message = _failure(info, unit, exc)
         del exc  # its traceback pins the failed batch's tensors
-        if message.out_of_memory:
-            release_memory(info.device)
-        return message
-    rss, gpu = peak_memory(info.device, getattr(workload, "requires_hardware", True))
-    return replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu,
-                   cpu_seconds=time.process_time() - cpu)
+        return lambda: message
+    spent = time.process_time() - cpu
+
+    def end() -> Result | Failed:
+        cpu = time.process_time()
+        try:
+            result = finish()
+        except Exception as exc:
+            message = _failure(info, unit, exc)
+            del exc
+            return message
+        rss, gpu = peak_memory(info.device, getattr(workload, "requires_hardware", True))
+        return replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu,
+                       cpu_seconds=spent + time.process_time() - cpu)
+    return end
+
+
+def _failure(info: WorkerInfo, unit: Workunit, exc: BaseException) -> Failed:
+    message = failed(info, unit, exc)
+    if message.out_of_memory:
+        release_memory(info.device)
+    return message
 
 
 def release_memory(device: str) -> None:
@@ -228,11 +298,11 @@ def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], f
 
 
 def ready(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
-          seconds: float, node: str = "") -> Ready:
+          seconds: float, node: str = "", overlaps: bool = False) -> Ready:
     free, used = device_memory(workload, model, info.device)
     report = getattr(workload, "report", None)
     return Ready(info.index, os.getpid(), seconds, specs, free, used, socket.gethostname(), node,
-                 report(model) if report is not None else {})
+                 report(model) if report is not None else {}, overlaps)
 
 
 def watch_parent(parent: Any, kernel_signal: bool) -> None:
@@ -308,12 +378,13 @@ def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any,
 
     try:
         model, specs, seconds = load(info, workload)
-        message = ready(info, workload, model, specs, seconds)
+        message = ready(info, workload, model, specs, seconds,
+                        overlaps=launches(workload, model))
     except Exception as exc:
         send(failed(info, None, exc))
         return
     if send(message):
-        serve(info, workload, model, specs, receive, send)
+        serve(info, workload, model, specs, receive, send, waiting=inbox.poll)
 
 
 def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", inbox: Any,
@@ -345,12 +416,24 @@ def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", inbox: 
         model, specs, seconds = models.get(info, workload)
         if info.device == "cpu" and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(info.threads)  # per thread under OpenMP
-        message = ready(info, workload, model, specs, seconds)
+        message = ready(info, workload, model, specs, seconds,
+                        overlaps=launches(workload, model))
     except BaseException as exc:  # a thread has no exit code: everything must become a message
         send(failed(info, None, exc))
         return
     if send(message):
-        serve(info, workload, model, specs, receive, send)
+        serve(info, workload, model, specs, receive, send, waiting=lambda seconds: _arrives(
+            inbox, seconds))
+
+
+def _arrives(inbox: Any, seconds: float) -> bool:
+    """Whether a message is in the queue.Queue ``inbox`` within ``seconds`` (left there)."""
+    end = time.monotonic() + seconds
+    while inbox.empty():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 class SharedModels:

@@ -14,6 +14,10 @@ import pandas as pd
 from helpers.workloads.cards import CARDS
 
 STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")
+LAYOUT = ("workers", "tokenize_threads", "workunit_size", "backend")  # what a run's row varies
+AXES = {"workers": ("worker", "workers"), "tokenize_threads": ("tokenizing thread", "threads"),
+        "workunit_size": ("record workunit", "workunit size"),
+        "backend": ("backend", "backend")}  # each: its noun in a layout's name, its axis' name
 
 
 def _cpu() -> float:
@@ -21,12 +25,16 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def card_run(texts: list[str], workers: int, threads: int, card: str, card_cores: int | None,
-             batch_size: int, workunit_size: int, folder: str) -> dict[str, Any]:
+def card_run(texts: list[str], workers: int, threads: int | None, card: str,
+             card_cores: int | None,
+             batch_size: int, workunit_size: int, folder: str,
+             backend: str = "process") -> dict[str, Any]:
     """One run of ``texts`` on the simulated ``card`` (``workers`` on it, ``threads``
-    tokenizing in each, process backend): its rate, the card's busy share, and the CPU seconds
+    tokenizing in each, None: the workload's default, on ``backend``): its rate, the card's busy share, and the CPU seconds
     of each stage (tokenize, collate and launch counted on the workers' threads; the rest of
-    the workers' CPU, from their Results; the driver's whole process)."""
+    the workers' CPU, from their Results; the driver's whole process, which, on the thread
+    backend, is the workers' too). ``card_busy_limit``: the busy share this machine's every
+    core would give the card at this run's CPU per token (what no layout of it passes)."""
     from helpers.engine.pipeline import run_pipeline
     from helpers.workloads.embedding import EmbeddingWorkload
 
@@ -35,47 +43,78 @@ def card_run(texts: list[str], workers: int, threads: int, card: str, card_cores
     before = _cpu()
     stats = run_pipeline(list(enumerate(texts)), workload, devices=f"cuda:0*{workers}",
                          workunit_size=workunit_size, output=os.path.join(folder, "out.h5"),
-                         overwrite=True, progress=False)
+                         overwrite=True, backend=backend, progress=False)
     driver = _cpu() - before
     counts = stats.counts
     stage = {name: counts.get(f"{name}_cpu_us", 0) / 1e6
              for name in ("tokenize", "collate", "launch")}
+    if stats.worker_cpu_seconds is None:  # threads: their CPU is the driver's process's
+        driver = max(0.0, driver - sum(stage.values()))
     stage["worker_other"] = max(0.0, (stats.worker_cpu_seconds or 0.0) - sum(stage.values()))
     stage["driver"] = driver
     tokens = int(counts.get("tokens_needed", 0))
     cpu = sum(stage.values())
-    return {"workers": workers, "tokenize_threads": threads, "seconds": stats.wall_seconds,
+    busy = stats.card_busy_share or 0.0
+    return {"workers": workers, "tokenize_threads": threads or _cores(),
+            "workunit_size": workunit_size,
+            "backend": backend, "seconds": stats.wall_seconds,
             "spinup_s": stats.spinup_seconds, "records": stats.records, "tokens": tokens,
             "records_per_s": stats.records_per_second,
             "tokens_per_s": tokens / stats.wall_seconds if stats.wall_seconds > 0 else 0.0,
-            "padding": stats.padding,
-            "card_busy_share": stats.card_busy_share or 0.0,
+            "padding": stats.padding, "card_busy_share": busy,
+            "card_busy_limit": busy * stats.wall_seconds * _cores() / cpu if cpu else 0.0,
             **{f"{name}_cpu_s": value for name, value in stage.items()},
             "cpu_s": cpu, "cpu_s_per_m_tokens": cpu / tokens * 1e6 if tokens else float("nan")}
+
+
+def _cores() -> int:
+    from helpers.workloads.feed import available_cores
+
+    return available_cores()
+
+
+def layout_name(row: Any, by: Sequence[str], short: bool = False) -> str:
+    """A run's layout by the columns ``by``: ``2 workers × 1 tokenizing thread``, ``256 record
+    workunits``, ``thread backend``; ``short``: ``2×1``."""
+    def one(column: str) -> str:
+        value, noun = row[column], AXES[column][0]
+        value = value if isinstance(value, str) else int(value)
+        if short:
+            return str(value)
+        plural = "s" if not isinstance(value, str) and value > 1 else ""
+        return f"{value} {noun}{plural}"
+    return ("×" if short else " × ").join(one(column) for column in by)
+
+
+def card_layouts(texts: list[str], layouts: Sequence[dict[str, Any]], card: str,
+                 card_cores: int | None, records: int, replicates: int,
+                 batch_size: int) -> pd.DataFrame:
+    """Each layout (``card_run``'s workers, threads, workunit_size and backend) on the first
+    ``records`` texts, ``replicates`` interleaved rounds (each in another order): one row a run."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpufeed-card-") as folder:
+        for replicate in range(replicates):
+            turn = replicate % len(layouts)
+            for layout in list(layouts[turn:]) + list(layouts[:turn]):
+                rows.append({"replicate": replicate, **card_run(
+                    texts[:records], card=card, card_cores=card_cores, batch_size=batch_size,
+                    folder=folder, **layout)})
+    return pd.DataFrame(rows).assign(
+        card=f"simulated {card}", card_cores=card_cores, cores=_cores(),
+        card_tokens_per_s=CARDS[card].tokens_per_second, batch_size=batch_size)
 
 
 def card_feeding(card: str, card_cores: int, worker_counts: Sequence[int],
                  thread_counts: Sequence[int], records: int, replicates: int, texts: list[str],
                  workunit_size: int, batch_size: int) -> pd.DataFrame:
-    """Notebook 01's card section: each (workers on the card, tokenizing threads each) on the
-    first ``records`` texts, ``replicates`` interleaved rounds (each in another order)."""
-    layouts = [(w, t) for w in worker_counts for t in thread_counts]
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="gpufeed-card-") as folder:
-        for replicate in range(replicates):
-            turn = replicate % len(layouts)
-            for workers, threads in layouts[turn:] + layouts[:turn]:
-                rows.append({"replicate": replicate, **card_run(
-                    texts[:records], workers, threads, card, card_cores, batch_size,
-                    workunit_size, folder)})
-    return pd.DataFrame(rows).assign(
-        card=f"simulated {card}", card_cores=card_cores, cores=os.cpu_count(),
-        card_tokens_per_s=CARDS[card].tokens_per_second, batch_size=batch_size,
-        workunit_size=workunit_size)
+    """Notebook 01's card section: each (workers on the card, tokenizing threads each)."""
+    return card_layouts(texts, [{"workers": w, "threads": t, "workunit_size": workunit_size}
+                                for w in worker_counts for t in thread_counts],
+                        card, card_cores, records, replicates, batch_size)
 
 
 def cores_needed(table: pd.DataFrame) -> float:
     """The cores of this machine one real card of the table's profile would need at the
     cheapest layout's CPU per token (its median)."""
-    cheapest = table.groupby(["workers", "tokenize_threads"])["cpu_s_per_m_tokens"].median().min()
+    cheapest = table.groupby(list(LAYOUT))["cpu_s_per_m_tokens"].median().min()
     return float(cheapest * table["card_tokens_per_s"].iloc[0] / 1e6)

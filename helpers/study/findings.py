@@ -240,7 +240,15 @@ def trials(table: pd.DataFrame) -> str:
             + (f" ({refused} variant{'s' * (refused != 1)} refused by the quality guard)"
                if refused else "")
             + f"; picked: {said} at {pick['records_per_s']:.1f} records/s "
-            f"({pick['records_per_s'] / fastest:.2f}× the fastest trial)")
+            f"({pick['records_per_s'] / fastest:.2f}× the fastest trial)" + _card_busy(table, pick))
+
+
+def _card_busy(table: pd.DataFrame, pick: pd.Series) -> str:
+    """'; the simulated card 30% busy (the busiest trial 31%)', where the trials ran on one."""
+    if "card_busy_share" not in table or pd.isna(pick.get("card_busy_share")):
+        return ""
+    return (f"; the simulated card {pick['card_busy_share']:.0%} busy there (the busiest "
+            f"trial {table['card_busy_share'].max():.0%})")
 
 
 def scale_out(table: pd.DataFrame) -> str:
@@ -341,25 +349,33 @@ def _names(rows: pd.DataFrame) -> str:
     return ", ".join(rows["label"])
 
 
-def card_feeding(table: pd.DataFrame) -> str:
-    """How busy the simulated card was at each layout, and how many of this machine's cores one
-    real card would need (helpers.study.feeding)."""
-    from helpers.study.feeding import cores_needed
+def card_busy(table: pd.DataFrame, by: Sequence[str]) -> str:
+    """How busy the simulated card was at each layout ``by`` names (helpers.study.feeding),
+    and, where the table has it, the most this machine's cores could keep it busy."""
+    from helpers.study.feeding import AXES, layout_name
 
-    stats = mean_sd(table, ["workers", "tokenize_threads"], "card_busy_share")
+    stats = mean_sd(table, list(by), "card_busy_share")
     best = stats.iloc[0]
     runs = int(best["count"])
-    others = ", ".join(f"{int(r['workers'])}×{int(r['tokenize_threads'])}: {r['mean']:.0%}"
+    axes = " × ".join(AXES[column][1] for column in by)
+    others = ", ".join(f"{layout_name(r, by, short=True)}: {r['mean']:.0%}"
                        for _, r in stats.iloc[1:].iterrows())
     first = table.iloc[0]
     scaled = f", scaled to {int(first['cores'])} of {int(first['card_cores'])} cores"
-    needed = cores_needed(table)
     verdict = "the card waits for its CPU" if best["mean"] < 0.85 else "the card is fed"
     spread = "" if runs < 2 else f" ± {best['std']:.0%}"
+    limit = "" if "card_busy_limit" not in table else (
+        f" (every core here would keep it {table['card_busy_limit'].median():.0%} busy at these "
+        f"runs' CPU per token)")
     return (f"the {first['card']}{scaled} was busiest at {best['mean']:.0%}{spread} with "
-            f"{int(best['workers'])} worker"
-            f"{'s' if int(best['workers']) > 1 else ''} × {int(best['tokenize_threads'])} "
-            f"tokenizing thread{'s' if int(best['tokenize_threads']) > 1 else ''} (workers × "
-            f"threads: {others}): {verdict}; "
-            f"at its cheapest layout's CPU per token, one real card needs {needed:.0f} of these "
-            f"cores to be fed")
+            f"{layout_name(best, by)}" + (f" ({axes}: {others})" if others else "")
+            + f": {verdict}{limit}")
+
+
+def card_feeding(table: pd.DataFrame) -> str:
+    """Notebook 01's: ``card_busy`` by workers × tokenizing threads, and how many of this
+    machine's cores one real card would need (helpers.study.feeding)."""
+    from helpers.study.feeding import cores_needed
+
+    return (card_busy(table, ["workers", "tokenize_threads"]) + f"; at its cheapest layout's CPU "
+            f"per token, one real card needs {cores_needed(table):.0f} of these cores to be fed")

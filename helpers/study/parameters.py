@@ -140,7 +140,8 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "fault_records": positive_int, "kill_after_seconds": _seconds, "limit_seconds": _seconds,
     "card": _choice(tuple(CARDS)), "card_cores": positive_int, "card_workers": _ints,
     "tokenize_threads": _ints, "card_records": positive_int, "card_batch_size": positive_int,
-    "card_workunit_size": positive_int,
+    "card_workunit_size": positive_int, "card_workunit_sizes": _ints,
+    "card_replicates": positive_int, "card_batch_sizes": _ints, "card_tune_sample": positive_int,
     **{name: _threshold for name in THRESHOLDS},
 }
 

@@ -47,17 +47,27 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
     return fig
 
 
-def card_busy(table: pd.DataFrame, title: str) -> Any:
-    """A simulated card's busy share against the workers on it, one line per tokenizing
-    threads each, on a 0-100 % axis with "fed" marked: how far the card is from fed."""
+def card_busy(table: pd.DataFrame, title: str, x: str = "workers",
+              lines: str = "tokenize_threads", xlabel: str = "workers on the card",
+              logx: bool = False) -> Any:
+    """A simulated card's busy share against ``x``, one line per value of ``lines`` (labelled
+    as helpers.study.feeding names it), on a 0-100 % axis with "fed" marked, and, where the
+    table has it, the most this machine's every core could keep the card busy: how far the card
+    is from fed, and whether a layout or the machine holds it back."""
+    from helpers.study.feeding import layout_name
+
     shown = table.assign(card_busy_pct=100 * table["card_busy_share"],
-                         tokenizing=[f"{t} tokenizing thread{'s' if t > 1 else ''} each"
-                                     for t in table["tokenize_threads"]])
-    fig = mean_sd(shown, "workers", "card_busy_pct", "tokenizing", title=title,
-                  xlabel="workers on the card", ylabel="card busy [%]")
+                         layout=[layout_name(row, [lines]) for _, row in table.iterrows()])
+    fig = mean_sd(shown, x, "card_busy_pct", "layout", title=title, xlabel=xlabel,
+                  ylabel="card busy [%]", logx=logx)
     ax = fig.axes[0]
     ax.axhline(100, color="0.3", linestyle="--", linewidth=0.8)
     ax.text(ax.get_xlim()[0], 101, " fed", fontsize=8, color="0.3", va="bottom")
+    if "card_busy_limit" in table:
+        limit = 100 * table["card_busy_limit"].median()
+        ax.axhline(limit, color="0.5", linestyle=":", linewidth=0.8)
+        ax.text(ax.get_xlim()[0], limit + 1, " every core here", fontsize=8, color="0.5",
+                va="bottom")
     ax.set_ylim(0, 110)
     return fig
 

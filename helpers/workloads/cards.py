@@ -136,7 +136,8 @@ class Card:
     """One simulated card, shared by every worker copy on it: a queue of batches.
 
     ``submit`` launches a batch (CPU spun on the calling thread) and queues its work after
-    whatever the card holds; ``wait`` sleeps until the last batch this thread submitted is done.
+    whatever the card holds; ``wait`` sleeps until the last batch this thread submitted is done
+    (or until an earlier moment ``done`` gave: the batches submitted by then).
     The queue's end is a float64 of CLOCK_MONOTONIC (the same in every process of the machine)
     in ``path``, under a lock: threads of one process and processes share it.
     """
@@ -172,9 +173,14 @@ class Card:
         self._local.done = max(getattr(self._local, "done", 0.0), done)
         return seconds
 
-    def wait(self) -> float:
-        """Sleep (no CPU, no GIL) until this thread's batches are done; the seconds waited."""
-        left = getattr(self._local, "done", 0.0) - time.monotonic()
+    def done(self) -> float:
+        """When this thread's batches so far will be done (CLOCK_MONOTONIC)."""
+        return getattr(self._local, "done", 0.0)
+
+    def wait(self, until: float | None = None) -> float:
+        """Sleep (no CPU, no GIL) until ``until`` (what ``done`` said), else until this thread's
+        batches are done; the seconds waited."""
+        left = (self.done() if until is None else until) - time.monotonic()
         if left > 0:
             time.sleep(left)
         return max(0.0, left)

@@ -7,11 +7,12 @@ import tempfile
 import threading
 import weakref
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -258,7 +259,6 @@ class EmbeddingWorkload:
     requires_hardware: bool = field(default=True, init=False)  # False on a simulated card
     cards: str | None = field(default=None, init=False, repr=False, compare=False)  # the
     # simulated cards' queues (a folder every worker copy shares)
-    imports: ClassVar[tuple[str, ...]] = ("torch", "sentence_transformers")  # what load imports
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, (str, Path)):
@@ -311,6 +311,12 @@ class EmbeddingWorkload:
         cards = tempfile.mkdtemp(prefix="gpufeed-cards-")  # shared by every worker copy
         object.__setattr__(self, "cards", cards)
         weakref.finalize(self, shutil.rmtree, cards, True)
+
+    @property
+    def imports(self) -> tuple[str, ...]:
+        """What ``load`` imports (the fork server's preload): a simulated card's worker reads
+        the tokenizer alone."""
+        return ("tokenizers",) if self.card is not None else ("torch", "sentence_transformers")
 
     def check_devices(self, devices: tuple[str, ...]) -> None:
         """In the driver, before any worker starts: a device this variant cannot run on (fp16 on
@@ -419,6 +425,16 @@ class EmbeddingWorkload:
     def record_cost(self, record: str) -> float:
         """Characters: a proxy for tokens, so the reader can put texts of similar length together."""
         return float(len(record))
+
+    def launches(self, model: Any) -> bool:
+        """Whether ``launch`` hands records to a card without waiting (a simulated card's
+        model: yes; sentence-transformers' ``encode`` waits for its results)."""
+        return self.card is not None
+
+    def launch(self, model: Any, records: list[Any]) -> Callable[[], dict[str, np.ndarray]]:
+        """``process``, in two steps: the records handed to the card, then (the function this
+        returns) the wait for it and the arrays."""
+        return model.launch(records, self.batch_size, self.batch_tokens)
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
         if self.card is not None:

@@ -9,7 +9,10 @@ texts are cut into chunks that a pool of tokenizing threads encodes ahead (Rust 
 so the threads use as many cores), and each chunk, as it comes back, is sorted by token count,
 cut into batches (by count, or by a token budget as text-embeddings-inference batches),
 collated into padded id and mask arrays and handed to the card. The card works while the next
-chunks are tokenized; the workunit waits for it only at the end, for its embeddings.
+chunks are tokenized; the workunit waits for it only at the end, for its embeddings, and a
+worker that has its next workunit launches that one first (``launch``, then ``finish``: the
+engine's worker overlaps workunits so, helpers.engine.worker.serve), so the card is not left
+idle while the worker collects, writes and answers.
 
 What each stage cost is counted (``FeedCounts``): CPU microseconds per stage on the threads that
 ran it, the card's seconds, and the tokens computed and needed.
@@ -38,22 +41,27 @@ SORT_WINDOW = 3  # batches kept back to sort by tokens with the next chunks (tex
 
 class RustTokenizer:
     """``tokenizer(texts, truncation=True, max_length=...)``'s ids, from the Rust tokenizer
-    (a copy of the model's: the wrapper's own is left as it was)."""
+    ``rust`` (truncation and padding set here on it: give it a copy); ``pad_id``: the id that
+    pads a batch."""
 
-    def __init__(self, tokenizer: Any, max_length: int) -> None:
+    def __init__(self, rust: Any, pad_id: int, max_length: int) -> None:
+        self.rust, self.pad_id, self.max_length = rust, pad_id, max_length
+        self.rust.enable_truncation(max_length=max_length)
+        self.rust.no_padding()
+        self._encode = getattr(self.rust, "encode_batch_fast", self.rust.encode_batch)  # (no
+        # character offsets: 5-10 % less CPU, the same ids; tokenizers >= 0.21)
+
+    @classmethod
+    def of(cls, tokenizer: Any, max_length: int) -> RustTokenizer:
+        """From a transformers tokenizer (a copy of its Rust one: its own is left as it was)."""
         from tokenizers import Tokenizer
 
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise ValueError(f"{type(tokenizer).__name__} has no Rust tokenizer (a 'fast' "
                              f"tokenizer): the simulated card needs one")
-        self.rust = Tokenizer.from_str(backend.to_str())
-        self.rust.enable_truncation(max_length=max_length)
-        self.rust.no_padding()
-        self.pad_id = int(tokenizer.pad_token_id or 0)
-        self.max_length = max_length
-        self._encode = getattr(self.rust, "encode_batch_fast", self.rust.encode_batch)  # (no
-        # character offsets: 5-10 % less CPU, the same ids; tokenizers >= 0.21)
+        return cls(Tokenizer.from_str(backend.to_str()), int(tokenizer.pad_token_id or 0),
+                   max_length)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids, special tokens included."""
@@ -105,6 +113,16 @@ class FeedCounts:
         return dict(self.__dict__)
 
 
+@dataclass
+class Launched:
+    """A workunit handed to the card: when the card will be done with it (CLOCK_MONOTONIC),
+    and what feeding it cost so far."""
+
+    done: float
+    counts: FeedCounts
+    phases: dict[str, float]
+
+
 class Feeder:
     """One worker's feeding side for a card (the module docstring). ``threads``: tokenizing
     threads (1: the worker's own thread)."""
@@ -124,8 +142,15 @@ class Feeder:
 
     def run(self, texts: list[str], batch_size: int, batch_tokens: int | None
             ) -> tuple[FeedCounts, dict[str, float]]:
-        """Feed ``texts`` to the card; the counts, and the wall seconds by phase (tokenize: the
-        wait for tokens; forward: launching and the wait for the card; copy_out: collating).
+        """Feed ``texts`` to the card and wait for it: ``launch`` then ``finish``."""
+        launched = self.launch(texts, batch_size, batch_tokens)
+        self.finish(launched)
+        return launched.counts, launched.phases
+
+    def launch(self, texts: list[str], batch_size: int, batch_tokens: int | None) -> Launched:
+        """Hand ``texts`` to the card, batch by batch, without waiting for it; what ``finish``
+        waits on, with the counts and the wall seconds by phase (tokenize: the wait for tokens;
+        forward: launching, and ``finish``'s wait for the card; copy_out: collating).
 
         The texts go to the tokenizing threads longest first by characters, in chunks; as each
         chunk comes back, the texts waiting are sorted by tokens and cut into batches, and all
@@ -154,10 +179,13 @@ class Feeder:
                 self._launch([waiting[i] for i in group], counts, phases)
             kept = {i for group in groups[max(0, len(groups) - held):] for i in group}
             waiting = [waiting[i] for i in sorted(kept)]
+        return Launched(self.card.done(), counts, phases)
+
+    def finish(self, launched: Launched) -> None:
+        """Wait for the card to be done with what ``launched`` handed it (counted)."""
         started = time.perf_counter()
-        counts.card_wait_us += int(self.card.wait() * 1e6)
-        phases["forward"] += time.perf_counter() - started
-        return counts, phases
+        launched.counts.card_wait_us += int(self.card.wait(launched.done) * 1e6)
+        launched.phases["forward"] += time.perf_counter() - started
 
     def _launch(self, ids: list[list[int]], counts: FeedCounts, phases: dict[str, float]) -> None:
         """Collate a batch and hand it to the card."""
