@@ -162,3 +162,15 @@ def test_card_feeding_names_the_busiest_layout_and_the_cores_one_card_needs():
     assert "one real card needs 52 of these cores" in said  # 3.0 CPU s / M tokens × 17.5 M/s
     fed = pd.DataFrame(rows).assign(card_busy_share=0.9)
     assert "the card is fed" in findings.card_feeding(fed)
+
+
+def test_card_busy_says_what_every_core_here_could_do_and_reads_an_unscaled_card():
+    rows = pd.DataFrame([{"workunit_size": size, "card_busy_share": busy, "card_busy_limit": limit,
+                          "card": "simulated h100", "cores": 2, "card_cores": None}
+                         for size, busy, limit in ((64, 0.2, 0.3), (256, 0.25, 0.3))])
+    said = findings.card_busy(rows, ["workunit_size"])
+    assert said.startswith("the simulated h100 was busiest at 25% with 256 record workunits "
+                           "(workunit size: 64: 20%)")
+    assert said.endswith("(every core here would keep it 30% busy at these runs' CPU per token)")
+    assert "could feed 2.5 such cards" in findings.card_busy(
+        rows.assign(card_busy_limit=2.5), ["workunit_size"])

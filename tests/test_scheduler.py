@@ -499,6 +499,24 @@ def test_a_death_holding_two_calls_charges_the_first_only_where_its_answer_canno
     assert scheduler.recovery.failed_workunits == (0 if unknown else 1)
 
 
+def test_an_overlapping_worker_s_death_suspects_the_two_workunits_it_had_started_only():
+    """Two messages of two workunits in flight: the worker had started at most the first two,
+    which go back alone, charged nothing; the others go back as they were."""
+    from helpers.engine.messages import Died, Ready, WorkerInfo, Workunit
+
+    backend = FakeBackend()
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
+    scheduler.slots[0].ready = Ready(0, 1, 0.0, {}, overlaps=True)
+    scheduler.per_message = 2
+    scheduler.dispatch(Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+                               for n in reversed(range(8))]))
+    assert [len(units) for _, units in backend.sent] == [2, 2]
+    scheduler.handle(0, Died(0, -11))
+    assert [(int(u.ids[0]), u.attempts, u.alone) for u in scheduler.pending] == [
+        (0, 0, True), (1, 0, True), (2, 0, False), (3, 0, False)]
+    assert scheduler.recovery.failed_workunits == 0
+
+
 def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():
     """The workunit queued behind the one that triggers recycling can fail before the kill lands:
     it is requeued as it was, not retried, split or given up on (the CI flake of the test above)."""

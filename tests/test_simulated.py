@@ -99,3 +99,23 @@ def test_a_simulated_card_s_worker_overlaps_its_workunits_and_a_real_model_s_doe
     processed = workload.counts(model)
     assert launched["tokens_needed"] == processed["tokens_needed"] > 40
     assert launched["tokens_computed"] == processed["tokens_computed"]
+
+
+def test_a_model_s_files_give_its_pad_token_and_no_length_where_none_is_said(tmp_path):
+    """A pad token in special_tokens_map.json only (older models), and neither a
+    model_max_length nor positions: no cap (transformers' "very large"), not a crash."""
+    import shutil
+
+    from helpers.workloads.embedding import default_model_path
+    from helpers.workloads.simulated import UNBOUNDED, read_model
+
+    shutil.copy(os.path.join(default_model_path(), "tokenizer.json"), tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128}))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"pad_token": "[SEP]"}))
+    config, tokenizer = read_model(str(tmp_path))
+    assert config["hidden_size"] == 64
+    assert tokenizer.pad_id == tokenizer.rust.token_to_id("[SEP]") == 102
+    assert tokenizer.max_length == UNBOUNDED
+    assert len(tokenizer.encode(["word " * 1000])[0]) > 1000  # nothing cut
+

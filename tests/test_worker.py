@@ -93,8 +93,8 @@ class Launching:
 
     name = "launching"
 
-    def __init__(self, log, launches=True, fail=()):
-        self.log, self._launches, self.fail = log, launches, fail
+    def __init__(self, log, launches=True, fail=(), seconds=0.0):
+        self.log, self._launches, self.fail, self.seconds = log, launches, fail, seconds
 
     def check_record(self, record):
         pass
@@ -106,11 +106,13 @@ class Launching:
         if ("launch", records[0]) in self.fail:
             raise RuntimeError(f"launch {records[0]}")
         self.log.append(("launch", records[0]))
+        time.sleep(self.seconds)
 
         def finish():
             if ("finish", records[0]) in self.fail:
                 raise RuntimeError(f"finish {records[0]}")
             self.log.append(("finish", records[0]))
+            time.sleep(self.seconds)
             return {"out": np.zeros((len(records), 1), dtype=np.float32)}
         return finish
 
@@ -135,10 +137,14 @@ def serve_all(workload, messages, log, overlap=True):
     def send(message):
         assert isinstance(message, (Result, Failed))
         log.append(("sent", message.workunit, type(message).__name__))
+        answers.append(message)
         return True
+
+    answers = []
 
     serve(WorkerInfo(0, "cuda:0", 1), workload, None, {"out": OutputSpec((1,), "float32")},
           receive, send, waiting=(lambda seconds: bool(left)) if overlap else None)
+    return answers
 
 
 def units(*starts, alone=()):
@@ -191,3 +197,15 @@ def test_a_workunit_that_raises_while_overlapped_fails_alone(step):
     serve_all(Launching(log, fail={(step, "r1")}), [units(0, 1, 2)], log)
     assert [entry for entry in log if entry[0] == "sent"] == [
         ("sent", 0, "Result"), ("sent", 1, "Failed"), ("sent", 2, "Result")]
+
+
+def test_an_overlapped_workunit_s_time_is_its_own_two_steps_not_the_next_one_s_start():
+    """Its Result's ``ended - started`` is its launch and its finish, not also the next
+    workunit's launch between them, so workers' busy seconds never pass the wall time."""
+    log = []
+    answers = serve_all(Launching(log, seconds=0.05), [units(0, 1, 2)], log)
+    assert [a.workunit for a in answers] == [0, 1, 2]
+    for answer in answers:
+        assert 0.09 <= answer.ended - answer.started < 0.14  # 2 x 0.05 s (not 3)
+    assert all(later.started >= earlier.started for earlier, later in zip(answers, answers[1:]))
+

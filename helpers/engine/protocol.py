@@ -31,9 +31,10 @@ And it may define ``fingerprint() -> dict``: what decides its values (model, opt
 resumed run must keep; without it, ``attrs()`` is used, every field of it.
 
 A workload imports its heavy libraries (torch, onnxruntime) inside ``load``, never at module level:
-a process that merely unpickles it should pay for nothing it does not run. It may name them in a
-class attribute ``imports`` (module names): the process backend's fork server imports them once,
-and every worker process it forks starts with them imported (helpers.engine.backends).
+a process that merely unpickles it should pay for nothing it does not run. It may name them in an
+attribute ``imports`` (module names): the process backend's fork server imports them once, and
+every worker process it forks starts with them imported (helpers.engine.backends; the server
+keeps the first pool's).
 """
 from __future__ import annotations
 

@@ -33,10 +33,13 @@ workunit sizes, more for a worker whose workunits take under MESSAGE_SECONDS, up
 much of its work, at most twice its last message's: ``message_size``; the feed queues enough
 ahead for every ready worker), and holds up to PREFETCH messages, one
 running and one waiting (``Slot.messages``); the next message goes out once a whole message's
-answers are back. Near the end of a job, a message takes a second workunit only while a message's
-worth is left for every worker (and a second message waits behind the running one only while one
-workunit is), so that the last workunits go one at a time to whichever worker is free first. A
-workunit to be sent alone goes to a worker holding nothing, and nothing goes behind it.
+answers are back. A worker that overlaps workunits (``Ready.overlaps``) starts each before it
+answers the one before, so a workunit's timeout, counted from when it heads the worker's
+queue, also spans the start of the next. Near the end of a job, a message takes a second
+workunit only while a message's worth is left for every worker (and a second message waits
+behind the running one only while one workunit is), so that the last workunits go one at a time
+to whichever worker is free first. A workunit to be sent alone goes to a worker holding nothing,
+and nothing goes behind it.
 
 Names, each for one thing: a *slot* is a worker's place in the pool (a replacement takes the same
 slot) and is LOADING, READY, DRAINING (retired once it has finished what it holds) or RETIRED;
@@ -561,12 +564,14 @@ class Scheduler:
             # we stopped it, its machine went away, or the workunit that timed out finished
             # before the kill landed: the workunits it still held did nothing wrong
             self.pending.extendleft(reversed([replace(u, pinned=None) for u in units]))
-        elif unknown:  # any of them may have done it: each goes alone
-            log.warning("%s holding %d workunits (%s first), whose answers may be lost with it; "
-                        "each is sent again alone, charged nothing", error[1], len(units),
-                        units[0].describe())
-            self.pending.extendleft(reversed([replace(u, pinned=None, alone=True)
-                                              for u in units]))
+        elif unknown:  # any of them may have done it (of an overlapping worker's, the two it
+            # had started): each goes alone, the others as they were
+            suspects = len(units) if self.backend.answers_together else 2
+            log.warning("%s holding %d workunits (%s first), any of %d of which may have done "
+                        "it; each is sent again alone, charged nothing", error[1], len(units),
+                        units[0].describe(), min(suspects, len(units)))
+            self.pending.extendleft(reversed(
+                [replace(u, pinned=None, alone=n < suspects) for n, u in enumerate(units)]))
         elif units:
             waiting = [replace(u, pinned=None) for u in units[1:]]  # never started: no attempt
             self.pending.extendleft(reversed(waiting))

@@ -15,10 +15,12 @@ holds its pipe: ``release_fork_server``), and everywhere a watchdog thread sees 
 (its sentinel, not its pid: the fork server is our parent in the kernel's eyes) and ends the
 process, as torch's DataLoader workers do.
 
-Every backend's worker answers a workunit with the same ``answer``; the process and thread backends
-run it in the same ``serve`` loop, and differ only in how a worker starts (a process with
-its own model, or a thread sharing its device's model) and in how messages travel. A Ray actor
-(helpers.engine.ray_backend) calls ``load``, ``ready`` and ``answer`` from its methods instead.
+Every backend's worker answers a workunit with the same two steps (``begin``, then what it returns);
+the process and thread backends run them in the same ``serve`` loop (which overlaps workunits
+where the workload launches its work on a card), and differ only in how a worker starts (a
+process with its own model, or a thread sharing its device's model) and in how messages travel.
+A Ray actor (helpers.engine.ray_backend) calls ``load``, ``ready`` and ``answer`` (both steps at
+once) from its methods instead.
 """
 from __future__ import annotations
 
@@ -183,27 +185,28 @@ def serve(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSp
 
 def answer(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
            unit: Workunit) -> Result | Failed:
-    """One workunit's Result, or the Failed message that says why it raised (every backend's
-    worker answers each workunit with this)."""
+    """One workunit's Result, or the Failed message that says why it raised: ``begin`` and its
+    end at once (a Ray actor's answer; ``serve`` may overlap the two steps)."""
     return begin(info, workload, model, specs, unit)()
 
 
 def begin(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
           unit: Workunit) -> Callable[[], Result | Failed]:
     """``answer`` in two steps: the workunit started (``start_workunit``), and what finishes it
-    and gives its Result, or the Failed message that says why either step raised; its CPU
-    seconds are those of both steps."""
-    cpu = time.process_time()
+    and gives its Result, or the Failed message that says why either step raised. Its CPU
+    seconds, and its time (``ended - started``), are those of the two steps: a worker that
+    overlaps workunits starts the next between them, and that time is the next one's."""
+    cpu, wall = time.process_time(), time.monotonic()
     try:
         finish = start_workunit(workload, model, specs, unit, info.index)
     except Exception as exc:  # the workunit's fault or the model's: the parent decides
         message = _failure(info, unit, exc)
         del exc  # its traceback pins the failed batch's tensors
         return lambda: message
-    spent = time.process_time() - cpu
+    spent, took = time.process_time() - cpu, time.monotonic() - wall
 
     def end() -> Result | Failed:
-        cpu = time.process_time()
+        cpu, wall = time.process_time(), time.monotonic()
         try:
             result = finish()
         except Exception as exc:
@@ -211,7 +214,7 @@ def begin(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSp
             del exc
             return message
         rss, gpu = peak_memory(info.device, getattr(workload, "requires_hardware", True))
-        return replace(result, peak_rss_mb=rss, peak_gpu_mb=gpu,
+        return replace(result, started=wall - took, peak_rss_mb=rss, peak_gpu_mb=gpu,
                        cpu_seconds=spent + time.process_time() - cpu)
     return end
 

@@ -361,15 +361,22 @@ def card_busy(table: pd.DataFrame, by: Sequence[str]) -> str:
     others = ", ".join(f"{layout_name(r, by, short=True)}: {r['mean']:.0%}"
                        for _, r in stats.iloc[1:].iterrows())
     first = table.iloc[0]
-    scaled = f", scaled to {int(first['cores'])} of {int(first['card_cores'])} cores"
+    scaled = "" if pd.isna(first["card_cores"]) else \
+        f", scaled to {int(first['cores'])} of {int(first['card_cores'])} cores"
     verdict = "the card waits for its CPU" if best["mean"] < 0.85 else "the card is fed"
     spread = "" if runs < 2 else f" ± {best['std']:.0%}"
-    limit = "" if "card_busy_limit" not in table else (
-        f" (every core here would keep it {table['card_busy_limit'].median():.0%} busy at these "
-        f"runs' CPU per token)")
+    limit = "" if "card_busy_limit" not in table else _limit(table["card_busy_limit"].median())
     return (f"the {first['card']}{scaled} was busiest at {best['mean']:.0%}{spread} with "
             f"{layout_name(best, by)}" + (f" ({axes}: {others})" if others else "")
             + f": {verdict}{limit}")
+
+
+def _limit(share: float) -> str:
+    """What every core here could do for the card, at the runs' CPU per token."""
+    if share >= 1:
+        return (f" (every core here could feed {share:.1f} such cards at these runs' CPU per "
+                f"token)")
+    return f" (every core here would keep it {share:.0%} busy at these runs' CPU per token)"
 
 
 def card_feeding(table: pd.DataFrame) -> str:

@@ -63,8 +63,8 @@ def card_busy(table: pd.DataFrame, title: str, x: str = "workers",
     ax = fig.axes[0]
     ax.axhline(100, color="0.3", linestyle="--", linewidth=0.8)
     ax.text(ax.get_xlim()[0], 101, " fed", fontsize=8, color="0.3", va="bottom")
-    if "card_busy_limit" in table:
-        limit = 100 * table["card_busy_limit"].median()
+    limit = 100 * table["card_busy_limit"].median() if "card_busy_limit" in table else 200
+    if limit < 100:  # (at 100 % or more, the cores here could feed the card: no line)
         ax.axhline(limit, color="0.5", linestyle=":", linewidth=0.8)
         ax.text(ax.get_xlim()[0], limit + 1, " every core here", fontsize=8, color="0.5",
                 va="bottom")

@@ -49,6 +49,7 @@ class SimulatedModel:
         return dict(getattr(self._local, "counts", {}))
 
 
+UNBOUNDED = 2**31 - 1  # the length of a model that says none (transformers': "very large")
 ARCHITECTURE = ("num_hidden_layers", "hidden_size", "intermediate_size")  # what the cost
 # model reads of config.json (a model that names them otherwise is read through transformers)
 
@@ -78,15 +79,19 @@ def max_seq_length(path: str, model_max_length: float, positions: int | None) ->
     found = _json(path, "sentence_bert_config.json").get("max_seq_length")
     if found:
         return int(found)
-    return int(min(model_max_length, positions or model_max_length))
+    return int(min(model_max_length, positions or model_max_length, UNBOUNDED))
 
 
 def read_model(path: str) -> tuple[dict[str, Any], RustTokenizer]:
     """The model's architecture (ARCHITECTURE) and its tokenizer, truncating as
     sentence-transformers does, read from its files (config.json, tokenizer.json,
-    tokenizer_config.json) without transformers, whose import (and torch's, which it brings)
-    costs each worker 4 s here; a model without a tokenizer.json, or whose config.json names
-    its sizes otherwise, through transformers (the ids are the same: tests/test_feed.py)."""
+    tokenizer_config.json, special_tokens_map.json) without transformers, whose import (and
+    torch's, which it brings) costs each worker 4 s here; a model without a tokenizer.json, or
+    whose config.json names its sizes otherwise, through transformers. The ids are
+    sentence-transformers' where tokenizer.json is the whole tokenizer (tests/test_feed.py:
+    the embedded MiniLM); transformers may still change a normalizer from tokenizer_config.json
+    (``do_lower_case``, ``add_prefix_space``), which a simulated card only sees in its token
+    counts."""
     config, settings = _json(path, "config.json"), _json(path, "tokenizer_config.json")
     tokenizer_file = _model_file(path, "tokenizer.json")
     if tokenizer_file is None or not all(name in config for name in ARCHITECTURE):
@@ -100,7 +105,7 @@ def read_model(path: str) -> tuple[dict[str, Any], RustTokenizer]:
     from tokenizers import Tokenizer
 
     rust = Tokenizer.from_file(str(tokenizer_file))
-    pad = settings.get("pad_token")
+    pad = settings.get("pad_token") or _json(path, "special_tokens_map.json").get("pad_token")
     pad = pad.get("content") if isinstance(pad, dict) else pad
     pad_id = rust.token_to_id(pad) if pad else None
     length = max_seq_length(path, float(settings.get("model_max_length", float("inf"))),
