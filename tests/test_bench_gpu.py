@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers.bench.gpu import card, check, faults, plan, report, study, tables, weights
+from helpers.bench.gpu import card, check, faults, plan, report, simulated, study, tables, weights
+from helpers.engine.devices import available_cores
 from helpers.study.paths import ROOT
 from helpers.study.provenance import git_commit
 
@@ -56,6 +57,14 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
                                                                     "oom_backoffs"] >= 1
     assert checks.loc["killed", "deaths"] >= 1 and checks.loc["killed", "exactly_once"]
 
+    fed = pd.read_csv(out / "gpu_simulated.csv")
+    assert [tuple(r) for r in fed[["workers", "tokenize_threads"]].to_numpy()] == \
+        simulated.layouts(available_cores())
+    assert fed["skipped"].isna().all() and (fed["card_busy_share"] > 0).all()
+    assert (fed["records"] == sizes.simulated_records).all() and fed["card_cores"].isna().all()
+    assert printed.index("faults:") < printed.index("the simulated card (") < printed.index(
+        "the study (")
+
     runs = pd.read_csv(out / "gpu_study.csv")
     assert sorted(zip(runs["workers"], runs["workunit_size"])) == sorted(
         (w, str(s)) for w in sizes.worker_counts for s in sizes.workunit_sizes)
@@ -70,9 +79,12 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
                                                                    for t in tables.TABLES)
     drawn = sorted((tmp_path / "figures" / tables.FIGURES).glob("*.png"))
     assert [p.stem for p in drawn] == ["model-texts_per_s-vs-batch_size",
+                                       "simulated-card_busy-vs-workers",
                                        "study-texts_per_s-vs-workers"]
-    finding = json.loads(drawn[1].with_suffix(".json").read_text())["finding"]
+    finding = json.loads(drawn[2].with_suffix(".json").read_text())["finding"]
     assert "workers per GPU" in finding and "texts/s" in finding
+    finding = json.loads(drawn[1].with_suffix(".json").read_text())["finding"]
+    assert finding.startswith("the simulated h100 was busiest at")
 
 
 def model_feeds():

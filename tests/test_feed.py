@@ -105,3 +105,22 @@ def test_a_launched_workunit_waits_for_its_own_batches_not_the_next_one_s(rust, 
     assert card.waits == [own, len(card.shapes)]
     assert first.counts.tokens_needed == sum(map(len, rust.encode(sample[:100])))
 
+
+def test_a_small_workunit_is_cut_so_that_every_tokenizing_thread_gets_a_chunk(rust, sample):
+    """100 texts and 4 threads: chunks of 25, not one chunk of 64 and one of 36 (two threads
+    idle while the others tokenize)."""
+    import threading
+
+    class Counting:
+        def __init__(self):
+            self.pad_id, self.calls = rust.pad_id, []
+
+        def encode(self, texts):
+            self.calls.append((threading.current_thread().name, len(texts)))
+            return rust.encode(texts)
+
+    counting = Counting()
+    counts, _ = Feeder(counting, FakeCard(), 4).run(sample[:100], 32, None)
+    assert sorted(n for _, n in counting.calls) == [25, 25, 25, 25]
+    assert counts.tokens_needed == sum(map(len, rust.encode(sample[:100])))
+

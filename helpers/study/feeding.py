@@ -27,19 +27,20 @@ def _cpu() -> float:
 
 def card_run(texts: list[str], workers: int, threads: int | None, card: str,
              card_cores: int | None, batch_size: int, workunit_size: int, folder: str,
-             backend: str = "process") -> dict[str, Any]:
+             backend: str = "process", model: str | None = None) -> dict[str, Any]:
     """One run of ``texts`` on the simulated ``card`` (``workers`` on it, ``threads``
     tokenizing in each, None: the workload's default, on ``backend``): its rate, the card's
     busy share, and the CPU seconds of each stage (tokenize, collate and launch counted on the
     workers' threads; the rest of the workers' CPU, from their Results; the driver's whole
     process, which, on the thread backend, is the workers' too). ``card_busy_limit``: the busy
     share this machine's every core would give the card at this run's CPU per token (what no
-    layout of it passes; over 1: the cores here could feed more than one such card)."""
+    layout of it passes; over 1: the cores here could feed more than one such card).
+    ``model``: whose tokenizer and configuration (None: the embedded MiniLM)."""
     from helpers.engine.pipeline import run_pipeline
     from helpers.workloads.embedding import EmbeddingWorkload
 
-    workload = EmbeddingWorkload(card=card, card_cores=card_cores, batch_size=batch_size,
-                                 tokenize_threads=threads)
+    workload = EmbeddingWorkload(model=model, card=card, card_cores=card_cores,
+                                 batch_size=batch_size, tokenize_threads=threads)
     before = _cpu()
     stats = run_pipeline(list(enumerate(texts)), workload, devices=f"cuda:0*{workers}",
                          workunit_size=workunit_size, output=os.path.join(folder, "out.h5"),

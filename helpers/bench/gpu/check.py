@@ -3,12 +3,14 @@
 Sections, in this order (each writes its tables as soon as it ends, so a call cut short keeps
 what it measured)::
 
-    the card's ceilings ─► the model's side ─► faults ─► the study ─► the summary, printed last
-    (matmul, copy)         (model_side.py)     (faults.py) (study.py)
+    the card's ceilings ─► the model's side ─► faults ─► the simulated card ─► the study
+    (matmul, copy)         (model_side.py)     (faults.py) (simulated.py)      (study.py)
+    ─► the summary, printed last
 
 The model's side has until MODEL_SHARE of the budget, the faults until FAULTS_SHARE (three
-checks, about a minute), and the study fills what is left but RESERVE_SECONDS, a run it cannot
-finish skipped and said so; its tables are saved after every run. The model is
+checks, about a minute), the simulated card (does this machine's CPU feed its card?) until
+SIMULATED_SHARE, and the study fills what is left but RESERVE_SECONDS, a run it cannot finish
+skipped and said so; its tables are saved after every run. The model is
 all-MiniLM-L6-v2's configuration and tokenizer with seeded random weights
 (helpers.bench.gpu.weights), built into a temporary folder first. ``--dry-run`` runs every
 section on a CPU with tiny sizes (DRY), in under a minute: the test suite runs it, so the check
@@ -25,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers.bench.gpu import faults, model_side, study
+from helpers.bench.gpu import faults, model_side, simulated, study
 from helpers.bench.gpu.tables import TABLES, measured
 from helpers.bench.gpu.weights import PREPARED, WEIGHTS, build, prepare
 
@@ -33,6 +35,8 @@ BUDGET_SECONDS = 400.0  # the check's own limit: a card's call ends within 7 min
 MODEL_SHARE = 0.35  # of the budget: the model's side ends by then (the feed variant compiled
 # first, the others last while time allows)
 FAULTS_SHARE = 0.55  # and a fault check starts only if it should end by then
+SIMULATED_SHARE = 0.62  # and a run on the simulated card
+SIMULATED_WORKUNIT = 1024  # records a workunit on the simulated card (gpu.yaml's ~1,000)
 RESERVE_SECONDS = 15.0  # kept at the end: tables, the summary
 
 
@@ -47,6 +51,7 @@ class Sizes:
     precisions: tuple[str, ...] = model_side.PRECISIONS
     compiled: bool = True
     study_records: int = 200_000
+    simulated_records: int = 100_000  # the sample's paragraphs a simulated card's run feeds
     worker_counts: tuple[int, ...] = study.WORKER_COUNTS
     workunit_sizes: tuple[int | str, ...] = study.SIZES
     oom_records: int = faults.OOM_RECORDS
@@ -60,7 +65,8 @@ class Sizes:
 
 CARD = Sizes()
 DRY = Sizes(model_texts=32, batch_sizes=(16, 32), repeats=1, rounds=1, precisions=("fp32",),
-            compiled=False, study_records=160, worker_counts=(1, 2), workunit_sizes=("auto", 32),
+            compiled=False, study_records=160, simulated_records=160, worker_counts=(1, 2),
+            workunit_sizes=("auto", 32),
             oom_records=32, fit_max=2, kill_units=8, kill_seconds=3.0, matmul_size=256,
             copy_bytes=2 ** 22, layers=1)
 
@@ -121,6 +127,12 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
                                 folder, started + FAULTS_SHARE * budget, sizes.fit_max,
                                 sizes.kill_seconds)
         _save(pd.DataFrame(checks), "gpu_faults", out, parameters)
+        say("the simulated card")
+        texts = [text for _, text in study.corpus(sizes.simulated_records)]
+        fed = simulated.measure(model_dir, texts, simulated.card_for(str(card["gpu"].iloc[0])),
+                                model_side.ENCODE_BATCH, SIMULATED_WORKUNIT,
+                                started + SIMULATED_SHARE * budget)
+        _save(pd.DataFrame(fed), "gpu_simulated", out, parameters)
         say("the study")
 
         def keep(runs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> None:

@@ -1,10 +1,12 @@
-"""The GPU check's two figures, drawn from its tables only (helpers.study.figures saves them):
+"""The GPU check's figures, drawn from its tables only (helpers.study.figures saves them):
 
 - ``model-texts_per_s-vs-batch_size``: the card alone (forward passes, one line per variant) and
   a worker's whole path (encode, the feed variant), in texts/s and as a share of the card's
   measured bf16 limit: how much of the card the model can use, and how much the CPU side leaves;
 - ``study-texts_per_s-vs-workers``: the study's corpus through 1-4 workers per GPU, by workunit
-  size, and the card's busy share (NVML) in each run: how many workers keep the card fed.
+  size, and the card's busy share (NVML) in each run: how many workers keep the card fed;
+- ``simulated-card_busy-vs-workers``: the simulated card at full speed, fed by the machine's
+  cores: does this CPU keep its card fed (helpers.bench.gpu.simulated)?
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from helpers.bench.gpu.tables import FIGURES, measured, read, sidecar
 
 
 def draw(results: str | Path, figures_dir: str | Path) -> list[Path]:
-    """Both figures from the tables in ``results``; their paths."""
+    """The figures from the tables in ``results``; their paths."""
     from helpers.study.figures import save_figure
     from helpers.study.provenance import describe_machine
 
@@ -37,6 +39,17 @@ def draw(results: str | Path, figures_dir: str | Path) -> list[Path]:
         saved.append(save_figure(fig, FIGURES, "study-texts_per_s-vs-workers", figures_dir,
                                  finding=finding, machine=machine, replicates=1,
                                  tables=["gpu_study"]))
+    if "gpu_simulated" in tables and len(measured(tables["gpu_simulated"])):
+        from helpers.study.findings import card_busy
+        from helpers.study.plots import card_busy as card_busy_figure
+
+        fed = measured(tables["gpu_simulated"])
+        finding = card_busy(fed, ["workers", "tokenize_threads"])
+        fig = card_busy_figure(fed, f"{fed['card'].iloc[0].capitalize()} fed by this machine's "
+                               f"{int(fed['cores'].iloc[0])} cores (higher is better)")
+        saved.append(save_figure(fig, FIGURES, "simulated-card_busy-vs-workers", figures_dir,
+                                 finding=finding, machine=machine, replicates=1,
+                                 tables=["gpu_simulated"]))
     return saved
 
 

@@ -74,7 +74,8 @@ def summary(folder: str | Path) -> str:
     with pd.option_context("display.width", 160, "display.max_columns", 20,
                            "display.float_format", lambda v: f"{v:,.3g}"):
         for name, section in (("gpu_card", _card_lines), ("gpu_model", _model_lines),
-                              ("gpu_faults", _fault_lines), ("gpu_study", _study_lines)):
+                              ("gpu_faults", _fault_lines), ("gpu_simulated", _simulated_lines),
+                              ("gpu_study", _study_lines)):
             if name in tables:
                 try:
                     lines += section(tables[name])
@@ -104,6 +105,18 @@ def _fault_lines(checks: pd.DataFrame) -> list[str]:
     return ["", "faults:"] + [
         f"  {r['check']}: {'passed' if r['passed'] else 'FAILED'}: {r['detail']}"
         for _, r in checks.iterrows()]
+
+
+def _simulated_lines(fed: pd.DataFrame) -> list[str]:
+    done = measured(fed)
+    lines = ["", f"the simulated card ({done['card'].iloc[0] if len(done) else 'none run'} at "
+                 f"full speed, fed by this machine's {int(fed['cores'].iloc[0])} cores):"]
+    lines += [f"  {int(r['workers'])} worker(s) x {int(r['tokenize_threads'])} tokenizing "
+              f"thread(s): card busy {r['card_busy_share']:.0%} ({r['tokens_per_s'] / 1e6:.1f} M "
+              f"tokens/s, {r['cpu_s_per_m_tokens']:.2f} CPU s per M tokens; every core: "
+              f"{r['card_busy_limit']:.0%})" for _, r in done.iterrows()]
+    return lines + [f"skipped: {int(r['workers'])} x {int(r['tokenize_threads'])}: "
+                    f"{r['skipped'][:100]}" for _, r in fed[skipped(fed)].iterrows()]
 
 
 def _study_lines(runs: pd.DataFrame) -> list[str]:

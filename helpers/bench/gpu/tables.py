@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-TABLES = ("gpu_card", "gpu_model", "gpu_faults", "gpu_study", "gpu_study_samples")
+TABLES = ("gpu_card", "gpu_model", "gpu_faults", "gpu_simulated", "gpu_study",
+          "gpu_study_samples")
 FIGURES = "check"  # the figures' folder under a figures folder
 
 
