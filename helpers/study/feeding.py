@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from helpers.engine.devices import available_cores
 from helpers.workloads.cards import CARDS
 
 STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")
@@ -56,22 +57,17 @@ def card_run(texts: list[str], workers: int, threads: int | None, card: str,
     tokens = int(counts.get("tokens_needed", 0))
     cpu = sum(stage.values())
     busy = stats.card_busy_share or 0.0
-    return {"workers": workers, "tokenize_threads": threads or _cores(),
+    return {"workers": workers, "tokenize_threads": threads or available_cores(),
             "workunit_size": workunit_size,
             "backend": backend, "seconds": stats.wall_seconds,
             "spinup_s": stats.spinup_seconds, "records": stats.records, "tokens": tokens,
             "records_per_s": stats.records_per_second,
             "tokens_per_s": tokens / stats.wall_seconds if stats.wall_seconds > 0 else 0.0,
             "padding": stats.padding, "card_busy_share": busy,
-            "card_busy_limit": busy * stats.wall_seconds * _cores() / cpu if cpu else 0.0,
+            "card_busy_limit": (busy * stats.wall_seconds * available_cores() / cpu
+                                if cpu else 0.0),
             **{f"{name}_cpu_s": value for name, value in stage.items()},
             "cpu_s": cpu, "cpu_s_per_m_tokens": cpu / tokens * 1e6 if tokens else float("nan")}
-
-
-def _cores() -> int:
-    from helpers.workloads.feed import available_cores
-
-    return available_cores()
 
 
 def layout_name(row: Any, by: Sequence[str], short: bool = False) -> str:
@@ -101,7 +97,7 @@ def card_layouts(texts: list[str], layouts: Sequence[dict[str, Any]], card: str,
                     texts[:records], card=card, card_cores=card_cores, batch_size=batch_size,
                     folder=folder, **layout)})
     return pd.DataFrame(rows).assign(
-        card=f"simulated {card}", card_cores=card_cores, cores=_cores(),
+        card=f"simulated {card}", card_cores=card_cores, cores=available_cores(),
         card_tokens_per_s=CARDS[card].tokens_per_second, batch_size=batch_size)
 
 

@@ -36,7 +36,7 @@ def measure(model_dir: str, texts: list[str], card: str, batch_size: int, workun
             deadline: float) -> list[dict[str, Any]]:
     """One row per layout: ``card_run``'s figures, or why it was skipped (out of time)."""
     from helpers.study.feeding import card_run
-    from helpers.workloads.feed import available_cores
+    from helpers.engine.devices import available_cores
 
     cores, rows, took = available_cores(), [], SPINUP_GUESS
     with tempfile.TemporaryDirectory(prefix="gpufeed-gpu-sim-") as folder:
