@@ -44,10 +44,13 @@ from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
 from helpers.workloads.binning.table import is_table, write_csv
 from helpers.workloads.cards import CARDS
-from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.embedding import TASKS, EmbeddingWorkload
 from helpers.workloads.runtimes import PRECISIONS, RUNTIMES
+from helpers.workloads.stored import CALIBRATED, STORED
 from helpers.workloads.synthetic import MODES, SyntheticWorkload
 
+CALIBRATION_ROWS = 1_000  # texts stored int8 / uint8 is calibrated on, by default (the input's
+# first: sentence-transformers warns under 100)
 EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 EXIT_STATUS = ("exit status: 0 done, 1 failed, 2 a bad argument or input, 3 partial (some records "
                "are in the output's errors table), 130 interrupted (--resume finishes it)")
@@ -199,6 +202,26 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                           "checked against eager fp32 first)")
     emb.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
                      help="on CUDA: copy tokenized batches from pageable memory, blocking")
+    emb.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
+                     help="the text put before each record, as encode's prompt= ('query: '); "
+                          "binning: a similarity prompt (repeat for several; default: a page "
+                          "of text, a chart)")
+    emb.add_argument("--prompt-name", help="one of the model's own prompts (its config's "
+                                           "'prompts'), as encode's prompt_name=")
+    emb.add_argument("--task", choices=TASKS,
+                     help="as encode_query / encode_document: the model's prompt of that name "
+                          "where it has one (default: the model's default prompt, if any)")
+    emb.add_argument("--max-seq-length", type=int,
+                     help="tokens read of each text (default: the model's own); fewer is "
+                          "faster and changes the vectors of longer texts")
+    emb.add_argument("--truncate-dim", type=int,
+                     help="keep the first this many dimensions (a Matryoshka model), "
+                          "normalized after the cut with --normalize")
+    emb.add_argument("--stored", choices=STORED, default=EmbeddingWorkload.stored,
+                     help="the precision the embeddings are stored in, as encode's "
+                          "precision=: float16 halves the file, int8/uint8 quarter it (cut "
+                          "with calibration ranges the output keeps), binary/ubinary 1/32 "
+                          "(one bit a dimension)")
     emb.add_argument("--card", choices=tuple(CARDS),
                      help="a simulated card instead of the model's forward pass (the tokenizer "
                           "and all around it real, the embeddings zeros): does this CPU side "
@@ -228,8 +251,6 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                      help="workunits a device runs at once (where k workers saturate it)")
     img = shared.add_argument_group("binning workload (--workload binning: images into A: "
                                     "text-rich, B: object-rich scenes, C: the rest)")
-    img.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
-                     help="similarity prompt (repeat for several; default: a page of text, a chart)")
     for name, default in asdict(Thresholds()).items():
         img.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
                          help="a threshold of the binning rule")
@@ -298,6 +319,14 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     safe.add_argument("--overwrite", action="store_true",
                       help="replace OUTPUT if it exists (without this or --resume, an existing "
                            "OUTPUT is refused)")
+    written.add_argument("--ranges", metavar="NPY",
+                         help="--stored int8 or uint8: the calibration ranges, a (2, dim) .npy "
+                              "(the least and greatest value of each dimension; default: from "
+                              "the input's first --calibration-rows texts, or on --resume the "
+                              "output's own)")
+    written.add_argument("--calibration-rows", type=int, default=CALIBRATION_ROWS,
+                         help="--stored int8 or uint8 without --ranges: texts to calibrate on, "
+                              "the input's first")
     safe.add_argument("--workunit-timeout", type=float,
                       help="seconds a workunit may run before its worker is killed and replaced")
     safe.add_argument("--retries", type=int, default=PoolSettings.retries,
@@ -470,6 +499,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> Any:
     """The run the arguments ask for (and the binning table beside its output); its stats."""
+    if args.workload == "embedding" and args.stored in CALIBRATED:
+        args.calibration = _calibration(args)
     workload = _workload(args)
     options = {"queue_depth": args.queue_depth, "threads_per_worker": args.threads_per_worker,
                "limit": args.limit, "progress": not args.no_progress, "resume": args.resume,
@@ -493,6 +524,68 @@ def _run(args: argparse.Namespace) -> Any:
         write_csv(read_output(args.output), table, dict(source))
     print(f"table: {table}", file=sys.stderr)
     return stats
+
+
+def _calibration(args: argparse.Namespace) -> Any:
+    """The ranges a run storing int8 or uint8 cuts its embeddings with: --ranges; else, on
+    --resume, those the output keeps; else from the input's first --calibration-rows texts."""
+    import numpy as np
+
+    if args.ranges:
+        try:
+            return np.load(args.ranges, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--ranges {args.ranges}: not a .npy array ({exc})") from None
+    if args.resume:
+        import h5py
+
+        try:
+            with h5py.File(output_path(args.output), "r") as f:
+                kept = f.attrs.get("ranges")
+                if kept is not None:
+                    print(f"{args.stored}: the calibration ranges {args.output} keeps",
+                          file=sys.stderr)
+                    return np.asarray(kept)
+        except (OSError, KeyError):
+            pass  # nothing to resume: the run says so, calibrated or not
+    from helpers.embed import calibration_ranges
+    from helpers.engine.id_ranges import IdRanges
+    from helpers.engine.sources import read_slices
+
+    if args.calibration_rows < 2:
+        raise ValueError(f"--calibration-rows: at least 2 texts, got {args.calibration_rows}")
+    texts: list[str] = []
+    for _, records in read_slices(_source(args), IdRanges(), reject=lambda rows: None):
+        texts += [r for r in records if isinstance(r, str) and r.strip()]
+        if len(texts) >= args.calibration_rows:
+            break
+    texts = texts[:args.calibration_rows]
+    print(f"{args.stored}: calibrating on the input's first {len(texts):,} texts "
+          f"(--ranges or --calibration-rows to choose)", file=sys.stderr)
+    options = {k: v for k, v in _encoding(args).items() if k not in ("stored", "ranges")}
+    return calibration_ranges(texts, args.model, args.devices, args.batch_size,
+                              args.normalize, args.backend, **options)
+
+
+def _encoding(args: argparse.Namespace) -> dict[str, Any]:
+    """The embedding workload's options for ``encode`` (prompt, ...), from the arguments:
+    ValueError where --prompt is given twice (that is binning's)."""
+    prompts = list(args.prompts or [])
+    if not prompts and getattr(args, "config_prompt", None) is not None:
+        prompts = [args.config_prompt]  # (tuned.yaml's; a --prompt given wins)
+    if getattr(args, "ranges", None) and args.stored not in CALIBRATED:
+        raise ValueError(f"--ranges: calibration ranges are for --stored int8 or uint8 "
+                         f"(--stored {args.stored} takes none)")
+    if len(prompts) > 1:
+        raise ValueError(f"--prompt: the embedding workload takes one (the text put before "
+                         f"each record), got {len(prompts)}: {prompts}")
+    stored = args.stored if args.stored not in CALIBRATED or \
+        getattr(args, "calibration", None) is not None else "float32"  # (tune's trials: the
+    # calibration is the run's; storing costs the same)
+    return {"prompt": prompts[0] if prompts else None, "prompt_name": args.prompt_name,
+            "task": args.task, "max_seq_length": args.max_seq_length,
+            "truncate_dim": args.truncate_dim, "stored": stored,
+            "ranges": getattr(args, "calibration", None) if stored in CALIBRATED else None}
 
 
 def _input_changed(exc: BaseException) -> bool:
@@ -646,7 +739,11 @@ def _columns(args: argparse.Namespace) -> dict[str, Any]:
     named = {"text_column": args.text_column, "id_column": args.id_column,
              "keep_columns": list(args.keep_columns or []),
              **({"card": args.card, "card_cores": args.card_cores,
-                 "tokenize_threads": args.tokenize_threads, "batch_tokens": args.batch_tokens}
+                 "tokenize_threads": args.tokenize_threads, "batch_tokens": args.batch_tokens,
+                 "prompt": (args.prompts or [None])[0], "prompt_name": args.prompt_name,
+                 "task": args.task, "max_seq_length": args.max_seq_length,
+                 "truncate_dim": args.truncate_dim,
+                 "stored": None if args.stored == "float32" else args.stored}
                 if args.workload == "embedding" else {})}
     return {k: v for k, v in named.items() if v not in ("text", None, [])}
 
@@ -665,7 +762,8 @@ def _config_defaults(path: str) -> dict[str, Any]:
             "threads_per_worker": int, "precision": str, "runtime": str, "compile": _flag,
             "text_column": str, "id_column": str,
             "keep_columns": _names, "card": str, "card_cores": int, "tokenize_threads": int,
-            "batch_tokens": int}
+            "batch_tokens": int, "prompt": str, "prompt_name": str, "task": str,
+            "max_seq_length": int, "truncate_dim": int, "stored": str}
     defaults = {}
     for field, value in values.items():
         if field in read:
@@ -676,6 +774,8 @@ def _config_defaults(path: str) -> dict[str, Any]:
             except (ValueError, TypeError, argparse.ArgumentTypeError):
                 raise ValueError(f"config {path}: {field}: expected "
                                  f"{tuner.CONFIG_FIELDS[field]}, got {value!r}") from None
+    if "prompt" in defaults:  # (apart from --prompt's list, which a --prompt given on the
+        defaults["config_prompt"] = defaults.pop("prompt")  # command line would append to)
     return defaults
 
 
@@ -699,7 +799,8 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None, **variant
                              "compile": args.compile, "pin_memory": args.pin_memory,
                              "card": args.card, "card_cores": args.card_cores,
                              "tokenize_threads": args.tokenize_threads,
-                             "batch_tokens": args.batch_tokens},
+                             "batch_tokens": args.batch_tokens,
+                             **(_encoding(args) if args.workload == "embedding" else {})},
                "synthetic": {"mode": args.mode,
                              "seconds_per_workunit": args.seconds_per_workunit,
                              "parallelism": args.parallelism},

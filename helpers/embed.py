@@ -2,9 +2,13 @@
 a file; the shape of sentence-transformers' ``encode``.
 
 Underneath it is an ordinary run (``run_pipeline`` into a temporary output, removed afterwards):
-the same workers, devices, retries and checks. A text the model cannot take (empty, not a string,
-too long) raises ValueError naming each such text's index, after the run: the others were done,
-but an array with holes in it would be worse than none.
+the same workers, devices, retries and checks, and ``encode``'s options (prompt, prompt_name,
+task, max_seq_length, truncate_dim, and ``stored`` for its ``precision``) giving ``encode``'s
+vectors. ``embed([])`` is a ``(0, dim)`` array. A text the model cannot take (not a string, too
+long, or empty or blank: gpufeed refuses those everywhere, where ``encode`` would embed the
+special tokens alone, a vector that matches nothing in particular) raises ValueError naming each
+such text's index, after the run: the others were done, but an array with holes in it would be
+worse than none.
 """
 from __future__ import annotations
 
@@ -18,22 +22,58 @@ import numpy as np
 from helpers.engine.hdf5_sink import read_output
 from helpers.engine.pipeline import run_pipeline
 from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.stored import CALIBRATED, stored_form
+from helpers.workloads.stored import calibration_ranges as ranges_of
 
 SHOWN_ERRORS = 5  # failed texts named in the message
+
+
+ENCODE_OPTIONS = ("prompt", "prompt_name", "task", "max_seq_length", "truncate_dim", "stored",
+                  "ranges")  # EmbeddingWorkload's fields that embed passes on
 
 
 def embed(texts: str | Sequence[str] | Iterable[str], model: str | None = None,
           devices: Iterable[str] | str = ("cpu",), batch_size: int = 32, normalize: bool = False,
           backend: str = "process", **options: Any) -> np.ndarray:
     """``texts`` embedded on ``devices`` (one entry per worker, as in run_pipeline): an array of
-    ``(len(texts), dim)`` float32 in the order given; one text gives one vector. ``model``:
-    a sentence-transformers name or path (None: the embedded all-MiniLM-L6-v2). ``options``:
-    run_pipeline's (workunit_size, workers_per_device, threads_per_worker, ...)."""
+    ``(len(texts), dim)`` in the order given, of ``stored``'s dtype (float32 by default); one
+    text gives one vector, no texts a ``(0, dim)`` array. ``model``: a sentence-transformers
+    name or path (None: the embedded all-MiniLM-L6-v2). ``options``: EmbeddingWorkload's
+    ``prompt``, ``prompt_name``, ``task``, ``max_seq_length``, ``truncate_dim``, ``stored``
+    and ``ranges`` (stored int8 or uint8 without ranges: calibrated on ``texts`` themselves, as
+    ``encode(precision="int8")`` does), then run_pipeline's (workunit_size, workers_per_device,
+    threads_per_worker, ...)."""
     one = isinstance(texts, str)
     pairs = list(enumerate([texts] if one else texts))
-    if not pairs:
-        raise ValueError("texts: nothing to embed")
-    workload = EmbeddingWorkload(model=model, batch_size=batch_size, normalize=normalize)
+    encoding = {k: options.pop(k) for k in ENCODE_OPTIONS if k in options}
+    stored = encoding.get("stored", "float32")
+    if stored in CALIBRATED and encoding.get("ranges") is None:  # float32 first, then cut
+        encoding["stored"] = "float32"  # with the ranges of these very embeddings
+    workload = EmbeddingWorkload(model=model, batch_size=batch_size, normalize=normalize,
+                                 **encoding)
+    embeddings = _embedded(pairs, workload, devices, backend, options)
+    if stored != workload.stored:
+        embeddings = stored_form(embeddings, stored, ranges_of(embeddings))
+    return embeddings[0] if one else embeddings
+
+
+def calibration_ranges(texts: Sequence[str], model: str | None = None,
+                       devices: Iterable[str] | str = ("cpu",), batch_size: int = 32,
+                       normalize: bool = False, backend: str = "process",
+                       **options: Any) -> np.ndarray:
+    """The ``(2, dim)`` ranges stored int8 and uint8 are cut with (``EmbeddingWorkload(
+    stored="int8", ranges=...)``): each dimension's least and greatest value over the float32
+    embeddings of ``texts``, a sample of the input (1,000 texts or more; the command line
+    takes the input's first ``--calibration-rows``), with the same encode options as the run
+    (``prompt``, ``truncate_dim``, ...; ``normalize``)."""
+    options.pop("stored", None), options.pop("ranges", None)
+    return ranges_of(embed(list(texts), model, devices, batch_size, normalize, backend,
+                           **options))
+
+
+def _embedded(pairs: list[tuple[int, str]], workload: EmbeddingWorkload, devices: Any,
+              backend: str, options: dict[str, Any]) -> np.ndarray:
+    """The run under ``embed``: ``pairs``' embeddings in their order."""
     options.setdefault("progress", False)
     options.setdefault("durable", False)  # a temporary file: no resume to prepare for
     with tempfile.TemporaryDirectory(prefix="gpufeed-embed-") as folder:
@@ -47,5 +87,4 @@ def embed(texts: str | Sequence[str] | Iterable[str], model: str | None = None,
         more = len(errors) - SHOWN_ERRORS
         raise ValueError(f"{len(errors)} of {len(pairs)} texts could not be embedded: {shown}"
                          + (f" (and {more} more)" if more > 0 else ""))
-    embeddings = data["embeddings"]  # read_output sorts by id: the input order
-    return embeddings[0] if one else embeddings
+    return data["embeddings"]  # read_output sorts by id: the input order

@@ -213,3 +213,27 @@ def test_feed_bench_sets_the_feeding_side_s_cpu_against_the_bare_tokenizer_s(cap
     figures = feed.report(table)
     assert figures["h100_cores"] > figures["bare_h100_cores"] > 0
     assert "one real H100 at 17.5 M tokens/s would need" in capsys.readouterr().out
+
+
+def test_runtimes_bench_measures_each_length_and_stored_form(monkeypatch, capsys):
+    """Each max_seq_length timed in each round against the model's own; each stored form run
+    into an output: its bytes a row (float32 4 a dimension, binary an eighth of one), the
+    neighbours it keeps (float32: all of them)."""
+    from helpers.bench import runtimes
+
+    monkeypatch.setattr(runtimes, "LENGTHS", (16, None))
+    monkeypatch.setattr(runtimes, "STORED_FORMS", ("float32", "binary"))
+    table = runtimes.encode_options(records=24, repeats=2, batch_size=8, threads=1)
+    lengths = table[table.option.eq("max_seq_length")]
+    assert sorted(zip(lengths.replicate, lengths.length)) == \
+        [(0, "16"), (0, "own (256)"), (1, "16"), (1, "own (256)")]
+    assert (lengths[lengths.own_length]["speedup"] == 1.0).all()
+    assert (lengths.groupby("length")["tokens_per_text"].first()["16"]
+            < lengths.groupby("length")["tokens_per_text"].first()["own (256)"])
+    stored = table[table.option.eq("stored")].set_index("stored")
+    assert stored.loc["float32", "bytes_per_row"] == 384 * 4
+    assert stored.loc["binary", "bytes_per_row"] == 384 / 8
+    assert stored.loc["float32", "neighbours_kept"] == 1.0
+    assert 0 < stored.loc["binary", "neighbours_kept"] <= 1
+    runtimes.report_options(table)
+    assert "own (256)" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -326,3 +327,30 @@ def test_a_failed_run_says_what_it_kept_and_a_changed_input_how_to_go_on(tmp_pat
                                             "input: OSError: /a.parquet: changed since the run "
                                             "started (1 bytes then, 2 now)"))
     assert not cli._input_changed(OSError("No space left on device"))
+
+
+def test_encode_options_reach_the_output_and_a_resume_that_changes_one_is_refused(tmp_path):
+    """--prompt, --truncate-dim and --stored int8 (calibrated on the input's first texts, the
+    ranges kept in the output); --resume reuses the kept ranges, and refuses another prompt
+    naming it, before anything is written."""
+    out = tmp_path / "out.h5"
+    given = ["--input", str(SAMPLE_TEXT), "--output", str(out), "--devices", "cpu",
+             "--backend", "thread", "--limit", "12", "--no-progress", "--truncate-dim", "32",
+             "--stored", "int8", "--calibration-rows", "40"]
+    done = cli(*given, "--prompt", "query: ")
+    assert done.returncode == 0, done.stderr
+    assert "int8: calibrating on the input's first 40 texts" in done.stderr
+    data = read_output(out)
+    assert data["embeddings"].shape == (12, 32) and data["embeddings"].dtype.name == "int8"
+    attrs = data["attrs"]
+    assert attrs["prompt"] == "query: " and attrs["stored"] == "int8"
+    assert attrs["truncate_dim"] == 32 and np.shape(attrs["ranges"]) == (2, 32)
+    again = cli(*given, "--prompt", "query: ", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "int8: the calibration ranges" in again.stderr and "calibrating" not in again.stderr
+    refused = cli(*given, "--prompt", "passage: ", "--resume")
+    assert refused.returncode == 2
+    assert "prompt 'query: ' -> 'passage: '" in refused.stderr
+    twice = cli(*given, "--prompt", "a", "--prompt", "b", "--overwrite")
+    assert twice.returncode == 2 and "--prompt: the embedding workload takes one" in twice.stderr
+    assert read_output(out)["embeddings"].shape == (12, 32)  # (untouched by either)

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import SyntheticWorkload, read_output, run_pipeline
 from helpers.engine import export as export_module
-from helpers.engine.export import ExportError, export, load_strings
+from helpers.engine.export import ExportError, export, exported_attrs, load_strings
 from helpers.study.paths import ROOT
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
@@ -51,8 +51,8 @@ def test_parquet_export_reads_back_with_vectors_as_fixed_size_lists(output, tmp_
 def test_npy_export_is_memory_mappable_and_equal(output, tmp_path):
     export(output, "npy", tmp_path / "e")
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == [
-        ".gpufeed-export", "ids.npy", "keys.offsets.npy", "keys.utf8.npy", "score.npy",
-        "values.npy"]
+        ".gpufeed-export", "attrs.json", "ids.npy", "keys.offsets.npy", "keys.utf8.npy",
+        "score.npy", "values.npy"]
     values = np.load(tmp_path / "e" / "values.npy", mmap_mode="r")
     ids, keys = np.load(tmp_path / "e" / "ids.npy"), load_strings(tmp_path / "e", "keys")
     data = read_output(output)
@@ -157,3 +157,30 @@ def test_rows_are_exported_in_id_order_however_they_arrived(tmp_path, monkeypatc
     stored = pq.read_table(target)["ids"].to_numpy() if to == "parquet" else \
         np.load(target / "ids.npy")
     assert stored.tolist() == arrival.tolist()
+
+
+def test_each_stored_form_is_exported_as_it_is_with_what_made_it(tmp_path):
+    """An int8 (or float16, binary) dataset keeps its dtype in both exports, and the output's
+    attributes go along (a stored int8's calibration ranges: a reader dequantizes with them)."""
+    import h5py
+
+    from helpers.engine.atomic import set_attrs
+
+    path = tmp_path / "out.h5"
+    run_pipeline([(i, i) for i in range(50)], SyntheticWorkload(0.0, dim=16), devices="cpu",
+                 output=path, progress=False)
+    ranges = np.vstack((np.full(16, -0.5), np.full(16, 0.5))).astype(np.float32)
+    with h5py.File(path, "r+") as f:  # (as a run storing int8 leaves it)
+        values = f["values"][...]
+        del f["values"]
+        f["values"] = (values * 100).astype(np.int8)
+        set_attrs(f, {"stored": "int8", "ranges": ranges})
+    export(path, "parquet", tmp_path / "e.parquet")
+    export(path, "npy", tmp_path / "e")
+    assert pq.read_schema(tmp_path / "e.parquet").field("values").type.value_type == pa.int8()
+    assert np.load(tmp_path / "e" / "values.npy").dtype == np.int8
+    for exported in (tmp_path / "e.parquet", tmp_path / "e"):
+        attrs = exported_attrs(exported)
+        assert attrs["stored"] == "int8" and attrs["workload"] == "synthetic"
+        np.testing.assert_array_equal(np.asarray(attrs["ranges"], np.float32), ranges)
+    export(path, "npy", tmp_path / "e", overwrite=True)  # (attrs.json: still an export)

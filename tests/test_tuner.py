@@ -415,3 +415,26 @@ def test_the_tuner_chooses_a_simulated_card_s_tokenizing_threads_and_run_config_
     attrs = read_output(out)["attrs"]
     assert attrs["card"] == "simulated h100" and attrs["batch_size"] == 64
     assert f'"tokenize_threads": {tuned["tokenize_threads"]}' in attrs["loaded"]
+
+
+def test_encode_options_round_trip_through_tuned_yaml(tmp_path):
+    """What tune writes of encode's options is what run --config reads; a --prompt given on
+    the command line wins over the file's."""
+    from helpers.cli import _config_defaults, _encoding, build_parser
+
+    tuned = tune(cards, [(i, i) for i in range(400)], ["cuda:0"], sample=200,
+                 budget_seconds=30)
+    config = write_config(tuned, tmp_path / "tuned.yaml", workload="embedding",
+                          prompt="query: ", task="query", max_seq_length=128,
+                          truncate_dim=256, stored="binary")
+    defaults = _config_defaults(str(config))
+    args = build_parser(defaults).parse_args(["run", "--input", "x", "--output", "o.h5"])
+    assert _encoding(args) == {"prompt": "query: ", "prompt_name": None, "task": "query",
+                               "max_seq_length": 128, "truncate_dim": 256, "stored": "binary",
+                               "ranges": None}
+    args = build_parser(defaults).parse_args(["run", "--input", "x", "--output", "o.h5",
+                                              "--prompt", "passage: "])
+    assert _encoding(args)["prompt"] == "passage: "
+    (tmp_path / "bad.yaml").write_text("stored: 3\n")
+    with pytest.raises(ValueError, match="stored: expected float32, float16"):
+        _config_defaults(str(tmp_path / "bad.yaml"))

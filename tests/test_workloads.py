@@ -240,3 +240,117 @@ def test_synthetic_devices_saturate_at_their_parallelism_and_pay_per_workunit():
 def test_synthetic_rejects_bad_device_models(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         SyntheticWorkload(**kwargs)
+
+
+def _cosine_floor(got, want):
+    got = got / np.linalg.norm(got, axis=1, keepdims=True)
+    want = want / np.linalg.norm(want, axis=1, keepdims=True)
+    return float((got * want).sum(axis=1).min())
+
+
+@pytest.mark.parametrize("options, encode_options", [
+    ({"prompt": "query: "}, {"prompt": "query: "}),
+    ({"prompt_name": "document"}, {"prompt_name": "document"}),
+    ({"task": "query"}, {"task": "query"}),
+    ({"truncate_dim": 64, "normalize": True},
+     {"truncate_dim": 64, "normalize_embeddings": True}),
+    ({"max_seq_length": 12}, {}),
+])
+def test_each_encode_option_gives_encode_s_vectors(st_model, texts, options, encode_options):
+    """What a worker computes with each option equals ``model.encode`` given the same."""
+    workload = EmbeddingWorkload(batch_size=8, **options)
+    model = workload.load("cpu", 1)
+    got = workload.process(model, texts)["embeddings"]
+    plain = st_model.encode(texts, batch_size=8)
+    length = st_model.max_seq_length
+    st_model.max_seq_length = options.get("max_seq_length", length)
+    try:
+        want = st_model.encode(texts, batch_size=8, **encode_options)
+    finally:
+        st_model.max_seq_length = length
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert _cosine_floor(got, want) >= 0.9999
+    if "prompt" in options or "max_seq_length" in options:  # (the option did something)
+        assert _cosine_floor(got, plain) < 0.999
+    if "truncate_dim" in options:
+        assert workload.outputs(model)["embeddings"].shape == (64,)
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_stored_forms_are_encode_s_precision(st_model, texts):
+    """binary and ubinary bit for bit; int8 and uint8 cut with the given ranges as
+    quantize_embeddings cuts them (a step apart at most where a float differs in its last
+    bits); float16 the float32 rounded."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    reference = st_model.encode(texts, batch_size=8)
+    ranges = np.vstack((reference.min(0), reference.max(0)))
+    for stored in ("binary", "ubinary", "int8", "uint8", "float16"):
+        workload = EmbeddingWorkload(batch_size=8, stored=stored,
+                                     ranges=ranges if stored.endswith("int8") else None)
+        model = workload.load("cpu", 1)
+        got = workload.process(model, texts)["embeddings"]
+        workload.outputs(model)["embeddings"].check("embeddings", got, len(texts))
+        if stored.endswith("binary"):
+            np.testing.assert_array_equal(got, st_model.encode(texts, batch_size=8,
+                                                               precision=stored))
+        elif stored.endswith("int8"):
+            want = quantize_embeddings(reference, stored, ranges=ranges)
+            assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+            assert (got == want).mean() >= 0.99
+        else:
+            np.testing.assert_allclose(got.astype(np.float32), reference, atol=2e-3)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"prompt": "a", "prompt_name": "query"}, "give one"),
+    ({"task": "search"}, "task: expected one of query, document"),
+    ({"max_seq_length": 0}, "max_seq_length: expected a positive integer"),
+    ({"truncate_dim": 2.5}, "truncate_dim: expected a positive integer"),
+    ({"stored": "int8"}, "needs the calibration ranges"),
+    ({"stored": "int4"}, "stored: expected one of"),
+    ({"stored": "int8", "ranges": np.zeros((2, 8)), "truncate_dim": 4}, "calibrate on"),
+    ({"card": "h100", "stored": "binary"}, "computes no vectors"),
+    ({"card": "h100", "task": "query"}, "give the prompt's text"),
+])
+def test_encode_options_are_checked_before_any_worker_starts(options, message):
+    with pytest.raises(ValueError, match=message):
+        EmbeddingWorkload(**options)
+
+
+def test_a_prompt_name_the_model_lacks_is_refused_naming_its_prompts():
+    from helpers.workloads.embedding import resolve_prompt
+
+    class Model:
+        prompts, default_prompt_name = {"query": "q: ", "document": "d: "}, "document"
+
+    assert resolve_prompt(Model(), None, None, None) == "d: "  # (the model's default)
+    assert resolve_prompt(Model(), None, None, "query") == "q: "
+    assert resolve_prompt(Model(), "x: ", None, "query") == "x: "
+    with pytest.raises(ValueError, match=r"no prompt of that name \(its prompts: "
+                                         r"\['document', 'query'\]\)"):
+        resolve_prompt(Model(), None, "passage", None)
+    with pytest.raises(ValueError, match="truncate_dim=999: the model's embeddings have 384"):
+        EmbeddingWorkload(truncate_dim=999).load("cpu", 1)
+
+
+def test_each_option_that_changes_the_vectors_is_in_the_fingerprint():
+    """A resume compares fingerprints field by field (helpers.engine.fingerprint.differences):
+    each option is a field of its own, set or not, so a change names it."""
+    from helpers.engine.fingerprint import differences, encode
+
+    import json
+
+    plain = json.loads(encode(EmbeddingWorkload().fingerprint()))
+    ranges = np.array([[-1.0] * 8, [1.0] * 8])
+    for options in ({"prompt": "query: "}, {"prompt_name": "query"}, {"task": "document"},
+                    {"max_seq_length": 64}, {"truncate_dim": 8}, {"stored": "binary"},
+                    {"stored": "int8", "ranges": ranges}):
+        changed = EmbeddingWorkload(**options).fingerprint()
+        assert set(options) <= set(differences(plain, changed)), options
+    other = EmbeddingWorkload(stored="int8", ranges=ranges * 2).fingerprint()
+    assert set(differences(json.loads(encode(EmbeddingWorkload(
+        stored="int8", ranges=ranges).fingerprint())), other)) == {"ranges"}
+    attrs = EmbeddingWorkload(stored="uint8", ranges=ranges, prompt="q: ").attrs()
+    assert attrs["ranges"].dtype == np.float32 and attrs["ranges"].shape == (2, 8)
+    assert attrs["prompt"] == "q: " and attrs["stored"] == "uint8"

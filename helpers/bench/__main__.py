@@ -86,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     variants.add_argument("--repeats", type=int, default=5)
     variants.add_argument("--batch-size", type=int, default=16)
     variants.add_argument("--results-dir", default="data/results/cpu",
-                          help="where runtimes_bench.csv goes ('' to save nothing)")
+                          help="where runtimes_bench.csv and encode_options_bench.csv go ('' "
+                               "to save nothing)")
+    variants.add_argument("--only", choices=("variants", "options"),
+                          help="variants: the precisions and runtimes alone; options: encode's "
+                               "options alone (lengths, stored precisions)")
     fed = commands.add_parser("feed", help=feed.__doc__.splitlines()[0])
     fed.add_argument("--records", type=int, default=4096, help="texts of each corpus a run")
     fed.add_argument("--repeats", type=int, default=3)
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                   args.workunit_size, args.results_dir)
         return 0
     if args.command == "runtimes":
-        runtimes.main(args.records, args.repeats, args.batch_size, args.results_dir)
+        runtimes.main(args.records, args.repeats, args.batch_size, args.results_dir, args.only)
         return 0
     if args.command == "scale-run":
         print(json.dumps(scale.run_once(args.records, args.output, args.workers,

@@ -6,6 +6,13 @@ sample paragraphs in interleaved rounds, each round in another order (the machin
 on every variant alike): texts per second, and the ratio to float32 PyTorch's rate in the same
 round. Medians over the rounds, with their range. One more row: the guard's figures for
 onnxruntime's default quantisation (which onnx-int8 does not use: it fails the guard).
+
+Then what encode's options cost and save (``encode_options``, its own table): texts per second
+at each ``max_seq_length`` of LENGTHS (the model's own: None), interleaved likewise, the ratio
+to the model's own length in the same round; and for each stored precision, a run of the sample
+into an output: its bytes per row (the embeddings' dataset, and the whole file) and how well
+the stored vectors keep float32's neighbours (each text's 10 nearest among the sample, the
+share that are float32's own 10).
 """
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ import pandas as pd
 VARIANTS = (("fp32", "torch", False), ("bf16", "torch", False), ("fp32", "onnx", False),
             ("fp32", "onnx-int8", False), ("fp32", "torch", True), ("bf16", "torch", True))
 # (precision, runtime, torch.compile)
+LENGTHS = (128, 256, None)  # max_seq_length (None: the model's own)
+NEIGHBOURS = 10
 GOALS = {"speedup": 1.5}  # the fastest variant that passes the guard, against fp32 torch
 
 
@@ -113,12 +122,127 @@ def report(table: pd.DataFrame) -> dict[str, float]:
     return {"speedup": speedup}
 
 
-def main(records: int, repeats: int, batch_size: int, results_dir: str | None) -> None:
+def encode_options(records: int = 512, repeats: int = 5, batch_size: int = 16,
+                   threads: int | None = None) -> pd.DataFrame:
+    """Tidy rows: ``option`` max_seq_length (one per length and round: texts/s, the ratio to
+    the model's own length, tokens a text) and stored (one per precision: bytes a row,
+    neighbours kept)."""
+    from helpers.study.paths import sample_texts
+    from helpers.workloads.embedding import EmbeddingWorkload
+    from helpers.workloads.runtimes import token_lengths
+
+    threads = threads or os.cpu_count() or 1
+    texts = sample_texts(records)
+    loaded = {}
+    for length in LENGTHS:
+        workload = EmbeddingWorkload(batch_size=batch_size, max_seq_length=length)
+        loaded[length] = workload, workload.load("cpu", threads)
+    rows: list[dict[str, Any]] = []
+    for replicate in range(repeats):
+        for length in LENGTHS[replicate % len(LENGTHS):] + LENGTHS[:replicate % len(LENGTHS)]:
+            workload, model = loaded[length]
+            started = time.perf_counter()
+            workload.process(model, texts)
+            seconds = time.perf_counter() - started
+            rows.append({"option": "max_seq_length", "replicate": replicate,
+                         "max_seq_length": int(model.max_seq_length),
+                         "length": f"{length}" if length is not None
+                         else f"own ({model.max_seq_length})", "own_length": length is None, "seconds": seconds,
+                         "texts_per_s": len(texts) / seconds,
+                         "tokens_per_text": float(sum(token_lengths(model, texts))) / len(texts)})
+    table = pd.DataFrame(rows)
+    own = table[table.own_length].set_index("replicate")["texts_per_s"]
+    table["speedup"] = table["texts_per_s"] / table["replicate"].map(own)
+    reference = loaded[None][0].process(loaded[None][1], texts)["embeddings"]
+    stored = pd.DataFrame([_stored_row(form, texts, reference, batch_size)
+                           for form in STORED_FORMS])
+    return pd.concat([table, stored], ignore_index=True).assign(
+        records=records, batch_size=batch_size, threads=threads)
+
+
+STORED_FORMS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+
+
+def _stored_row(stored: str, texts: list[str], reference: Any, batch_size: int
+                ) -> dict[str, Any]:
+    """A run of ``texts`` storing ``stored`` (int8, uint8: calibrated on the float32
+    ``reference``): bytes a row, and the neighbours it keeps."""
+    import h5py
+    import numpy as np
+
+    from helpers.engine.pipeline import run_pipeline
+    from helpers.workloads.embedding import EmbeddingWorkload
+    from helpers.workloads.stored import calibration_ranges
+
+    ranges = calibration_ranges(reference) if stored in ("int8", "uint8") else None
+    workload = EmbeddingWorkload(batch_size=batch_size, stored=stored, ranges=ranges)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "out.h5"
+        run_pipeline(list(enumerate(texts)), workload, ["cpu"], output=path, progress=False,
+                     backend="thread")
+        file_bytes = path.stat().st_size
+        with h5py.File(path, "r") as f:
+            order = np.argsort(f["ids"][...])
+            values = f["embeddings"][...][order]
+            dataset_bytes = f["embeddings"].id.get_storage_size()
+    return {"option": "stored", "stored": stored, "bytes_per_row": dataset_bytes / len(texts),
+            "file_bytes_per_row": file_bytes / len(texts),
+            "neighbours_kept": _neighbours_kept(reference, values, stored, ranges)}
+
+
+def _neighbours_kept(reference: Any, values: Any, stored: str, ranges: Any) -> float:
+    """The share of each text's NEIGHBOURS nearest (float32 cosine) that the stored vectors
+    also put nearest: dot products of the dequantized values (int8, uint8: the step's middle),
+    agreeing bits for the binary forms."""
+    import numpy as np
+
+    def nearest(similar: np.ndarray) -> np.ndarray:
+        np.fill_diagonal(similar, -np.inf)
+        return np.argsort(-similar, axis=1, kind="stable")[:, :NEIGHBOURS]
+
+    unit = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    if stored.endswith("binary"):
+        bits = np.unpackbits(values.view(np.uint8) if stored == "ubinary"
+                             else (values.astype(np.int16) + 128).astype(np.uint8), axis=1)
+        signs = bits.astype(np.float32) * 2 - 1
+        got = signs @ signs.T
+    else:
+        floats = values.astype(np.float32)
+        if ranges is not None:
+            steps = (ranges[1] - ranges[0]) / 255
+            floats = ranges[0] + (floats + (128 if stored == "int8" else 0) + 0.5) * steps
+        got = floats @ floats.T / np.outer(*[np.linalg.norm(floats, axis=1)] * 2)
+    want, found = nearest(unit @ unit.T), nearest(got)
+    return float(np.mean([len(set(a) & set(b)) / NEIGHBOURS for a, b in zip(want, found)]))
+
+
+def report_options(table: pd.DataFrame) -> None:
+    """Print what each length and each stored precision gives."""
+    lengths = table[table.option.eq("max_seq_length")].groupby("length", sort=False).agg(
+        texts_per_s=("texts_per_s", "median"), speedup=("speedup", "median"),
+        speedup_low=("speedup", "min"), speedup_high=("speedup", "max"),
+        tokens_per_text=("tokens_per_text", "first"), rounds=("speedup", "size"))
+    stored = table[table.option.eq("stored")].set_index("stored")[
+        ["bytes_per_row", "file_bytes_per_row", "neighbours_kept"]]
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print("max_seq_length (speedup: against the model's own, the same round):")
+        print(lengths.to_string(float_format=lambda v: f"{v:.3f}"))
+        print(f"stored (neighbours_kept: of each text's {NEIGHBOURS} nearest by float32):")
+        print(stored.to_string(float_format=lambda v: f"{v:.3f}"))
+
+
+def main(records: int, repeats: int, batch_size: int, results_dir: str | None,
+         only: str | None = None) -> None:
     from helpers.study.results import save_table
 
-    table = measure(records, repeats, batch_size)
-    report(table)
-    if results_dir:
-        path = save_table(table, "runtimes_bench", results_dir, "helpers.bench.runtimes",
-                          {"records": records, "repeats": repeats, "batch_size": batch_size})
+    tables = {}
+    if only != "options":
+        tables["runtimes_bench"] = measure(records, repeats, batch_size)
+        report(tables["runtimes_bench"])
+    if only != "variants":
+        tables["encode_options_bench"] = encode_options(records, repeats, batch_size)
+        report_options(tables["encode_options_bench"])
+    settings = {"records": records, "repeats": repeats, "batch_size": batch_size}
+    for name, frame in tables.items() if results_dir else ():
+        path = save_table(frame, name, results_dir, "helpers.bench.runtimes", settings)
         print(f"table: {path}")

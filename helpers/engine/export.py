@@ -20,6 +20,10 @@ them as stored, a little faster.
   longest (a fixed-width ``<U`` array of 20 M keys of up to 100 characters took 8 GB):
   ``load_strings(folder, name)`` reads it.
 
+What made the rows goes with them: the output's attributes (the model, the encode options, a
+stored int8's calibration ranges, the versions) as JSON, the Parquet file's metadata key ATTRS
+and an npy folder's ``attrs.json`` (``exported_attrs(path)`` reads either).
+
 The export is written under a temporary name and renamed when whole, and marked as gpufeed's
 (the Parquet file's metadata, a MARK file in the npy folder): an existing ``path`` is refused, and
 with ``overwrite`` replaced only if it is such an export. An unfinished run's output (killed,
@@ -30,6 +34,7 @@ live output).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -39,13 +44,15 @@ import h5py
 import numpy as np
 
 from helpers.engine.atomic import temporary
-from helpers.engine.hdf5_sink import check_parts
+from helpers.engine.hdf5_sink import check_parts, plain
 from helpers.engine.ownership import owning
 
 TARGETS = ("parquet", "npy")
 ORDERS = ("id", "stored")
 EXPORT_ROWS = 65536
 MARK = ".gpufeed-export"  # in an npy export's folder; in a Parquet export's metadata (a key)
+ATTRS = "gpufeed.attrs"  # the output's attributes: a Parquet metadata key; an npy's ATTRS_FILE
+ATTRS_FILE = "attrs.json"
 FIRST = ("ids", "keys")  # these columns first, then the rest in the file's order
 
 
@@ -110,7 +117,24 @@ def _is_export(path: Path, to: str) -> bool:
         except Exception:  # not Parquet at all
             return False
     return path.is_dir() and (path / MARK).is_file() and \
-        all(p.suffix == ".npy" and p.is_file() for p in path.iterdir() if p.name != MARK)
+        all(p.suffix == ".npy" and p.is_file() for p in path.iterdir()
+            if p.name not in (MARK, ATTRS_FILE))
+
+
+def _attrs_text(f: h5py.File) -> str:
+    """The output's attributes as JSON text (arrays as lists)."""
+    return json.dumps({k: plain(v) for k, v in f.attrs.items()}, sort_keys=True, default=str)
+
+
+def exported_attrs(path: str | os.PathLike) -> dict[str, Any]:
+    """The attributes of the output an export at ``path`` (Parquet or an npy folder) came from:
+    what made its rows (the model, the encode options, int8's calibration ranges, ...)."""
+    path = Path(path)
+    if path.is_dir():
+        return json.loads((path / ATTRS_FILE).read_text(encoding="utf-8"))
+    import pyarrow.parquet as pq
+
+    return json.loads((pq.read_schema(path).metadata or {}).get(ATTRS.encode(), b"{}"))
 
 
 def _remove(path: Path) -> None:
@@ -165,7 +189,8 @@ def _parquet(f: h5py.File, names: list[str], path: Path, stored: np.ndarray | No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([(n, _arrow_type(f[n])) for n in names], metadata={MARK: "1"})
+    schema = pa.schema([(n, _arrow_type(f[n])) for n in names],
+                       metadata={MARK: "1", ATTRS: _attrs_text(f)})
     rows = 0
     with pq.ParquetWriter(path, schema) as writer:
         for chunk in _chunks(f, names, stored):
@@ -199,6 +224,7 @@ def _npy(f: h5py.File, names: list[str], folder: Path, stored: np.ndarray | None
     total = len(f["ids"])
     folder.mkdir()
     (folder / MARK).write_text("written by python -m helpers export\n")
+    (folder / ATTRS_FILE).write_text(_attrs_text(f), encoding="utf-8")
     for name in names:
         dataset = f[name]
         if h5py.check_string_dtype(dataset.dtype) is not None:

@@ -436,7 +436,7 @@ def _read_all(f: h5py.File) -> dict[str, Any]:
         for i, t, m, s, p in zip(errors["ids"][...], errors["type"].asstr()[...],
                                  errors["message"].asstr()[...], errors["time"][...],
                                  positions)]
-    data["attrs"] = {k: _plain(v) for k, v in f.attrs.items()}
+    data["attrs"] = {k: plain(v) for k, v in f.attrs.items()}
     return data
 
 
@@ -489,7 +489,8 @@ def _values(dataset: h5py.Dataset) -> np.ndarray:
     return dataset[...]
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """An attribute's value as Python's (arrays as lists, NumPy scalars as numbers)."""
     if isinstance(value, np.ndarray):
         return [v.decode() if isinstance(v, bytes) else v for v in value.tolist()]
     return value.item() if isinstance(value, np.generic) else value

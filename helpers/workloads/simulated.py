@@ -82,7 +82,8 @@ def max_seq_length(path: str, model_max_length: float, positions: int | None) ->
     return int(min(model_max_length, positions or model_max_length, UNBOUNDED))
 
 
-def read_model(path: str) -> tuple[dict[str, Any], RustTokenizer]:
+def read_model(path: str, max_length: int | None = None
+               ) -> tuple[dict[str, Any], RustTokenizer]:
     """The model's architecture (ARCHITECTURE) and its tokenizer, truncating as
     sentence-transformers does, read from its files (config.json, tokenizer.json,
     tokenizer_config.json, special_tokens_map.json) without transformers, whose import (and
@@ -91,15 +92,16 @@ def read_model(path: str) -> tuple[dict[str, Any], RustTokenizer]:
     sentence-transformers' where tokenizer.json is the whole tokenizer (tests/test_feed.py:
     the embedded MiniLM); transformers may still change a normalizer from tokenizer_config.json
     (``do_lower_case``, ``add_prefix_space``), which a simulated card only sees in its token
-    counts."""
+    counts. ``max_length``: tokens read of each text instead of the model's own
+    (``EmbeddingWorkload(max_seq_length=...)``)."""
     config, settings = _json(path, "config.json"), _json(path, "tokenizer_config.json")
     tokenizer_file = _model_file(path, "tokenizer.json")
     if tokenizer_file is None or not all(name in config for name in ARCHITECTURE):
         from transformers import AutoConfig, AutoTokenizer
 
         auto, tokenizer = AutoConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-        length = max_seq_length(path, tokenizer.model_max_length,
-                                getattr(auto, "max_position_embeddings", None))
+        length = max_length or max_seq_length(path, tokenizer.model_max_length,
+                                              getattr(auto, "max_position_embeddings", None))
         return ({name: getattr(auto, name) for name in ARCHITECTURE},
                 RustTokenizer.of(tokenizer, length))
     from tokenizers import Tokenizer
@@ -108,17 +110,19 @@ def read_model(path: str) -> tuple[dict[str, Any], RustTokenizer]:
     pad = settings.get("pad_token") or _json(path, "special_tokens_map.json").get("pad_token")
     pad = pad.get("content") if isinstance(pad, dict) else pad
     pad_id = rust.token_to_id(pad) if pad else None
-    length = max_seq_length(path, float(settings.get("model_max_length", float("inf"))),
-                            config.get("max_position_embeddings"))
+    length = max_length or max_seq_length(
+        path, float(settings.get("model_max_length", float("inf"))),
+        config.get("max_position_embeddings"))
     return config, RustTokenizer(rust, int(pad_id or 0), length)
 
 
 def load_simulated(path: str, card: str, card_cores: int | None, device: str,
-                   cards: str, threads: int | None) -> SimulatedModel:
+                   cards: str, threads: int | None,
+                   max_length: int | None = None) -> SimulatedModel:
     """The tokenizer and architecture of the model at ``path`` (a folder, or a name on the
     hub), on the simulated ``card`` that every worker labelled ``device`` shares (its queue in
-    ``cards``)."""
-    config, tokenizer = read_model(path)
+    ``cards``); ``max_length``: tokens read of each text (None: the model's own)."""
+    config, tokenizer = read_model(path, max_length)
     here = available_cores()
     cost = CardModel(parse_card(card), *(int(config[name]) for name in ARCHITECTURE),
                      scale_for(card_cores, here))
