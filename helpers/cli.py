@@ -365,6 +365,9 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     tune.add_argument("--sample", type=int, default=tuner.SAMPLE, help="records per trial")
     tune.add_argument("--batch-sizes", type=_counts, default=(),
                       help="batch sizes to try, e.g. 16,32,64 (default: the workload's own)")
+    tune.add_argument("--max-seq-lengths", type=_counts, default=(),
+                      help="lengths you accept, e.g. 128,256: phase 0 tries each (they "
+                           "change the vectors of longer texts: never tried unasked)")
     tune.add_argument("--variants", choices=("auto", "none"), default="auto",
                       help="auto: first try each precision and runtime the devices support "
                            "(those the quality guard passes); none, or a --precision or "
@@ -691,9 +694,12 @@ def tune(args: argparse.Namespace) -> int:
         source = _source(args)
         chosen = args.variants == "none" or (args.precision, args.runtime) != \
             (EmbeddingWorkload.precision, EmbeddingWorkload.runtime)
+        if args.max_seq_lengths and args.max_seq_length is not None:
+            raise ValueError("--max-seq-length and --max-seq-lengths: give one (the length, or "
+                             "those the tune may try)")
         tuned = tuner.tune(lambda batch, **variant: _workload(args, batch, **variant), source,
                            args.devices, args.backend, args.batch_sizes, args.budget_seconds,
-                           args.sample, [] if chosen else None)
+                           args.sample, [] if chosen else None, args.max_seq_lengths)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE if _is_usage(exc) else EXIT_FAILED

@@ -129,16 +129,22 @@ class Tuned:
 def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
          backend: str = PoolSettings.backend, batch_sizes: Sequence[int] = (),
          budget_seconds: float = BUDGET_SECONDS, sample: int = SAMPLE,
-         variants: Sequence[dict[str, Any]] | None = None) -> Tuned:
+         variants: Sequence[dict[str, Any]] | None = None,
+         max_seq_lengths: Sequence[int] = ()) -> Tuned:
     """Search on the first ``sample`` records of ``source``; ``make(batch_size, **variant)``
     builds the workload (``batch_sizes`` empty: the workload's own, and phase 1 is skipped;
-    ``variants`` None: those the workload offers, empty: phase 0 is skipped)."""
+    ``variants`` None: those the workload offers, empty: phase 0 is skipped).
+    ``max_seq_lengths``: lengths the user accepts (each changes the vectors of longer texts,
+    so never tried unasked): phase 0 tries each variant at each."""
     started = time.monotonic()
     distinct = list(dict.fromkeys(pool_settings(devices, backend).devices))
     trials: list[dict] = []
     if variants is None:
         offered = getattr(make(None), "variants", None)
         variants = offered(distinct) if offered is not None else []
+    if max_seq_lengths:
+        variants = [{**variant, "max_seq_length": int(length)}
+                    for variant in (variants or [{}]) for length in max_seq_lengths]
     with tempfile.TemporaryDirectory() as folder:
         job = _Trials(source, sample, Path(folder), trials, distinct, started, budget_seconds)
         job.variant = _variant(make, variants, distinct, backend, job)

@@ -438,3 +438,20 @@ def test_encode_options_round_trip_through_tuned_yaml(tmp_path):
     (tmp_path / "bad.yaml").write_text("stored: 3\n")
     with pytest.raises(ValueError, match="stored: expected float32, float16"):
         _config_defaults(str(tmp_path / "bad.yaml"))
+
+
+def test_max_seq_length_is_an_axis_only_where_the_user_names_lengths():
+    """Phase 0 tries each length named (at each variant); none named, none tried."""
+    def make(batch_size=None, max_seq_length=None):
+        cost = 0.0005 * (max_seq_length or 256) / 128  # (a longer cap: slower)
+        return SyntheticWorkload(cost, seconds_per_workunit=0.002, values="zeros")
+
+    source = [(i, i) for i in range(600)]
+    tuned = tune(make, source, ["cpu"], sample=200, budget_seconds=40, variants=[],
+                 max_seq_lengths=(64, 256))
+    tried = [json.loads(t["variant"]) for t in tuned.trials if t["phase"] == "variant"]
+    assert tried == [{"max_seq_length": 64}, {"max_seq_length": 256}]
+    assert tuned.variant == {"max_seq_length": 64} and \
+        tuned.config()["max_seq_length"] == 64
+    plain = tune(make, source, ["cpu"], sample=200, budget_seconds=20, variants=[])
+    assert not [t for t in plain.trials if t["phase"] == "variant"]
