@@ -25,6 +25,7 @@ _PUBLIC = {
     "JobSettings": "helpers.engine.settings",
     "OutputError": "helpers.engine.ownership",
     "PipelineError": "helpers.engine.scheduler",
+    "calibration_ranges": "helpers.embed",
     "embed": "helpers.embed",
     "export": "helpers.engine.export",
     "PipelineStats": "helpers.engine.stats",

@@ -134,6 +134,15 @@ def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, mon
     loaded = json.loads(variant["attrs"]["loaded"])["cpu"]
     assert loaded["runtime"] == runtime and loaded["guard_mean_cosine"] >= 0.99
     assert variant["attrs"]["runtime"] == runtime
+    if runtime == "onnx":  # encode's options on the exported modules (the export reused)
+        options = EmbeddingWorkload(runtime="onnx", prompt="query: ", truncate_dim=64,
+                                    normalize=True, batch_size=16)
+        model = options.load("cpu", 1)
+        got = options.process(model, texts)["embeddings"]
+        want = model.model.encode(texts, prompt="query: ", truncate_dim=64,
+                                  normalize_embeddings=True)
+        assert got.shape == (96, 64) and runtimes.cosines(want, got).min() > 0.9999
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
 def test_a_variant_that_fails_the_guard_is_refused_with_its_numbers(tmp_path, monkeypatch):

@@ -271,7 +271,7 @@ class EmbeddingWorkload:
     ``stored``: the precision the embeddings are stored in (helpers.workloads.stored: float32,
     float16, int8, uint8, binary, ubinary; ``precision`` is the one the model computes in);
     int8 and uint8 are cut with ``ranges``, ``(2, dim)`` calibration ranges
-    (``helpers.embed.calibration_ranges``).
+    (``helpers.calibration_ranges``).
     ``compile``: ``torch.compile`` the transformer (runtime torch; compiled and guarded in the
     worker's load, so its cost is spin-up). ``pin_memory``: on CUDA devices, tokenized batches go
     through pinned host memory without blocking (ignored on a CPU).
@@ -423,8 +423,10 @@ class EmbeddingWorkload:
         model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
         if self.runtime != "torch":
             reference = self._reference(model)
-            return self._guarded(OnnxEncoder(model, exported(model, self.runtime), threads),
-                                 reference, device)
+            encoder = OnnxEncoder(model, exported(model, self.runtime), threads)
+            encoder.gpufeed_prompt, encoder.max_seq_length = \
+                model.gpufeed_prompt, model.max_seq_length  # (what process and report read)
+            return self._guarded(encoder, reference, device)
         if self.precision != "fp32" or self.compile:
             reference = self._reference(model)
             model.to(torch_dtype(self.precision))

@@ -45,7 +45,7 @@ def check_stored(stored: Any, ranges: Any) -> tuple[tuple[float, ...], tuple[flo
         return None
     if ranges is None:
         raise ValueError(f"stored={stored!r}: needs the calibration ranges every row is cut "
-                         f"with: ranges=helpers.embed.calibration_ranges(sample of the texts, "
+                         f"with: ranges=helpers.calibration_ranges(sample of the texts, "
                          f"...) (the command line computes them from the input's first rows)")
     try:
         array = np.asarray(ranges, dtype=np.float64)
