@@ -219,7 +219,7 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                           "normalized after the cut with --normalize")
     emb.add_argument("--stored", choices=STORED, default=EmbeddingWorkload.stored,
                      help="the precision the embeddings are stored in, as encode's "
-                          "precision=: float16 halves the file, int8/uint8 quarter it (cut "
+                          "precision= (and float16): float16 halves the file, int8/uint8 quarter it (cut "
                           "with calibration ranges the output keeps), binary/ubinary 1/32 "
                           "(one bit a dimension)")
     emb.add_argument("--card", choices=tuple(CARDS),
@@ -468,7 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:  # SourceError, OutputError, PipelineError
         print(f"error: {exc}", file=sys.stderr)
         changed = _input_changed(exc)
-        if isinstance(exc, PipelineError) and exc.__cause__ is not None and not changed:
+        if isinstance(exc, PipelineError) and exc.__cause__ is not None and not changed \
+                and not _is_usage(exc):
             print(f"remote traceback:{exc.__cause__}", file=sys.stderr)
         if _is_usage(exc):
             return EXIT_USAGE
@@ -544,13 +545,19 @@ def _calibration(args: argparse.Namespace) -> Any:
 
         try:
             with h5py.File(output_path(args.output), "r") as f:
-                kept = f.attrs.get("ranges")
-                if kept is not None:
-                    print(f"{args.stored}: the calibration ranges {args.output} keeps",
-                          file=sys.stderr)
-                    return np.asarray(kept)
+                kept, made = f.attrs.get("ranges"), f.attrs.get("workload_fingerprint")
+                stored = str(f.attrs.get("stored", "float32"))
         except (OSError, KeyError):
-            pass  # nothing to resume: the run says so, calibrated or not
+            kept = made = None  # nothing to resume: the run says so, calibrated or not
+        if made is not None and kept is None:
+            raise ValueError(f"--resume: {args.output} stores {stored}, not {args.stored}: "
+                             f"resume it as it was made, or start anew with --overwrite")
+        if kept is not None:
+            if args.truncate_dim is not None and np.shape(kept)[1] != args.truncate_dim:
+                raise ValueError(f"--resume: {args.output} stores {np.shape(kept)[1]} "
+                                 f"dimensions, not --truncate-dim {args.truncate_dim}")
+            print(f"{args.stored}: the calibration ranges {args.output} keeps", file=sys.stderr)
+            return np.asarray(kept)
     from helpers.embed import calibration_ranges
     from helpers.engine.id_ranges import IdRanges
     from helpers.engine.sources import read_slices
@@ -558,8 +565,9 @@ def _calibration(args: argparse.Namespace) -> Any:
     if args.calibration_rows < 2:
         raise ValueError(f"--calibration-rows: at least 2 texts, got {args.calibration_rows}")
     texts: list[str] = []
+    check = EmbeddingWorkload().check_record  # (a text the run refuses calibrates nothing)
     for _, records in read_slices(_source(args), IdRanges(), reject=lambda rows: None):
-        texts += [r for r in records if isinstance(r, str) and r.strip()]
+        texts += [r for r in records if _fit(check, r)]
         if len(texts) >= args.calibration_rows:
             break
     texts = texts[:args.calibration_rows]
@@ -570,12 +578,23 @@ def _calibration(args: argparse.Namespace) -> Any:
                               args.normalize, args.backend, **options)
 
 
+def _fit(check: Any, record: Any) -> bool:
+    """Whether ``check`` (a workload's check_record) passes ``record``."""
+    try:
+        check(record)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _encoding(args: argparse.Namespace) -> dict[str, Any]:
     """The embedding workload's options for ``encode`` (prompt, ...), from the arguments:
     ValueError where --prompt is given twice (that is binning's)."""
-    prompts = list(args.prompts or [])
-    if not prompts and getattr(args, "config_prompt", None) is not None:
-        prompts = [args.config_prompt]  # (tuned.yaml's; a --prompt given wins)
+    prompts, prompt_name = list(args.prompts or []), args.prompt_name
+    if not prompts and prompt_name is None:  # (tuned.yaml's; a --prompt or --prompt-name
+        config = getattr(args, "config_prompt", None)  # given wins over both of its own)
+        prompts, prompt_name = [config] if config is not None else [], \
+            getattr(args, "config_prompt_name", None)
     if getattr(args, "ranges", None) and args.stored not in CALIBRATED:
         raise ValueError(f"--ranges: calibration ranges are for --stored int8 or uint8 "
                          f"(--stored {args.stored} takes none)")
@@ -585,7 +604,7 @@ def _encoding(args: argparse.Namespace) -> dict[str, Any]:
     stored = args.stored if args.stored not in CALIBRATED or \
         getattr(args, "calibration", None) is not None else "float32"  # (tune's trials: the
     # calibration is the run's; storing costs the same)
-    return {"prompt": prompts[0] if prompts else None, "prompt_name": args.prompt_name,
+    return {"prompt": prompts[0] if prompts else None, "prompt_name": prompt_name,
             "task": args.task, "max_seq_length": args.max_seq_length,
             "truncate_dim": args.truncate_dim, "stored": stored,
             "ranges": getattr(args, "calibration", None) if stored in CALIBRATED else None}
@@ -780,8 +799,9 @@ def _config_defaults(path: str) -> dict[str, Any]:
             except (ValueError, TypeError, argparse.ArgumentTypeError):
                 raise ValueError(f"config {path}: {field}: expected "
                                  f"{tuner.CONFIG_FIELDS[field]}, got {value!r}") from None
-    if "prompt" in defaults:  # (apart from --prompt's list, which a --prompt given on the
-        defaults["config_prompt"] = defaults.pop("prompt")  # command line would append to)
+    for field in ("prompt", "prompt_name"):  # (apart from the flags: one given on the command
+        if field in defaults:  # line, either, replaces both of the file's)
+            defaults[f"config_{field}"] = defaults.pop(field)
     return defaults
 
 

@@ -53,7 +53,8 @@ def embed(texts: str | Sequence[str] | Iterable[str], model: str | None = None,
                                  **encoding)
     embeddings = _embedded(pairs, workload, devices, backend, options)
     if stored != workload.stored:
-        embeddings = stored_form(embeddings, stored, ranges_of(embeddings))
+        embeddings = stored_form(embeddings, stored, ranges_of(embeddings)) if len(embeddings) \
+            else stored_form(embeddings, stored, np.zeros((2, embeddings.shape[1])))
     return embeddings[0] if one else embeddings
 
 

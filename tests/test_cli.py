@@ -354,3 +354,17 @@ def test_encode_options_reach_the_output_and_a_resume_that_changes_one_is_refuse
     twice = cli(*given, "--prompt", "a", "--prompt", "b", "--overwrite")
     assert twice.returncode == 2 and "--prompt: the embedding workload takes one" in twice.stderr
     assert read_output(out)["embeddings"].shape == (12, 32)  # (untouched by either)
+    other = cli(*given, "--prompt", "query: ", "--resume", "--truncate-dim", "16")
+    assert other.returncode == 2 and "stores 32 dimensions, not --truncate-dim 16" in \
+        other.stderr
+
+
+def test_an_option_the_model_turns_down_is_a_bad_argument(tmp_path):
+    """Found where the model loads, said as a bad argument (exit 2), not a failed run."""
+    done = cli("--input", str(SAMPLE_TEXT), "--output", str(tmp_path / "o.h5"), "--devices",
+               "cpu", "--backend", "thread", "--limit", "4", "--no-progress",
+               "--prompt-name", "passage")
+    assert done.returncode == 2
+    assert "prompt_name='passage': the model has no prompt of that name (its prompts: " \
+           "['document', 'query'])" in done.stderr
+    assert "remote traceback" not in done.stderr

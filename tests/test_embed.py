@@ -30,6 +30,7 @@ def test_embed_takes_encode_s_shapes_and_options(st_model, texts):
     empty = embed([], backend="thread")
     assert empty.shape == (0, 384) and empty.dtype == np.float32
     assert embed([], backend="thread", truncate_dim=64, stored="ubinary").shape == (0, 8)
+    assert embed([], backend="thread", stored="int8").dtype == np.int8
     got = embed(texts, backend="thread", prompt="query: ", truncate_dim=128, normalize=True)
     want = st_model.encode(texts, prompt="query: ", truncate_dim=128, normalize_embeddings=True)
     assert got.shape == (len(texts), 128)

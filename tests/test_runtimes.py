@@ -244,3 +244,24 @@ def test_on_a_cuda_device_tokenized_batches_go_through_pinned_memory(monkeypatch
                                        "cuda:1")
     calls.clear()
     assert runtimes_pinned(["x"])["modality"] == "text" and calls == ["pin", ("to", "cuda:1", True)]
+
+
+def test_onnx_refuses_the_options_its_exported_modules_cannot_follow():
+    """A pooling that leaves the prompt's tokens out, a model that routes by task: both need
+    sentence-transformers' own modules (runtime torch); refused, not quietly wrong."""
+    from helpers.engine.protocol import OptionRefused
+
+    class Pooling:
+        include_prompt = False
+
+    class Router:
+        pass
+
+    class Model(list):
+        gpufeed_prompt = "Represent this sentence: "
+
+    with pytest.raises(OptionRefused, match="leaves the prompt's tokens out"):
+        EmbeddingWorkload(runtime="onnx")._check_exportable(Model([object(), Pooling()]))
+    with pytest.raises(OptionRefused, match="routes each text by its task"):
+        EmbeddingWorkload(runtime="onnx", task="query")._check_exportable(Model([Router()]))
+    EmbeddingWorkload(runtime="onnx", task="query")._check_exportable(Model([object()]))

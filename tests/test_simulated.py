@@ -119,3 +119,20 @@ def test_a_model_s_files_give_its_pad_token_and_no_length_where_none_is_said(tmp
     assert tokenizer.max_length == UNBOUNDED
     assert len(tokenizer.encode(["word " * 1000])[0]) > 1000  # nothing cut
 
+
+
+def test_a_simulated_card_tokenizes_the_prompt_and_caps_the_length(records):
+    """prompt= and max_seq_length= change what the card is fed: the prompt's tokens on every
+    text, no text past the cap."""
+    texts = [text for _, text in records[:64]]
+
+    def tokens(**options):
+        workload = EmbeddingWorkload(card="h100", tokenize_threads=1, batch_size=16, **options)
+        model = workload.load("cuda:0", 1)
+        workload.process(model, texts)
+        return workload.counts(model)["tokens_needed"]
+
+    plain = tokens()
+    assert tokens(prompt="query: ") == plain + 2 * len(texts)  # ("query" and ":" on
+    # MiniLM's tokenizer; these texts are all under its cap)
+    assert tokens(max_seq_length=16) == 16 * len(texts) < plain

@@ -56,3 +56,21 @@ def test_ranges_are_kept_as_floats_that_cut_as_given():
     assert kept == ((-0.5, -0.25), (0.5, 0.75))
     with pytest.raises(ValueError, match="two texts or more"):
         calibration_ranges(np.zeros((1, 4), np.float32))
+
+
+def test_the_bytes_are_sentence_transformers_own_even_outside_the_ranges():
+    """Rows after the calibration sample may fall outside its ranges: clipped to them, as
+    sentence-transformers 6 does (never wrapped around)."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    rng = np.random.default_rng(2)
+    sample = rng.normal(size=(100, 24)).astype(np.float32)
+    ranges = calibration_ranges(sample)
+    later = (rng.normal(size=(60, 24)) * 3).astype(np.float32)  # (many outside the ranges)
+    for stored in ("int8", "uint8", "binary", "ubinary"):
+        given = ranges if stored in ("int8", "uint8") else None
+        np.testing.assert_array_equal(stored_form(later, stored, given),
+                                      quantize_embeddings(later, stored, ranges=given))
+    assert set(np.unique(stored_form(later, "uint8", ranges))) >= {0, 255}
+    with pytest.raises(ValueError, match="more than an output's attribute holds"):
+        check_stored("int8", np.zeros((2, 8_001)))

@@ -435,6 +435,9 @@ def test_encode_options_round_trip_through_tuned_yaml(tmp_path):
     args = build_parser(defaults).parse_args(["run", "--input", "x", "--output", "o.h5",
                                               "--prompt", "passage: "])
     assert _encoding(args)["prompt"] == "passage: "
+    args = build_parser(defaults).parse_args(["run", "--input", "x", "--output", "o.h5",
+                                              "--prompt-name", "query"])
+    assert (_encoding(args)["prompt"], _encoding(args)["prompt_name"]) == (None, "query")
     (tmp_path / "bad.yaml").write_text("stored: 3\n")
     with pytest.raises(ValueError, match="stored: expected float32, float16"):
         _config_defaults(str(tmp_path / "bad.yaml"))

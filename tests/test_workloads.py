@@ -351,6 +351,12 @@ def test_each_option_that_changes_the_vectors_is_in_the_fingerprint():
     other = EmbeddingWorkload(stored="int8", ranges=ranges * 2).fingerprint()
     assert set(differences(json.loads(encode(EmbeddingWorkload(
         stored="int8", ranges=ranges).fingerprint())), other)) == {"ranges"}
+    older = {k: v for k, v in plain.items()  # (an output from before these options)
+             if k not in ("prompt", "prompt_name", "task", "max_seq_length", "truncate_dim",
+                          "stored", "ranges", "unrecorded")}
+    assert differences(older, EmbeddingWorkload().fingerprint()) == {}
+    assert set(differences(older, EmbeddingWorkload(prompt="q: ", max_seq_length=8)
+                           .fingerprint())) == {"prompt", "max_seq_length"}
     attrs = EmbeddingWorkload(stored="uint8", ranges=ranges, prompt="q: ").attrs()
     assert attrs["ranges"].dtype == np.float32 and attrs["ranges"].shape == (2, 8)
     assert attrs["prompt"] == "q: " and attrs["stored"] == "uint8"

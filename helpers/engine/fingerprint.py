@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from helpers.engine.protocol import UNRECORDED
+
 INPUT_ATTR = "input_fingerprint"  # attribute names in an output file and its parts (JSON text)
 WORKLOAD_ATTR = "workload_fingerprint"
 SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle and end: cheap at
@@ -177,8 +179,11 @@ def decode(text: Any) -> dict[str, Any] | None:
 def differences(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple]:
     """``{field: (recorded, now)}`` for every field both know that differs (one that either
     cannot tell is not compared: the outputs before the workers declared them, a field an older
-    gpufeed did not record)."""
+    gpufeed did not record). A field ``now`` names in its UNRECORDED is known to both: an
+    output that lacks it was made with the value given there."""
     now = json.loads(encode(now))  # compared as recorded: tuples as lists, anything else as text
+    before = now.get(UNRECORDED) or {}
+    recorded = {**{k: v for k, v in before.items() if k not in recorded}, **recorded}
     return {key: (recorded[key], value) for key, value in now.items()
             if value is not None and recorded.get(key) is not None and recorded[key] != value}
 

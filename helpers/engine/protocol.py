@@ -28,7 +28,9 @@ its next workunit before it finishes the last (helpers.engine.worker.serve), so 
 while the worker writes and answers; ``phases`` and ``counts`` are asked after ``finish``.
 
 And it may define ``fingerprint() -> dict``: what decides its values (model, options), which a
-resumed run must keep; without it, ``attrs()`` is used, every field of it.
+resumed run must keep; without it, ``attrs()`` is used, every field of it. A field an older
+output did not record is not compared, unless the fingerprint's UNRECORDED field gives the value
+such an output was made with (an option added later: unset there).
 
 A workload imports its heavy libraries (torch, onnxruntime) inside ``load``, never at module level:
 a process that merely unpickles it should pay for nothing it does not run. It may name them in an
@@ -90,6 +92,11 @@ def id_problem(record_id: Any) -> str:
     return ""
 
 
+class OptionRefused(ValueError):
+    """A workload's option the model turns down when it loads (a prompt name it lacks, more
+    dimensions than it has): the user's argument, not a failed run (the command line exits 2)."""
+
+
 @dataclass(frozen=True)
 class BadRecord:
     """Stands in for a record the reader could not decode (or whose id is unusable or taken): it
@@ -103,6 +110,8 @@ class BadRecord:
     position: int = -1
 
 
+UNRECORDED = "unrecorded"  # a fingerprint's field: {field: the value an output that did not
+# record that field was made with}
 KEYS = "keys"  # the carried column of a string id column: the output's ``keys`` dataset
 
 

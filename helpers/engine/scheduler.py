@@ -66,7 +66,7 @@ import numpy as np
 from helpers.engine.backends import IMPORTED_MAIN, IMPORTED_MAIN_EXIT, Backend, Wakeup
 from helpers.engine.messages import (POLL_SECONDS, UNREADABLE, UNWRITABLE, Died, Failed, Ready,
                                      Result, WorkerInfo, Workunit)
-from helpers.engine.protocol import Rows
+from helpers.engine.protocol import OptionRefused, Rows
 from helpers.engine.settings import (MAX_UNITS_PER_MESSAGE, MESSAGE_RECORDS, MESSAGE_SECONDS,
                                      PoolSettings)
 from helpers.engine.sizing import Sizing
@@ -82,6 +82,11 @@ RECYCLE_AFTER = 2  # failed workunits in a row after which a process worker is r
 
 class PipelineError(RuntimeError):
     """A run cannot go on: a model failed to load, or every worker is gone."""
+
+
+class RefusedOption(PipelineError, ValueError):
+    """A worker's OptionRefused, in the driver: a bad argument (ValueError), found where the
+    model loads."""
 
 
 class RemoteTraceback(Exception):
@@ -690,8 +695,9 @@ def _cut(unit: Workunit, size: int) -> tuple[Workunit, Workunit]:
 
 def remote_error(message: Failed) -> PipelineError:
     """A PipelineError naming the worker, its device and the workunit, with the remote traceback."""
-    error = PipelineError(f"worker {message.worker} on {message.device} failed in {message.where}: "
-                          f"{message.error_type}: {message.message}")
+    kind = RefusedOption if message.error_type == OptionRefused.__name__ else PipelineError
+    error = kind(f"worker {message.worker} on {message.device} failed in {message.where}: "
+                 f"{message.error_type}: {message.message}")
     error.__cause__ = RemoteTraceback(message.traceback)
     error.worker, error.device, error.workunit = message.worker, message.device, message.where
     return error

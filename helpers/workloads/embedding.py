@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.protocol import OutputSpec
+from helpers.engine.protocol import UNRECORDED, OptionRefused, OutputSpec
 from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES,
                                         OnnxEncoder, Quality, QualityRefused, check_variant,
                                         compile_transformer, cosines, exported, guard_texts,
@@ -190,7 +190,7 @@ def resolve_prompt(model: Any, prompt: str | None, prompt_name: str | None,
     """The text ``encode`` puts before every input, as sentence-transformers resolves it:
     ``prompt`` itself; else the model's prompt called ``prompt_name``; else, with a ``task``,
     the model's prompt of that name where it has one (encode_query, encode_document); else the
-    model's default prompt, if it names one. ValueError naming the model's prompts where
+    model's default prompt, if it names one. OptionRefused naming the model's prompts where
     ``prompt_name`` is not one of them."""
     prompts = dict(getattr(model, "prompts", None) or {})
     if prompt is not None:
@@ -199,12 +199,23 @@ def resolve_prompt(model: Any, prompt: str | None, prompt_name: str | None,
         prompt_name = task
     if prompt_name is not None:
         if prompt_name not in prompts:
-            raise ValueError(f"prompt_name={prompt_name!r}: the model has no prompt of that "
+            raise OptionRefused(f"prompt_name={prompt_name!r}: the model has no prompt of that "
                              f"name (its prompts: {sorted(prompts) or 'none'}); give the "
                              f"text itself with prompt=")
         return prompts[prompt_name]
     default = getattr(model, "default_prompt_name", None)
     return prompts.get(default) if default is not None else None
+
+
+def longest_input(model: Any) -> int | None:
+    """The most tokens ``model`` reads of a text: its position embeddings, or fewer where its
+    tokenizer says so (RoBERTa's 514 positions hold 512 tokens); None where it cannot tell."""
+    first = model[0] if hasattr(model, "__getitem__") else None
+    positions = getattr(getattr(getattr(first, "auto_model", None), "config", None),
+                        "max_position_embeddings", None)
+    said = getattr(getattr(model, "tokenizer", None), "model_max_length", None)
+    known = [int(n) for n in (positions, said) if isinstance(n, int) and 0 < n < 10**7]
+    return min(known) if known else None
 
 
 def _runs(precision: str, runtime: str, device: str) -> bool:
@@ -412,16 +423,16 @@ class EmbeddingWorkload:
         check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
         if self.max_seq_length is not None:
-            positions = getattr(getattr(getattr(model[0], "auto_model", None), "config", None),
-                                "max_position_embeddings", None)
-            if positions is not None and self.max_seq_length > positions:
-                raise ValueError(f"max_seq_length={self.max_seq_length}: the model reads at "
-                                 f"most {positions} tokens (its position embeddings)")
+            most = longest_input(model)
+            if most is not None and self.max_seq_length > most:
+                raise OptionRefused(f"max_seq_length={self.max_seq_length}: the model reads at "
+                                    f"most {most} tokens")
             model.max_seq_length = self.max_seq_length
         model.gpufeed_prompt = resolve_prompt(model, self.prompt, self.prompt_name, self.task)
         self.outputs(model)  # (a truncate_dim or ranges wider than the model: said now)
         model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
         if self.runtime != "torch":
+            self._check_exportable(model)
             reference = self._reference(model)
             encoder = OnnxEncoder(model, exported(model, self.runtime), threads)
             encoder.gpufeed_prompt, encoder.max_seq_length = \
@@ -444,6 +455,19 @@ class EmbeddingWorkload:
             setattr(model, name, model.gpufeed_ahead)
         model.gpufeed_phases = PhaseClock(model, device.startswith("cuda"))
         return model
+
+    def _check_exportable(self, model: Any) -> None:
+        """OptionRefused where this workload's options need more of the model than its exported
+        modules do (runtime onnx: the prompt put before each text, the dimensions cut here)."""
+        if model.gpufeed_prompt and any(getattr(module, "include_prompt", True) is False
+                                        for module in model):
+            raise OptionRefused(f"runtime={self.runtime!r} with a prompt: this model's pooling "
+                                f"leaves the prompt's tokens out, which its exported modules "
+                                f"cannot; run it with runtime='torch'")
+        if self.task is not None and any(type(module).__name__ == "Router" for module in model):
+            raise OptionRefused(f"runtime={self.runtime!r} with task={self.task!r}: this model "
+                                f"routes each text by its task, which its exported modules "
+                                f"cannot; run it with runtime='torch'")
 
     def _reference(self, model: Any) -> np.ndarray:
         """float32 PyTorch's embeddings of the guard's texts (the model not yet changed)."""
@@ -505,11 +529,11 @@ class EmbeddingWorkload:
         dim = int(get_dim())
         if self.truncate_dim is not None:
             if self.truncate_dim > dim:
-                raise ValueError(f"truncate_dim={self.truncate_dim}: the model's embeddings "
-                                 f"have {dim} dimensions")
+                raise OptionRefused(f"truncate_dim={self.truncate_dim}: the model's embeddings "
+                                    f"have {dim} dimensions")
             dim = self.truncate_dim
         if self.ranges is not None and len(self.ranges[0]) != dim:
-            raise ValueError(f"ranges: {len(self.ranges[0])} dimensions, the embeddings "
+            raise OptionRefused(f"ranges: {len(self.ranges[0])} dimensions, the embeddings "
                              f"stored {dim}: calibrate with this model (and truncate_dim)")
         return {"embeddings": stored_spec(self.stored, dim)}
 
@@ -616,11 +640,14 @@ class EmbeddingWorkload:
                    "max_seq_length": self.max_seq_length, "truncate_dim": self.truncate_dim,
                    "stored": self.stored, "ranges": ranges}
         if fingerprint:
-            unset = {"prompt": "(the model's default)", "max_seq_length": "(the model's own)",
-                     "truncate_dim": "(every dimension)"}
-            return {k: ("sha256:" + hashlib.sha256(v.tobytes()).hexdigest()[:16]
-                        if isinstance(v, np.ndarray) else v if v is not None
-                        else unset.get(k, "(none)")) for k, v in options.items()}
+            unset = {k: {"prompt": "(the model's default)", "max_seq_length": "(the model's own)",
+                         "truncate_dim": "(every dimension)"}.get(k, "(none)")
+                     for k in options}
+            unset["stored"] = "float32"
+            return {**{k: ("sha256:" + hashlib.sha256(v.tobytes()).hexdigest()[:16]
+                           if isinstance(v, np.ndarray) else v if v is not None else unset[k])
+                       for k, v in options.items()},
+                    UNRECORDED: unset}  # (an output from before these options: all unset)
         options["stored"] = None if self.stored == "float32" else self.stored
         return {k: v for k, v in options.items() if v is not None}
 

@@ -11,7 +11,9 @@ sentence-transformers' ``encode(precision=...)`` and ``quantize_embeddings`` nam
 - ``binary`` / ``ubinary``: one bit a dimension (> 0), packed eight to a byte (``int8``: the
   packed byte less 128, ``uint8``: the byte as is): 32x smaller than float32.
 
-The storing itself is sentence-transformers' ``quantize_embeddings``, so the bytes are theirs.
+The bytes are those of sentence-transformers 6's ``quantize_embeddings`` (tests compare them),
+computed here so that every version gives the same: older ones neither clip a value outside the
+ranges (a row after the calibration sample's may be; it would wrap around) nor round as 6 does.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from helpers.engine.protocol import OutputSpec
 
 STORED = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 CALIBRATED = ("int8", "uint8")  # the forms that need calibration ranges
+MOST_CALIBRATED = 8_000  # dimensions whose ranges an HDF5 attribute holds (64 KiB, float32)
 
 
 def stored_spec(stored: str, dim: int) -> OutputSpec:
@@ -56,6 +59,10 @@ def check_stored(stored: Any, ranges: Any) -> tuple[tuple[float, ...], tuple[flo
         raise ValueError(f"ranges: expected a (2, dim) array of finite numbers, each "
                          f"dimension's low then high (low <= high), got "
                          f"{np.shape(ranges) if array.size else repr(ranges)[:80]}")
+    if array.shape[1] > MOST_CALIBRATED:
+        raise ValueError(f"stored={stored!r}: the ranges of {array.shape[1]:,} dimensions are "
+                         f"more than an output's attribute holds ({MOST_CALIBRATED:,}); "
+                         f"truncate_dim, or stored='float16' or 'binary'")
     return tuple(map(float, array[0])), tuple(map(float, array[1]))
 
 
@@ -64,12 +71,20 @@ def stored_form(embeddings: np.ndarray, stored: str,
     """float32 ``embeddings`` ``[n, dim]`` as ``stored`` (see the module)."""
     if stored == "float32":
         return np.asarray(embeddings, dtype=np.float32)
+    array = np.asarray(embeddings, dtype=np.float32)
     if stored == "float16":
-        return np.asarray(embeddings, dtype=np.float32).astype(np.float16)
-    from sentence_transformers.util.quantization import quantize_embeddings
-
-    return quantize_embeddings(np.asarray(embeddings, dtype=np.float32), precision=stored,
-                               ranges=None if ranges is None else np.asarray(ranges, np.float32))
+        return array.astype(np.float16)
+    if stored in ("binary", "ubinary"):
+        packed = np.packbits(array > 0, axis=-1)
+        return packed if stored == "ubinary" else (packed.astype(np.int16) - 128).astype(np.int8)
+    if stored not in CALIBRATED or ranges is None:
+        raise ValueError(f"stored={stored!r}: expected one of {', '.join(STORED)}, with ranges "
+                         f"for {' and '.join(CALIBRATED)}")
+    low, high = np.asarray(ranges, dtype=np.float32)
+    steps = (high - low) / 255
+    steps = np.where(steps == 0, 1, steps)
+    cut = np.clip(np.floor((array - low) / steps), 0, 255)
+    return cut.astype(np.uint8) if stored == "uint8" else (cut - 128).astype(np.int8)
 
 
 def calibration_ranges(embeddings: np.ndarray) -> np.ndarray:
