@@ -7,7 +7,7 @@ driver's writer limit.
    the median (the issue's bar: >= 0.95), and each backend's spin-up (Ray's own start apart).
 2. Rows of 384-d float32 per second through the driver from models that cost nothing: from
    process workers, from Ray actors (through Ray's object store), and the durable writer alone.
-   Past the slowest of these, one driver is the limit (README, "Run on a cluster").
+   Past the slowest of these, one driver is the limit (docs/cluster.md).
 """
 from __future__ import annotations
 

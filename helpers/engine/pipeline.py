@@ -440,7 +440,7 @@ class WorkerPool:
 
 def who_writes(job: JobSettings, backend: str, source: Any) -> str:
     """``job.writes``, "auto" decided: the workers on Ray when they can read the source too (the
-    driver then handles no record), else the driver (on one machine it writes faster: README)."""
+    driver then handles no record), else the driver (faster on one machine: docs/cluster.md)."""
     if job.writes != AUTO:
         return job.writes
     return "workers" if backend == "ray" and job.durable and reads_by_position(source) \
