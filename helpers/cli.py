@@ -537,7 +537,7 @@ def _calibration(args: argparse.Namespace) -> Any:
 
     if args.ranges:
         try:
-            return np.load(args.ranges, allow_pickle=False)
+            return np.load(args.ranges)  # (no pickles: numpy's default)
         except (OSError, ValueError) as exc:
             raise ValueError(f"--ranges {args.ranges}: not a .npy array ({exc})") from None
     if args.resume:
