@@ -219,9 +219,9 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                           "normalized after the cut with --normalize")
     emb.add_argument("--stored", choices=STORED, default=EmbeddingWorkload.stored,
                      help="the precision the embeddings are stored in, as encode's "
-                          "precision= (and float16): float16 halves the file, int8/uint8 quarter it (cut "
-                          "with calibration ranges the output keeps), binary/ubinary 1/32 "
-                          "(one bit a dimension)")
+                          "precision= (and float16): float16 halves the file, int8/uint8 "
+                          "quarter it (cut with calibration ranges the output keeps), "
+                          "binary/ubinary 1/32 (one bit a dimension)")
     emb.add_argument("--card", choices=tuple(CARDS),
                      help="a simulated card instead of the model's forward pass (the tokenizer "
                           "and all around it real, the embeddings zeros): does this CPU side "

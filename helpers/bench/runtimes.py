@@ -147,8 +147,8 @@ def encode_options(records: int = 512, repeats: int = 5, batch_size: int = 16,
             rows.append({"option": "max_seq_length", "replicate": replicate,
                          "max_seq_length": int(model.max_seq_length),
                          "length": f"{length}" if length is not None
-                         else f"own ({model.max_seq_length})", "own_length": length is None, "seconds": seconds,
-                         "texts_per_s": len(texts) / seconds,
+                         else f"own ({model.max_seq_length})", "own_length": length is None,
+                         "seconds": seconds, "texts_per_s": len(texts) / seconds,
                          "tokens_per_text": float(sum(token_lengths(model, texts))) / len(texts)})
     table = pd.DataFrame(rows)
     own = table[table.own_length].set_index("replicate")["texts_per_s"]

@@ -458,7 +458,8 @@ class EmbeddingWorkload:
 
     def _check_exportable(self, model: Any) -> None:
         """OptionRefused where this workload's options need more of the model than its exported
-        modules do (runtime onnx: the prompt put before each text, the dimensions cut here)."""
+        modules give (runtime onnx puts the prompt before each text and cuts the dimensions
+        itself): a pooling that leaves the prompt's tokens out, a model that routes by task."""
         if model.gpufeed_prompt and any(getattr(module, "include_prompt", True) is False
                                         for module in model):
             raise OptionRefused(f"runtime={self.runtime!r} with a prompt: this model's pooling "
@@ -534,7 +535,7 @@ class EmbeddingWorkload:
             dim = self.truncate_dim
         if self.ranges is not None and len(self.ranges[0]) != dim:
             raise OptionRefused(f"ranges: {len(self.ranges[0])} dimensions, the embeddings "
-                             f"stored {dim}: calibrate with this model (and truncate_dim)")
+                                f"stored {dim}: calibrate with this model (and truncate_dim)")
         return {"embeddings": stored_spec(self.stored, dim)}
 
     def check_record(self, record: Any) -> None:
@@ -632,9 +633,9 @@ class EmbeddingWorkload:
 
     def _encode_options(self, fingerprint: bool = False) -> dict[str, Any]:
         """The options of ``encode`` that change the vectors: those set, the calibration ranges
-        as a float32 ``(2, dim)`` array. For the ``fingerprint``, every one, an unset one as a
-        word in brackets (a field a fingerprint lacks is not compared: an output written before
-        these existed resumes where none is set) and the ranges as their SHA-256."""
+        as a float32 ``(2, dim)`` array. For the ``fingerprint``, every one (an unset one as a
+        word in brackets, the ranges as their SHA-256) and, as UNRECORDED, each one unset: what
+        an output written before these options existed was made with."""
         ranges = None if self.ranges is None else np.asarray(self.ranges, dtype=np.float32)
         options = {"prompt": self.prompt, "prompt_name": self.prompt_name, "task": self.task,
                    "max_seq_length": self.max_seq_length, "truncate_dim": self.truncate_dim,

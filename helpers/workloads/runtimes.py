@@ -8,7 +8,8 @@ ONNX: the model's modules after the tokenizer (the transformer, pooling, normali
 ``~/.cache/gpufeed``), keyed by a digest of the weights, under a lock: the first worker exports,
 the others wait and reuse the file. ``onnx-int8`` quantises the exported file's matrix products
 (dynamic quantisation, per-channel int8 weights, QUANTIZED_EXCLUDE left in float: the variant
-onnxruntime's defaults give fails the guard, see docs/model.md). The tokenizer stays the model's own.
+onnxruntime's defaults give fails the guard, see docs/model.md). The tokenizer stays the model's
+own.
 
 The guard: the embeddings of GUARD_TEXTS (64 fixed texts, 18 to 935 characters) by the variant
 against float32 PyTorch's, in the worker that loads it: mean cosine ≥ GUARD_MEAN and min ≥
