@@ -218,6 +218,7 @@ def test_a_committed_table_has_every_column_its_code_writes_now(smoke):
     """The smoke run writes each notebook's tables with today's code: a committed table of the
     same name lacking one of its columns was made by older code."""
     out, _ = smoke
+    compared = 0
     for made in sorted((out / "results").glob("*.csv")):
         committed = ROOT / "data" / "results" / "cpu" / made.name
         if not committed.is_file():
@@ -225,6 +226,8 @@ def test_a_committed_table_has_every_column_its_code_writes_now(smoke):
         now = set(made.read_text().splitlines()[0].split(","))
         then = set(committed.read_text().splitlines()[0].split(","))
         assert now <= then, f"{made.stem}: committed without {sorted(now - then)}"
+        compared += 1
+    assert compared >= 5, f"only {compared} of the smoke run's tables have a committed twin"
 
 
 def test_make_results_regenerates_every_committed_benchmark_table():
@@ -234,11 +237,13 @@ def test_make_results_regenerates_every_committed_benchmark_table():
     target = makefile.split("\nresults:", 1)[1].split("\n\n", 1)[0]
     lines = [line.split("helpers.bench", 1)[1].split() for line in target.splitlines()
              if "helpers.bench" in line]
+    benches = 0
     for sidecar in sorted((ROOT / "data" / "results" / "cpu").glob("*.json")):
         made = json.loads(sidecar.read_text())
         bench = made["notebook"].replace("python -m helpers.bench ", "helpers.bench.")
         if not bench.startswith("helpers.bench."):
             continue  # a notebook's table: `make run`
+        benches += 1
         wanted = [bench.removeprefix("helpers.bench.")] + [
             f"--{key}={made['parameters'][key]}" for key in ("backend", "writes", "source")
             if key in made["parameters"] and made["parameters"][key] not in ("process", "driver",
@@ -248,3 +253,4 @@ def test_make_results_regenerates_every_committed_benchmark_table():
         assert any(set(wanted) <= set(line) and not {w for w in line if w.split("=")[0] in (
             "--backend", "--writes", "--source")} - set(wanted) for line in said), \
             f"{sidecar.stem}: no `make results` line runs {' '.join(wanted)}"
+    assert benches >= 10, f"only {benches} benchmark tables found in data/results/cpu/"

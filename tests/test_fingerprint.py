@@ -1,0 +1,72 @@
+"""What an output records of its input and workload (helpers.engine.fingerprint), and how a
+resume compares it: a changed file is caught, a change is named field by field."""
+import os
+
+import pytest
+
+from helpers.engine.fingerprint import (InputChanged, check_unchanged, decode, describe,
+                                        differences, encode, file_identity, file_stats,
+                                        input_paths, listing_identity, unchanged)
+from helpers.engine.protocol import UNRECORDED
+
+
+def test_a_file_s_identity_changes_with_its_bytes_even_at_the_same_size_and_time(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"a" * 5000)
+    before = file_identity(path)
+    stat = os.stat(path)
+    path.write_bytes(b"a" * 2499 + b"b" + b"a" * 2500)  # (the middle sample holds it)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # its time put back
+    after = file_identity(path)
+    assert before["size"] == after["size"] and before["modified"] == after["modified"]
+    assert before["digest"] != after["digest"]
+
+
+def test_a_folder_s_identity_changes_when_a_file_is_replaced(tmp_path):
+    for name in ("a.parquet", "b.parquet"):
+        (tmp_path / name).write_bytes(name.encode() * 10)
+    files = sorted(tmp_path.iterdir())
+    before = listing_identity(tmp_path, files)
+    (tmp_path / "b.parquet").write_bytes(b"x" * len("b.parquet") * 10)
+    assert before["files"] == 2 and listing_identity(tmp_path, files) != before
+
+
+def test_a_file_changed_while_open_is_named(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text("text\none\n")
+    stat, = file_stats([str(path)])
+    with unchanged(stat) as f:
+        assert f.read() == b"text\none\n"
+        with open(path, "a") as out:
+            out.write("two\n")
+        with pytest.raises(InputChanged, match=r"in\.csv: changed since the run started "
+                                               r"\(9 bytes then, 13 now"):
+            check_unchanged(f, stat)
+
+
+def test_differences_name_each_field_and_skip_what_either_cannot_tell():
+    recorded = {"model": "a", "size": 1024, "outputs": None}
+    assert differences(recorded, {"model": "b", "size": 1024, "outputs": {"x": "[3] f4"},
+                                  "new": 1}) == {"model": ("a", "b")}
+    assert describe(differences({"size": 1024}, {"size": 2048})) == "size 1,024 -> 2,048"
+    assert differences({"shape": [3]}, {"shape": (3,)}) == {}  # (compared as recorded: JSON)
+
+
+def test_a_field_added_later_compares_with_what_older_outputs_were_made_with():
+    """UNRECORDED: an output that lacks a field was made with the value given there; set
+    otherwise now, the change is named."""
+    older = {"model": "a"}
+    now = {"model": "a", "prompt": "(none)", UNRECORDED: {"prompt": "(none)"}}
+    assert differences(older, now) == {}
+    changed = {**now, "prompt": "query: "}
+    assert differences(older, changed) == {"prompt": ("(none)", "query: ")}
+    assert differences({"model": "a", "prompt": "query: "}, changed) == {}
+
+
+def test_attributes_round_trip_and_name_the_input_s_path():
+    text = encode({"path": "/data/in.jsonl", "size": 3})
+    assert decode(text) == {"path": "/data/in.jsonl", "size": 3}
+    assert decode(text.encode()) == decode(text)
+    assert decode("not json") is None and decode("[1, 2]") is None
+    assert input_paths({"input_fingerprint": text}) == ("/data/in.jsonl",)
+    assert input_paths({}) == ()
