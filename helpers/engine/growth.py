@@ -206,9 +206,7 @@ class Growth:
             device.done = True
         else:
             index = max(scheduler.slots) + 1
-            scheduler.spawn(WorkerInfo(index, device.name,
-                                       self.threads if device.name == "cpu" else 1, k),
-                            optional=True)
+            scheduler.spawn(WorkerInfo.on(index, device.name, self.threads, k), optional=True)
             device.loading = index
             self._decide(device, seconds, "add", k + 1, before, rate, why)
 

@@ -74,6 +74,12 @@ class WorkerInfo:
     threads: int  # CPU threads for this worker's model
     copy: int = 0  # the n-th model copy on this device, from 0
 
+    @classmethod
+    def on(cls, index: int, device: str, cpu_threads: int, copy: int = 0) -> WorkerInfo:
+        """Worker ``index`` on ``device``: ``cpu_threads`` threads for a model on the CPU, one
+        for a model on any other device (its compute is the card's)."""
+        return cls(index, device, cpu_threads if device == "cpu" else 1, copy)
+
     def __str__(self) -> str:
         return f"worker {self.index} on {self.device}"
 

@@ -215,7 +215,7 @@ class WorkerPool:
         threads = self.settings.threads_per_worker or 1
         for device in dict.fromkeys(self.settings.devices):
             for copy in range(self.settings.max_workers_per_device):
-                info = WorkerInfo(len(workers), device, threads if device == "cpu" else 1, copy)
+                info = WorkerInfo.on(len(workers), device, threads, copy)
                 self._scheduler.spawn(info)
                 try:
                     ready = self._scheduler.await_ready([info.index])

@@ -149,8 +149,7 @@ class PoolSettings:
         devices = self.worker_devices
         cpu_threads = self.threads_per_worker or \
             (1 if self.growing else cpu_threads_per_worker(devices))
-        return [WorkerInfo(i, device, cpu_threads if device == "cpu" else 1,
-                           devices[:i].count(device))
+        return [WorkerInfo.on(i, device, cpu_threads, devices[:i].count(device))
                 for i, device in enumerate(devices)]
 
 
