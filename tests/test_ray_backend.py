@@ -269,7 +269,7 @@ def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp
 
 @pytest.mark.parametrize("writes", ["driver", "workers"])
 def test_the_driver_killed_the_run_resumes_on_the_cluster(cluster, tmp_path, writes):
-    n = 2400
+    n = 4800  # (enough that the workers cannot write it all before the index shows a row)
     (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(n)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
