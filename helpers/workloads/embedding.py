@@ -589,17 +589,13 @@ class EmbeddingWorkload:
 
     def _encode(self, model: Any, records: list[str]) -> np.ndarray:
         """float32 embeddings of ``records``: ``encode`` with this workload's options (an
-        OnnxEncoder, which runs the model's modules only: the prompt put before each text, the
-        dimensions cut and normalized here, as sentence-transformers does)."""
+        OnnxEncoder runs the model's modules only: the prompt is put before each text here)."""
         prompt = getattr(model, "gpufeed_prompt", None)
         if isinstance(model, OnnxEncoder):
             texts = records if not prompt else [prompt + record for record in records]
-            embeddings = np.asarray(model.encode(texts, batch_size=self.batch_size),
-                                    dtype=np.float32)[:, :self.truncate_dim]
-            if self.normalize:
-                embeddings = embeddings / np.maximum(
-                    np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
-            return np.ascontiguousarray(embeddings, dtype=np.float32)
+            return model.encode(texts, batch_size=self.batch_size,
+                                normalize_embeddings=self.normalize,
+                                truncate_dim=self.truncate_dim)
         embeddings = model.encode(records, batch_size=self.batch_size, show_progress_bar=False,
                                   normalize_embeddings=self.normalize, convert_to_numpy=True,
                                   prompt=prompt, truncate_dim=self.truncate_dim,

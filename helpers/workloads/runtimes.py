@@ -292,7 +292,7 @@ class OnnxEncoder:
         self._local = threading.local()  # this thread's last encode's tokens (take_counts)
 
     def encode(self, texts: list[str], batch_size: int, normalize_embeddings: bool = False,
-               **_: Any) -> np.ndarray:
+               truncate_dim: int | None = None, **_: Any) -> np.ndarray:
         order = np.argsort([-n for n in token_lengths(self.model, texts)], kind="stable")
         out: np.ndarray | None = None
         self._local.counts = counts = {"tokens_computed": 0, "tokens_needed": 0}
@@ -310,6 +310,7 @@ class OnnxEncoder:
             out[take] = got
         if out is None:
             return np.empty((0, self.get_embedding_dimension()), dtype=np.float32)
+        out = np.ascontiguousarray(out[:, :truncate_dim])  # (cut, then normalized: as encode)
         if normalize_embeddings:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
