@@ -8,10 +8,10 @@ Three floors, each importing only the floors below it:
   engine's protocol and nothing else of it;
 - ``helpers.study``: what the notebooks use: experiments, findings, plots, result tables.
 
-``helpers.cli``, ``helpers.bench`` and ``helpers.embed`` (the one-liner) stand on all three. The public names below are imported on
-first use (PEP 562), so that a worker process, which imports this package on its way to
-``helpers.engine.worker``, loads the worker loop and its workload only: not h5py, the scheduler or
-the writer it never runs.
+``helpers.cli``, ``helpers.bench`` and ``helpers.embed`` (the one-liner) stand on all three. The
+public names below are imported on first use (PEP 562), so that a worker process, which imports this
+package on its way to ``helpers.engine.workers.worker``, loads the worker loop and its workload
+only: not h5py, the scheduler or the writer it never runs.
 """
 from __future__ import annotations
 
@@ -21,27 +21,28 @@ from typing import Any
 _PUBLIC = {
     "BinningWorkload": "helpers.workloads.binning",
     "EmbeddingWorkload": "helpers.workloads.embedding",
-    "ImageFolderSource": "helpers.engine.sources",
-    "JobSettings": "helpers.engine.settings",
-    "OutputError": "helpers.engine.ownership",
-    "PipelineError": "helpers.engine.scheduler",
+    "ImageFolderSource": "helpers.engine.inputs.sources",
+    "JobSettings": "helpers.engine.contract.settings",
+    "OutputError": "helpers.engine.outputs.ownership",
+    "PipelineError": "helpers.engine.dispatch.scheduler",
     "calibration_ranges": "helpers.embed",
     "embed": "helpers.embed",
-    "export": "helpers.engine.export",
-    "PipelineStats": "helpers.engine.stats",
-    "PoolSettings": "helpers.engine.settings",
+    "export": "helpers.engine.outputs.export",
+    "PipelineStats": "helpers.engine.measure.stats",
+    "PoolSettings": "helpers.engine.contract.settings",
     "SyntheticWorkload": "helpers.workloads.synthetic",
     "WorkerPool": "helpers.engine.pipeline",
-    "Source": "helpers.engine.protocol",
-    "TableSource": "helpers.engine.tables",
-    "WorkerStats": "helpers.engine.stats",
-    "Workload": "helpers.engine.protocol",
-    "read_output": "helpers.engine.hdf5_sink",
+    "Source": "helpers.engine.contract.protocol",
+    "TableSource": "helpers.engine.inputs.tables",
+    "WorkerStats": "helpers.engine.measure.stats",
+    "Workload": "helpers.engine.contract.protocol",
+    "read_output": "helpers.engine.outputs.hdf5_sink",
     "run_pipeline": "helpers.engine.pipeline",
 }
 
 def lazy_names(package: str, names: dict[str, str]) -> tuple[Any, Any]:
-    """A package's ``__getattr__`` and ``__dir__`` that import ``names`` (name -> module) on first use."""
+    """A package's ``__getattr__`` and ``__dir__`` that import ``names`` (name -> module) on first
+    use."""
     namespace = importlib.import_module(package).__dict__
 
     def __getattr__(name: str) -> Any:

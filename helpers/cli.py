@@ -2,9 +2,10 @@
 ``python -m helpers run --workload binning --input images/ --output out.h5``: also writes out.csv.
 ``python -m helpers tune --input big.jsonl --output tuned.yaml``: the fastest configuration on a
 sample (helpers.tuner); ``python -m helpers run --config tuned.yaml ...`` runs it.
-``python -m helpers notebooks --params cpu``: the notebook suite, headless (see helpers.study.notebooks).
-``python -m helpers compact out.h5``: a big run's output (an index over its parts) as one file.
-``python -m helpers export out.h5 --to parquet --output out.parquet``: for other tools (also npy).
+``python -m helpers notebooks --params cpu``: the notebook suite, headless (see
+helpers.study.notebooks). ``python -m helpers compact out.h5``: a big run's output (an index over
+its parts) as one file. ``python -m helpers export out.h5 --to parquet --output out.parquet``: for
+other tools (also npy).
 
 Exit status: 0 done, 1 failed (a model that does not load, every worker gone, a full disk), 2 bad
 arguments or input (no such input, a format gpufeed does not read, a column that is not there, files
@@ -32,14 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from helpers import tuner
-from helpers.engine.hdf5_sink import check_parts, read_output
-from helpers.engine.fingerprint import InputChanged
-from helpers.engine.ownership import OutputError, output_path, owning
+from helpers.engine.contract.fingerprint import InputChanged
+from helpers.engine.contract.settings import (AUTO, BACKENDS, FIT, MAX_UNITS_PER_MESSAGE,
+                                              MESSAGE_SECONDS, RAY_UNITS_PER_MESSAGE, WRITES,
+                                              JobSettings, PoolSettings, or_words)
+from helpers.engine.inputs.sources import ImageFolderSource, SourceError, open_source
+from helpers.engine.outputs.hdf5_sink import check_parts, read_output
+from helpers.engine.outputs.ownership import OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
-from helpers.engine.settings import (AUTO, BACKENDS, FIT, MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS,
-                                     RAY_UNITS_PER_MESSAGE, WRITES, JobSettings, PoolSettings,
-                                     or_words)
-from helpers.engine.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
 from helpers.workloads.binning.table import is_table, write_csv
@@ -559,8 +560,8 @@ def _calibration(args: argparse.Namespace) -> Any:
             print(f"{args.stored}: the calibration ranges {args.output} keeps", file=sys.stderr)
             return np.asarray(kept)
     from helpers.embed import calibration_ranges
-    from helpers.engine.id_ranges import IdRanges
-    from helpers.engine.sources import read_slices
+    from helpers.engine.contract.id_ranges import IdRanges
+    from helpers.engine.inputs.sources import read_slices
 
     if args.calibration_rows < 2:
         raise ValueError(f"--calibration-rows: at least 2 texts, got {args.calibration_rows}")
@@ -670,7 +671,7 @@ def _table_path(args: argparse.Namespace) -> Path:
 
 
 def compact_output(output: str) -> int:
-    from helpers.engine.checkpoint import compact
+    from helpers.engine.outputs.checkpoint import compact
 
     started = time.monotonic()
     try:
@@ -688,7 +689,7 @@ def compact_output(output: str) -> int:
 
 
 def export_output(args: argparse.Namespace) -> int:
-    from helpers.engine.export import export
+    from helpers.engine.outputs.export import export
 
     started = time.monotonic()
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.hdf5_sink import read_output
+from helpers.engine.outputs.hdf5_sink import read_output
 from helpers.engine.pipeline import run_pipeline
 from helpers.workloads.embedding import EmbeddingWorkload
 from helpers.workloads.stored import CALIBRATED, stored_form

@@ -12,9 +12,9 @@ Phases, in the order our users tune by hand, each reusing what it can::
                      size), one job on the sample each (but the workload's own size, which
                      phase 0's pick ran already); workunits sized automatically
     2. workers       one pool with the best batch size and workers_per_device="auto": jobs on
-                     the sample until growth has settled on every device (helpers.engine.growth;
-                     each job twice as long as the last, as growth measures within one job),
-                     then the count is held
+                     the sample until growth has settled on every device
+                     (helpers.engine.dispatch.growth; each job twice as long as the last, as growth
+                     measures within one job), then the count is held
     3. workunits     the same pool, its workers loaded: one job per candidate size ("auto",
                      then fixed sizes around what "auto" chose); on a CPU, whose growing
                      workers run one thread each, again on a fresh pool sharing the cores
@@ -56,14 +56,14 @@ from typing import Any
 import numpy as np
 import yaml
 
-from helpers.engine.backends import pool_settings
+from helpers.engine.contract.devices import threads_in_words, workers_in_words
+from helpers.engine.contract.protocol import Workload
+from helpers.engine.contract.settings import AUTO, JobSettings, PoolSettings
+from helpers.engine.contract.versions import created
+from helpers.engine.dispatch.scheduler import PipelineError
+from helpers.engine.inputs.sources import open_source, source_length
 from helpers.engine.pipeline import WorkerPool
-from helpers.engine.devices import threads_in_words, workers_in_words
-from helpers.engine.protocol import Workload
-from helpers.engine.scheduler import PipelineError
-from helpers.engine.settings import AUTO, JobSettings, PoolSettings
-from helpers.engine.sources import open_source, source_length
-from helpers.engine.versions import created
+from helpers.engine.workers.backends import pool_settings
 from helpers.workloads.runtimes import variant_label
 
 log = logging.getLogger("gpufeed.tune")  # a line as each phase starts and each trial ends
@@ -170,8 +170,8 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
                 workers = sorted((info.device for info in pool.workers), key=distinct.index)
                 _workunit_sizes(pool, job, batch)
         if any(device.startswith("cpu") for device in workers):
-            # growing CPU workers run a thread each (helpers.engine.settings): also try the cores
-            # shared among them, as a run of that layout would by default
+            # growing CPU workers run a thread each (helpers.engine.contract.settings): also try the
+            # cores shared among them, as a run of that layout would by default
             late = job.late(sample * (1 + len(SIZE_FACTORS) + 1), new_pool=True)
             if late:
                 job.skipped("workunit size", late, batch_size=batch, devices=",".join(workers),

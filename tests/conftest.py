@@ -1,4 +1,5 @@
-"""Shared fixtures: a small real corpus, its reference embeddings, and the leftover-process check."""
+"""Shared fixtures: a small real corpus, its reference embeddings, and the leftover-process
+check."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers.engine.backends import is_fork_server
+from helpers.engine.workers.backends import is_fork_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -53,7 +54,8 @@ def no_leftover_processes():
 
 @pytest.fixture(scope="session")
 def texts() -> list[str]:
-    """24 real paragraphs from the shipped sample, the shortest of its first 400 (cheap to embed)."""
+    """24 real paragraphs from the shipped sample, the shortest of its first 400 (cheap to
+    embed)."""
     from helpers.study.paths import sample_texts
 
     return sorted(sample_texts(400), key=len)[:24]
@@ -75,7 +77,7 @@ def reference_embeddings(st_model, texts) -> np.ndarray:
 def as_driver_reads(source) -> dict:
     """Every record of ``source`` as the driver's slices give them, by id (what a worker reading
     its own rows must give: tests/test_table_rows.py, tests/test_jsonl_rows.py)."""
-    from helpers.engine.id_ranges import IdRanges
+    from helpers.engine.contract.id_ranges import IdRanges
 
     return {i: r for ids, records, _ in source.slices(IdRanges(), None)
             for i, r in zip(ids.tolist(), records)}
@@ -83,7 +85,7 @@ def as_driver_reads(source) -> dict:
 
 def same_record(got, expected) -> bool:
     """The same record, or the same error (type, message, position)."""
-    from helpers.engine.protocol import BadRecord
+    from helpers.engine.contract.protocol import BadRecord
 
     if isinstance(expected, BadRecord):
         return isinstance(got, BadRecord) and (got.error_type, got.message, got.position) == \

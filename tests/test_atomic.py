@@ -14,8 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-import helpers.engine.atomic as atomic
-from helpers.engine.atomic import ensure_room, hdf5_replacing, uninterrupted
+import helpers.engine.outputs.atomic as atomic
+from helpers.engine.outputs.atomic import ensure_room, hdf5_replacing, uninterrupted
 from helpers.study.paths import ROOT
 
 pytestmark = pytest.mark.timeout(240)  # reached only on deadlock
@@ -84,17 +84,18 @@ needs_tmpfs = pytest.mark.skipif(not _can_mount(), reason="cannot mount a tmpfs 
 
 SMALL = """
 import sys
-import helpers.engine.atomic, helpers.engine.checkpoint, helpers.engine.hdf5_sink
+import helpers.engine.outputs.atomic, helpers.engine.outputs.checkpoint
+import helpers.engine.outputs.hdf5_sink
 from helpers.cli import main
 # a disk of a few hundred KiB stands for a big one: parts of 4,096 rows, 64 KiB kept free
-helpers.engine.atomic.ROOM_MARGIN = (64 << 10, 0.05)
-helpers.engine.checkpoint.PART_ROWS = helpers.engine.hdf5_sink.PART_ROWS = 4096
+helpers.engine.outputs.atomic.ROOM_MARGIN = (64 << 10, 0.05)
+helpers.engine.outputs.checkpoint.PART_ROWS = helpers.engine.outputs.hdf5_sink.PART_ROWS = 4096
 sys.exit(main(sys.argv[1:]))
 """
 CHECK = """
 import json, sys
 import numpy as np
-from helpers.engine.hdf5_sink import read_output
+from helpers.engine.outputs.hdf5_sink import read_output
 data = read_output(sys.argv[1])
 print(json.dumps({"rows": len(data["ids"]), "once": bool(np.array_equal(data["ids"],
                   np.arange(int(sys.argv[2])))), "complete": bool(data["attrs"]["complete"])}))

@@ -3,7 +3,7 @@ simulated cards' use, configurations side by side, and their findings and figure
 import pandas as pd
 import pytest
 
-from helpers.engine.settings import AUTO
+from helpers.engine.contract.settings import AUTO
 from helpers.study import autotune, findings, plots
 from helpers.workloads.synthetic import SyntheticWorkload
 

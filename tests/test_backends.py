@@ -1,5 +1,6 @@
 """Each backend on its own, through the Backend protocol the scheduler is typed against: a worker
-starts and says Ready, answers a workunit, dies when killed (and says so), and leaves nothing behind."""
+starts and says Ready, answers a workunit, dies when killed (and says so), and leaves nothing
+behind."""
 import queue
 import typing
 
@@ -8,10 +9,10 @@ import psutil
 import pytest
 
 from conftest import live_children
-from helpers.engine.backends import (START_METHOD_ENV, Backend, ProcessBackend, ThreadBackend,
-                                     Wakeup, make_backend)
-from helpers.engine.messages import Died, Ready, Result, WorkerInfo, Workunit
-from helpers.engine.settings import PoolSettings
+from helpers.engine.contract.messages import Died, Ready, Result, WorkerInfo, Workunit
+from helpers.engine.contract.settings import PoolSettings
+from helpers.engine.workers.backends import (START_METHOD_ENV, Backend, ProcessBackend,
+                                             ThreadBackend, Wakeup, make_backend)
 from helpers.workloads import SyntheticWorkload
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
@@ -57,7 +58,8 @@ def test_both_backends_have_every_member_of_the_protocol_and_no_other_name_is_on
         backend = cls(SyntheticWorkload(0.0))
         assert all(hasattr(backend, member) for member in members), cls.__name__
         backend.shutdown(clean=True)
-    from helpers.engine.ray_backend import RayBackend  # (an instance needs Ray: test_ray_backend)
+    # (an instance needs Ray: test_ray_backend)
+    from helpers.engine.workers.ray_backend import RayBackend
 
     assert all(hasattr(RayBackend, member) for member in members - {"events"})
     with pytest.raises(ValueError, match=r"expected one of \('process', 'thread', 'ray'\)"):
@@ -192,7 +194,8 @@ if __name__ == "__main__":
 def test_a_module_the_fork_server_cannot_import_is_its_worker_s_error_not_the_server_s_end(
         tmp_path):
     """multiprocessing's preload ends the server at any error but ImportError (every start then
-    fails with a bare EOFError): helpers.engine.preload leaves the module to the worker's load."""
+    fails with a bare EOFError): helpers.engine.workers.preload leaves the module to the worker's
+    load."""
     import os
     import subprocess
     import sys

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from helpers.bench.gpu import card, check, faults, plan, report, simulated, study, tables, weights
-from helpers.engine.devices import available_cores
+from helpers.engine.contract.devices import available_cores
 from helpers.study.paths import ROOT
 from helpers.study.provenance import git_commit
 

@@ -5,8 +5,8 @@ import re
 import numpy as np
 import pytest
 
-from helpers.engine.hdf5_sink import HDF5Sink, read_output
-from helpers.engine.protocol import TEXT, OutputSpec
+from helpers.engine.contract.protocol import TEXT, OutputSpec
+from helpers.engine.outputs.hdf5_sink import HDF5Sink, read_output
 from helpers.workloads.binning.rule import (Thresholds, assign_bin, caption, description,
                                             dispersion, text_area)
 from helpers.workloads.binning.table import write_csv

@@ -11,26 +11,27 @@ import numpy as np
 import psutil
 import pytest
 
-import helpers.engine.checkpoint
-import helpers.engine.hdf5_sink
-from helpers.engine.checkpoint import Parts
-from helpers.engine.hdf5_sink import HDF5Sink, read_output, rows_written
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import OutputSpec
+import helpers.engine.outputs.checkpoint
+import helpers.engine.outputs.hdf5_sink
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.contract.protocol import OutputSpec
+from helpers.engine.outputs.checkpoint import Parts
+from helpers.engine.outputs.hdf5_sink import HDF5Sink, read_output, rows_written
 from helpers.study.paths import ROOT
 from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
 
 SPEC = {"values": OutputSpec((8,), "float32"), "label": OutputSpec((), "str")}
-BLOCK = 1024  # helpers.engine.hdf5_sink.CHUNK_RECORDS: one part per block
+BLOCK = 1024  # helpers.engine.outputs.hdf5_sink.CHUNK_RECORDS: one part per block
 WRITER = """
 import sys
 import numpy as np
-import helpers.engine.checkpoint
-from helpers.engine.hdf5_sink import HDF5Sink
-from helpers.engine.protocol import OutputSpec
-helpers.engine.checkpoint.COMPACT_PARTS = 3  # merges (and their clean-up) happen often: kills hit them
+import helpers.engine.outputs.checkpoint
+from helpers.engine.outputs.hdf5_sink import HDF5Sink
+from helpers.engine.contract.protocol import OutputSpec
+# merges (and their clean-up) happen often: kills hit them
+helpers.engine.outputs.checkpoint.COMPACT_PARTS = 3
 spec = {"values": OutputSpec((8,), "float32"), "label": OutputSpec((), "str")}
 with HDF5Sink(sys.argv[1], spec, {"run": "killed"}) as sink:
     for start in range(0, 10**7, 1024):
@@ -84,7 +85,7 @@ def blocks(parts, n):
 
 
 def test_parts_merge_by_level_and_a_crash_mid_merge_leaves_no_duplicate(tmp_path, monkeypatch):
-    monkeypatch.setattr(helpers.engine.checkpoint, "COMPACT_PARTS", 3)
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "COMPACT_PARTS", 3)
     parts = Parts(tmp_path / "out.h5", SPEC)
     parts.scan()
     blocks(parts, 10)  # levels: 9 -> one L2 (0-8); then one L0 (9)
@@ -93,7 +94,7 @@ def test_parts_merge_by_level_and_a_crash_mid_merge_leaves_no_duplicate(tmp_path
     # a crash after a merge was renamed into place but before its sources were deleted:
     extra = tmp_path / "out.h5.parts" / "part-L0-00000004-00000004.h5"
     with h5py.File(extra, "w") as f:
-        for name, (shape, dtype) in helpers.engine.checkpoint.columns(SPEC).items():
+        for name, (shape, dtype) in helpers.engine.outputs.checkpoint.columns(SPEC).items():
             f.create_dataset(name, shape=(0, *shape), dtype=dtype)
     (tmp_path / "out.h5.parts" / "part-L0-00000010-00000010.h5.tmp").write_bytes(b"half")
     again = Parts(tmp_path / "out.h5", SPEC)
@@ -201,10 +202,12 @@ def test_an_embedding_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_pat
 
 def test_a_big_output_stays_an_index_of_parts_written_once_and_compacts_to_one_file(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)  # every output is "big"
-    monkeypatch.setattr(helpers.engine.checkpoint, "PART_ROWS", 64)  # 64-row parts are full ones
-    monkeypatch.setattr(helpers.engine.checkpoint, "COMPACT_PARTS", 3)
-    monkeypatch.setattr(helpers.engine.hdf5_sink, "PART_ROWS", 64)
+    # every output is "big"
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "MERGE_AT_END_BYTES", 0)
+    # 64-row parts are full ones
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "PART_ROWS", 64)
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "COMPACT_PARTS", 3)
+    monkeypatch.setattr(helpers.engine.outputs.hdf5_sink, "PART_ROWS", 64)
     out = tmp_path / "out.h5"
     with HDF5Sink(out, SPEC, {"run": "big"}) as sink:
         for start in range(0, 640, 32):
@@ -234,7 +237,8 @@ def test_a_run_killed_after_its_final_merge_but_before_removing_its_parts_resume
         tmp_path, monkeypatch):
     out = tmp_path / "out.h5"
     with monkeypatch.context() as patch:
-        patch.setattr(helpers.engine.checkpoint, "remove_folder", lambda *a, **k: None)  # killed there
+        # killed there
+        patch.setattr(helpers.engine.outputs.checkpoint, "remove_folder", lambda *a, **k: None)
         with HDF5Sink(out, SPEC) as sink:
             for start in (0, 10):
                 ids = np.arange(start, start + 10)
@@ -275,7 +279,7 @@ def test_a_part_gone_missing_is_an_error_never_rows_of_zeros(tmp_path):
     with pytest.raises(OSError, match="its part part-L0-00000000-00000000.h5 is missing"):
         read_output(out)
     with pytest.raises(ValueError, match="did not finish"):
-        helpers.engine.checkpoint.compact(out)
+        helpers.engine.outputs.checkpoint.compact(out)
     with HDF5Sink(out, SPEC, resume=True) as again:  # the rows of the lost part are redone
         assert sorted(again.done.contains(np.arange(200)).nonzero()[0]) == list(range(100, 200))
         _rows(again, range(100))
@@ -283,7 +287,8 @@ def test_a_part_gone_missing_is_an_error_never_rows_of_zeros(tmp_path):
 
 
 def test_compact_refuses_an_unfinished_index_and_one_missing_a_part(tmp_path, monkeypatch):
-    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)  # stays an index
+    # stays an index
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "MERGE_AT_END_BYTES", 0)
     out = tmp_path / "out.h5"
     with HDF5Sink(out, SPEC) as sink:
         _rows(sink, range(50))
@@ -292,16 +297,16 @@ def test_compact_refuses_an_unfinished_index_and_one_missing_a_part(tmp_path, mo
     part = sorted((tmp_path / "out.h5.parts").glob("part-*.h5"))[0]
     part.rename(part.with_name("elsewhere.bak"))
     with pytest.raises(ValueError, match="is missing .1 in all.: its rows would read as zeros"):
-        helpers.engine.checkpoint.compact(out)
+        helpers.engine.outputs.checkpoint.compact(out)
     part.with_name("elsewhere.bak").rename(part)
-    assert helpers.engine.checkpoint.compact(out) > 0
+    assert helpers.engine.outputs.checkpoint.compact(out) > 0
     assert read_output(out)["ids"].tolist() == list(range(80))
 
 
 @pytest.mark.parametrize("name", ["a 100%.h5", "x%b.h5", "%%.h5"])
 def test_a_percent_sign_in_the_output_s_name_reaches_its_parts(tmp_path, monkeypatch, name):
     """HDF5 reads '%' in a virtual source's file name as a format code: the index read 0 rows."""
-    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "MERGE_AT_END_BYTES", 0)
     with HDF5Sink(tmp_path / name, SPEC) as sink:
         _rows(sink, range(30))
     assert read_output(tmp_path / name)["ids"].tolist() == list(range(30))
@@ -329,7 +334,7 @@ def worker_rows(ids):
 def test_workers_parts_are_the_output_once_committed_and_orphans_are_removed(tmp_path):
     """A committed part is in the output; one no commit named (its worker killed after writing
     it, or its workunit redone elsewhere) is never read, and is gone at the end and at a scan."""
-    from helpers.engine.checkpoint import write_worker_part
+    from helpers.engine.outputs.checkpoint import write_worker_part
 
     out = tmp_path / "out.h5"
     with HDF5Sink(out, SPEC) as sink:
@@ -359,10 +364,10 @@ def test_workers_parts_are_the_output_once_committed_and_orphans_are_removed(tmp
 def test_a_late_result_s_part_is_removed_not_committed(tmp_path):
     """A worker answers a workunit the scheduler took back (timed out, redone elsewhere): the
     part it wrote is removed, and nothing of it is written."""
-    from helpers.engine.checkpoint import WorkerPart
-    from helpers.engine.messages import Result, WorkerInfo
-    from helpers.engine.scheduler import Scheduler
-    from helpers.engine.settings import PoolSettings
+    from helpers.engine.contract.messages import Result, WorkerInfo
+    from helpers.engine.contract.settings import PoolSettings
+    from helpers.engine.dispatch.scheduler import Scheduler
+    from helpers.engine.outputs.checkpoint import WorkerPart
 
     class Backend:
         events = None
@@ -381,9 +386,9 @@ def test_thousands_of_workers_parts_finish_as_one_file_one_part_open_at_a_time(t
     script = f"""
 import resource, sys
 import numpy as np
-from helpers.engine.checkpoint import write_worker_part
-from helpers.engine.hdf5_sink import HDF5Sink, read_output
-from helpers.engine.protocol import OutputSpec
+from helpers.engine.outputs.checkpoint import write_worker_part
+from helpers.engine.outputs.hdf5_sink import HDF5Sink, read_output
+from helpers.engine.contract.protocol import OutputSpec
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 spec = {{"values": OutputSpec((8,), "float32"), "label": OutputSpec((), "str")}}
 with HDF5Sink(sys.argv[1], spec) as sink:
@@ -407,15 +412,15 @@ print("one file", not data["attrs"].get("index_of_parts"))
 def test_a_part_of_small_and_big_blocks_holds_them_all_in_order(tmp_path, monkeypatch):
     """Small blocks are gathered per write, a big one is written alone; the part holds every
     row of every block in order, strings included, and makes as many writes as runs."""
-    from helpers.engine.checkpoint import write_rows
+    from helpers.engine.outputs.checkpoint import write_rows
 
-    monkeypatch.setattr(helpers.engine.checkpoint, "GATHER_BYTES", 4096)
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "GATHER_BYTES", 4096)
     sizes = [3, 16, 16, 1, 300, 16, 16, 16, 16, 2000, 5]  # 8-d float32: 300 rows > 4096 bytes
     starts = np.cumsum([0] + sizes)
     blocks = [{"ids": np.arange(a, b), "label": np.array([f"r{i}" for i in range(a, b)], object),
                "values": np.repeat(np.arange(a, b, dtype=np.float32)[:, None], 8, 1)}
               for a, b in zip(starts[:-1], starts[1:])]
-    runs = helpers.engine.checkpoint._gathered([b["values"] for b in blocks])
+    runs = helpers.engine.outputs.checkpoint._gathered([b["values"] for b in blocks])
     assert [sum(map(len, run)) for run in runs] == [36, 300, 64, 2000, 5]
     cols = {"ids": ((), np.int64), "values": ((8,), np.float32),
             "label": ((), h5py.string_dtype())}
@@ -473,10 +478,10 @@ def test_a_read_raced_by_a_merge_of_parts_is_read_again_never_zeros(tmp_path, mo
     then deleted, which HDF5 reads as zeros. The read is now done again from the new index; an
     export (export(partial=True) from Python, as the command line) is refused while a run holds
     the output."""
-    from helpers.engine.export import export
-    from helpers.engine.ownership import OutputLocked, owning
+    from helpers.engine.outputs.export import export
+    from helpers.engine.outputs.ownership import OutputLocked, owning
 
-    monkeypatch.setattr(helpers.engine.checkpoint, "COMPACT_PARTS", 3)
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "COMPACT_PARTS", 3)
     parts = Parts(tmp_path / "out.h5", SPEC)
     parts.scan()
     for number in range(2):  # two small parts, indexed; the third will merge all three
@@ -484,7 +489,7 @@ def test_a_read_raced_by_a_merge_of_parts_is_read_again_never_zeros(tmp_path, mo
         parts.write([{"ids": ids, "values": np.repeat(ids[:, None] + 1, 8, 1).astype(np.float32),
                       "label": np.array([f"r{i}" for i in ids], dtype=object)}])
     parts.write_index({})
-    real, merged = helpers.engine.hdf5_sink._values, []
+    real, merged = helpers.engine.outputs.hdf5_sink._values, []
 
     def values(dataset):  # the merge happens while the first read is under way
         if not merged:
@@ -495,7 +500,7 @@ def test_a_read_raced_by_a_merge_of_parts_is_read_again_never_zeros(tmp_path, mo
             assert [p.path.name for p in parts.parts] == ["part-L1-00000000-00000002.h5"]
         return real(dataset)
 
-    monkeypatch.setattr(helpers.engine.hdf5_sink, "_values", values)
+    monkeypatch.setattr(helpers.engine.outputs.hdf5_sink, "_values", values)
     data = read_output(tmp_path / "out.h5")
     assert merged and data["ids"].tolist() == list(range(30))
     assert (data["values"] == np.repeat(np.arange(1, 31)[:, None], 8, 1)).all()

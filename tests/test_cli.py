@@ -1,4 +1,5 @@
-"""``python -m helpers run``: JSON on the last line, exit status by outcome, Ctrl-C leaves nothing."""
+"""``python -m helpers run``: JSON on the last line, exit status by outcome, Ctrl-C leaves
+nothing."""
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from conftest import live_children
-from helpers.engine.hdf5_sink import read_output, rows_written
+from helpers.engine.outputs.hdf5_sink import read_output, rows_written
 from helpers.study.paths import ROOT, SAMPLE_TEXT
 
 pytestmark = pytest.mark.timeout(180)  # reached only on deadlock
@@ -181,7 +182,8 @@ def test_notebooks_with_an_unknown_notebook_prefix_exits_2(capsys):
 
 
 def test_binning_bad_images_get_error_rows_and_the_rest_is_binned(tmp_path):
-    """Corrupt, truncated, non-image, 1×1 and 12,000×12,000 files among good ones, through the CLI."""
+    """Corrupt, truncated, non-image, 1×1 and 12,000×12,000 files among good ones, through the
+    CLI."""
     import csv
     import shutil
 
@@ -215,7 +217,7 @@ def test_binning_bad_images_get_error_rows_and_the_rest_is_binned(tmp_path):
 
 MERGE_SLOWLY = """
 import sys, time
-import helpers.engine.checkpoint as checkpoint
+import helpers.engine.outputs.checkpoint as checkpoint
 from helpers.cli import main
 merge = checkpoint.merge_into
 def slow(*args, **kwargs):
@@ -307,10 +309,10 @@ def test_a_failed_run_says_what_it_kept_and_a_changed_input_how_to_go_on(tmp_pat
     import numpy as np
 
     from helpers import cli
-    from helpers.engine.fingerprint import InputChanged
-    from helpers.engine.hdf5_sink import HDF5Sink
-    from helpers.engine.protocol import OutputSpec
-    from helpers.engine.scheduler import PipelineError
+    from helpers.engine.contract.fingerprint import InputChanged
+    from helpers.engine.contract.protocol import OutputSpec
+    from helpers.engine.dispatch.scheduler import PipelineError
+    from helpers.engine.outputs.hdf5_sink import HDF5Sink
 
     out = tmp_path / "out.h5"
     sink = HDF5Sink(out, {"values": OutputSpec((2,), "float32")})

@@ -1,4 +1,4 @@
-"""A worker reading a CSV/TSV input's rows itself (helpers.engine.csv_rows): the driver's one
+"""A worker reading a CSV/TSV input's rows itself (helpers.engine.inputs.csv_rows): the driver's one
 pass finds the rows pyarrow finds (quoted line breaks, stray quotes, rows of another width, any
 line ending), any rows in any order read as the driver reads them, a workunit's message carries
 only the starts it needs, a file that differs or a count that disagrees stops the run, and keys
@@ -15,12 +15,12 @@ import pytest
 from conftest import (as_driver_reads, assert_rows_are, read_by_either_side, run_changed_half_way,
                       run_then_resume, same_record)
 from helpers import SyntheticWorkload, read_output, run_pipeline
-from helpers.engine import csv_rows, csv_scan, table_files
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import NO_ID, BadRecord, SourceError
-from helpers.engine.sources import reads_by_position
-from helpers.engine.table_files import MAX_LINES_IN_VALUE, count_lines, csv_parse
-from helpers.engine.tables import TableSource
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.contract.protocol import NO_ID, BadRecord, SourceError
+from helpers.engine.inputs import csv_rows, csv_scan, table_files
+from helpers.engine.inputs.sources import reads_by_position
+from helpers.engine.inputs.table_files import MAX_LINES_IN_VALUE, count_lines, csv_parse
+from helpers.engine.inputs.tables import TableSource
 
 pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
 
@@ -101,7 +101,7 @@ def pyarrow_streams(source):
 
 def csv_rows_of(rows, picked):
     """Rows ``picked`` (positions in ``rows``) as one Rows (ids with gaps)."""
-    from helpers.engine.protocol import Rows
+    from helpers.engine.contract.protocol import Rows
 
     return Rows(rows.opener, rows.ids[picked])
 
@@ -351,7 +351,7 @@ def test_the_driver_reads_a_csv_as_pyarrow_reads_the_whole_file(tmp_path, case):
     apache/arrow#51368; it splits a quoted value after a NUL near the file's end:
     apache/arrow#50481), the driver reads what the whole file holds, as the workers do: the
     same text, the ids of the next file not shifted."""
-    from helpers.engine.table_files import CSV_BLOCK_BYTES as BLOCK
+    from helpers.engine.inputs.table_files import CSV_BLOCK_BYTES as BLOCK
 
     (tmp_path / "in").mkdir()
     if case == "crlf-at-a-block-s-end":

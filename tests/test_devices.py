@@ -1,7 +1,7 @@
 import pytest
 
-from helpers.engine.devices import (check_available, cpu_threads_per_worker, parse_devices,
-                                    visible_devices)
+from helpers.engine.contract.devices import (check_available, cpu_threads_per_worker, parse_devices,
+                                             visible_devices)
 
 
 def test_parse_normalises_and_keeps_one_entry_per_worker():
@@ -11,9 +11,10 @@ def test_parse_normalises_and_keeps_one_entry_per_worker():
 
 def test_a_count_repeats_an_entry_and_auto_is_every_visible_device(monkeypatch):
     assert parse_devices("cuda:1*2,cpu") == ("cuda:1", "cuda:1", "cpu")
-    import helpers.engine.devices
+    import helpers.engine.contract.devices
 
-    monkeypatch.setattr(helpers.engine.devices, "visible_devices", lambda: ("cuda:0", "cuda:1"))
+    monkeypatch.setattr(helpers.engine.contract.devices, "visible_devices",
+                        lambda: ("cuda:0", "cuda:1"))
     assert parse_devices("auto") == ("cuda:0", "cuda:1")
     assert parse_devices(["auto*2", "cpu"]) == ("cuda:0", "cuda:0", "cuda:1", "cuda:1", "cpu")
 

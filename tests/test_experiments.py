@@ -18,8 +18,9 @@ def test_on_uneven_devices_the_queue_beats_static_rounds():
     assert sorted(table["strategy"]) == ["queue", "queue", "static", "static"]
     assert (table["records"] == 150).all() and (table["spinup_s"] > 0).all()
     rate = table.groupby("strategy")["records_per_s"].mean()
-    # ideal: static is held to 3 x 0.35 of a fast card's rate, the queue gets 1 + 0.35 + 0.35 (1.62x);
-    # the cost per record keeps the fixed cost of a job (opening, writing) small beside that
+    # ideal: static is held to 3 x 0.35 of a fast card's rate, the queue gets 1 + 0.35 + 0.35
+    # (1.62x); the cost per record keeps the fixed cost of a job (opening, writing) small beside
+    # that
     assert rate["queue"] > 1.25 * rate["static"]
     static = spans[(spans["strategy"] == "static") & (spans["replicate"] == 0)]
     assert sorted(static["worker"]) == [0, 1, 2] and (static["records"] == 50).all()
@@ -69,7 +70,7 @@ def test_workers_per_device_gives_each_count_its_fair_workunit_size():
 
 
 def test_a_timeline_row_carries_the_span_s_phases_and_padding():
-    from helpers.engine.stats import WorkunitSpan
+    from helpers.engine.measure.stats import WorkunitSpan
     from helpers.study.experiments import span_row
 
     span = WorkunitSpan(0, "cpu", 3, 64, 1.0, 2.0, phases={"forward": 0.75},

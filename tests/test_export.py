@@ -1,4 +1,5 @@
-"""Exports (helpers.engine.export): read back, they hold every row of the output, with its id."""
+"""Exports (helpers.engine.outputs.export): read back, they hold every row of the output, with its
+id."""
 import subprocess
 import sys
 
@@ -8,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import SyntheticWorkload, read_output, run_pipeline
-from helpers.engine import export as export_module
-from helpers.engine.export import ExportError, export, exported_attrs, load_strings
+from helpers.engine.outputs import export as export_module
+from helpers.engine.outputs.export import ExportError, export, exported_attrs, load_strings
 from helpers.study.paths import ROOT
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
@@ -130,8 +131,8 @@ def test_rows_are_exported_in_id_order_however_they_arrived(tmp_path, monkeypatc
     and embed give input order: a user lining embeddings.npy up with their Parquet by position
     got wrong pairs. Rows are stored here out of order (windows shuffled, one row far late) and
     exported in id order, gathered a stretch at a time; --order stored keeps them as stored."""
-    from helpers.engine.hdf5_sink import HDF5Sink
-    from helpers.engine.protocol import OutputSpec
+    from helpers.engine.contract.protocol import OutputSpec
+    from helpers.engine.outputs.hdf5_sink import HDF5Sink
 
     monkeypatch.setattr(export_module, "EXPORT_ROWS", 64)
     rng = np.random.default_rng(0)
@@ -164,7 +165,7 @@ def test_each_stored_form_is_exported_as_it_is_with_what_made_it(tmp_path):
     attributes go along (a stored int8's calibration ranges: a reader dequantizes with them)."""
     import h5py
 
-    from helpers.engine.atomic import set_attrs
+    from helpers.engine.outputs.atomic import set_attrs
 
     path = tmp_path / "out.h5"
     run_pipeline([(i, i) for i in range(50)], SyntheticWorkload(0.0, dim=16), devices="cpu",

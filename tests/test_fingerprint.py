@@ -1,13 +1,13 @@
-"""What an output records of its input and workload (helpers.engine.fingerprint), and how a
+"""What an output records of its input and workload (helpers.engine.contract.fingerprint), and how a
 resume compares it: a changed file is caught, a change is named field by field."""
 import os
 
 import pytest
 
-from helpers.engine.fingerprint import (InputChanged, check_unchanged, decode, describe,
-                                        differences, encode, file_identity, file_stats,
-                                        input_paths, listing_identity, unchanged)
-from helpers.engine.protocol import UNRECORDED
+from helpers.engine.contract.fingerprint import (InputChanged, check_unchanged, decode, describe,
+                                                 differences, encode, file_identity, file_stats,
+                                                 input_paths, listing_identity, unchanged)
+from helpers.engine.contract.protocol import UNRECORDED
 
 
 def test_a_file_s_identity_changes_with_its_bytes_even_at_the_same_size_and_time(tmp_path):

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from helpers import SyntheticWorkload, WorkerPool, read_output
-from helpers.engine.growth import GROWTH_MARGIN
+from helpers.engine.dispatch.growth import GROWTH_MARGIN
 
 pytestmark = pytest.mark.timeout(180)  # reached only on deadlock
 
@@ -50,9 +50,10 @@ def test_growth_stops_where_the_memory_runs_out(tmp_path):
 
 
 def test_a_copy_that_fails_to_load_ends_growth_and_the_run_goes_on(tmp_path, monkeypatch):
-    import helpers.engine.growth
+    import helpers.engine.dispatch.growth
 
-    monkeypatch.setattr(helpers.engine.growth, "MEMORY_HEADROOM", 0.0)  # try until one fails
+    # try until one fails
+    monkeypatch.setattr(helpers.engine.dispatch.growth, "MEMORY_HEADROOM", 0.0)
     workload = SyntheticWorkload(0.0005, seconds_per_workunit=0.005, parallelism=8,
                                  device_memory_mb={"cuda:0": 250}, model_mb=100, values="zeros")
     pool, stats = run(workload, ["cuda:0"], 16000, tmp_path / "out.h5")
@@ -79,9 +80,9 @@ def test_devices_grow_independently_and_the_next_job_keeps_the_count(tmp_path):
 
 
 def test_only_the_workers_of_devices_still_deciding_get_short_workunits():
-    from helpers.engine.growth import Growth
-    from helpers.engine.messages import WorkerInfo
-    from helpers.engine.sizing import Sizing
+    from helpers.engine.contract.messages import WorkerInfo
+    from helpers.engine.dispatch.growth import Growth
+    from helpers.engine.measure.sizing import Sizing
 
     growth = Growth([WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)], 4, 1)
     assert growth.deciding() == {0, 1}
@@ -97,7 +98,7 @@ def test_only_the_workers_of_devices_still_deciding_get_short_workunits():
 
 
 def test_a_device_rate_counts_whole_workunits_whatever_the_workers_phases():
-    from helpers.engine.growth import _Device
+    from helpers.engine.dispatch.growth import _Device
 
     # two workers, 100 records a second each: one in 1 s workunits, one in 0.4 s workunits from
     # 0.9 s; each workunit's records spread from the end before it to its own

@@ -4,11 +4,11 @@ import h5py
 import numpy as np
 import pytest
 
-import helpers.engine.checkpoint
-import helpers.engine.hdf5_sink
-from helpers.engine.hdf5_sink import HDF5Sink, read_output
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import NO_ID, OutputSpec
+import helpers.engine.outputs.checkpoint
+import helpers.engine.outputs.hdf5_sink
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.contract.protocol import NO_ID, OutputSpec
+from helpers.engine.outputs.hdf5_sink import HDF5Sink, read_output
 
 SPEC = {"embeddings": OutputSpec((4,), "float32")}
 MODES = [True, False]  # durable (parts, then one file), in place
@@ -45,7 +45,7 @@ def wait_for(condition, seconds=10.0):
 @pytest.mark.parametrize("durable", MODES)
 def test_a_full_part_goes_to_the_writer_thread_and_a_partial_one_waits(tmp_path, durable,
                                                                         monkeypatch):
-    monkeypatch.setattr(helpers.engine.hdf5_sink, "PART_ROWS", 100)
+    monkeypatch.setattr(helpers.engine.outputs.hdf5_sink, "PART_ROWS", 100)
     sink = HDF5Sink(tmp_path / "out.h5", SPEC, durable=durable)
     sink.append(*rows(range(10)))
     assert not wait_for(lambda: sink.records_written > 0, 0.3)  # buffered, not yet on disk
@@ -59,7 +59,7 @@ def test_a_full_part_goes_to_the_writer_thread_and_a_partial_one_waits(tmp_path,
 
 
 def test_a_buffer_older_than_flush_seconds_is_written_on_poll(tmp_path, monkeypatch):
-    monkeypatch.setattr(helpers.engine.hdf5_sink, "FLUSH_SECONDS", 0.1)
+    monkeypatch.setattr(helpers.engine.outputs.hdf5_sink, "FLUSH_SECONDS", 0.1)
     with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
         sink.append(*rows(range(3)))
         time.sleep(0.2)
@@ -71,7 +71,7 @@ def test_a_failing_writer_thread_fails_the_next_call_naming_the_error(tmp_path, 
     def broken(self, blocks):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(helpers.engine.checkpoint.Parts, "write", broken)
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint.Parts, "write", broken)
     sink = HDF5Sink(tmp_path / "out.h5", SPEC)
     sink.append(*rows(range(3)))
     with pytest.raises(RuntimeError, match="writer thread failed: OSError.*No space left"):

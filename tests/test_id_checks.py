@@ -1,11 +1,11 @@
-"""A slice's ids (helpers.engine.id_checks): an unusable or repeated id makes its record a
+"""A slice's ids (helpers.engine.inputs.id_checks): an unusable or repeated id makes its record a
 BadRecord under NO_ID, with its position; done ids drop; the rest pass as they are."""
 import numpy as np
 import pyarrow as pa
 
-from helpers.engine.id_checks import REPEAT, checked_ids, integer_ids, key_problems, screen
-from helpers.engine.id_ranges import IdRanges, SeenIds, SeenValues
-from helpers.engine.protocol import NO_ID, BadRecord
+from helpers.engine.contract.id_ranges import IdRanges, SeenIds, SeenValues
+from helpers.engine.contract.protocol import NO_ID, BadRecord
+from helpers.engine.inputs.id_checks import REPEAT, checked_ids, integer_ids, key_problems, screen
 
 
 def where(position):

@@ -3,7 +3,7 @@ the edges of int64. SeenIds: duplicates found among millions of ids."""
 import numpy as np
 import pytest
 
-from helpers.engine.id_ranges import IdRanges, IdRun, SeenIds, packed, unpacked
+from helpers.engine.contract.id_ranges import IdRanges, IdRun, SeenIds, packed, unpacked
 
 TOP, BOTTOM = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
@@ -80,7 +80,7 @@ def test_seen_ids_agrees_with_a_set_on_scattered_ids_and_stays_few_levels(seed):
 
 
 def test_seen_values_tells_a_repeat_from_a_first_sighting_like_a_set():
-    from helpers.engine.id_ranges import SeenValues
+    from helpers.engine.contract.id_ranges import SeenValues
 
     rng, seen, reference = np.random.default_rng(1), SeenValues(), set()
     for _ in range(400):
@@ -99,7 +99,7 @@ def test_seen_values_tells_a_repeat_from_a_first_sighting_like_a_set():
 
 def test_seen_values_merge_one_part_at_a_time():
     """A merge copies one part's levels (a sixteenth of the hashes), never all of them."""
-    from helpers.engine.id_ranges import SeenValues
+    from helpers.engine.contract.id_ranges import SeenValues
 
     rng, seen = np.random.default_rng(2), SeenValues()
     for _ in range(64):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.engine.sources import ImageFolderSource, SourceError, open_source
+from helpers.engine.inputs.sources import ImageFolderSource, SourceError, open_source
 from helpers.workloads.binning.images import load_image
 
 

@@ -8,13 +8,17 @@ from pathlib import Path
 
 from helpers.study.paths import ROOT
 
-PARENT_ONLY = ["h5py", "pandas", "helpers.engine.scheduler", "helpers.engine.pipeline",
-               "helpers.engine.hdf5_sink", "helpers.engine.checkpoint", "helpers.engine.reader",
-               "helpers.cli"]
+PARENT_ONLY = ["h5py", "pandas", "helpers.engine.dispatch.scheduler", "helpers.engine.pipeline",
+               "helpers.engine.outputs.hdf5_sink", "helpers.engine.outputs.checkpoint",
+               "helpers.engine.dispatch.reader", "helpers.cli"]
 FLOORS = ("helpers.engine", "helpers.workloads", "helpers.study")  # bottom to top
 ON_TOP = ("helpers", "helpers.__main__", "helpers.cli", "helpers.tuner", "helpers.bench",
           "helpers.embed")  # may import any floor
-WORKLOAD_SEES = {"helpers.engine.protocol"}  # all of the engine a workload may import
+WORKLOAD_SEES = {"helpers.engine.contract.protocol"}  # all of the engine a workload may import
+# the engine's rooms, each with the rooms it may import besides itself (as its __init__ says)
+ROOMS = {"contract": set(), "measure": set(), "inputs": {"contract"}, "outputs": {"contract"},
+         "workers": {"contract", "outputs"}, "dispatch": {"contract", "measure", "workers"}}
+ENGINE_TOP = {"helpers.engine", "helpers.engine.pipeline"}  # may import any room
 
 
 def module_name(path):
@@ -70,15 +74,68 @@ def test_a_workload_imports_the_engine_s_protocol_and_nothing_else_of_it():
 
 def test_the_floor_rules_catch_what_they_are_about():
     graph = import_graph()
-    assert "helpers.engine.protocol" in graph["helpers.workloads.embedding"]  # the walk sees imports
-    assert "helpers.engine.scheduler" in graph["helpers.engine.pipeline"]
-    wrong = {"helpers.engine.worker": {"helpers.workloads.synthetic"},  # the engine knowing a workload
-             "helpers.workloads.embedding": {"helpers.engine.hdf5_sink"},  # a workload writing
+    # the walk sees imports
+    assert "helpers.engine.contract.protocol" in graph["helpers.workloads.embedding"]
+    assert "helpers.engine.dispatch.scheduler" in graph["helpers.engine.pipeline"]
+    # the engine knowing a workload
+    wrong = {"helpers.engine.workers.worker": {"helpers.workloads.synthetic"},
+             # a workload writing
+             "helpers.workloads.embedding": {"helpers.engine.outputs.hdf5_sink"},
              "helpers.engine.detector": {"helpers.study.paths"},  # model code knowing the checkout
-             "helpers.study.plots": {"helpers.engine.stats"}}  # fine: downward
+             "helpers.study.plots": {"helpers.engine.measure.stats"}}  # fine: downward
     assert upward(wrong) == ["helpers.engine.detector -> helpers.study.paths",
-                             "helpers.engine.worker -> helpers.workloads.synthetic"]
-    assert beyond_the_protocol(wrong) == ["helpers.workloads.embedding -> helpers.engine.hdf5_sink"]
+                             "helpers.engine.workers.worker -> helpers.workloads.synthetic"]
+    assert beyond_the_protocol(wrong) == [
+        "helpers.workloads.embedding -> helpers.engine.outputs.hdf5_sink"]
+
+
+def room(module):
+    """The engine room ``module`` is in (None for the engine's top)."""
+    if module in ENGINE_TOP:
+        return None
+    name = module.removeprefix("helpers.engine.").split(".")[0]
+    assert name in ROOMS, f"{module} is in no room of the engine: put it in one of {sorted(ROOMS)}"
+    return name
+
+
+def across_rooms(graph):
+    return sorted(f"{module} -> {dep}" for module, deps in graph.items()
+                  if module.startswith("helpers.engine.") and room(module) is not None
+                  for dep in deps if dep.startswith("helpers.engine")
+                  and room(dep) not in ROOMS[room(module)] | {room(module)})
+
+
+def test_each_room_of_the_engine_imports_only_the_rooms_it_names():
+    found = across_rooms(import_graph())
+    assert not found, "imports between rooms that their __init__ does not allow:\n" + \
+        "\n".join(found)
+
+
+def test_the_room_rules_catch_what_they_are_about():
+    assert "helpers.engine.workers.backends" in \
+        import_graph()["helpers.engine.dispatch.scheduler"]  # the walk sees rooms
+    wrong = {"helpers.engine.inputs.sources": {"helpers.engine.outputs.atomic"},  # inputs writing
+             "helpers.engine.contract.messages": {"helpers.engine.dispatch.reader"},  # upward
+             "helpers.engine.workers.worker": {"helpers.engine.outputs.checkpoint",  # allowed
+                                               "helpers.engine.workers.transfer"},  # own room
+             "helpers.engine.dispatch.scheduler": {"helpers.engine.pipeline"}}  # the top
+    assert across_rooms(wrong) == [
+        "helpers.engine.contract.messages -> helpers.engine.dispatch.reader",
+        "helpers.engine.dispatch.scheduler -> helpers.engine.pipeline",
+        "helpers.engine.inputs.sources -> helpers.engine.outputs.atomic"]
+
+
+def test_each_room_s_docstring_names_its_modules_and_the_rooms_it_imports():
+    import importlib
+
+    for name, allowed in ROOMS.items():
+        package = importlib.import_module(f"helpers.engine.{name}")
+        folder = Path(package.__file__).parent
+        modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+        assert modules, name
+        assert {m for m in modules if f"``{m}``" not in package.__doc__} == set(), name
+        said = package.__doc__.split("\n\n")[0]
+        assert {r for r in ROOMS if f"``{r}``" in said} == allowed, name
 
 
 def test_no_module_of_helpers_imports_itself_through_others():
@@ -102,8 +159,8 @@ def test_no_module_of_helpers_imports_itself_through_others():
 def test_a_worker_process_imports_the_worker_loop_and_its_workload_only():
     # what a spawned worker imports: the main module again (python -m helpers), the worker loop,
     # the workload's module when its pickle is loaded
-    code = ("import sys, helpers.__main__, helpers.engine.worker, helpers.workloads.synthetic, "
-            "helpers.workloads.embedding, helpers.workloads.binning\n"
+    code = ("import sys, helpers.__main__, helpers.engine.workers.worker, "
+            "helpers.workloads.synthetic, helpers.workloads.embedding, helpers.workloads.binning\n"
             f"print([m for m in {PARENT_ONLY!r} if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, check=True)
@@ -138,9 +195,11 @@ def test_the_public_names_are_there_when_asked_for():
     assert "has no attribute 'nothing'" in done.stdout
 
 
-def test_the_engine_s_docstring_names_every_one_of_its_modules():
+def test_the_engine_s_docstring_names_every_one_of_its_rooms():
     import helpers.engine
 
     folder = Path(helpers.engine.__file__).parent
+    rooms = {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == set(ROOMS)
     modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
-    assert {m for m in modules if f"``{m}``" not in helpers.engine.__doc__} == set()
+    assert {m for m in rooms | modules if f"``{m}``" not in helpers.engine.__doc__} == set()

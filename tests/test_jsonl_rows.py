@@ -1,6 +1,6 @@
-"""A worker reading a JSON-lines file's lines itself (helpers.engine.jsonl_rows): the driver's
-one pass finds the lines, their starts and the blank ones; any lines in any order read as the
-driver reads them; a workunit's message carries only the starts it needs; a file that differs
+"""A worker reading a JSON-lines file's lines itself (helpers.engine.inputs.jsonl_rows): the
+driver's one pass finds the lines, their starts and the blank ones; any lines in any order read as
+the driver reads them; a workunit's message carries only the starts it needs; a file that differs
 refused; ids that are not line numbers stay with the driver."""
 import json
 import os
@@ -13,12 +13,12 @@ import pytest
 from conftest import (as_driver_reads, assert_rows_are, read_by_either_side, run_changed_half_way,
                       run_then_resume, same_record)
 from helpers import SyntheticWorkload, read_output, run_pipeline
-from helpers.engine import jsonl_rows
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.jsonl import JSONLSource
-from helpers.engine.protocol import BadRecord
-from helpers.engine.sources import reads_by_position
-from helpers.engine.table_files import count_lines
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.contract.protocol import BadRecord
+from helpers.engine.inputs import jsonl_rows
+from helpers.engine.inputs.jsonl import JSONLSource
+from helpers.engine.inputs.sources import reads_by_position
+from helpers.engine.inputs.table_files import count_lines
 
 pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
 

@@ -13,9 +13,10 @@ import h5py
 import numpy as np
 import pytest
 
-import helpers.engine.ownership as ownership
-from helpers.engine.hdf5_sink import read_output, rows_written
-from helpers.engine.ownership import OutputError, OutputLocked, check_output, lock_path, owning
+import helpers.engine.outputs.ownership as ownership
+from helpers.engine.outputs.hdf5_sink import read_output, rows_written
+from helpers.engine.outputs.ownership import (OutputError, OutputLocked, check_output, lock_path,
+                                              owning)
 from helpers.study.paths import ROOT
 from helpers.workloads.synthetic import record_vector
 
@@ -90,7 +91,7 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
     out = tmp_path / "out.h5"
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from helpers.engine.ownership import owning\n"
+        "from helpers.engine.outputs.ownership import owning\n"
         "with owning(sys.argv[1]):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(60)\n"), str(out)], env=ENV, stdout=subprocess.PIPE, text=True)

@@ -46,9 +46,10 @@ def test_a_set_merges_common_then_the_notebook_section(tmp_path):
 
 
 def test_auto_devices_are_spelled_out_when_a_set_is_loaded(tmp_path, monkeypatch):
-    import helpers.engine.devices
+    import helpers.engine.contract.devices
 
-    monkeypatch.setattr(helpers.engine.devices, "visible_devices", lambda: ("cuda:0", "cuda:1"))
+    monkeypatch.setattr(helpers.engine.contract.devices, "visible_devices",
+                        lambda: ("cuda:0", "cuda:1"))
     path = tmp_path / "gpus.yaml"
     path.write_text("common:\n  devices: auto\nnb:\n  device: auto\n"
                     "other:\n  devices: [auto*2]\n  synthetic_devices: cuda:0*2\n")

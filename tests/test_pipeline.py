@@ -90,7 +90,7 @@ def test_workers_read_an_hdf5_input_themselves_and_write_it_the_driver_reads_no_
     resume skips what is done. The same output as the driver's reading and writing."""
     import h5py
 
-    from helpers.engine.sources import HDF5BatchesSource
+    from helpers.engine.inputs.sources import HDF5BatchesSource
 
     texts = [f"r{i}" for i in range(1500)]
     with h5py.File(tmp_path / "in.h5", "w") as f:
@@ -271,8 +271,8 @@ def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
 
 def test_static_and_queue_fed_give_identical_binning_results(tmp_path):
     """The study's static split and the queue-fed pipeline on the same images and workers."""
-    from helpers.engine.hdf5_sink import read_output
-    from helpers.engine.sources import ImageFolderSource
+    from helpers.engine.inputs.sources import ImageFolderSource
+    from helpers.engine.outputs.hdf5_sink import read_output
     from helpers.study.paths import DATA
     from helpers.workloads.binning import BinningWorkload
 
@@ -305,7 +305,7 @@ def test_static_strategy_falls_back_to_one_worker_for_tiny_inputs(tmp_path):
 def test_the_worst_stall_is_the_longest_a_worker_waited_for_its_next_workunit(tmp_path):
     """A source that stalls for a second halfway: each worker waits about that long between two
     of its workunits (longest_idle_seconds), and no workunit goes out meanwhile."""
-    from helpers.engine.sources import READ_SLICE
+    from helpers.engine.inputs.sources import READ_SLICE
 
     def stalling():  # (read a slice at a time: the stall comes after the first slice's workunits)
         for i in range(2 * READ_SLICE):
@@ -323,10 +323,10 @@ def test_the_worst_stall_is_the_longest_a_worker_waited_for_its_next_workunit(tm
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, backend,
                                                                      monkeypatch):
-    import helpers.engine.checkpoint
-    import helpers.engine.hdf5_sink
+    import helpers.engine.outputs.checkpoint
+    import helpers.engine.outputs.hdf5_sink
 
-    write, slow = helpers.engine.checkpoint.Parts.write, []
+    write, slow = helpers.engine.outputs.checkpoint.Parts.write, []
 
     def slow_first_write(self, blocks):
         if not slow:
@@ -335,8 +335,9 @@ def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, ba
             slow.append(time.monotonic())
         return write(self, blocks)
 
-    monkeypatch.setattr(helpers.engine.checkpoint.Parts, "write", slow_first_write)
-    monkeypatch.setattr(helpers.engine.hdf5_sink, "PART_ROWS", 20)  # parts from the first results on
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint.Parts, "write", slow_first_write)
+    # parts from the first results on
+    monkeypatch.setattr(helpers.engine.outputs.hdf5_sink, "PART_ROWS", 20)
     stats = run([(i, f"r{i}") for i in range(600)], SyntheticWorkload(0.002), tmp_path,
                 devices=["cpu", "cpu"], workunit_size=5, backend=backend)
     assert len(slow) == 2 and slow[1] - slow[0] >= 1.5
@@ -351,7 +352,7 @@ def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, ba
 def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch):
     import h5py
 
-    import helpers.engine.sources
+    import helpers.engine.inputs.sources
 
     with h5py.File(tmp_path / "in.h5", "w") as f:
         for n in range(3):  # 3 batches of 1,000: slices straddle what the first run wrote
@@ -362,8 +363,8 @@ def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch
                 backend="thread", limit=1700)
     assert first.records == 1700
     decoded = []
-    decode = helpers.engine.sources.decoded
-    monkeypatch.setattr(helpers.engine.sources, "decoded",
+    decode = helpers.engine.inputs.sources.decoded
+    monkeypatch.setattr(helpers.engine.inputs.sources, "decoded",
                         lambda raw, position: decoded.append(raw) or decode(raw, position))
     stats = run(tmp_path / "in.h5", workload, tmp_path, devices=["cpu"], workunit_size=50,
                 backend="thread", resume=True)
@@ -375,7 +376,7 @@ def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch
 
 
 def test_a_refused_output_leaves_the_pool_and_its_loaded_workers_usable(tmp_path):
-    from helpers.engine.ownership import OutputError
+    from helpers.engine.outputs.ownership import OutputError
 
     pairs = [(i, f"r{i}") for i in range(20)]
     with WorkerPool(SyntheticWorkload(0.0), ["cpu"], "thread", progress=False) as pool:
@@ -395,7 +396,7 @@ def test_an_input_rewritten_while_the_driver_reads_it_stops_the_run_unmixed(tmp_
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from helpers.engine.sources import open_source
+    from helpers.engine.inputs.sources import open_source
 
     path = tmp_path / "in.parquet"
     pq.write_table(pa.table({"text": [f"old{i}" for i in range(20_000)]}), path,
@@ -431,7 +432,7 @@ def test_a_run_that_loses_rows_fails_naming_the_count_and_is_not_finished(tmp_pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from helpers.engine.sources import open_source
+    from helpers.engine.inputs.sources import open_source
 
     path = tmp_path / "in.parquet"
     pq.write_table(pa.table({"text": [f"r{i}" for i in range(5000)]}), path, row_group_size=1000)

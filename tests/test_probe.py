@@ -1,6 +1,6 @@
-"""The start's check of writes="workers" (helpers.engine.probe): every worker reads the input and
-writes a part where the driver sees it before any record is sent; a worker that cannot is named
-then, not at the first commit or the end. (Conftest checks that no worker process is left.)"""
+"""The start's check of writes="workers" (helpers.engine.dispatch.probe): every worker reads the
+input and writes a part where the driver sees it before any record is sent; a worker that cannot is
+named then, not at the first commit or the end. (Conftest checks that no worker process is left.)"""
 import errno
 import os
 import threading
@@ -25,7 +25,7 @@ def hdf5_input(path, n=300):
 def writes(monkeypatch):
     """Each call of write_worker_part, in order: (rows, whether a probe's file of an earlier
     call was still there when it came)."""
-    from helpers.engine import checkpoint
+    from helpers.engine.outputs import checkpoint
 
     write, calls, lock = checkpoint.write_worker_part, [], threading.Lock()
 
@@ -63,8 +63,8 @@ def test_each_worker_writes_an_empty_part_before_any_record_and_it_is_removed(
     ("read", r"InputUnreadable: worker \d on .* cannot read the input: .*No such file .*in\.h5")])
 def test_a_worker_that_cannot_write_or_read_is_named_before_any_record(tmp_path, monkeypatch,
                                                                       fails, says):
-    from helpers.engine import checkpoint
-    from helpers.engine.sources import HDF5Rows
+    from helpers.engine.inputs.sources import HDF5Rows
+    from helpers.engine.outputs import checkpoint
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -85,7 +85,7 @@ def test_a_worker_that_cannot_write_or_read_is_named_before_any_record(tmp_path,
 def test_a_part_the_driver_cannot_see_is_named_before_any_record(tmp_path, monkeypatch):
     """The worker's machine has a folder of the output's name on a disk of its own: what it
     writes there, the driver cannot see."""
-    from helpers.engine import checkpoint
+    from helpers.engine.outputs import checkpoint
 
     write, sent = checkpoint.write_worker_part, []
 

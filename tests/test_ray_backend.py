@@ -19,14 +19,14 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from helpers.engine.backends import visible_devices
-from helpers.engine.devices import visible_devices as visible_devices_here
-from helpers.engine.hdf5_sink import read_output, rows_written
-from helpers.engine.messages import WorkerInfo
+from helpers.engine.contract.devices import visible_devices as visible_devices_here
+from helpers.engine.contract.messages import WorkerInfo
+from helpers.engine.contract.settings import PoolSettings
+from helpers.engine.outputs.hdf5_sink import read_output, rows_written
 from helpers.engine.pipeline import PipelineError, WorkerPool, run_pipeline
-from helpers.engine import ray_backend
-from helpers.engine.ray_backend import resources
-from helpers.engine.settings import PoolSettings
+from helpers.engine.workers import ray_backend
+from helpers.engine.workers.backends import visible_devices
+from helpers.engine.workers.ray_backend import resources
 from helpers.study.paths import ROOT
 from helpers.workloads.embedding import EmbeddingWorkload
 from helpers.workloads.synthetic import SyntheticWorkload, record_vector
@@ -115,7 +115,7 @@ def test_a_call_that_fails_in_ray_charges_its_one_workunit_or_none_of_several(un
     import queue
     from concurrent.futures import Future
 
-    from helpers.engine.messages import Died, Failed, Workunit
+    from helpers.engine.contract.messages import Died, Failed, Workunit
 
     monkeypatch.setattr(ray_backend, "_kill", lambda handle: None)  # (ray.kill would start Ray)
     backend = object.__new__(ray_backend.RayBackend)  # (its Ray side is not called here)

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers.engine.reader import Reader
+from helpers.engine.dispatch.reader import Reader
 
 pytestmark = pytest.mark.timeout(60)  # reached only on deadlock
 
@@ -109,7 +109,7 @@ def test_rows_a_worker_reads_are_cut_like_records_and_never_weighed():
     a cost function is not called (the driver has no record to weigh)."""
     import pickle
 
-    from helpers.engine.protocol import Rows
+    from helpers.engine.contract.protocol import Rows
 
     pieces = [(ids, Rows(Opener(), ids)) for ids, _ in slices([5, 1, 7, 3])]
     reader = Reader(iter(pieces), workunit_size=4, depth=2, window=8,
@@ -190,8 +190,8 @@ def test_an_error_in_the_source_is_raised_by_exhausted_in_the_caller_s_thread():
 
 
 def test_the_reader_pulls_from_the_source_no_further_than_the_queue_allows():
-    from helpers.engine.id_ranges import IdRanges
-    from helpers.engine.sources import READ_SLICE, read_slices
+    from helpers.engine.contract.id_ranges import IdRanges
+    from helpers.engine.inputs.sources import READ_SLICE, read_slices
 
     pulled = 0
 

@@ -7,10 +7,10 @@ import sys
 import h5py
 import numpy as np
 
-import helpers.engine.checkpoint
-from helpers.engine import run_log
-from helpers.engine.checkpoint import compact
-from helpers.engine.hdf5_sink import read_output
+import helpers.engine.outputs.checkpoint
+from helpers.engine.outputs import run_log
+from helpers.engine.outputs.checkpoint import compact
+from helpers.engine.outputs.hdf5_sink import read_output
 from helpers.engine.pipeline import run_pipeline
 from helpers.workloads.synthetic import SyntheticWorkload
 
@@ -50,7 +50,8 @@ def test_an_embedding_run_records_each_span_s_phases_and_counts(tmp_path):
 
 def test_compaction_carries_the_runs_and_an_output_without_them_reads_as_none(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)  # stays an index
+    # stays an index
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "MERGE_AT_END_BYTES", 0)
     out = tmp_path / "out.h5"
     run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50, output=out,
                  progress=False)
@@ -69,7 +70,8 @@ def test_compaction_carries_the_runs_and_an_output_without_them_reads_as_none(
 
 def test_a_big_output_resumed_keeps_every_run_and_compaction_carries_them(tmp_path,
                                                                          monkeypatch):
-    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)  # stays an index
+    # stays an index
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "MERGE_AT_END_BYTES", 0)
     out = tmp_path / "out.h5"
     for options in ({"limit": 100}, {"resume": True, "limit": 200}, {"resume": True}):
         run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50,
@@ -87,7 +89,7 @@ def test_a_small_output_taken_over_by_a_resume_that_grows_it_big_keeps_its_first
     out = tmp_path / "out.h5"
     run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50, output=out,
                  limit=100, progress=False)  # one file
-    monkeypatch.setattr(helpers.engine.checkpoint, "MERGE_AT_END_BYTES", 0)
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "MERGE_AT_END_BYTES", 0)
     run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50, output=out,
                  limit=200, resume=True, progress=False)  # the file a part, the output an index
     run_pipeline(RECORDS, SyntheticWorkload(0.0), devices="cpu", workunit_size=50, output=out,

@@ -249,7 +249,7 @@ def test_on_a_cuda_device_tokenized_batches_go_through_pinned_memory(monkeypatch
 def test_onnx_refuses_the_options_its_exported_modules_cannot_follow():
     """A pooling that leaves the prompt's tokens out, a model that routes by task: both need
     sentence-transformers' own modules (runtime torch); refused, not quietly wrong."""
-    from helpers.engine.protocol import OptionRefused
+    from helpers.engine.contract.protocol import OptionRefused
 
     class Pooling:
         include_prompt = False

@@ -1,6 +1,6 @@
 import h5py
 
-from helpers.engine.sources import open_source
+from helpers.engine.inputs.sources import open_source
 from helpers.study.paths import DATA, SAMPLE_TEXT
 
 
@@ -37,7 +37,7 @@ def test_markup_is_stripped():
 def test_image_sample_has_200_images_each_with_source_and_licence():
     import csv
 
-    from helpers.engine.sources import ImageFolderSource
+    from helpers.engine.inputs.sources import ImageFolderSource
 
     rows = list(csv.DictReader(open(DATA / "images" / "manifest.csv")))
     files = {path.split("/")[-1] for _, path in ImageFolderSource(DATA / "images")}

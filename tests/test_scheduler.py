@@ -220,8 +220,8 @@ class Queued:
 
 
 def ready_scheduler(backend, workers, **settings):
-    from helpers.engine.scheduler import Scheduler, State
-    from helpers.engine.settings import PoolSettings
+    from helpers.engine.contract.settings import PoolSettings
+    from helpers.engine.dispatch.scheduler import Scheduler, State
 
     scheduler = Scheduler(backend, workers, PoolSettings(**settings))
     for slot in scheduler.slots.values():
@@ -230,7 +230,7 @@ def ready_scheduler(backend, workers, **settings):
 
 
 def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
-    from helpers.engine.messages import WorkerInfo, Workunit
+    from helpers.engine.contract.messages import WorkerInfo, Workunit
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)])
@@ -269,7 +269,7 @@ def test_a_message_holds_several_workunits_and_the_last_go_one_per_idle_worker()
     """units_per_message=4: each worker gets four in a message, and a second message to wait
     behind it; the next goes out once a whole message's answers are back; near the end a message
     takes a second workunit only while a message's worth is left for every worker."""
-    from helpers.engine.messages import Result, WorkerInfo, Workunit
+    from helpers.engine.contract.messages import Result, WorkerInfo, Workunit
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)])
@@ -300,7 +300,7 @@ def test_a_worker_holds_two_messages_however_small_they_are_at_the_end_of_a_job(
     """The tail cuts messages to one workunit; a worker still holds two messages at most, the
     rest waiting for whichever worker is free first (counting workunits, a slot passed the
     second message's check again and again and held five of the last ten)."""
-    from helpers.engine.messages import WorkerInfo, Workunit
+    from helpers.engine.contract.messages import WorkerInfo, Workunit
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
@@ -317,7 +317,7 @@ def test_a_worker_holds_two_messages_however_small_they_are_at_the_end_of_a_job(
 def test_a_message_never_holds_more_than_units_per_message():
     """A worker that got a workunit alone (the reader had only one queued) still gets messages
     of four at most, and so a call's timeout covers four."""
-    from helpers.engine.messages import WorkerInfo, Workunit
+    from helpers.engine.contract.messages import WorkerInfo, Workunit
 
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
@@ -336,8 +336,8 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
     shrinks them at once; a workunit whose records were all rejected says nothing; the feed is
     asked to queue enough ahead for the largest; a call's timeout covers its workunits; the end
     of a job still cuts messages to one; auto sizes and a new job start from per_message."""
-    from helpers.engine.messages import Result, WorkerInfo, Workunit
-    from helpers.engine.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS
+    from helpers.engine.contract.messages import Result, WorkerInfo, Workunit
+    from helpers.engine.contract.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS
 
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)],
@@ -392,9 +392,9 @@ def test_grown_messages_hold_no_more_records_than_message_records_the_driver_rea
     """Records the driver read itself (texts, queued and in flight in its memory) cap a grown
     message at MESSAGE_RECORDS, however short the workunits; positions each worker reads
     itself (Rows) do not."""
-    from helpers.engine.messages import Result, WorkerInfo, Workunit
-    from helpers.engine.protocol import Rows
-    from helpers.engine.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_RECORDS
+    from helpers.engine.contract.messages import Result, WorkerInfo, Workunit
+    from helpers.engine.contract.protocol import Rows
+    from helpers.engine.contract.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_RECORDS
 
     size = MESSAGE_RECORDS // 3  # three a message at most
 
@@ -423,7 +423,7 @@ def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_al
     holds several, cannot tell which one did it, so none is charged and each goes again alone
     (nothing else in flight on its worker); a death then charges that workunit. The timeout of a
     call is its workunits' together."""
-    from helpers.engine.messages import Died, Result, WorkerInfo, Workunit
+    from helpers.engine.contract.messages import Died, Result, WorkerInfo, Workunit
 
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)], retries=1,
@@ -459,7 +459,7 @@ def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_al
 def test_a_workunit_to_be_sent_alone_waits_uncut_for_a_worker_holding_nothing():
     """A busy worker leaves it first in line as it is: cutting it to that worker's size (an
     out-of-memory cap of 1, here) would have the idle workers run it record by record."""
-    from helpers.engine.messages import WorkerInfo, Workunit
+    from helpers.engine.contract.messages import WorkerInfo, Workunit
 
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
@@ -484,7 +484,7 @@ def test_a_death_holding_two_calls_charges_the_first_only_where_its_answer_canno
     it starts the second, so its death charges the one running; a Ray actor's may be lost with
     it, and a worker that overlaps workunits (Ready.overlaps) may have died in the second, so
     both go back alone, charged nothing."""
-    from helpers.engine.messages import Died, Ready, WorkerInfo, Workunit
+    from helpers.engine.contract.messages import Died, Ready, WorkerInfo, Workunit
 
     backend = FakeBackend(answers_together=together)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
@@ -502,7 +502,7 @@ def test_a_death_holding_two_calls_charges_the_first_only_where_its_answer_canno
 def test_an_overlapping_worker_s_death_suspects_the_two_workunits_it_had_started_only():
     """Two messages of two workunits in flight: the worker had started at most the first two,
     which go back alone, charged nothing; the others go back as they were."""
-    from helpers.engine.messages import Died, Ready, WorkerInfo, Workunit
+    from helpers.engine.contract.messages import Died, Ready, WorkerInfo, Workunit
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
@@ -520,7 +520,7 @@ def test_an_overlapping_worker_s_death_suspects_the_two_workunits_it_had_started
 def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():
     """The workunit queued behind the one that triggers recycling can fail before the kill lands:
     it is requeued as it was, not retried, split or given up on (the CI flake of the test above)."""
-    from helpers.engine.messages import Failed, WorkerInfo, Workunit
+    from helpers.engine.contract.messages import Failed, WorkerInfo, Workunit
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1)], retries=0)
@@ -542,7 +542,7 @@ def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():
 def test_a_workunit_that_finishes_before_its_timeout_kill_lands_leaves_the_next_uncharged():
     """The kill is about the workunit that ran too long; if its result arrives first, the workunit
     behind it had only just started and goes back as it was."""
-    from helpers.engine.messages import Died, Result, WorkerInfo, Workunit
+    from helpers.engine.contract.messages import Died, Result, WorkerInfo, Workunit
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1)], retries=0,
@@ -563,7 +563,7 @@ def test_a_workunit_that_finishes_before_its_timeout_kill_lands_leaves_the_next_
 def test_a_worker_whose_machine_is_lost_leaves_its_workunits_uncharged(lost):
     """A Ray node lost takes its actors' workunits with it through no fault of theirs: each goes
     back as it was; any other death charges the one that was running."""
-    from helpers.engine.messages import Died, WorkerInfo, Workunit
+    from helpers.engine.contract.messages import Died, WorkerInfo, Workunit
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)],
@@ -579,7 +579,7 @@ def test_a_worker_whose_machine_is_lost_leaves_its_workunits_uncharged(lost):
 
 def after_the_start(monkeypatch, owner, name, failing, calls=3):
     """``owner.name`` as it is for its first ``calls`` calls (the start's check among them:
-    helpers.engine.probe), then ``failing(real, *args)``."""
+    helpers.engine.dispatch.probe), then ``failing(real, *args)``."""
     real, count = getattr(owner, name), iter(range(calls))
 
     def wrapped(*args, **kwargs):
@@ -596,7 +596,7 @@ def test_a_worker_that_cannot_write_its_part_stops_the_run_naming_it(tmp_path, m
     split)."""
     import errno
 
-    from helpers.engine import checkpoint
+    from helpers.engine.outputs import checkpoint
 
     def full(real, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -624,7 +624,7 @@ def test_an_input_a_worker_loses_half_way_stops_the_run_and_files_no_record(tmp_
     bisection down to an error row per record."""
     import h5py
 
-    from helpers.engine.sources import HDF5Rows
+    from helpers.engine.inputs.sources import HDF5Rows
 
     with h5py.File(tmp_path / "in.h5", "w") as f:
         f.create_dataset("batches/0", data=np.array([f"r{i}".encode() for i in range(200)],
@@ -647,7 +647,7 @@ def test_a_part_the_driver_cannot_see_stops_the_run_saying_where_the_output_must
         tmp_path, monkeypatch):
     """A worker whose storage went its own way half-way (the start's check passed) wrote a part
     on its machine's own disk: the driver says so at that part's commit, not at the end."""
-    from helpers.engine import checkpoint
+    from helpers.engine.outputs import checkpoint
 
     def elsewhere(real, *args, **kwargs):
         part = real(*args, **kwargs)

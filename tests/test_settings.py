@@ -4,8 +4,8 @@ import dataclasses
 import pytest
 
 from helpers.cli import build_parser
-from helpers.engine.settings import (JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
-                                     split_options)
+from helpers.engine.contract.settings import (JOB_SETTINGS, POOL_SETTINGS, JobSettings,
+                                              PoolSettings, split_options)
 
 
 def test_every_setting_belongs_to_the_pool_or_to_the_job_never_both():

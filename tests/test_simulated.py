@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers.engine.hdf5_sink import read_output
+from helpers.engine.outputs.hdf5_sink import read_output
 from helpers.engine.pipeline import run_pipeline
 from helpers.study.paths import ROOT, SAMPLE_TEXT
 from helpers.workloads.embedding import EmbeddingWorkload
@@ -83,9 +83,10 @@ def test_the_command_line_runs_a_simulated_card(tmp_path):
 
 def test_a_simulated_card_s_worker_overlaps_its_workunits_and_a_real_model_s_does_not(records):
     """The simulated card's model launches (its batches run while the worker goes on), so its
-    worker starts the next workunit before it finishes the last (helpers.engine.worker.serve);
-    a workunit's counts are there once it is finished, the same as ``process`` counts."""
-    from helpers.engine.worker import launches
+    worker starts the next workunit before it finishes the last
+    (helpers.engine.workers.worker.serve); a workunit's counts are there once it is finished, the
+    same as ``process`` counts."""
+    from helpers.engine.workers.worker import launches
 
     workload = EmbeddingWorkload(card="h100", batch_size=16, tokenize_threads=1)
     model = workload.load("cuda:0", 1)

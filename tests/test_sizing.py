@@ -6,7 +6,8 @@ import math
 import pytest
 
 from helpers import SyntheticWorkload, read_output, run_pipeline
-from helpers.engine.sizing import FIRST_SIZE, FIXED_SHARE, GROWTH, MIN_SECONDS, TAIL_SHARE, Sizing
+from helpers.engine.measure.sizing import (FIRST_SIZE, FIXED_SHARE, GROWTH, MIN_SECONDS, TAIL_SHARE,
+                                           Sizing)
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
 

@@ -5,10 +5,10 @@ import h5py
 import numpy as np
 import pytest
 
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import NO_ID, BadRecord
-from helpers.engine.sources import (ImageFolderSource, IterableSource, JSONLSource, SourceError,
-                                    open_source, read_slices)
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.contract.protocol import NO_ID, BadRecord
+from helpers.engine.inputs.sources import (ImageFolderSource, IterableSource, JSONLSource,
+                                           SourceError, open_source, read_slices)
 
 
 def write_batches(path, batches):
@@ -40,7 +40,7 @@ def test_hdf5_rows_read_only_the_file_the_driver_found(tmp_path):
     """A worker reading an HDF5 input by position (Rows): the file written again, or another
     file in its place, after the driver looked (or while this process held it open) is refused,
     not read."""
-    from helpers.engine.sources import close_opened
+    from helpers.engine.inputs.sources import close_opened
 
     write_batches(tmp_path / "in.h5", [[f"r{i}" for i in range(50)]])
     (_, rows), = open_source(tmp_path / "in.h5").rows(IdRanges(), None)
@@ -88,7 +88,7 @@ def test_missing_and_unknown_inputs_fail_before_any_work(tmp_path):
 
 def test_jsonl_ids_are_all_given_or_all_line_numbers_and_bad_lines_are_reported(tmp_path,
                                                                                  monkeypatch):
-    from helpers.engine import jsonl
+    from helpers.engine.inputs import jsonl
 
     lines = [json.dumps({"text": "zero"}), "", json.dumps({"id": 40, "text": "forty"}),
              "{not json", json.dumps({"body": "no text"}), json.dumps({"text": "five"})]
@@ -171,7 +171,7 @@ def test_an_hdf5_record_that_is_not_utf8_is_rejected_at_its_row(tmp_path):
 
 
 def test_hdf5_data_stored_outside_the_file_is_refused_unless_allowed(tmp_path):
-    from helpers.engine.sources import HDF5BatchesSource
+    from helpers.engine.inputs.sources import HDF5BatchesSource
 
     secret = tmp_path / "secret.txt"
     secret.write_bytes(b"root:x:0:0\n" * 4)
@@ -224,7 +224,7 @@ def test_jsonl_blocks_parsed_by_pyarrow_or_line_by_line_give_the_same_slices(tmp
     """Blocks of a few lines: most parse whole in pyarrow, those holding a blank line, a broken
     line, a missing text or an id of another type fall back to the line parser; the records,
     ids, keys and errors are the same as when every block is parsed line by line."""
-    from helpers.engine import jsonl
+    from helpers.engine.inputs import jsonl
 
     lines = []
     for i in range(300):
@@ -283,7 +283,7 @@ def test_the_drivers_jsonl_reading_stops_at_a_file_changed_half_way(tmp_path, mo
     appended were run under the old file's fingerprint. Each now stops the reading, naming it."""
     import time
 
-    import helpers.engine.jsonl as jsonl
+    import helpers.engine.inputs.jsonl as jsonl
 
     monkeypatch.setattr(jsonl, "BLOCK_BYTES", 4096)
     path = tmp_path / "in.jsonl"
@@ -367,7 +367,7 @@ def test_a_folder_or_glob_of_jsonl_shards_is_one_input_keeping_its_fields(tmp_pa
 def test_jsonl_shards_share_their_ids_and_must_agree_on_them(tmp_path):
     """Integer ids across shards: one repeated in a later shard costs its line alone, named by
     its file's line and the input's; shards that disagree on what an id is are refused."""
-    from helpers.engine.jsonl import JSONLFiles
+    from helpers.engine.inputs.jsonl import JSONLFiles
 
     _shards(tmp_path / "dump", ids="given")
     source = open_source(tmp_path / "dump", text_column="body", id_column="doc")

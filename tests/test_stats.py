@@ -1,7 +1,7 @@
 """Stats hold nothing per record: running totals and a bounded timeline."""
 import pytest
 
-from helpers.engine.stats import Tally, Timeline, WorkunitSpan
+from helpers.engine.measure.stats import Tally, Timeline, WorkunitSpan
 
 
 def test_a_timeline_keeps_every_workunit_until_its_limit():
@@ -46,7 +46,7 @@ def test_a_tally_keeps_totals_and_peaks():
 
 def test_each_device_has_its_share_of_the_job_in_the_stats():
     """Records, rate, busy share and peak memory per device, in the summary and in to_dict."""
-    from helpers.engine.stats import PipelineStats, WorkerStats
+    from helpers.engine.measure.stats import PipelineStats, WorkerStats
 
     workers = (WorkerStats(0, "cuda:0", 10, 1.0, 300, 3, 9.0, 1.0, 500.0, 2048.0),
                WorkerStats(1, "cuda:0", 11, 1.0, 100, 1, 3.0, 7.0, 700.0, 1024.0),
@@ -68,7 +68,7 @@ def test_each_device_has_its_share_of_the_job_in_the_stats():
 
 def test_the_summary_counts_tokens_as_whole_numbers():
     """Issue 44: the summary said ``389,794.0 needed`` (counts are summed as floats)."""
-    from helpers.engine.stats import PipelineStats
+    from helpers.engine.measure.stats import PipelineStats
 
     stats = PipelineStats(records=10, failed_records=0, wall_seconds=1.0, spinup_seconds=0.0,
                           workers=(), stages={}, devices=("cpu",), workunit_size=10,

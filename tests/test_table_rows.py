@@ -1,6 +1,6 @@
-"""A worker reading a table's rows itself (helpers.engine.table_rows): Parquet row groups and Arrow
-record batches found from their metadata, any rows in any order equal to what the driver reads,
-a row group decoded once per worker that reads it in order, and files that differ refused."""
+"""A worker reading a table's rows itself (helpers.engine.inputs.table_rows): Parquet row groups and
+Arrow record batches found from their metadata, any rows in any order equal to what the driver
+reads, a row group decoded once per worker that reads it in order, and files that differ refused."""
 import os
 import pickle
 import random
@@ -12,11 +12,11 @@ import pytest
 
 from conftest import as_driver_reads, read_by_either_side, run_changed_half_way, same_record
 from helpers import SyntheticWorkload, read_output, run_pipeline
-from helpers.engine import table_rows
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import BadRecord
-from helpers.engine.sources import reads_by_position
-from helpers.engine.tables import TableSource
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.contract.protocol import BadRecord
+from helpers.engine.inputs import table_rows
+from helpers.engine.inputs.sources import reads_by_position
+from helpers.engine.inputs.tables import TableSource
 from helpers.workloads.synthetic import record_vector
 
 pytestmark = pytest.mark.timeout(300)  # reached only on deadlock
@@ -124,7 +124,7 @@ def keyed_folder(folder, n=3000):
 def test_a_keyed_table_s_rows_carry_their_keys_and_bad_keys_come_apart(tmp_path):
     """Keys and kept columns are read (and checked) by the driver, the texts by the workers:
     the rows and columns read_slices gives are those of the driver's own reading."""
-    from helpers.engine.sources import read_slices
+    from helpers.engine.inputs.sources import read_slices
 
     source = TableSource(keyed_folder(tmp_path / "in"), id_column="doc", keep_columns=["n"])
 

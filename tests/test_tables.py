@@ -1,5 +1,6 @@
-"""Tabular sources (helpers.engine.tables): Parquet, CSV/TSV, Arrow, a saved Hugging Face dataset,
-their text and id columns, keys carried to the output, and what is refused before any worker."""
+"""Tabular sources (helpers.engine.inputs.tables): Parquet, CSV/TSV, Arrow, a saved Hugging Face
+dataset, their text and id columns, keys carried to the output, and what is refused before any
+worker."""
 import json
 import subprocess
 import sys
@@ -11,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import SyntheticWorkload, read_output, run_pipeline
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.sources import JSONLSource, SourceError, open_source, read_slices
-from helpers.engine.tables import TableSource
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.inputs.sources import JSONLSource, SourceError, open_source, read_slices
+from helpers.engine.inputs.tables import TableSource
 from helpers.study.paths import ROOT
 from helpers.workloads.synthetic import record_vector
 
@@ -120,7 +121,7 @@ def test_keys_stay_with_their_rows_through_retries_and_splits(tmp_path, monkeypa
     """A record that fails its workunit makes the scheduler split it down to that record; the
     keys of the others still land on their own rows, whoever writes them (workers: the driver's
     writer gets no row, only the errors)."""
-    from helpers.engine.hdf5_sink import HDF5Sink
+    from helpers.engine.outputs.hdf5_sink import HDF5Sink
 
     appended = []
     append = HDF5Sink.append
@@ -391,8 +392,8 @@ def test_zero_padded_csv_ids_are_keys_kept_as_written(tmp_path):
 
 
 def test_carried_values_of_failed_records_are_all_let_go():
-    from helpers.engine.carried import Carried
-    from helpers.engine.protocol import OutputSpec
+    from helpers.engine.contract.protocol import OutputSpec
+    from helpers.engine.inputs.carried import Carried
 
     held = Carried({"keys": OutputSpec((), "str"), "n": OutputSpec((), "int64")})
     held.add(np.arange(4), {"keys": np.array(list("abcd"), dtype=object), "n": np.arange(4)})
@@ -412,7 +413,7 @@ def test_opening_a_csv_reads_its_first_block_only(tmp_path, monkeypatch, first):
     cut, and the columns are those the whole file has."""
     import psutil
 
-    from helpers.engine import table_files
+    from helpers.engine.inputs import table_files
 
     monkeypatch.setattr(table_files, "CSV_BLOCK_BYTES", 1 << 16)
     row = {"short": "a", "quoted-lines": '"' + "x\n" * 40_000 + '"', "long": "y" * 200_000}[first]
@@ -518,7 +519,7 @@ def test_a_resume_over_a_folder_with_files_replaced_and_their_times_put_back_is_
     resumed over, mixing both inputs (exit 0). Each file's content is sampled now."""
     import os
 
-    from helpers.engine.ownership import OutputError
+    from helpers.engine.outputs.ownership import OutputError
 
     folder = tmp_path / "in"
     folder.mkdir()

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from helpers import SyntheticWorkload, run_pipeline
-from helpers.engine.telemetry import Sample, Telemetry
+from helpers.engine.measure.telemetry import Sample, Telemetry
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
 
@@ -38,7 +38,7 @@ def test_a_cards_memory_in_use_is_nvmls_reading(monkeypatch):
     import sys
     import types
 
-    from helpers.engine.telemetry import compute_mode, memory_in_use
+    from helpers.engine.measure.telemetry import compute_mode, memory_in_use
 
     calls = []
     nvml = types.SimpleNamespace(

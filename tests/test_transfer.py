@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers.engine import transfer
-from helpers.engine.messages import Result, Workunit
-from helpers.engine.protocol import Rows
+from helpers.engine.contract.messages import Result, Workunit
+from helpers.engine.contract.protocol import Rows
+from helpers.engine.workers import transfer
 
 pytestmark = pytest.mark.timeout(60)  # reached only on deadlock
 

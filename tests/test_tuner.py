@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from helpers import read_output
-from helpers.engine.devices import cpu_threads_per_worker
+from helpers.engine.contract.devices import cpu_threads_per_worker
 from helpers.study.paths import ROOT
 from helpers.tuner import read_config, tune, write_config
 from helpers.workloads.synthetic import SyntheticWorkload

@@ -1,8 +1,8 @@
-"""The versions and the time every output and table records (helpers.engine.versions)."""
+"""The versions and the time every output and table records (helpers.engine.contract.versions)."""
 import platform
 import re
 
-from helpers.engine.versions import created, package_versions
+from helpers.engine.contract.versions import created, package_versions
 
 
 def test_versions_name_what_is_installed_and_say_what_is_missing():

@@ -1,6 +1,6 @@
 """A worker process never outlives its parent: SIGKILL the parent mid-workunit (the workunit hung
 for an hour) and every worker (and the fork server that forked it) is gone within GONE_SECONDS, from
-either the kernel's signal or the watchdog alone (helpers.engine.worker.watch_parent)."""
+either the kernel's signal or the watchdog alone (helpers.engine.workers.worker.watch_parent)."""
 import os
 import signal
 import subprocess
@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers.engine.backends import FORK_SERVER, START_METHOD_ENV
+from helpers.engine.workers.backends import FORK_SERVER, START_METHOD_ENV
 from helpers.study.paths import ROOT
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
@@ -124,9 +124,9 @@ class Launching:
 def serve_all(workload, messages, log, overlap=True):
     """``serve`` over ``messages`` (then END_OF_WORK); a message counts as arrived once the
     worker has finished with the one before (what ``waiting`` says)."""
-    from helpers.engine.messages import END_OF_WORK, Failed, Result, WorkerInfo
-    from helpers.engine.protocol import OutputSpec
-    from helpers.engine.worker import serve
+    from helpers.engine.contract.messages import END_OF_WORK, Failed, Result, WorkerInfo
+    from helpers.engine.contract.protocol import OutputSpec
+    from helpers.engine.workers.worker import serve
 
     left = list(messages) + [END_OF_WORK]
 
@@ -148,7 +148,7 @@ def serve_all(workload, messages, log, overlap=True):
 
 
 def units(*starts, alone=()):
-    from helpers.engine.messages import Workunit
+    from helpers.engine.contract.messages import Workunit
 
     return [Workunit(n, np.arange(n, n + 1), [f"r{n}"], alone=n in alone) for n in starts]
 

@@ -335,9 +335,10 @@ def test_a_prompt_name_the_model_lacks_is_refused_naming_its_prompts():
 
 
 def test_each_option_that_changes_the_vectors_is_in_the_fingerprint():
-    """A resume compares fingerprints field by field (helpers.engine.fingerprint.differences):
-    each option is a field of its own, set or not, so a change names it."""
-    from helpers.engine.fingerprint import differences, encode
+    """A resume compares fingerprints field by field
+    (helpers.engine.contract.fingerprint.differences): each option is a field of its own, set or
+    not, so a change names it."""
+    from helpers.engine.contract.fingerprint import differences, encode
 
     import json
 

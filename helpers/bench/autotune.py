@@ -18,7 +18,7 @@ import statistics
 
 import pandas as pd
 
-from helpers.engine.settings import AUTO
+from helpers.engine.contract.settings import AUTO
 from helpers.study.autotune import SELF_TUNING, configurations, interleaved, sweep
 from helpers.study.results import save_table
 from helpers.workloads.synthetic import SyntheticWorkload

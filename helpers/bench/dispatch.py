@@ -40,8 +40,8 @@ def run_once(units: int, writes: str, output: str, per_message: int | str = 1,
     """One run in this process (``python -m helpers.bench dispatch-run``): its measurements."""
     from helpers.bench.scale import CycledTexts, _sample_texts
     from helpers.engine import pipeline
+    from helpers.engine.contract.settings import JobSettings, PoolSettings
     from helpers.engine.pipeline import WorkerPool
-    from helpers.engine.settings import JobSettings, PoolSettings
     from helpers.workloads.synthetic import SyntheticWorkload
 
     loop: dict[str, float] = {}

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.devices import available_cores
+from helpers.engine.contract.devices import available_cores
 from helpers.engine.pipeline import WorkerPool
 from helpers.study.autotune import interleaved
 from helpers.study.paths import sample_texts

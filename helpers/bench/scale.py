@@ -14,11 +14,11 @@ peak RSS is its own and the kill is a real SIGKILL of the whole run (workers inc
   whether the final output holds every id exactly once.
 
 ``backend="ray"`` runs the same through Ray actors on a local Ray that each run starts (its start is
-in the spin-up, not in the rate), or on the cluster at $RAY_ADDRESS. Beside the parent's peak RSS: its peak private memory while its
-pool is up (``parent_uss_mb``: RSS counts the pages of Ray's object store the driver has read
-results from, shared memory that Ray owns and bounds), and every run's whole process tree sampled
-five times a second (``tree_rss_mb``: the driver, its workers or Ray's raylet, object store and
-actors).
+in the spin-up, not in the rate), or on the cluster at $RAY_ADDRESS. Beside the parent's peak RSS:
+its peak private memory while its pool is up (``parent_uss_mb``: RSS counts the pages of Ray's
+object store the driver has read results from, shared memory that Ray owns and bounds), and every
+run's whole process tree sampled five times a second (``tree_rss_mb``: the driver, its workers or
+Ray's raylet, object store and actors).
 
 Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time;
 with ``source="parquet"``, ``"jsonl"`` or ``"csv"`` they are first written as one file (Parquet:
@@ -50,11 +50,11 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from helpers.engine.checkpoint import WORKER_LEVEL
-from helpers.engine.hdf5_sink import rows_written
-from helpers.engine.id_ranges import IdRanges
-from helpers.engine.protocol import positions
-from helpers.engine.sources import READ_SLICE
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.contract.protocol import positions
+from helpers.engine.inputs.sources import READ_SLICE
+from helpers.engine.outputs.checkpoint import WORKER_LEVEL
+from helpers.engine.outputs.hdf5_sink import rows_written
 from helpers.study.peers import tree_rss_mb
 
 CORPUS = 20_648_877  # chunks in the study's corpus (notebook 01's days-for-the-corpus estimate)
@@ -166,8 +166,8 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
     the driver's CPU seconds (not the memory sampler's beside it: its reads of smaps cost ~10 ms
     a second) and the bytes it read (``rchar``: pipes and files; Ray's object
     store is shared memory, which this does not count) while the job ran."""
+    from helpers.engine.contract.settings import JobSettings, PoolSettings
     from helpers.engine.pipeline import WorkerPool
-    from helpers.engine.settings import JobSettings, PoolSettings
     from helpers.study.paths import sample_texts
     from helpers.workloads.synthetic import SyntheticWorkload
 
@@ -284,7 +284,8 @@ def _kill_when(command: list[str], output: Path, rows: int, part_rows: int = 0) 
 
 
 def _committed(parts: Path) -> int:
-    """Workers' parts committed into the output so far (helpers.engine.checkpoint's names)."""
+    """Workers' parts committed into the output so far (helpers.engine.outputs.checkpoint's
+    names)."""
     try:
         return sum(1 for p in os.scandir(parts) if p.name.startswith(f"part-L{WORKER_LEVEL}-"))
     except FileNotFoundError:

@@ -33,7 +33,7 @@ GOALS = {"parquet_read_rows_per_s": 1_000_000, "csv_read_rows_per_s": 500_000,
          "jsonl_read_rows_per_s": 500_000, "end_to_end_rows_per_s": 250_000,
          "rss_growth_mb": 200}
 FORMATS = ("parquet", "csv", "jsonl")
-KEY_BYTES = 8  # the repeat check's hash of a key (helpers.engine.id_ranges.SeenValues)
+KEY_BYTES = 8  # the repeat check's hash of a key (helpers.engine.contract.id_ranges.SeenValues)
 
 
 def write_corpus(folder: Path, rows: int, formats: tuple[str, ...] = FORMATS) -> dict[str, Path]:
@@ -75,9 +75,9 @@ def write_corpus(folder: Path, rows: int, formats: tuple[str, ...] = FORMATS) ->
 def read_once(path: Path) -> dict[str, float]:
     """Every slice of ``path`` pulled as a run pulls them (keys held and let go): rows, seconds,
     CPU seconds."""
-    from helpers.engine.carried import Carried
-    from helpers.engine.id_ranges import IdRanges
-    from helpers.engine.sources import carried, open_source, read_slices
+    from helpers.engine.contract.id_ranges import IdRanges
+    from helpers.engine.inputs.carried import Carried
+    from helpers.engine.inputs.sources import carried, open_source, read_slices
 
     source = open_source(path, id_column="doc" if path.suffix != ".jsonl" else None)
     held = Carried(carried(source))

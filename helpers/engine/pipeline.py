@@ -11,32 +11,33 @@ Data flow::
                                                    └──► HDF5Sink buffer ──► write-ahead ──► writer thread
                                                         (main thread)       (bounded)       (parts, index)
 
-Reader (helpers.engine.reader): a thread of the parent process. It pulls ``(ids, records)`` slices
-lazily from the source (helpers.engine.sources.read_slices), cuts them into workunits and puts them
-on its bounded work queue, so memory stays flat whatever the input size; it wakes the scheduler
-after each one. Records it cannot use (not JSON, an unusable or duplicate id) go straight to the
-writer's ``errors/``, never to a worker.
+Reader (helpers.engine.dispatch.reader): a thread of the parent process. It pulls ``(ids, records)``
+slices lazily from the source (helpers.engine.inputs.sources.read_slices), cuts them into workunits
+and puts them on its bounded work queue, so memory stays flat whatever the input size; it wakes the
+scheduler after each one. Records it cannot use (not JSON, an unusable or duplicate id) go straight
+to the writer's ``errors/``, never to a worker.
 
-Scheduler (helpers.engine.scheduler): the parent's main thread. It keeps every ready worker supplied with
-up to two workunits (one running, one waiting), retried ones first; it is the only owner of a
-workunit between the reader and the writer, so each is written once. It replaces workers that die
-or hang and retries, splits or gives up on workunits that fail, until only the bad records are left.
+Scheduler (helpers.engine.dispatch.scheduler): the parent's main thread. It keeps every ready worker
+supplied with up to two workunits (one running, one waiting), retried ones first; it is the only
+owner of a workunit between the reader and the writer, so each is written once. It replaces workers
+that die or hang and retries, splits or gives up on workunits that fail, until only the bad records
+are left.
 
 Workers: one per entry of ``devices`` (or as many per device as fit: ``workers_per_device=
-"fit"``), started by a WorkerPool through a backend (helpers.engine.backends: a process,
+"fit"``), started by a WorkerPool through a backend (helpers.engine.workers.backends: a process,
 forked by a fork server, with its own pipes per worker, or a thread sharing its device's model;
-helpers.engine.ray_backend: a Ray actor anywhere on a cluster, its messages through Ray's object
-store). Each loads the workload's model once on its device, says Ready, then runs workunits
+helpers.engine.workers.ray_backend: a Ray actor anywhere on a cluster, its messages through Ray's
+object store). Each loads the workload's model once on its device, says Ready, then runs workunits
 until the pool closes, answering each with a Result or a Failed message. Workers outlive a job,
 so one pool runs many jobs on models loaded once.
 
-Writer (helpers.engine.hdf5_sink): the output is claimed first (helpers.engine.ownership: its lock
-held for the job, and refused unless it is this job's to write, resume or overwrite), then the
-main thread buffers each Result's rows (and the records the
+Writer (helpers.engine.outputs.hdf5_sink): the output is claimed first
+(helpers.engine.outputs.ownership: its lock held for the job, and refused unless it is this job's to
+write, resume or overwrite), then the main thread buffers each Result's rows (and the records the
 workload rejected, or that the scheduler gave up on, for ``errors/``) and hands them a part at a
 time to the writer thread, which writes them while the scheduler goes on dispatching. With
-``durable`` (the default) the output survives any crash (helpers.engine.checkpoint) and ``resume``
-finishes an interrupted run, skipping what is written before reading it.
+``durable`` (the default) the output survives any crash (helpers.engine.outputs.checkpoint) and
+``resume`` finishes an interrupted run, skipping what is written before reading it.
 
 Workers write (``writes="workers"``; "auto" chooses it on Ray when the workers can read the
 source too)::
@@ -48,21 +49,22 @@ source too)::
                                        └──► HDF5Sink: commit = rename into the output's index
 
 Before the first record each worker reads the input's first rows and writes an empty part that
-the driver must see (helpers.engine.probe): storage a worker cannot reach is named then. The
-driver then handles no record and no row: its work per workunit is a few hundred bytes each
+the driver must see (helpers.engine.dispatch.probe): storage a worker cannot reach is named then.
+The driver then handles no record and no row: its work per workunit is a few hundred bytes each
 way and a rename. A part whose workunit was taken back is removed, never committed; one nobody
-committed is swept (helpers.engine.checkpoint). A source without ``rows`` is read by the driver
-as above and only the rows are written by the workers.
+committed is swept (helpers.engine.outputs.checkpoint). A source without ``rows`` is read by the
+driver as above and only the rows are written by the workers.
 
 At any scale the parent holds nothing per record once it is written: a worker's figures are
-running totals, the timeline is bounded (helpers.engine.stats), and a resumed run's done ids are ranges.
+running totals, the timeline is bounded (helpers.engine.measure.stats), and a resumed run's done ids
+are ranges.
 
-Self-tuning, each optional: ``workunit_size="auto"`` sizes each worker's workunits from its
-measured rate (helpers.engine.sizing: the scheduler joins the reader's workunits for a fast worker
-and cuts them for a slow one, and finer at the end); ``workers_per_device="auto"`` adds workers to
-a device while they raise its rate (helpers.engine.growth, called from the main loop); a
-telemetry thread samples each device's use twice a second (helpers.engine.telemetry). The sizes'
-loop, all of it in the main thread::
+Self-tuning, each optional: ``workunit_size="auto"`` sizes each worker's workunits from its measured
+rate (helpers.engine.measure.sizing: the scheduler joins the reader's workunits for a fast worker
+and cuts them for a slow one, and finer at the end); ``workers_per_device="auto"`` adds workers to a
+device while they raise its rate (helpers.engine.dispatch.growth, called from the main loop); a
+telemetry thread samples each device's use twice a second (helpers.engine.measure.telemetry). The
+sizes' loop, all of it in the main thread::
 
     Result (records, seconds) ──► Sizing.observe ──► each worker's target
          ▲                                              │
@@ -99,31 +101,31 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.backends import make_backend, pool_settings, refuse_in_a_starting_worker
-from helpers.engine.carried import Carried
-from helpers.engine.checkpoint import PartTarget
-from helpers.engine.devices import check_available
-from helpers.engine.fingerprint import as_attrs, input_paths
-from helpers.engine.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
-from helpers.engine.hdf5_sink import HDF5Sink
-from helpers.engine.messages import (POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo,
-                                     Workunit)
-from helpers.engine.ownership import OutputError, check_output, owning
-from helpers.engine.protocol import Workload
-from helpers.engine.reader import Reader
-from helpers.engine.scheduler import (Dispatches, Feed, PipelineError, Recovery, RemoteTraceback,
-                                      Scheduler, Slot, State)
-from helpers.engine.settings import (AUTO, JOB_SETTINGS, POOL_SETTINGS, JobSettings, PoolSettings,
-                                     split_options)
-from helpers.engine.sizing import Sizing
-from helpers.engine.probe import check_workers
-from helpers.engine.sources import (accounted, carried, open_source, peek, read_slices,
-                                    reads_by_position, records_left, source_length)
-from helpers.engine.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
-                                  add_phases)
-from helpers.engine.telemetry import Telemetry
-from helpers.engine.versions import created, package_versions
-from helpers.engine.worker import peak_memory
+from helpers.engine.contract.devices import check_available
+from helpers.engine.contract.fingerprint import as_attrs, input_paths
+from helpers.engine.contract.messages import (POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo,
+                                              Workunit)
+from helpers.engine.contract.protocol import Workload
+from helpers.engine.contract.settings import (AUTO, JOB_SETTINGS, POOL_SETTINGS, JobSettings,
+                                              PoolSettings, split_options)
+from helpers.engine.contract.versions import created, package_versions
+from helpers.engine.dispatch.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Growth, short_of_memory
+from helpers.engine.dispatch.probe import check_workers
+from helpers.engine.dispatch.reader import Reader
+from helpers.engine.dispatch.scheduler import (Dispatches, Feed, PipelineError, Recovery,
+                                               RemoteTraceback, Scheduler, Slot, State)
+from helpers.engine.inputs.carried import Carried
+from helpers.engine.inputs.sources import (accounted, carried, open_source, peek, read_slices,
+                                           reads_by_position, records_left, source_length)
+from helpers.engine.measure.sizing import Sizing
+from helpers.engine.measure.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
+                                          add_phases)
+from helpers.engine.measure.telemetry import Telemetry
+from helpers.engine.outputs.checkpoint import PartTarget
+from helpers.engine.outputs.hdf5_sink import HDF5Sink
+from helpers.engine.outputs.ownership import OutputError, check_output, owning
+from helpers.engine.workers.backends import make_backend, pool_settings, refuse_in_a_starting_worker
+from helpers.engine.workers.worker import peak_memory
 
 __all__ = ["MIN_STATIC_SLICE", "STRATEGIES", "PipelineError", "RemoteTraceback", "WorkerPool",
            "run_pipeline", "static_split"]
@@ -149,8 +151,8 @@ class WorkerPool:
     ``adaptive=True``) each distinct device of ``devices`` gets workers one at a time while it
     has memory for another model copy (``stable_workers`` reports how many stayed); with
     ``workers_per_device="auto"`` each starts with one and gets more during the jobs while they
-    raise its measured rate (helpers.engine.growth). With ``workunit_size="auto"`` each worker's workunits are sized from
-    its measured rate (helpers.engine.sizing).
+    raise its measured rate (helpers.engine.dispatch.growth). With ``workunit_size="auto"`` each
+    worker's workunits are sized from its measured rate (helpers.engine.measure.sizing).
     """
 
     def __init__(self, workload: Workload, devices: Iterable[str] | str = ("cpu",),
@@ -689,19 +691,19 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     """Run ``workload`` over every record of ``source`` and write the results to ``output``.
 
     ``source``: an ``.h5`` file (``batches/0, 1, ...``), a ``.jsonl`` file, Parquet, CSV or Arrow
-    files (a file, a folder, a glob: helpers.engine.tables), an ImageFolderSource, any Source, or
-    an iterable of ``(id, record)`` pairs. ``text_column``/``id_column``: a table's or a JSONL
-    file's columns (an id column of strings is kept as the output's ``keys``); ``keep_columns``:
-    a table's other columns to carry to the output, row-aligned with ``ids``. ``devices``: one
-    entry per worker. ``strategy``: "queue" (workers pull workunits) or "static" (one even slice
-    per worker; with fewer than MIN_STATIC_SLICE records per worker it falls back to one
-    worker). ``options``: the other
-    fields of PoolSettings (threads_per_worker, queue_depth, adaptive, max_workers_per_device,
-    retries, max_restarts, workunit_timeout, load_timeout, ray_address) and of JobSettings (limit,
-    sort_window, progress, durable, resume, overwrite). An existing ``output`` is refused unless
-    ``resume`` (carry on the job that made it) or ``overwrite`` (replace it); OutputError, before
-    any worker starts. Workers that die or hang are replaced and bad records end up in the
-    output's ``errors`` table (``stats.partial``); PipelineError if the run cannot go on.
+    files (a file, a folder, a glob: helpers.engine.inputs.tables), an ImageFolderSource, any
+    Source, or an iterable of ``(id, record)`` pairs. ``text_column``/``id_column``: a table's or a
+    JSONL file's columns (an id column of strings is kept as the output's ``keys``);
+    ``keep_columns``: a table's other columns to carry to the output, row-aligned with ``ids``.
+    ``devices``: one entry per worker. ``strategy``: "queue" (workers pull workunits) or "static"
+    (one even slice per worker; with fewer than MIN_STATIC_SLICE records per worker it falls back to
+    one worker). ``options``: the other fields of PoolSettings (threads_per_worker, queue_depth,
+    adaptive, max_workers_per_device, retries, max_restarts, workunit_timeout, load_timeout,
+    ray_address) and of JobSettings (limit, sort_window, progress, durable, resume, overwrite). An
+    existing ``output`` is refused unless ``resume`` (carry on the job that made it) or
+    ``overwrite`` (replace it); OutputError, before any worker starts. Workers that die or hang are
+    replaced and bad records end up in the output's ``errors`` table (``stats.partial``);
+    PipelineError if the run cannot go on.
     """
     refuse_in_a_starting_worker()
     if strategy not in STRATEGIES:

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from helpers.engine.contract.devices import threads_in_words, workers_in_words
+from helpers.engine.contract.settings import AUTO
+from helpers.engine.measure.stats import PipelineStats
 from helpers.engine.pipeline import WorkerPool, run_pipeline
-from helpers.engine.devices import threads_in_words, workers_in_words
-from helpers.engine.settings import AUTO
-from helpers.engine.stats import PipelineStats
 from helpers.study.experiments import layout_row, sample_records, span_row
 from helpers.study.results import load_sidecar, load_table
 from helpers.workloads.runtimes import variant_label
@@ -41,8 +41,8 @@ BUSY_STEP_S = 0.25  # the grain of busy_share's lane
 class Runs:
     table: pd.DataFrame  # one row per run
     timeline: pd.DataFrame  # the first self-tuning run's workunits (span_row)
-    decisions: pd.DataFrame  # its growth decisions (helpers.engine.growth.Decision)
-    telemetry: pd.DataFrame  # its telemetry samples (helpers.engine.telemetry.Sample)
+    decisions: pd.DataFrame  # its growth decisions (helpers.engine.dispatch.growth.Decision)
+    telemetry: pd.DataFrame  # its telemetry samples (helpers.engine.measure.telemetry.Sample)
 
 
 def configurations(worker_counts: Sequence[int], sizes: Sequence[int]) -> list[tuple[Any, Any]]:

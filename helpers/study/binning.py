@@ -1,4 +1,5 @@
-"""The binning study's experiments: throughput of the two layouts, and one full pass over the images.
+"""The binning study's experiments: throughput of the two layouts, and one full pass over the
+images.
 
 - ``layouts``: for each worker count, one pool of that many workers on a device; each replicate runs
   the same sampled images queue-fed (workers pull workunits) and as a static split (one even,
@@ -18,10 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from helpers.engine.hdf5_sink import read_output
+from helpers.engine.inputs.sources import ImageFolderSource
+from helpers.engine.measure.stats import PipelineStats
+from helpers.engine.outputs.hdf5_sink import read_output
 from helpers.engine.pipeline import WorkerPool
-from helpers.engine.sources import ImageFolderSource
-from helpers.engine.stats import PipelineStats
 from helpers.study.experiments import fair_workunit_size, layout_row
 from helpers.study.paths import DATA
 from helpers.workloads.binning import TIMINGS, BinningWorkload

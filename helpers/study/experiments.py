@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from helpers.engine.measure.stats import PipelineStats, WorkunitSpan
 from helpers.engine.pipeline import WorkerPool
-from helpers.engine.stats import PipelineStats, WorkunitSpan
 from helpers.study.paths import SAMPLE_TEXT
 
 SIMULATED = "synthetic heterogeneous"  # the label of runs on simulated cards

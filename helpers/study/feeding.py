@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers.engine.devices import available_cores
+from helpers.engine.contract.devices import available_cores
 from helpers.workloads.cards import CARDS
 
 STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")

@@ -11,8 +11,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from helpers.engine.devices import parse_devices
-from helpers.engine.settings import BACKENDS, positive_int
+from helpers.engine.contract.devices import parse_devices
+from helpers.engine.contract.settings import BACKENDS, positive_int
 from helpers.study.paths import NOTEBOOKS
 from helpers.study.peers import SYSTEMS
 from helpers.workloads.binning.rule import Thresholds
@@ -27,7 +27,8 @@ def parameter_sets() -> list[str]:
 
 
 def load_parameters(name_or_path: str | Path, notebook: str) -> dict[str, Any]:
-    """The parameters set ``name_or_path`` gives ``notebook`` (a file stem): common, then its own."""
+    """The parameters set ``name_or_path`` gives ``notebook`` (a file stem): common, then its
+    own."""
     import yaml
 
     path = Path(name_or_path)

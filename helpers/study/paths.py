@@ -12,6 +12,6 @@ def sample_texts(n: int | None = None) -> list[str]:
     """The first ``n`` paragraphs of the shipped sample corpus (all of them if None)."""
     from itertools import islice
 
-    from helpers.engine.sources import HDF5BatchesSource
+    from helpers.engine.inputs.sources import HDF5BatchesSource
 
     return [text for _, text in islice(HDF5BatchesSource(SAMPLE_TEXT), n)]

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from helpers.engine.backends import is_fork_server
+from helpers.engine.workers.backends import is_fork_server
 from helpers.study.autotune import interleaved
 from helpers.study.experiments import sample_records
 
@@ -51,7 +51,7 @@ SAMPLE_SECONDS = 0.2  # how often the process tree's memory is read
 
 
 def _cores() -> int:
-    from helpers.engine.devices import available_cores
+    from helpers.engine.contract.devices import available_cores
 
     return available_cores()
 
@@ -159,7 +159,7 @@ def _ray_data(texts: list[str], device: str, batch_size: int, workers: int, thre
 def _gpufeed(backend: str) -> Any:
     def run(texts: list[str], device: str, batch_size: int, workers: int, threads: int,
             workunit_size: int) -> tuple[float, float, list[int]]:
-        from helpers.engine.hdf5_sink import read_output
+        from helpers.engine.outputs.hdf5_sink import read_output
         from helpers.engine.pipeline import WorkerPool
         from helpers.workloads.embedding import EmbeddingWorkload
 
@@ -261,8 +261,8 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
                limit_seconds: float = 600.0) -> dict[str, Any]:
     """Run ``system`` in a fresh process and measure it; ``kill_after_seconds``: into its steady
     state to SIGKILL one of its model processes (``victim``). Returns a row: outcome ("finished",
-    "failed" or "hung" past ``limit_seconds``), seconds, peak memory of the process tree, and the rows
-    it returned: written, unique, lost, duplicated."""
+    "failed" or "hung" past ``limit_seconds``), seconds, peak memory of the process tree, and the
+    rows it returned: written, unique, lost, duplicated."""
     with tempfile.TemporaryDirectory() as tmp:
         ids_path = str(Path(tmp) / "ids.npy")
         command = [sys.executable, "-m", "helpers.study.peers", system, "--device", device,
@@ -361,7 +361,8 @@ def faults(systems: Sequence[str], device: str, records: int, batch_size: int, w
            workunit_size: int, kill_after_seconds: float, limit_seconds: float,
            seed: int = 0) -> pd.DataFrame:
     """Each system once more, one model process SIGKILLed ``kill_after_seconds`` into its steady
-    state, ``limit_seconds`` to finish: a row per system (the thread backend's: no fault possible)."""
+    state, ``limit_seconds`` to finish: a row per system (the thread backend's: no fault
+    possible)."""
     _check(systems)
     rows = []
     for system in systems:

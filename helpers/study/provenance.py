@@ -1,5 +1,5 @@
-"""Where a result came from: the machine, the commit and (helpers.engine.versions) the package
-versions, recorded beside every result table."""
+"""Where a result came from: the machine, the commit and (helpers.engine.contract.versions) the
+package versions, recorded beside every result table."""
 from __future__ import annotations
 
 import os
@@ -31,7 +31,7 @@ def machine(gpus: bool = False) -> dict[str, Any]:
     """
     import psutil
 
-    from helpers.engine.devices import available_cores
+    from helpers.engine.contract.devices import available_cores
 
     info: dict[str, Any] = {"cpu": cpu_model(), "cores": available_cores(),
                             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers.engine.versions import created, package_versions
+from helpers.engine.contract.versions import created, package_versions
 from helpers.study.paths import ROOT
 from helpers.study.provenance import git_commit, machine
 

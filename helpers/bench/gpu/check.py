@@ -169,7 +169,7 @@ def _ceilings(device: str, sizes: Sizes) -> list[dict[str, Any]]:
 
     rows = ceilings(device, sizes.matmul_size, sizes.copy_bytes)
     if device.startswith("cuda"):
-        from helpers.engine.telemetry import compute_mode
+        from helpers.engine.measure.telemetry import compute_mode
 
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
@@ -182,7 +182,7 @@ def _ceilings(device: str, sizes: Sizes) -> list[dict[str, Any]]:
                   flush=True)
     else:
         facts = {"gpu": "none (a dry run on the CPU)"}
-    from helpers.engine.devices import available_cores
+    from helpers.engine.contract.devices import available_cores
 
     return [{**row, **facts, "cores": available_cores()} for row in rows]
 

@@ -78,8 +78,8 @@ def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: fl
     """Tidy rows, one per check (``check``: fit, killed, out_of_memory), each with ``passed``;
     a check the time left cannot hold (``deadline``) is a row that says so. ``rate``: texts a
     second one worker runs (the killed job is sized from it to last about ``kill_seconds``)."""
+    from helpers.engine.measure.telemetry import memory_in_use
     from helpers.engine.pipeline import WorkerPool
-    from helpers.engine.telemetry import memory_in_use
 
     card = device.startswith("cuda")
     workload = replace(workload, batch_size=oom_records)  # a workunit of oom_records: one batch
@@ -131,9 +131,9 @@ def _ballast(device: str) -> Any:
 def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
     """How many workers "fit" started, what each read of the device's free memory, whether
     the last one's reading is the device's (read here now), and what a copy really takes."""
+    from helpers.engine.measure.telemetry import memory_in_use
     from helpers.engine.pipeline import ADAPTIVE_HEADROOM
-    from helpers.engine.telemetry import memory_in_use
-    from helpers.engine.worker import device_memory
+    from helpers.engine.workers.worker import device_memory
 
     after = memory_in_use(device)
     ready = list(pool.ready.values())

@@ -165,7 +165,7 @@ def _load(model_dir: str, device: str, precision: str, compile: bool, ahead: boo
 
     workload = EmbeddingWorkload(model=model_dir, batch_size=ENCODE_BATCH, precision=precision,
                                  compile=compile, tokenize_ahead=ahead, pin_memory=pin)
-    from helpers.engine.devices import available_cores
+    from helpers.engine.contract.devices import available_cores
 
     started = time.perf_counter()
     model = workload.load(device, available_cores())  # (threads: for a CPU's dry run alone)

@@ -35,8 +35,8 @@ def card_for(gpu: str) -> str:
 def measure(model_dir: str, texts: list[str], card: str, batch_size: int, workunit_size: int,
             deadline: float) -> list[dict[str, Any]]:
     """One row per layout: ``card_run``'s figures, or why it was skipped (out of time)."""
+    from helpers.engine.contract.devices import available_cores
     from helpers.study.feeding import card_run
-    from helpers.engine.devices import available_cores
 
     cores, rows, took = available_cores(), [], SPINUP_GUESS
     with tempfile.TemporaryDirectory(prefix="gpufeed-gpu-sim-") as folder:

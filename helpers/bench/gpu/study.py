@@ -10,8 +10,8 @@ second size at the fewest workers, the longest; and the first size alone answers
 workers. A run is started only if it should end in time, guessed no faster than the run of the
 most workers up to its own measured so far (at first, one worker's rate in the model's side).
 
-Through each run the card is sampled every SAMPLE_SECONDS (helpers.engine.telemetry; NVML on a
-card): its busy share (NVML's utilisation: the share of its sample period, 1/6 s to 1 s, in
+Through each run the card is sampled every SAMPLE_SECONDS (helpers.engine.measure.telemetry; NVML on
+a card): its busy share (NVML's utilisation: the share of its sample period, 1/6 s to 1 s, in
 which any kernel ran; a card at 100 % may still be far from its FLOP limit) and the longest
 stretch it read 0 % while the job ran (a gap shorter than NVML's period is not seen); beside
 them the workers' longest wait for work and whether every id was written once.
@@ -95,7 +95,7 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
          output: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One job, the card sampled through it; the output removed once checked."""
     from helpers.bench.scale import exactly_once, remove_output
-    from helpers.engine.telemetry import Telemetry
+    from helpers.engine.measure.telemetry import Telemetry
 
     clock = time.monotonic()
     sampler = Telemetry(lambda: {slot: (device, pid) for slot, pid in pool.pids.items()},

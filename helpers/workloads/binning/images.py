@@ -1,4 +1,4 @@
-"""Image decoding for the binning workload (the folder source is helpers.engine.sources's).
+"""Image decoding for the binning workload (the folder source is helpers.engine.inputs.sources's).
 
 ``load_image(path)`` returns an RGB uint8 array, or raises an exception whose message names the
 problem: not an image, truncated, too many pixels. Large images are decoded at reduced size where

@@ -10,8 +10,9 @@ Offline defaults (every one loads with no network):
 With hub access, ``clip_model`` (a transformers CLIP id, e.g. ``openai/clip-vit-base-patch32``)
 scores the *image* against the prompts instead, and ``caption_model`` (a transformers image-to-text
 id, e.g. ``Salesforce/blip-image-captioning-base``) writes the caption instead of the template. On a
-``cuda:N`` device the ONNX models ask onnxruntime for its CUDA provider (install ``onnxruntime-gpu``)
-and fall back to the CPU provider when it is missing; the torch models run on the device.
+``cuda:N`` device the ONNX models ask onnxruntime for its CUDA provider (install
+``onnxruntime-gpu``) and fall back to the CPU provider when it is missing; the torch models run on
+the device.
 
 Each model runs with ``threads`` intra-op threads (default 1: on a 2-core machine one thread per
 model per worker measured faster than two, for every one of these models).
@@ -27,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from helpers.engine.protocol import TEXT, OutputSpec
+from helpers.engine.contract.protocol import TEXT, OutputSpec
 from helpers.workloads.binning.detector import detect, session
 from helpers.workloads.binning.rule import (Thresholds, assign_bin, caption, description,
                                             dispersion, text_area)

@@ -1,0 +1,206 @@
+"""What an output was made from, so that ``resume`` carries on only the same job.
+
+An output records two fingerprints in its attributes (and in every part, so that a run killed
+before its first index still has them): its input's (a file's path, size, modification time and a
+digest of its first, middle and last MiB; a folder's listing and a digest of each listed file's
+size, time and first, middle and last bytes, FOLDER_SAMPLE_BYTES of each; the source's options that
+decide what a record is) and its workload's (name, model, the options that change the values, and
+each output's shape and dtype). A resumed run computes both again; any field that differs is named,
+and the resume refused, before anything is written or moved.
+
+While a run reads its input, every reader (the driver's, each worker's) checks each file against
+what the run found when it opened it (``file_stats``: its path, size and modification time): on
+the open file when it opens it, and again after each read (``checked_open``, ``check_unchanged``,
+``unchanged``). A file replaced, rewritten, cut short or appended to stops the run (OSError naming
+the file) rather than mix two inputs' rows in one output.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from helpers.engine.contract.protocol import UNRECORDED
+
+INPUT_ATTR = "input_fingerprint"  # attribute names in an output file and its parts (JSON text)
+WORKLOAD_ATTR = "workload_fingerprint"
+SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle and end: cheap at
+# any size, and any rewrite that changes the size, the time or those bytes is caught
+FOLDER_SAMPLE_BYTES = 64 << 10  # of each file of a folder (a thousand Parquet files: 192 MB read)
+MOVABLE = ("path",)  # fields that may differ on resume when every other one is equal: a moved input
+
+
+def file_identity(path: str | os.PathLike) -> dict[str, Any]:
+    """A file's path, size, modification time and a digest of three samples of its bytes."""
+    path = Path(path)
+    stat = path.stat()
+    digest = hashlib.sha256(str(stat.st_size).encode())
+    _sample(path, stat.st_size, SAMPLE_BYTES, digest)
+    return {"path": str(path.resolve()), "size": stat.st_size,
+            "modified": _when(stat.st_mtime_ns), "digest": digest.hexdigest()[:16]}
+
+
+def listing_identity(folder: str | os.PathLike, files: list[Path],
+                     sample: int = FOLDER_SAMPLE_BYTES) -> dict[str, Any]:
+    """A folder's path and a digest of its listed files' relative paths, sizes, times and
+    contents (``sample`` bytes at each file's start, middle and end): a file replaced by another
+    of the same size, its time put back (``cp -p``, ``rsync -a``), changes it."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        _sample(file, stat.st_size, sample, digest)
+    return {"path": str(folder.resolve()), "files": len(files), "digest": digest.hexdigest()[:16]}
+
+
+def _sample(path: Path, size: int, sample: int, digest: Any) -> None:
+    """``sample`` bytes at the start, middle and end of a file of ``size`` bytes, into
+    ``digest``."""
+    with open(path, "rb") as f:
+        for offset in sorted({0, max(0, size // 2 - sample // 2), max(0, size - sample)}):
+            f.seek(offset)
+            digest.update(f.read(sample))
+
+
+class InputChanged(OSError):
+    """A file of the input is not the one the run found when it opened it (exit 1)."""
+
+
+def file_stats(files: list[str]) -> list[tuple[str, int, int]]:
+    """Each file as a run checks it while reading: ``(absolute path, size, mtime_ns)``."""
+    stats = []
+    for f in files:
+        stat = os.stat(f)
+        stats.append((os.path.abspath(f), stat.st_size, stat.st_mtime_ns))
+    return stats
+
+
+def checked_open(stat: tuple[str, int, int]) -> Any:
+    """The file ``stat`` names, open, if it is still the one the run found."""
+    file = open(stat[0], "rb")
+    try:
+        check_unchanged(file, stat)
+    except OSError:
+        file.close()
+        raise
+    return file
+
+
+def check_unchanged(file: Any, stat: tuple[str, int, int]) -> None:
+    """OSError naming the file if the open ``file`` is no longer the one ``stat`` describes."""
+    now = os.fstat(file.fileno())
+    if (now.st_size, now.st_mtime_ns) != stat[1:]:
+        raise InputChanged(f"{stat[0]}: changed since the run started ({stat[1]:,} bytes then, "
+                      f"{now.st_size:,} now; modified {_when(stat[2])} then, "
+                      f"{_when(now.st_mtime_ns)} now): a run reads one input from start to "
+                      f"end, never a mix of two; run it again on a file that stays as it is")
+
+
+@contextlib.contextmanager
+def unchanged(stat: tuple[str, int, int]) -> Iterator[Any]:
+    """The file ``stat`` names, open (``checked_open``); whatever reading it raises is checked
+    against a change first (a file cut short reads as a broken one: the change is what to say)."""
+    file = checked_open(stat)
+    try:
+        yield file
+    except Exception:
+        check_unchanged(file, stat)
+        raise
+    finally:
+        file.close()
+
+
+def source_fingerprint(source: Any) -> dict[str, Any]:
+    """The source's own ``fingerprint()``, or what its ``describe()`` says; taken once per
+    source object (a run asks twice: before its pool starts and as its job opens, and a
+    folder's reads every file's samples), kept on it where it takes an attribute."""
+    known = getattr(source, "_gpufeed_fingerprint", None)
+    if known is not None:
+        return known
+    own = getattr(source, "fingerprint", None)
+    if own is None:
+        return {"source": source.describe() if hasattr(source, "describe")
+                else type(source).__name__}
+    found = own()
+    try:
+        source._gpufeed_fingerprint = found
+    except AttributeError:  # (slots, a frozen dataclass: taken again next time)
+        pass
+    return found
+
+
+def workload_fingerprint(workload: Any, outputs: Mapping[str, Any] | None = None
+                         ) -> dict[str, Any]:
+    """The workload's ``fingerprint()`` (else its ``attrs()``), and its outputs' shapes and dtypes
+    once its workers have declared them."""
+    own = getattr(workload, "fingerprint", None)
+    values = dict(own() if own is not None else workload.attrs())
+    values.setdefault("workload", workload.name)
+    if outputs is not None:
+        values["outputs"] = {name: f"{list(spec.shape)} {spec.dtype}"
+                             for name, spec in sorted(outputs.items())}
+    return values
+
+
+def as_attrs(source: Any, workload: Any, outputs: Mapping[str, Any] | None = None
+             ) -> dict[str, str]:
+    """An output's record of what made it, as its attributes (JSON text)."""
+    return {INPUT_ATTR: encode(source_fingerprint(source)),
+            WORKLOAD_ATTR: encode(workload_fingerprint(workload, outputs))}
+
+
+def input_paths(attrs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The file or folder the input fingerprint in ``attrs`` names, if any (an output may not be
+    it)."""
+    path = (decode(attrs.get(INPUT_ATTR, "{}")) or {}).get("path")
+    return (path,) if path else ()
+
+
+def encode(fingerprint: Mapping[str, Any]) -> str:
+    return json.dumps(fingerprint, sort_keys=True, default=str)
+
+
+def decode(text: Any) -> dict[str, Any] | None:
+    if isinstance(text, bytes):
+        text = text.decode()
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def differences(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple]:
+    """``{field: (recorded, now)}`` for every field both know that differs (one that either
+    cannot tell is not compared: the outputs before the workers declared them, a field an older
+    gpufeed did not record). A field ``now`` names in its UNRECORDED is known to both: an
+    output that lacks it was made with the value given there."""
+    now = json.loads(encode(now))  # compared as recorded: tuples as lists, anything else as text
+    before = now.get(UNRECORDED) or {}
+    recorded = {**{k: v for k, v in before.items() if k not in recorded}, **recorded}
+    return {key: (recorded[key], value) for key, value in now.items()
+            if value is not None and recorded.get(key) is not None and recorded[key] != value}
+
+
+def describe(changes: Mapping[str, tuple]) -> str:
+    """``size 1,024 -> 2,048, digest 3fa2... -> 91bc...``."""
+    return ", ".join(f"{key} {_show(old)} -> {_show(new)}" for key, (old, new) in changes.items())
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "(none)" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+def _when(ns: int) -> str:
+    """A modification time to the nanosecond, readable (and usable with ``touch -d``)."""
+    seconds, fraction = divmod(ns, 10**9)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) + f".{fraction:09d}" + \
+        time.strftime("%z", time.localtime(seconds))

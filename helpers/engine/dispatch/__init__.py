@@ -1,0 +1,7 @@
+"""The driver's decisions; imports ``contract``, ``measure`` and ``workers``.
+
+- ``reader``: records from the source into workunits;
+- ``scheduler``: which workunit goes to which worker, and recovery when one dies;
+- ``growth``: workers per device (``workers="auto"``);
+- ``probe``: can every worker reach the input and the output.
+"""

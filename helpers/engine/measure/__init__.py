@@ -1,0 +1,6 @@
+"""Measuring a run; imports no other room.
+
+- ``sizing``: workunit sizes from measured rates;
+- ``telemetry``: were the devices fed (utilization and memory, sampled beside a run);
+- ``stats``: a run's and each worker's statistics.
+"""

@@ -1,0 +1,497 @@
+"""The single writer: appends results to one HDF5 file as they arrive, in any order.
+
+Layout::
+
+    ids                 int64   [n]            record ids, in arrival order
+    <output>            <dtype> [n, *shape]    one dataset per workload output, row i is ids[i]
+    errors/ids          int64   [m]            records that failed, with why and when
+    errors/type         str     [m]
+    errors/message      str     [m]
+    errors/time         float64 [m]            unix time of the failure
+    errors/position     int64   [m]            where a record the reader rejected is in its source
+                                               (a JSONL file's 0-based line), else -1; its id is
+                                               NO_ID (-2**63) if it had no usable one
+
+Rows are buffered in the caller's thread and handed, a part at a time (PART_ROWS rows, PART_BYTES
+bytes, or a buffer FLUSH_SECONDS old, whichever comes first), to a writer thread behind a queue of
+at most WRITE_AHEAD_BYTES. The caller (the scheduler's thread) never waits for the disk unless the
+disk falls that far behind; HDF5 writes and fsync release the GIL, so writing overlaps the rest.
+
+``durable=True`` (the default) writes each part as a file and keeps the output an index over the
+parts (helpers.engine.outputs.checkpoint): whatever kills the run, the output opens and holds the
+rows written before, and ``resume=True`` carries on from there. ``durable=False`` appends to the
+file in place: a little faster, but a run killed mid-write may leave it unreadable.
+
+A sink holds the output's lock from its opening to its close, and opens only an output it may
+write (helpers.engine.outputs.ownership: not the input, resumed or overwritten only when asked,
+never a file gpufeed did not write, resumed only by the job that made it).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from helpers.engine.contract.fingerprint import INPUT_ATTR, WORKLOAD_ATTR, decode
+from helpers.engine.contract.id_ranges import IdRanges
+from helpers.engine.contract.protocol import NO_ID, TEXT, OutputSpec
+from helpers.engine.outputs import run_log
+from helpers.engine.outputs.atomic import set_attrs, temporary, uninterrupted
+from helpers.engine.outputs.checkpoint import (CHUNK_RECORDS, FORMAT, OUTPUT_MARK, PART_BYTES,
+                                               PART_ROWS, Parts, PartTarget, WorkerPart, columns,
+                                               is_index)
+from helpers.engine.outputs.ownership import check_output, output_path, owning
+
+FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
+WRITE_AHEAD_BYTES = 128 << 20  # rows handed to the writer and not yet on disk, at most
+IDLE_SECONDS = 0.5  # an idle writer thread looks this often whether the index is due
+STR_OVERHEAD = 49  # bytes of a Python str beside its characters (sys.getsizeof("") == 49)
+
+log = logging.getLogger("gpufeed")
+READ_TRIES = 10  # reads of a run's index that a merge of its parts may race (read_output)
+
+
+class HDF5Sink:
+    """Append-only writer of ids, workload outputs and per-record errors."""
+
+    def __init__(self, path: str | os.PathLike, outputs: Mapping[str, OutputSpec],
+                 attrs: Mapping[str, Any] | None = None, durable: bool = True,
+                 resume: bool = False, overwrite: bool = False,
+                 inputs: tuple[str, ...] = ()) -> None:
+        reserved = {"ids", "errors", "resume"} & set(outputs)
+        if reserved:
+            raise ValueError(f"outputs: {sorted(reserved)} are reserved dataset names")
+        if resume and not durable:
+            raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
+        self.outputs = dict(outputs)
+        self.path = output_path(path)  # a link is written through
+        self.attrs = {**(attrs or {}), OUTPUT_MARK: FORMAT}
+        self.columns = columns(self.outputs)
+        self._blocks: list[dict[str, np.ndarray]] = []
+        self._rows = self._bytes = 0
+        self._since = time.monotonic()
+        self.records_written = self.errors_written = 0  # on disk (counted by the writer thread)
+        self.write_seconds = 0.0  # the writer thread's time writing
+        self.done = IdRanges()  # resume: ids a previous run wrote or gave up on
+        self.done_positions = IdRanges()  # ... and positions of records its reader rejected
+        self.resumed_after = 0  # records a previous run handled: both of those
+        self._parts: Parts | None = None
+        self._file: h5py.File | None = None
+        self.record: Callable[[], Any] | None = None  # the run's stats once every row is
+        # written, recorded in the output as it is finished (helpers.engine.outputs.run_log)
+        self._closed = True
+        with ExitStack() as held:
+            held.enter_context(owning(self.path))  # released at close (or now, if refused)
+            fingerprints = {k: decode(self.attrs[k]) for k in (INPUT_ATTR, WORKLOAD_ATTR)
+                            if k in self.attrs}
+            mode = check_output(self.path, resume=resume, overwrite=overwrite, inputs=inputs,
+                                fingerprints=fingerprints)
+            with uninterrupted():
+                if durable:
+                    self._open_parts(mode, fingerprints)
+                else:
+                    self._open_in_place(mode)
+            self._lock = held.pop_all()
+        self._closed = False
+        self._writer = _WriterThread(self._write, self._idle)
+
+    def _open_parts(self, mode: str, fingerprints: Mapping[str, Any]) -> None:
+        parts = self._parts = Parts(self.path, self.outputs,
+                                    {k: self.attrs[k] for k in fingerprints})
+        temporary(self.path).unlink(missing_ok=True)  # an index a crash left half-written
+        if mode == "overwrite":
+            parts.remove()
+        if mode == "resume" and self.path.exists() and not is_index(self.path):
+            # a finished (or in-place) file: build on it. Parts beside it were merged into it by
+            # a run killed before it removed them: counted again, they would be duplicates
+            parts.adopt(self.path, discard_parts=True)
+        parts.scan()
+        if mode == "resume" and self.path.exists():  # (an index: its runs, held till the end)
+            parts.hold_runs(self.path)
+        self.done, self.done_positions = parts.done(), parts.done_positions()
+        if mode == "resume":
+            self.resumed_after = len(self.done) + len(self.done_positions)
+            self.attrs["resumed_after"] = self.resumed_after
+            log.info("resume: %s holds %d ids (written or failed, in %d ranges) and %d records "
+                     "the reader rejected; they are skipped", self.path, len(self.done),
+                     self.done.runs, len(self.done_positions))
+        self.attrs["complete"] = False
+        parts.write_index(self.attrs)  # from now on the output is this run's, even if it dies
+
+    def _open_in_place(self, mode: str) -> None:
+        if mode == "overwrite":
+            Parts(self.path, self.outputs).remove()
+            self.path.unlink(missing_ok=True)  # not truncated: another name of it keeps its rows
+        self._file = f = h5py.File(self.path, "w")
+        for name, (shape, dtype) in self.columns.items():
+            f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
+                             chunks=(CHUNK_RECORDS, *shape))
+        set_attrs(f, self.attrs)
+
+    @property
+    def rows_held(self) -> int:
+        """The rows the output holds now, written or in ``errors/``, an earlier run's too (what
+        the writer thread has written: ``flush`` first)."""
+        if self._parts is not None:
+            return sum(p.rows + p.errors for p in self._parts.parts)
+        return len(self._file["ids"]) + len(self._file["errors/ids"])
+
+    @property
+    def bytes_written(self) -> int:
+        return self._parts.bytes_written if self._parts is not None else self.output_bytes
+
+    @property
+    def output_bytes(self) -> int:
+        if self._parts is not None:
+            return self._parts.output_bytes
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Time the caller waited for room in the write-ahead queue (the disk fell behind)."""
+        return self._writer.blocked_seconds
+
+    def append(self, ids: np.ndarray, arrays: Mapping[str, np.ndarray]) -> None:
+        """Queue rows for writing; ValueError if they do not match the declared outputs."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if set(arrays) != set(self.outputs):
+            raise ValueError(f"outputs: got {sorted(arrays)}, declared {sorted(self.outputs)}")
+        for name, spec in self.outputs.items():
+            spec.check(name, arrays[name], len(ids))
+        block = {"ids": ids, **{n: (a.astype(object) if self.outputs[n].dtype == TEXT else a)
+                                for n, a in arrays.items()}}
+        self._add(block, len(ids))
+
+    def append_errors(self, records: list[tuple]) -> None:
+        """Queue ``(record id, error type, message, unix time[, position])`` rows for
+        ``errors/`` (position: the reader's rejects only; -1 when not given)."""
+        if not records:
+            return
+        ids, types, messages, times = zip(*(r[:4] for r in records))
+        positions = [r[4] if len(r) > 4 else -1 for r in records]
+        self._add({"errors/ids": np.asarray(ids, dtype=np.int64),
+                   "errors/type": np.asarray(types, dtype=object),
+                   "errors/message": np.asarray(messages, dtype=object),
+                   "errors/time": np.asarray(times, dtype=np.float64),
+                   "errors/position": np.asarray(positions, dtype=np.int64)}, len(records))
+
+    def _add(self, block: dict[str, np.ndarray], rows: int) -> None:
+        self._writer.check()
+        if not self._blocks:
+            self._since = time.monotonic()
+        self._blocks.append(block)
+        self._rows += rows
+        self._bytes += sum(_memory(a) for a in block.values())
+        if self._rows >= PART_ROWS or self._bytes >= PART_BYTES:
+            self._hand_off()
+        else:
+            self.poll()
+
+    def poll(self) -> None:
+        """Hand a buffer older than FLUSH_SECONDS to the writer; raise what the writer raised.
+        The scheduler calls this as it loops, so a slow run's rows reach the disk too."""
+        self._writer.check()
+        if self._blocks and time.monotonic() - self._since > FLUSH_SECONDS:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        if self._blocks:
+            # emptied first: an interrupt inside put() may lose these rows (a resumed run redoes
+            # them), never write them twice
+            blocks, nbytes = self._blocks, self._bytes
+            self._blocks, self._rows, self._bytes = [], 0, 0
+            self._writer.put(blocks, nbytes)
+
+    def flush(self) -> None:
+        """Write everything appended so far, and wait until it is on disk."""
+        self._hand_off()
+        self._writer.drain()
+
+    def target(self, name: str) -> PartTarget:
+        """Where a worker writes rows of this output itself (``writes="workers"``), as ``name``."""
+        if self._parts is None:
+            raise ValueError("writes='workers': needs durable=True (workers write parts)")
+        return self._parts.target(name)
+
+    def commit(self, part: WorkerPart) -> None:
+        """Queue a part a worker wrote for the output: the writer thread commits it in order
+        with the rows appended here (a part queued when the run dies is not the output's)."""
+        self._writer.check()
+        if not self._blocks:
+            self._since = time.monotonic()
+        self._blocks.append(part)
+        self.poll()
+
+    def _write(self, blocks: list) -> None:
+        """The writer thread's work: workers' parts committed, then one part (durable) of the
+        rest, or the rest appended in place."""
+        started = time.monotonic()
+        committed = [b for b in blocks if isinstance(b, WorkerPart)]
+        if committed:
+            self._parts.commit(committed)
+            self.records_written += sum(p.rows for p in committed)
+            blocks = [b for b in blocks if not isinstance(b, WorkerPart)]
+        if not blocks:
+            rows = errors = 0
+        elif self._parts is not None:
+            part = self._parts.write(blocks)
+            rows, errors = part.rows, part.errors
+        else:
+            for name in self.columns:
+                pieces = [b[name] for b in blocks if name in b and len(b[name])]
+                dataset = self._file[name]
+                for piece in pieces:
+                    start = dataset.shape[0]
+                    dataset.resize(start + len(piece), axis=0)
+                    dataset[start:] = piece
+            self._file.flush()
+            rows = sum(len(b["ids"]) for b in blocks if "ids" in b)
+            errors = sum(len(b["errors/ids"]) for b in blocks if "errors/ids" in b)
+        self.records_written += rows
+        self.errors_written += errors
+        self.write_seconds += time.monotonic() - started
+
+    def _idle(self) -> None:
+        if self._parts is not None:
+            self._parts.refresh_index()
+
+    def close(self, complete: bool = True) -> None:
+        """Write what is left; a complete durable run is finished (one file, or the index over
+        big parts), an incomplete one keeps its index and parts for ``resume``. The output's
+        lock is released last.
+
+        Ctrl-C and SIGTERM wait until the output is whole (a signal inside HDF5's clean-up is
+        lost, and a writer thread left inside HDF5 hangs the interpreter's exit); closing an
+        incomplete run (interrupted already), another one drops the parts not yet begun (a
+        resumed run redoes their rows) so that the run ends at once."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock, uninterrupted(None if complete else self._writer.abandon) as signals:
+            if not signals:
+                self._hand_off()
+            self._writer.close()
+            if self._parts is not None:
+                if complete:
+                    self._parts.finish(self.attrs, self._recorded())
+                else:
+                    self._parts.refresh_index(force=True)
+            elif self._file.id.valid:
+                record = self._recorded() if complete else None
+                if record is not None:
+                    run_log.write(self._file, record)
+                self._file.close()
+
+    def _recorded(self) -> Any:
+        """The run's stats for its record (``record``), now that every row is written; None
+        if there is none, or taking it failed (logged: a record is never worth the rows)."""
+        if self.record is None:
+            return None
+        try:
+            return self.record()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("%s: the run's record could not be taken (%s: %s)", self.path,
+                        type(exc).__name__, exc)
+            return None
+
+    def __enter__(self) -> "HDF5Sink":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(complete=exc_type is None)
+
+
+class _WriterThread(threading.Thread):
+    """Runs ``write(blocks)`` for each handed-off part, in order, behind a queue of at most
+    WRITE_AHEAD_BYTES; calls ``idle()`` every IDLE_SECONDS when there is nothing to write. An
+    exception stops it; the next ``put``, ``check``, ``drain`` or ``close`` raises it.
+
+    Not a daemon: the interpreter waits for the part it is writing before it exits (a daemon
+    thread stopped inside HDF5 holds h5py's lock, and the exit then hangs on it); once the main
+    thread has ended, it drops what is still queued and ends."""
+
+    def __init__(self, write: Callable[[list], None], idle: Callable[[], None]) -> None:
+        super().__init__(name="gpufeed-writer", daemon=False)
+        self._write, self._idle = write, idle
+        self._queue: deque[tuple[list, int]] = deque()
+        self._queued_bytes, self._busy, self._closing = 0, False, False
+        self._lock = threading.Condition()
+        self.error: BaseException | None = None
+        self.blocked_seconds = 0.0
+        self.start()
+
+    def put(self, blocks: list, nbytes: int) -> None:
+        started = time.monotonic()
+        with self._lock:
+            while self._queue and self._queued_bytes + nbytes > WRITE_AHEAD_BYTES:
+                self._raise()
+                self._lock.wait(IDLE_SECONDS)
+            self._raise()
+            self._queue.append((blocks, nbytes))
+            self._queued_bytes += nbytes
+            self._lock.notify_all()
+        self.blocked_seconds += time.monotonic() - started
+
+    def drain(self) -> None:
+        with self._lock:
+            while self._queue or self._busy:
+                self._raise()
+                self._lock.wait(IDLE_SECONDS)
+            self._raise()
+
+    def check(self) -> None:
+        if self.error is not None:
+            self._raise()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        self.join()
+        self._raise()
+
+    def abandon(self) -> None:
+        """Drop what is queued: the thread ends after the part it is writing."""
+        with self._lock:
+            self._queue.clear()
+            self._queued_bytes, self._closing = 0, True
+            self._lock.notify_all()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the writer thread failed: {type(self.error).__name__}: "
+                               f"{self.error}") from self.error
+
+    def run(self) -> None:
+        while True:
+            if not threading.main_thread().is_alive():
+                self.abandon()  # nobody will close us: the process is ending
+            with self._lock:
+                if not self._queue and not self._closing:
+                    self._lock.wait(IDLE_SECONDS)
+                if not self._queue:
+                    if self._closing:
+                        return
+                    item = None
+                else:
+                    item, self._busy = self._queue[0], True
+            try:
+                if item is None:
+                    self._idle()
+                    continue
+                self._write(item[0])
+            except BaseException as exc:  # disk full, a bad path: the caller's next call raises
+                self.error = exc
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+                return
+            with self._lock:
+                if self._queue and self._queue[0] is item:  # (abandon() may have emptied it)
+                    self._queue.popleft()
+                    self._queued_bytes -= item[1]
+                self._busy = False
+                self._lock.notify_all()
+
+
+def _memory(array: np.ndarray) -> int:
+    """The bytes ``array`` holds: its strings too, not only their pointers (8 bytes each), so
+    that the write-ahead bound holds for a run that carries keys."""
+    if array.dtype != object:
+        return array.nbytes
+    return array.nbytes + sum(map(len, array.tolist())) + STR_OVERHEAD * len(array)
+
+
+def read_output(path: str | os.PathLike) -> dict[str, Any]:
+    """Load an output file sorted by id: ``{"ids", <outputs>..., "errors", "attrs"}``; each error
+    is ``{"id", "type", "message", "time", "position"}`` (id None: the record had no usable id;
+    position None: not a record the reader rejected).
+
+    Reads a finished file and the index of a run still writing alike: the parts the index names
+    are checked to be there after the read too, and a read that a merge of small parts raced
+    (its old parts deleted while they were read: HDF5 reads them as zeros) is read again from the
+    new index (``consistent``). For inspection and tests; a 20-million-row file is better read in
+    slices with h5py.
+    """
+    return consistent(Path(path), _read_all)
+
+
+def _read_all(f: h5py.File) -> dict[str, Any]:
+    order = np.argsort(f["ids"][...], kind="stable")
+    data = {name: _values(f[name])[order] for name in f if isinstance(f[name], h5py.Dataset)}
+    errors = f["errors"]
+    positions = errors["position"][...] if "position" in errors else \
+        np.full(len(errors["ids"]), -1, np.int64)
+    data["errors"] = [
+        {"id": None if i == NO_ID else int(i), "type": t, "message": m, "time": float(s),
+         "position": None if p < 0 else int(p)}
+        for i, t, m, s, p in zip(errors["ids"][...], errors["type"].asstr()[...],
+                                 errors["message"].asstr()[...], errors["time"][...],
+                                 positions)]
+    data["attrs"] = {k: plain(v) for k, v in f.attrs.items()}
+    return data
+
+
+def consistent(path: Path, read: Callable[[h5py.File], Any], tries: int = READ_TRIES) -> Any:
+    """``read(f)`` of the output at ``path``, from parts that were all there from before the
+    read began until after it ended: a run still writing merges small parts (a new index, then
+    the old parts deleted), and a read of the old index meanwhile gets zeros for their rows;
+    such a read is done again, ``tries`` times at most (then OSError: a run merging faster than
+    the output can be read; read it once the run has ended)."""
+    for attempt in range(tries):
+        with h5py.File(path, "r") as f:
+            parts = check_parts(f, path)
+            value = read(f)
+        if all(part.is_file() for part in parts):
+            return value
+        time.sleep(0.05 * (attempt + 1))
+    raise OSError(f"{path}: the run writing it merged its parts under every one of {tries} "
+                  f"reads; read it once the run has ended")
+
+
+def check_parts(f: h5py.File, path: Path) -> list[Path]:
+    """The parts an index names (none: a finished file); OSError if one is not there: HDF5
+    would read its rows as zeros."""
+    named = []
+    for name in ("ids", "errors/ids"):
+        if name in f and f[name].is_virtual:
+            for source in f[name].virtual_sources():
+                part = path.parent / source.file_name.replace("%%", "%")
+                if not part.is_file():
+                    raise OSError(f"{path}: its part {part.name} is missing (its rows would read "
+                                  f"as zeros); `--resume` redoes them")
+                named.append(part)
+    return named
+
+
+def rows_written(path: str | os.PathLike) -> int:
+    """The rows the output at ``path`` holds now: a finished file, or the index of a run in
+    progress (0 before its first part is indexed, or with no file yet)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return len(f["ids"])
+    except (OSError, KeyError):  # not there yet, or no index yet
+        return 0
+
+
+def _values(dataset: h5py.Dataset) -> np.ndarray:
+    """A dataset's rows; strings as ``str`` objects, not bytes."""
+    if h5py.check_string_dtype(dataset.dtype) is not None:
+        return dataset.asstr()[...]
+    return dataset[...]
+
+
+def plain(value: Any) -> Any:
+    """An attribute's value as Python's (arrays as lists, NumPy scalars as numbers)."""
+    if isinstance(value, np.ndarray):
+        return [v.decode() if isinstance(v, bytes) else v for v in value.tolist()]
+    return value.item() if isinstance(value, np.generic) else value
