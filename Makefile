@@ -11,7 +11,7 @@ CONSTRAINTS := constraints.txt
 PARAMS ?= cpu
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: run test bench results clean
+.PHONY: run test quick bench results clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,8 +44,16 @@ results: run
 	$(PY) -m helpers.bench scale --writes workers --source jsonl
 	$(PY) -m helpers.bench scale --writes workers --source csv
 
+# Every test (what CI runs), then how long the tests took. `make quick` leaves out the cases marked
+# slow (end-to-end runs of 6 s or more: the notebooks' smoke run, Ray clusters, exports): the suite a
+# developer runs often, under 10 minutes here.
 test: $(STAMP)
-	$(PY) -m pytest
+	@start=$$(date +%s); $(PY) -m pytest; status=$$?; \
+	echo "make test: the tests took $$(( $$(date +%s) - start )) s"; exit $$status
+
+quick: $(STAMP)
+	@start=$$(date +%s); $(PY) -m pytest -m "not slow"; status=$$?; \
+	echo "make quick: the tests took $$(( $$(date +%s) - start )) s"; exit $$status
 
 bench: $(STAMP)
 	$(PY) -m helpers.bench overhead

@@ -5,6 +5,7 @@ from helpers.bench import overhead
 pytestmark = pytest.mark.timeout(240)  # reached only on deadlock
 
 
+@pytest.mark.slow
 def test_overhead_pairs_four_methods_per_round_and_the_worker_path_per_workunit(capsys):
     rows, units = overhead.measure(records=24, block=12, rounds=2, batch_size=4, workunit_size=4,
                                    threads=1)
@@ -43,6 +44,7 @@ def test_failure_costs_measure_durable_writes_and_a_crash(capsys):
     assert "throughput ratio durable / in place, writer" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_parents_memory_does_not_grow_with_the_records(tmp_path):
     """50 k vs 1 M records of 384-d float32 (1.5 GB written): were results kept until the end,
     the parent would grow by ~1.4 GB; it may grow by its buffers, not by the records."""
@@ -61,6 +63,7 @@ def test_the_parents_memory_does_not_grow_with_the_records(tmp_path):
     assert 0.99 < runs.loc["full", "write_amplification"] < 1.05  # full parts: written once
 
 
+@pytest.mark.slow
 def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
     from helpers.bench import scale
 
@@ -79,6 +82,7 @@ def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
     assert "resume_first_workunit_s" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["parquet", "jsonl", "csv"])
 def test_scale_bench_on_a_file_the_workers_read_it_and_write_every_row_once(tmp_path, source):
     """writes="workers" on a corpus file: the workers read it (Parquet row group by row group,
@@ -102,6 +106,7 @@ def test_scale_bench_on_a_file_the_workers_read_it_and_write_every_row_once(tmp_
     assert full["driver_read_fraction"] < scanned + 0.05
 
 
+@pytest.mark.slow
 def test_dispatch_bench_times_the_dispatch_loop_of_both_write_paths_and_sizes(capsys):
     from helpers.bench import dispatch
 
@@ -119,6 +124,7 @@ def test_dispatch_bench_times_the_dispatch_loop_of_both_write_paths_and_sizes(ca
     assert "auto a message" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_runtimes_bench_times_each_variant_against_fp32_in_the_same_round(tmp_path, monkeypatch,
                                                                           capsys):
     """Two variants (the bench's others load the same way): one row per variant and round, the
@@ -172,6 +178,7 @@ def test_ray_bench_reports_the_median_ratio_spin_ups_and_the_driver_limit(capsys
     assert "process 100,000, ray 80,000, writer alone 200,000" in out
 
 
+@pytest.mark.slow
 def test_sources_bench_reads_every_format_and_runs_parquet_end_to_end(tmp_path, capsys):
     from helpers.bench import sources
 
@@ -215,6 +222,7 @@ def test_feed_bench_sets_the_feeding_side_s_cpu_against_the_bare_tokenizer_s(cap
     assert "one real H100 at 17.5 M tokens/s would need" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_runtimes_bench_measures_each_length_and_stored_form(monkeypatch, capsys):
     """Each max_seq_length timed in each round against the model's own; each stored form run
     into an output: its bytes a row (float32 4 a dimension, binary an eighth of one), the

@@ -22,6 +22,7 @@ def prepared(tmp_path_factory):
     return weights.prepare(tmp_path_factory.mktemp("prepared"))
 
 
+@pytest.mark.slow
 def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
         tmp_path, prepared, capsys):
     out = check.run(tmp_path / "out", dry_run=True, prepared=prepared)

@@ -157,6 +157,7 @@ def uninterrupted(jsonl, tmp_path_factory):
     return read_output(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed, writes", [(0, "driver"), (1, "driver"), (2, "driver"),
                                          (0, "workers"), (1, "workers")])
 def test_a_run_killed_with_sigkill_then_resumed_equals_an_uninterrupted_one(
@@ -177,6 +178,7 @@ def test_a_run_killed_with_sigkill_then_resumed_equals_an_uninterrupted_one(
     assert data["values"][7].tolist() == record_vector("r7", 8).tolist()
 
 
+@pytest.mark.slow
 def test_an_embedding_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path,
                                                                          reference_embeddings,
                                                                          texts):
@@ -379,6 +381,7 @@ def test_a_late_result_s_part_is_removed_not_committed(tmp_path):
     assert scheduler.handle(0, late) == ([], []) and not part.exists()
 
 
+@pytest.mark.slow
 def test_thousands_of_workers_parts_finish_as_one_file_one_part_open_at_a_time(tmp_path):
     """An output of many small workers' parts is merged at the end with one part open at a
     time: 600 parts under a limit of 128 open files (each part once open: 'Too many open

@@ -25,6 +25,7 @@ def cli(*args, **kwargs):
                           text=True, env=env, timeout=150, **kwargs)
 
 
+@pytest.mark.slow
 def test_embedding_run_prints_stats_json_last(tmp_path):
     out = tmp_path / "out.h5"
     done = cli("--input", str(SAMPLE_TEXT), "--output", str(out), "--workload", "embedding",
@@ -100,6 +101,7 @@ def test_missing_input_exits_2(tmp_path):
     assert done.returncode == 2 and "no such file" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_path, signum):
     from helpers.workloads.synthetic import record_vector
@@ -141,6 +143,7 @@ def test_an_interrupted_run_stops_quickly_leaves_whole_records_and_resumes(tmp_p
     assert read_output(tmp_path / "o.h5")["ids"].tolist() == list(range(n))
 
 
+@pytest.mark.slow
 def test_bad_records_through_the_cli_exit_3_with_one_error_row_each(tmp_path):
     good = ["a sentence to embed", "another one", "and a third"]
     lines = [json.dumps({"text": good[0]}).encode(), json.dumps({"text": ""}).encode(),
@@ -181,6 +184,7 @@ def test_notebooks_with_an_unknown_notebook_prefix_exits_2(capsys):
     assert "only: no notebook matches ['99']" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_binning_bad_images_get_error_rows_and_the_rest_is_binned(tmp_path):
     """Corrupt, truncated, non-image, 1×1 and 12,000×12,000 files among good ones, through the
     CLI."""
@@ -331,6 +335,7 @@ def test_a_failed_run_says_what_it_kept_and_a_changed_input_how_to_go_on(tmp_pat
     assert not cli._input_changed(OSError("No space left on device"))
 
 
+@pytest.mark.slow
 def test_encode_options_reach_the_output_and_a_resume_that_changes_one_is_refused(tmp_path):
     """--prompt, --truncate-dim and --stored int8 (calibrated on the input's first texts, the
     ranges kept in the output); --resume reuses the kept ranges, and refuses another prompt
@@ -361,6 +366,7 @@ def test_encode_options_reach_the_output_and_a_resume_that_changes_one_is_refuse
         other.stderr
 
 
+@pytest.mark.slow
 def test_an_option_the_model_turns_down_is_a_bad_argument(tmp_path):
     """Found where the model loads, said as a bad argument (exit 2), not a failed run."""
     done = cli("--input", str(SAMPLE_TEXT), "--output", str(tmp_path / "o.h5"), "--devices",

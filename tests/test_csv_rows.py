@@ -142,6 +142,7 @@ def random_csv(rng, delimiter):
     return (b"\xef\xbb\xbf" if rng.random() < 0.1 else b"") + text.encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [3, 64, 8 << 20])
 def test_the_pass_finds_the_rows_pyarrow_finds_in_any_file(tmp_path, monkeypatch, chunk):
     """400 random files (but for a few pyarrow refuses), the reads cut anywhere: as many rows and

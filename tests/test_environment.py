@@ -87,3 +87,17 @@ def test_persisted_state_is_data_not_code():
                 if node.func.attr in ("save", "load") and "allow_pickle" in keywords:
                     offences.append(f"{path.name}:{node.lineno} allow_pickle")
     assert not offences
+
+
+def test_make_test_runs_every_case_and_make_quick_all_but_the_slow_ones():
+    """CI (make test) runs the slow cases too; make quick, the developer's suite, leaves them out;
+    both say how long the tests took, and the marker is declared (a typo'd one fails at once)."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = {target: makefile.split(f"\n{target}: ", 1)[1].split("\n\n", 1)[0]
+              for target in ("test", "quick")}
+    assert "-m pytest;" in recipe["test"] and " -m " not in recipe["test"].split("pytest", 1)[1]
+    assert '-m pytest -m "not slow"' in recipe["quick"]
+    assert all("the tests took" in r for r in recipe.values())
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in settings["addopts"]
+    assert any(m.startswith("slow:") for m in settings["markers"])

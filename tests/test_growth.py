@@ -24,6 +24,7 @@ def run(workload, devices, n, path, **options):
         return pool, stats
 
 
+@pytest.mark.slow
 def test_growth_stops_where_the_device_saturates(tmp_path, caplog):
     # two workunits at a time on cuda:0: a second worker doubles its rate, a third adds nothing
     workload = SyntheticWorkload(0.0005, seconds_per_workunit=0.005, parallelism=2, values="zeros")
@@ -63,6 +64,7 @@ def test_a_copy_that_fails_to_load_ends_growth_and_the_run_goes_on(tmp_path, mon
     assert pool.stable_workers == {"cuda:0": 2} and stats.recovery["deaths"] == 0
 
 
+@pytest.mark.slow
 def test_devices_grow_independently_and_the_next_job_keeps_the_count(tmp_path):
     workload = SyntheticWorkload(0.0005, speed={"cuda:1": 0.5}, seconds_per_workunit=0.005,
                                  parallelism={"cuda:0": 2, "cuda:1": 1}, values="zeros")

@@ -120,6 +120,7 @@ def test_every_set_names_only_declared_parameters(params):
         declared(notebook, load_parameters(params, notebook.stem), common)
 
 
+@pytest.mark.slow
 def test_smoke_run_saves_every_table_with_its_columns_and_sidecar(smoke):
     out, _ = smoke
     for table, columns in TABLES.items():
@@ -132,6 +133,7 @@ def test_smoke_run_saves_every_table_with_its_columns_and_sidecar(smoke):
             assert sidecar["parameters"]["workload"] == "synthetic"  # the smoke set was injected
 
 
+@pytest.mark.slow
 def test_smoke_run_saves_every_figure_and_lists_it_with_a_finding(smoke):
     out, _ = smoke
     readme = (out / "figures" / "README.md").read_text()
@@ -146,6 +148,7 @@ def test_smoke_run_saves_every_figure_and_lists_it_with_a_finding(smoke):
         assert f"({name}.png)" in readme
 
 
+@pytest.mark.slow
 def test_smoke_peers_fault_table_has_a_row_per_system_and_gpufeed_keeps_every_row(smoke):
     import pandas as pd
 
@@ -158,6 +161,7 @@ def test_smoke_peers_fault_table_has_a_row_per_system_and_gpufeed_keeps_every_ro
     assert faults.loc["bare", "outcome"] == "failed" and faults.loc["bare", "rows_lost"] == 64
 
 
+@pytest.mark.slow
 def test_smoke_run_keeps_executed_copies_apart(smoke):
     out, executed = smoke
     assert [p.parent for p in executed] == [out / "executed"] * len(suite())
@@ -214,6 +218,7 @@ def test_a_committed_table_names_the_clean_commit_that_made_it(table):
     assert made_at_a_clean_commit(table), f"{table.stem}: its sidecar names no clean commit"
 
 
+@pytest.mark.slow
 def test_a_committed_table_has_every_column_its_code_writes_now(smoke):
     """The smoke run writes each notebook's tables with today's code: a committed table of the
     same name lacking one of its columns was made by older code."""

@@ -61,6 +61,7 @@ def a_and_b(tmp_path):
 
 # -- one run at a time --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_output_is_refused_at_once_and_the_first_keeps_its_rows(
         tmp_path, a_and_b):
     a, b = a_and_b
@@ -245,6 +246,7 @@ def test_the_binning_table_may_not_land_on_the_output(tmp_path):
 
 # -- resume checks what it resumes --------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["finished", "killed"])
 def test_resume_of_another_input_is_refused_naming_what_differs(tmp_path, a_and_b, how):
     a, b = a_and_b

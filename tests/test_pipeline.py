@@ -42,6 +42,7 @@ EMBEDDING_CASES = [  # (backend, workers, workunit size): every pair on threads 
     ("process", 3, 1), ("process", 1, 1000)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, n_workers, workunit_size", EMBEDDING_CASES)
 def test_embeddings_exactly_once_and_equal_to_encode(tmp_path, texts, reference_embeddings,
                                                       backend, n_workers, workunit_size):
@@ -152,6 +153,7 @@ def test_fast_devices_take_more_workunits(tmp_path, backend):
     assert stats.workers[0].records > 2 * stats.workers[1].records
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_records_go_to_errors_and_cost_nothing_else(tmp_path, backend):
     records = [(0, "good"), (1, None), (2, 42), (3, "also good"), (4, b"bytes"), (5, ""),
@@ -269,6 +271,7 @@ def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
             pool.run([(0, 0)], tmp_path / "b.h5")
 
 
+@pytest.mark.slow
 def test_static_and_queue_fed_give_identical_binning_results(tmp_path):
     """The study's static split and the queue-fed pipeline on the same images and workers."""
     from helpers.engine.inputs.sources import ImageFolderSource

@@ -31,7 +31,8 @@ from helpers.study.paths import ROOT
 from helpers.workloads.embedding import EmbeddingWorkload
 from helpers.workloads.synthetic import SyntheticWorkload, record_vector
 
-pytestmark = pytest.mark.timeout(240)  # reached only on deadlock
+pytestmark = [pytest.mark.timeout(240),  # reached only on deadlock
+              pytest.mark.slow]  # every case starts a Ray cluster: make test runs them, make quick not
 
 NODE_CPUS = 2  # each simulated node: 2 workers of one thread
 GONE_SECONDS = 15.0  # an actor Ray was told to kill, or whose owner died, is gone within this

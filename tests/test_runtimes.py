@@ -112,6 +112,7 @@ def test_measuring_tokens_in_one_thread_never_breaks_another_threads_encode(mini
     assert runtimes.token_lengths(minilm, ["one two three"]) == [5]  # [CLS] 3 words [SEP]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["onnx", "onnx-int8"])
 def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, monkeypatch,
                                                                     runtime):
@@ -145,6 +146,7 @@ def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, mon
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_variant_that_fails_the_guard_is_refused_with_its_numbers(tmp_path, monkeypatch):
     """int8 weights cannot give float32's embeddings to 5 nines: asked for that, the worker
     refuses to load the variant (no record is embedded by it) and says by how much."""
@@ -174,6 +176,7 @@ def test_a_resume_with_another_variant_is_refused(tmp_path, monkeypatch):
     assert len(read_output(tmp_path / "out.h5")["ids"]) == 16
 
 
+@pytest.mark.slow
 def test_bf16_on_cpu_passes_the_guard_and_is_not_float32(tmp_path):
     """The weights cast to bfloat16 (what this machine's CPU runs fastest): close to float32's
     embeddings, not equal to them, and said so in the output."""
@@ -191,6 +194,7 @@ def test_bf16_on_cpu_passes_the_guard_and_is_not_float32(tmp_path):
         pytest.approx(found.min(), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_compile_runs_the_compiled_transformer_checked_by_the_guard_in_the_load(tmp_path):
     """torch.compile really compiles the transformer (a graph captured, not a silent eager
     fallback), in the worker's load, and its embeddings are float32 PyTorch's."""

@@ -25,6 +25,7 @@ def cards(batch_size=None):
                              parallelism={"cuda:0": 2, "cuda:1": 1}, values="zeros")
 
 
+@pytest.mark.slow
 def test_the_tuner_finds_the_known_best_and_writes_it(tmp_path):
     tuned = tune(cards, [(i, i) for i in range(40000)], ["cuda:0", "cuda:1"], sample=4000,
                  budget_seconds=120)
@@ -44,6 +45,7 @@ def cli(*args):
                           text=True, env=env, timeout=250)
 
 
+@pytest.mark.slow
 def test_tuned_yaml_round_trips_through_run_config_and_a_flag_wins(tmp_path):
     (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "r{i}"}}\n' for i in range(600)))
     config = tmp_path / "tuned.yaml"
@@ -101,6 +103,7 @@ def variant(batch_size=None, name="slow"):
                              values="zeros", fail_on_load=name == "broken")
 
 
+@pytest.mark.slow
 def test_the_tuner_runs_the_fastest_variant_the_workers_accept_and_never_a_refused_one(tmp_path):
     names = [{"name": "slow"}, {"name": "broken"}, {"name": "fast"}]
     tuned = tune(variant, [(i, i) for i in range(4000)], ["cpu"], backend="thread", sample=600,
@@ -248,6 +251,7 @@ def test_the_embedding_workload_offers_what_each_device_runs(monkeypatch):
     # (asked to compile: only compiled ones)
 
 
+@pytest.mark.slow
 def test_a_tuned_variant_round_trips_through_run_config(tmp_path):
     (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "paragraph {i}"}}\n' for i in range(20)))
     (tmp_path / "tuned.yaml").write_text(yaml.safe_dump(
@@ -274,6 +278,7 @@ def test_compile_round_trips_through_tuned_yaml(tmp_path):
         assert _workload(args).compile is expected
 
 
+@pytest.mark.slow
 def test_tuned_yaml_carries_the_inputs_columns_so_the_printed_command_runs(tmp_path):
     """Issue 44: ``tune --text-column body --id-column doc_id`` printed ``run --config
     tuned.yaml --input ... --output ...``, which then failed ("no column 'text'"), and adding
@@ -338,6 +343,7 @@ def test_the_pick_is_by_median_and_a_lead_within_a_repeats_spread_goes_to_the_si
     assert "no configuration was measured twice" in _pick(once, 32)[1]
 
 
+@pytest.mark.slow
 def test_the_tuner_measures_its_leaders_again_and_keeps_its_budget(tmp_path):
     """Issue 44: with --budget-seconds 150 the tune took 201 s. Each trial is started only if it
     should end in the budget (else a row says so), and the leading configurations are measured
@@ -372,6 +378,7 @@ def test_a_slow_variant_last_does_not_make_the_later_phases_look_too_long(tmp_pa
     assert job.late(256, new_pool=True, rate=_best_rate(job.rows)) == ""
 
 
+@pytest.mark.slow
 def test_a_variant_slower_than_any_before_it_is_cut_at_the_budgets_end():
     """A variant's speed is known only once it runs (bf16 on this CPU: a sixth of fp32's; a
     compiled one's start 36-54 s): its trial reads no further than the budget's end, ends with
@@ -390,6 +397,7 @@ def test_a_variant_slower_than_any_before_it_is_cut_at_the_budgets_end():
     assert tuned.variant == {"name": "fast"}
 
 
+@pytest.mark.slow
 def test_the_tuner_chooses_a_simulated_card_s_tokenizing_threads_and_run_config_keeps_it(
         tmp_path):
     from helpers.study.paths import SAMPLE_TEXT
@@ -443,6 +451,7 @@ def test_encode_options_round_trip_through_tuned_yaml(tmp_path):
         _config_defaults(str(tmp_path / "bad.yaml"))
 
 
+@pytest.mark.slow
 def test_max_seq_length_is_an_axis_only_where_the_user_names_lengths():
     """Phase 0 tries each length named (at each variant); none named, none tried."""
     def make(batch_size=None, max_seq_length=None):

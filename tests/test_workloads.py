@@ -51,6 +51,7 @@ def test_tokenizing_ahead_gives_encode_s_embeddings_and_splits_the_phases(st_mod
         EmbeddingWorkload(tokenize_ahead="yes")
 
 
+@pytest.mark.slow
 def test_padding_is_counted_per_workunit_and_sorting_by_length_cuts_it(tmp_path):
     """The tokens each batch computes against those its texts need: mixed lengths in a
     workunit pad; the reader's length-sorted window pads less; the stats and the timeline say
@@ -71,6 +72,7 @@ def test_padding_is_counted_per_workunit_and_sorting_by_length_cuts_it(tmp_path)
     assert ordered.to_dict()["padding"] == ordered.padding
 
 
+@pytest.mark.slow
 def test_batches_by_token_count_pad_less_and_give_encode_s_embeddings(st_model):
     """A workunit's texts batched by their token counts (TokenOrder), not their characters:
     the same embeddings as ``encode`` (in the records' order), fewer tokens computed."""
@@ -162,6 +164,7 @@ def test_binning_follows_the_protocol_and_rejects_bad_settings():
             BinningWorkload(**kwargs)
 
 
+@pytest.mark.slow
 def test_binning_known_images_land_where_expected(binning_model):
     from helpers.study.paths import DATA
 
@@ -277,6 +280,7 @@ def test_each_encode_option_gives_encode_s_vectors(st_model, texts, options, enc
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_stored_forms_are_encode_s_precision(st_model, texts):
     """binary and ubinary bit for bit; int8 and uint8 cut with the given ranges as
     quantize_embeddings cuts them (a step apart at most where a float differs in its last
