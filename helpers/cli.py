@@ -39,7 +39,7 @@ from helpers.engine.contract.settings import (AUTO, BACKENDS, FIT, MAX_UNITS_PER
                                               JobSettings, PoolSettings, or_words)
 from helpers.engine.inputs.sources import ImageFolderSource, SourceError, open_source
 from helpers.engine.outputs.hdf5_sink import check_parts, read_output
-from helpers.engine.outputs.ownership import OutputError, output_path, owning
+from helpers.engine.outputs.ownership import Claim, OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
@@ -464,8 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # shell starts background jobs with it ignored
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with owning(args.output):  # held until the binning table is written too
-            stats = _run(args)
+        with owning(args.output) as claim:  # held until the binning table is written too
+            stats = _run(args, claim)
     except (ValueError, RuntimeError) as exc:  # SourceError, OutputError, PipelineError
         print(f"error: {exc}", file=sys.stderr)
         changed = _input_changed(exc)
@@ -502,8 +502,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_PARTIAL if stats.partial else 0
 
 
-def _run(args: argparse.Namespace) -> Any:
-    """The run the arguments ask for (and the binning table beside its output); its stats."""
+def _run(args: argparse.Namespace, output: Claim) -> Any:
+    """The run the arguments ask for into ``output`` (held: ``main`` claimed it), and the binning
+    table beside it; its stats."""
     if args.workload == "embedding" and args.stored in CALIBRATED:
         args.calibration = _calibration(args)
     workload = _workload(args)
@@ -520,11 +521,11 @@ def _run(args: argparse.Namespace) -> Any:
         options["ray_address"] = args.ray_address
     source = _source(args)
     if args.workload != "binning":
-        return run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
+        return run_pipeline(source, workload, args.devices, args.workunit_size, output,
                             args.backend, args.strategy, **options)
     table = _table_path(args)
     with owning(table):  # a.h5 and a.hdf5 would share a.csv
-        stats = run_pipeline(source, workload, args.devices, args.workunit_size, args.output,
+        stats = run_pipeline(source, workload, args.devices, args.workunit_size, output,
                              args.backend, args.strategy, **options)
         write_csv(read_output(args.output), table, dict(source))
     print(f"table: {table}", file=sys.stderr)

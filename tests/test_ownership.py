@@ -15,10 +15,11 @@ import pytest
 
 import helpers.engine.outputs.ownership as ownership
 from helpers.engine.outputs.hdf5_sink import read_output, rows_written
-from helpers.engine.outputs.ownership import (OutputError, OutputLocked, check_output, lock_path,
-                                              owning)
+from helpers.engine.outputs.ownership import (OutputError, OutputLocked, check_output, claimed,
+                                              lock_path, owning)
+from helpers.engine.pipeline import run_pipeline
 from helpers.study.paths import ROOT
-from helpers.workloads.synthetic import record_vector
+from helpers.workloads.synthetic import SyntheticWorkload, record_vector
 
 pytestmark = pytest.mark.timeout(240)  # reached only on deadlock
 
@@ -107,24 +108,41 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
     assert not lock_path(out).exists()
 
 
-def test_the_lock_is_held_once_per_thread_and_refused_to_another_thread(tmp_path):
+def test_an_output_is_claimed_once_and_refused_to_another_thread_and_to_a_second_claim(tmp_path):
     out = tmp_path / "out.h5"
     refused = []
 
     def other():
-        try:
-            with owning(out):
-                pass
-        except OutputLocked as exc:
-            refused.append(str(exc))
+        refused.append(_try_owning(out))
 
-    with owning(out), owning(out):  # nested in one thread: one lock
+    with owning(out) as claim:
         thread = threading.Thread(target=other)
         thread.start()
         thread.join()
-    assert refused and f"pid {os.getpid()}" in refused[0]
-    with owning(out):  # released once the outer block ends
+        refused.append(_try_owning(out))  # this thread again: claimed once, its Claim handed down
+        with claimed(claim) as same:  # what run_pipeline and HDF5Sink do with a Claim given
+            assert same is claim
+        assert os.fspath(claim) == str(claim) == str(out) and claim.path == out.resolve()
+    assert len(refused) == 2 and all(f"pid {os.getpid()}" in r for r in refused)
+    with owning(out):  # released once the block ends
         pass
+    with claimed(str(out)) as taken:  # a path: claimed there, released at the end
+        assert _try_owning(out) and taken.path == out.resolve()
+    with owning(out):
+        pass
+
+
+def test_a_run_given_the_claim_of_its_output_writes_it_and_the_lock_stays_the_holder_s(tmp_path):
+    """The command line claims the output, then runs into it: run_pipeline and its sink use the
+    claim, never taking the lock a second time (which this thread could not: it is held)."""
+    out = tmp_path / "out.h5"
+    with owning(out) as claim:
+        stats = run_pipeline([(i, f"text {i}") for i in range(12)], SyntheticWorkload(0.0, dim=4),
+                             ["cpu"], 4, claim, "thread", progress=False)
+        assert stats.output == str(out) and lock_path(out).exists()  # still held here
+        assert _try_owning(out)  # by this block alone
+    assert not lock_path(out).exists()
+    assert read_output(out)["ids"].tolist() == list(range(12))
 
 
 def test_without_working_flock_the_lock_is_a_file_created_exclusively(tmp_path, monkeypatch):

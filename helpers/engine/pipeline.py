@@ -123,7 +123,7 @@ from helpers.engine.measure.stats import (PipelineStats, Tally, Timeline, Worker
 from helpers.engine.measure.telemetry import Telemetry
 from helpers.engine.outputs.checkpoint import PartTarget
 from helpers.engine.outputs.hdf5_sink import HDF5Sink
-from helpers.engine.outputs.ownership import OutputError, check_output, owning
+from helpers.engine.outputs.ownership import Claim, OutputError, check_output, claimed
 from helpers.engine.workers.backends import make_backend, pool_settings, refuse_in_a_starting_worker
 from helpers.engine.workers.worker import peak_memory
 
@@ -274,8 +274,9 @@ class WorkerPool:
     def outputs(self) -> dict:
         return next(s.ready for s in self._scheduler.slots.values() if s.ready).outputs
 
-    def run(self, source: Any, output: str | os.PathLike, **changes: Any) -> PipelineStats:
-        """One queue-fed job: every record of ``source`` through the workers into ``output``.
+    def run(self, source: Any, output: str | os.PathLike | Claim, **changes: Any) -> PipelineStats:
+        """One queue-fed job: every record of ``source`` through the workers into ``output`` (a
+        path, or the Claim of an output the caller holds: helpers.engine.outputs.ownership).
 
         ``changes``: JobSettings fields for this job (default: the pool's ``job``).
         """
@@ -316,7 +317,8 @@ class WorkerPool:
             sink.record = job.take_stats = job.once(functools.partial(self._stats, job, output))
         return _finished(job, sink)
 
-    def run_static(self, source: Any, output: str | os.PathLike, **changes: Any) -> PipelineStats:
+    def run_static(self, source: Any, output: str | os.PathLike | Claim,
+                   **changes: Any) -> PipelineStats:
         """The data-parallel layout as one job: read every record, give worker i the i-th of
         even contiguous slices (``static_split``), write the results into ``output``; as slow as
         the slowest slice.
@@ -378,7 +380,7 @@ class WorkerPool:
                              f"it too: rename the workload's output")
         return {**self.outputs, **own}
 
-    def _sink(self, output: str | os.PathLike, job: JobSettings, attrs: dict[str, Any],
+    def _sink(self, output: str | os.PathLike | Claim, job: JobSettings, attrs: dict[str, Any],
               outputs: dict[str, Any]) -> HDF5Sink:
         """The job's writer, once the output is this job's to write (else OutputError)."""
         return HDF5Sink(output, outputs, attrs, job.durable, job.resume, job.overwrite,
@@ -685,7 +687,8 @@ def check_accounted(source: Any, expected: int | None, sink: HDF5Sink,
 
 def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str = ("cpu",),
                  workunit_size: int = JobSettings.workunit_size,
-                 output: str | os.PathLike = "out.h5", backend: str = PoolSettings.backend,
+                 output: str | os.PathLike | Claim = "out.h5",
+                 backend: str = PoolSettings.backend,
                  strategy: str = "queue", text_column: str = "text", id_column: str | None = None,
                  keep_columns: Sequence[str] = (), **options: Any) -> PipelineStats:
     """Run ``workload`` over every record of ``source`` and write the results to ``output``.
@@ -703,7 +706,9 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     existing ``output`` is refused unless ``resume`` (carry on the job that made it) or
     ``overwrite`` (replace it); OutputError, before any worker starts. Workers that die or hang are
     replaced and bad records end up in the output's ``errors`` table (``stats.partial``);
-    PipelineError if the run cannot go on.
+    PipelineError if the run cannot go on. The output is claimed once, here (its lock held for the
+    run: a second run on it is refused at once), unless ``output`` is the Claim of one the caller
+    holds already (helpers.engine.outputs.ownership.owning, as the command line does).
     """
     refuse_in_a_starting_worker()
     if strategy not in STRATEGIES:
@@ -718,7 +723,7 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
         if known is not None and known < MIN_STATIC_SLICE * len(settings.worker_devices):
             # slices this small cost more in model loads than they save
             settings = replace(settings, devices=settings.devices[:1], workers_per_device=1)
-    with owning(output):  # a second run on this output is refused now, not after spin-up
+    with claimed(output) as output:  # a second run on it is refused now, not after spin-up
         attrs = as_attrs(records, workload)  # the outputs' shapes come with the workers
         check_output(output, resume=job.resume, overwrite=job.overwrite, inputs=input_paths(attrs),
                      fingerprints={k: json.loads(v) for k, v in attrs.items()})

@@ -49,7 +49,7 @@ from helpers.engine.outputs.atomic import set_attrs, temporary, uninterrupted
 from helpers.engine.outputs.checkpoint import (CHUNK_RECORDS, FORMAT, OUTPUT_MARK, PART_BYTES,
                                                PART_ROWS, Parts, PartTarget, WorkerPart, columns,
                                                is_index)
-from helpers.engine.outputs.ownership import check_output, output_path, owning
+from helpers.engine.outputs.ownership import Claim, check_output, claimed, output_path
 
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
 WRITE_AHEAD_BYTES = 128 << 20  # rows handed to the writer and not yet on disk, at most
@@ -63,7 +63,7 @@ READ_TRIES = 10  # reads of a run's index that a merge of its parts may race (re
 class HDF5Sink:
     """Append-only writer of ids, workload outputs and per-record errors."""
 
-    def __init__(self, path: str | os.PathLike, outputs: Mapping[str, OutputSpec],
+    def __init__(self, path: str | os.PathLike | Claim, outputs: Mapping[str, OutputSpec],
                  attrs: Mapping[str, Any] | None = None, durable: bool = True,
                  resume: bool = False, overwrite: bool = False,
                  inputs: tuple[str, ...] = ()) -> None:
@@ -90,7 +90,9 @@ class HDF5Sink:
         # written, recorded in the output as it is finished (helpers.engine.outputs.run_log)
         self._closed = True
         with ExitStack() as held:
-            held.enter_context(owning(self.path))  # released at close (or now, if refused)
+            # the caller's claim (run_pipeline's), else one taken here: released at close (or now,
+            # if refused)
+            held.enter_context(claimed(path))
             fingerprints = {k: decode(self.attrs[k]) for k in (INPUT_ATTR, WORKLOAD_ATTR)
                             if k in self.attrs}
             mode = check_output(self.path, resume=resume, overwrite=overwrite, inputs=inputs,

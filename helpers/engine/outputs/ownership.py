@@ -85,44 +85,55 @@ def lock_path(output: str | os.PathLike) -> Path:
     return output.with_name(output.name + LOCK_SUFFIX)
 
 
-_held: dict[str, list] = {}  # lock path -> [thread, depth]: a run's own nested claims pass
-_guard = threading.Lock()
+class Claim(os.PathLike):
+    """An output this run holds (``owning`` gives it): the driver hands it down in place of the
+    output's path, so that what writes the output below it (``run_pipeline``, ``WorkerPool.run``,
+    ``HDF5Sink``) uses the lock held, never claiming the output a second time. Path-like: it
+    reads as the output as it was given (``path``: where it really is, its lock beside it)."""
+
+    def __init__(self, output: str | os.PathLike, path: Path) -> None:
+        self.output, self.path = os.fspath(output), path
+
+    def __fspath__(self) -> str:
+        return self.output
+
+    def __str__(self) -> str:
+        return self.output
+
+    def __repr__(self) -> str:
+        return f"Claim({self.output!r})"
 
 
 @contextmanager
-def owning(output: str | os.PathLike) -> Iterator[None]:
-    """Hold ``output``'s lock for the block; OutputLocked naming the holder if another run (or
-    another thread of this process) has it. Nested in the same thread, it is held once. Folders
-    created for the lock are removed again if they are left empty (a refused run leaves none)."""
-    lock = lock_path(output_path(output))
-    key, me = str(lock), threading.get_ident()
-    with _guard:
-        held = _held.get(key)
-        nested = held is not None and held[0] == me
-        if nested:
-            held[1] += 1
-    if nested:
-        try:
-            yield
-        finally:
-            with _guard:
-                held[1] -= 1
-        return
+def owning(output: str | os.PathLike) -> Iterator[Claim]:
+    """Hold ``output``'s lock for the block, once: OutputLocked naming the holder if another run,
+    another thread of this process, or this very block's caller has it (an output is claimed
+    once, and its Claim handed down: ``claimed``). Folders created for the lock are removed
+    again if they are left empty (a refused run leaves none)."""
+    path = output_path(output)
+    lock = lock_path(path)
     made = _make_folders(lock.parent)
     try:
         release = _acquire(lock)
     except BaseException:
         _remove_empty(made)
         raise
-    with _guard:
-        _held[key] = [me, 1]
     try:
-        yield
+        yield Claim(output, path)
     finally:
-        with _guard:
-            del _held[key]
         release()
         _remove_empty(made)
+
+
+@contextmanager
+def claimed(output: str | os.PathLike | Claim) -> Iterator[Claim]:
+    """``output``'s Claim for the block: the one given (its holder keeps and releases it), else
+    the lock taken here (``owning``)."""
+    if isinstance(output, Claim):
+        yield output
+        return
+    with owning(output) as claim:
+        yield claim
 
 
 def holder() -> dict[str, Any]:
