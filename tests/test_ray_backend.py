@@ -31,8 +31,9 @@ from helpers.study.paths import ROOT
 from helpers.workloads.embedding import EmbeddingWorkload
 from helpers.workloads.synthetic import SyntheticWorkload, record_vector
 
-pytestmark = [pytest.mark.timeout(240),  # reached only on deadlock
-              pytest.mark.slow]  # every case starts a Ray cluster: make test runs them, make quick not
+# the timeout is reached only on deadlock; slow: every case starts a Ray cluster (make test runs
+# them, make quick does not)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 NODE_CPUS = 2  # each simulated node: 2 workers of one thread
 GONE_SECONDS = 15.0  # an actor Ray was told to kill, or whose owner died, is gone within this

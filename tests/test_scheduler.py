@@ -171,7 +171,7 @@ def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monke
     assert len(stats.workers) == 4
     assert_exactly_once(tmp_path / "out.h5", 60)
     # with no headroom asked, it adds copies until one fails to load: the 4th on cuda:0
-    monkeypatch.setattr(helpers.engine.pipeline, "ADAPTIVE_HEADROOM", 0.0)
+    monkeypatch.setattr(helpers.engine.pipeline, "FIT_HEADROOM", 0.0)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         with WorkerPool(workload, ["cuda:0"], workers_per_device="fit",  # (adaptive's new name)
                         max_workers_per_device=6) as pool:

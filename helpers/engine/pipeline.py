@@ -136,7 +136,7 @@ STRATEGIES = ("queue", "static")
 MIN_STATIC_SLICE = 4  # records per worker below which a static split runs on one worker
 SETTLED = 0.5  # growth measures a worker on workunits of at least this share of its target size
 HOST = socket.gethostname()  # telemetry samples the workers on this machine
-ADAPTIVE_HEADROOM = MEMORY_HEADROOM  # "fit": another copy only if free memory exceeds this ×
+FIT_HEADROOM = MEMORY_HEADROOM  # "fit": another copy only if free memory exceeds this ×
 # one copy
 
 
@@ -194,7 +194,7 @@ class WorkerPool:
                                     self.settings)
         try:
             if self.settings.filling:
-                self._grow()
+                self._fit()
             else:
                 self._scheduler.start()
         except BaseException:  # Ctrl-C during spin-up included: stop what started
@@ -209,10 +209,10 @@ class WorkerPool:
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._backend.shutdown(clean=exc_type is None and not self._broken)
 
-    def _grow(self) -> None:
-        """workers_per_device="fit" (adaptive spawning): per device, add one worker at a time
+    def _fit(self) -> None:
+        """workers_per_device="fit" (or adaptive=True): per device, add one worker at a time
         until one fails to load or the device lacks memory for another copy
-        (ADAPTIVE_HEADROOM), or max_workers_per_device."""
+        (FIT_HEADROOM), or max_workers_per_device."""
         workers: list[WorkerInfo] = []
         threads = self.settings.threads_per_worker or 1
         for device in dict.fromkeys(self.settings.devices):
@@ -229,7 +229,7 @@ class WorkerPool:
                                 copy + 1, device, exc, copy)
                     break
                 workers.append(info)
-                if short_of_memory(ready[info.index], ADAPTIVE_HEADROOM):
+                if short_of_memory(ready[info.index], FIT_HEADROOM):
                     log.info("fit: %s has %.0f MiB free after %d copies of %.0f MiB; "
                              "stopping there", device, ready[info.index].free_mb, copy + 1,
                              ready[info.index].model_mb)

@@ -457,7 +457,7 @@ class Scheduler:
     def handle(self, index: int, message: Any) -> tuple[list[Result], list[tuple]]:
         """Act on one message; returns (results to write, records given up on)."""
         slot = self.slots.get(index)
-        if slot is None:  # a worker discarded while it started (adaptive spawning)
+        if slot is None:  # a worker discarded while it started ("fit")
             return [], []
         if isinstance(message, Ready):
             if slot.state is State.LOADING:

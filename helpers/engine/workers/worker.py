@@ -267,7 +267,7 @@ def _own_peak_mb() -> float | None:
 
 
 def device_memory(workload: Any, model: Any, device: str) -> tuple[float | None, float | None]:
-    """(free MiB on ``device``, MiB this model copy takes there), for adaptive spawning.
+    """(free MiB on ``device``, MiB this model copy takes there), for workers_per_device="fit".
 
     A workload may answer itself (``device_memory(model, device)``); otherwise CUDA devices ask
     torch, and ``cpu`` reads the machine's available memory and this process's resident size.
