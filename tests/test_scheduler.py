@@ -221,7 +221,8 @@ class Queued:
 
 def ready_scheduler(backend, workers, **settings):
     from helpers.engine.contract.settings import PoolSettings
-    from helpers.engine.dispatch.scheduler import Scheduler, State
+    from helpers.engine.dispatch.scheduler import Scheduler
+    from helpers.engine.dispatch.slots import State
 
     scheduler = Scheduler(backend, workers, PoolSettings(**settings))
     for slot in scheduler.slots.values():

@@ -113,7 +113,8 @@ from helpers.engine.dispatch.growth import EXPLORE_SECONDS, MEMORY_HEADROOM, Gro
 from helpers.engine.dispatch.probe import check_workers
 from helpers.engine.dispatch.reader import Reader
 from helpers.engine.dispatch.scheduler import (Dispatches, Feed, PipelineError, Recovery,
-                                               RemoteTraceback, Scheduler, Slot, State)
+                                               RemoteTraceback, Scheduler)
+from helpers.engine.dispatch.slots import Slot, State
 from helpers.engine.inputs.carried import Carried
 from helpers.engine.inputs.sources import (accounted, carried, open_source, peek, read_slices,
                                            reads_by_position, records_left, source_length)

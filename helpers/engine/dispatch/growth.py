@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from helpers.engine.contract.messages import Ready, WorkerInfo
-from helpers.engine.dispatch.scheduler import Scheduler, State
+from helpers.engine.dispatch.scheduler import Scheduler
+from helpers.engine.dispatch.slots import State
 
 log = logging.getLogger("gpufeed")
 

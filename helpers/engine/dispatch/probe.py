@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.messages import Failed, Workunit
-from helpers.engine.dispatch.scheduler import PipelineError, RemoteTraceback, Scheduler, State
+from helpers.engine.dispatch.scheduler import PipelineError, RemoteTraceback, Scheduler
+from helpers.engine.dispatch.slots import State
 
 PROBE_SECONDS = 120.0  # longest the start's check waits for a worker's answer
 PROBE_RECORDS = 2  # records of the input each worker reads

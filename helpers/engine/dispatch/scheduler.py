@@ -51,7 +51,6 @@ as ``PipelineStats.recovery``; the words for what goes wrong (*rejected*, *Faile
 """
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import queue
@@ -68,6 +67,7 @@ from helpers.engine.contract.messages import (POLL_SECONDS, UNREADABLE, UNWRITAB
 from helpers.engine.contract.protocol import OptionRefused, Rows
 from helpers.engine.contract.settings import (MAX_UNITS_PER_MESSAGE, MESSAGE_RECORDS,
                                               MESSAGE_SECONDS, PoolSettings)
+from helpers.engine.dispatch.slots import Kill, Slot, State
 from helpers.engine.measure.sizing import Sizing
 from helpers.engine.workers.backends import IMPORTED_MAIN, IMPORTED_MAIN_EXIT, Backend, Wakeup
 
@@ -94,45 +94,6 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + self.args[0]
-
-
-class State(enum.Enum):
-    LOADING = "loading"  # spawned, model not loaded yet
-    READY = "ready"  # takes workunits
-    DRAINING = "draining"  # being retired: finishes what it holds, takes nothing new
-    RETIRED = "retired"  # out of restarts, its replacement failed to load, or retired on purpose
-
-
-class Kill(enum.Enum):
-    """Why the scheduler killed a worker; the value is the error type its workunit is charged."""
-
-    TIMEOUT = "WorkunitTimeout"  # a workunit ran past workunit_timeout
-    LOAD_TIMEOUT = "LoadTimeout"  # the model did not load within load_timeout
-    RECYCLE = "Recycled"  # failures in a row: the worker may be broken (not charged)
-
-
-@dataclass
-class Slot:
-    info: WorkerInfo
-    state: State = State.LOADING
-    in_flight: deque = field(default_factory=deque)  # Workunits, in the order the worker runs them
-    messages: deque = field(default_factory=deque)  # per message in flight, the indexes of its
-    # workunits not answered yet (all of them, where a message is answered together: Ray)
-    head_since: float = 0.0  # when the first in-flight workunit started (as near as we know)
-    since: float = 0.0  # when the current worker was spawned
-    restarts: int = 0
-    cap: int | None = None  # most records per workunit, after an out-of-memory backoff
-    killed: Kill | None = None  # set when we killed the current worker, until its Died arrives
-    kill_message: str = ""
-    kill_unit: int | None = None  # the workunit a timeout kill was about
-    failures_in_a_row: int = 0
-    ready: Ready | None = None
-    unit_seconds: float | None = None  # its workunits' seconds (read, run and written, as its
-    # worker timed them): up at once, down as a moving average; the size of its messages
-    last_message: int = 0  # workunits in the last message it was sent
-    held: int = 0  # records a workunit of it holds in the driver's memory (0: its worker reads
-    # them itself), the largest of the last message's
-    optional: bool = False  # an added worker (growth): if it cannot start, the pool goes on
 
 
 @dataclass
