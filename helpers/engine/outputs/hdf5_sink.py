@@ -22,9 +22,10 @@ parts (helpers.engine.outputs.checkpoint): whatever kills the run, the output op
 rows written before, and ``resume=True`` carries on from there. ``durable=False`` appends to the
 file in place: a little faster, but a run killed mid-write may leave it unreadable.
 
-A sink holds the output's lock from its opening to its close, and opens only an output it may
-write (helpers.engine.outputs.ownership: not the input, resumed or overwritten only when asked,
-never a file gpufeed did not write, resumed only by the job that made it).
+A sink holds the output's lock from its opening to its close (the caller's, when it is given the
+output's Claim: run_pipeline's), and opens only an output it may write
+(helpers.engine.outputs.ownership: not the input, resumed or overwritten only when asked, never a
+file gpufeed did not write, resumed only by the job that made it).
 """
 from __future__ import annotations
 
