@@ -37,7 +37,7 @@ from helpers.engine.contract.fingerprint import InputChanged
 from helpers.engine.contract.settings import (AUTO, BACKENDS, FIT, MAX_UNITS_PER_MESSAGE,
                                               MESSAGE_SECONDS, RAY_UNITS_PER_MESSAGE, WRITES,
                                               JobSettings, PoolSettings, or_words)
-from helpers.engine.inputs.sources import ImageFolderSource, SourceError, open_source
+from helpers.engine.inputs.sources import ImageFolderSource, open_source
 from helpers.engine.outputs.hdf5_sink import check_parts, read_output
 from helpers.engine.outputs.ownership import Claim, OutputError, output_path, owning
 from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline

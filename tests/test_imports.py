@@ -2,6 +2,7 @@
 it; no circle among helpers' modules; a worker process loads the worker loop and its workload, not
 the parent's engine (h5py, pandas, the scheduler, the writer)."""
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ def module_name(path):
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def import_graph():
     """Module -> the helpers modules it imports anywhere in its text (lazy imports included)."""
     modules = {module_name(p): p for p in (ROOT / "helpers").rglob("*.py")}

@@ -1,8 +1,6 @@
 """Each finished run keeps its record in its output: stats, timeline, telemetry; a resumed run
 adds its own, merges, index rewrites and compaction carry them once each, and the output's
 readers ignore them."""
-import subprocess
-import sys
 
 import h5py
 import numpy as np

@@ -11,7 +11,7 @@ import pytest
 from helpers import read_output, run_pipeline
 from helpers.workloads import runtimes
 from helpers.workloads.embedding import EmbeddingWorkload
-from helpers.workloads.runtimes import QualityRefused, check_variant
+from helpers.workloads.runtimes import check_variant
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass

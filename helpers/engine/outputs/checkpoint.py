@@ -52,7 +52,7 @@ from helpers.engine.contract.id_ranges import IdRanges
 from helpers.engine.contract.protocol import TEXT, OutputSpec
 from helpers.engine.outputs import run_log
 from helpers.engine.outputs.atomic import (STR, WriteBack, fsync, hdf5_replacing, is_temporary,
-                                           set_attrs, temporary)
+                                           set_attrs)
 
 PART_ROWS = 65536  # rows that make a full part: parts this big are never merged again
 PART_BYTES = 64 << 20  # ... or this many bytes of rows, whichever comes first
