@@ -6,8 +6,8 @@ import math
 import pytest
 
 from helpers import SyntheticWorkload, read_output, run_pipeline
-from helpers.engine.measure.sizing import (FIRST_SIZE, FIXED_SHARE, GROWTH, MIN_SECONDS, TAIL_SHARE,
-                                           Sizing)
+from helpers.engine.measure.sizing import (FIRST_SIZE, FIXED_SAMPLES, FIXED_SHARE, GROWTH,
+                                           MIN_SECONDS, TAIL_SHARE, Sizing)
 
 pytestmark = pytest.mark.timeout(120)  # reached only on deadlock
 
@@ -49,6 +49,53 @@ def test_a_fixed_cost_above_the_set_seconds_does_not_shrink_workunits_to_one_rec
     assert sizing.size(0) == pytest.approx((fixed / FIXED_SHARE - fixed) / per_record, rel=0.02)
     # the tail cuts no workunit below the work of its fixed cost: 0.4 / 0.02 = 20 records
     assert sizing.size(0, remaining=5, slots=[0]) == pytest.approx(fixed / per_record, rel=0.05)
+
+
+def _card_with_a_wait(sizing: Sizing, fixed: float, per_record: float, wait: float) -> None:
+    """A worker growing its workunits on a card (as the first lent H200 measured): each takes
+    ``fixed`` plus ``per_record`` each, and the first of 800 records or more waits ``wait``
+    more (its pair's line then runs below zero)."""
+    waited = False
+    for _ in range(12):
+        n = sizing.size(0)
+        late = n >= 800 and not waited
+        waited |= late
+        sizing.observe(0, n, fixed + n * per_record + (wait if late else 0.0))
+    assert waited  # (the wait happened while the fixed cost was being measured)
+
+
+def test_a_wait_inside_one_workunit_does_not_erase_the_fixed_cost():
+    fixed, per_record = 0.07, 0.00025
+    sizing = Sizing(seconds=1.0)
+    _card_with_a_wait(sizing, fixed, per_record, wait=0.6)
+    assert sizing.fixed[0] == pytest.approx(fixed, rel=0.05)  # (the smallest estimate: 0)
+    assert sizing.size(0) == pytest.approx((1.0 - fixed) / per_record, rel=0.05)
+
+
+def test_the_tail_on_a_card_is_never_cut_below_the_work_of_its_fixed_cost():
+    fixed, per_record = 0.07, 0.00025
+    sizing = Sizing(seconds=1.0)
+    _card_with_a_wait(sizing, fixed, per_record, wait=0.6)
+    left, sizes = 2000, []
+    while left:
+        n = min(sizing.size(0, left, [0]), left)
+        sizing.observe(0, n, fixed + n * per_record)
+        sizes.append(n)
+        left -= n
+    assert min(sizes[:-1]) >= 0.9 * fixed / per_record  # 280 records: half of each is fixed cost
+    assert len(sizes) <= 5  # the card measured 320 workunits for such a tail
+
+
+def test_the_fixed_cost_is_the_median_of_its_latest_estimates():
+    sizing = Sizing(seconds=1.0)
+    for k in range(FIXED_SAMPLES + 4):  # 100 then 200 records, slower each time: each pair's
+        sizing.observe(0, 100, 0.1 + 0.01 * k)  # estimate is larger than the last
+        sizing.observe(0, 200, 0.2 + 0.01 * k)
+    latest = sizing._fixes[0]
+    assert len(latest) == FIXED_SAMPLES
+    assert sizing.fixed[0] == pytest.approx(sorted(latest)[FIXED_SAMPLES // 2])
+    sizing.forget(0)
+    assert 0 not in sizing.fixed and 0 not in sizing._fixes
 
 
 def test_the_tail_is_cut_by_speed_and_never_below_the_minimum():

@@ -10,7 +10,13 @@ grows at most GROWTH times per result, so a first, cold measurement cannot run a
 A fixed cost per workunit (a message each way, a launch, a sync: ``fixed``) makes a workunit of n
 records take ``fixed + n × per_record``. Two workunits of one worker whose sizes differ by
 PAIR_RATIO or more give both (a line through two points, kept below the shorter time; the fixed
-cost is the smallest such estimate, since waiting for a device that other workers share only adds);
+cost is the median of the last FIXED_SAMPLES such estimates: a wait inside one workunit of a pair
+moves its estimate either way, up when the smaller one waited, down to zero when the larger one
+did, and on a GPU such waits are common: the first lent H200 measured workunits of 819 and 1,398
+records at 0.8 and 1.3 s between ones of 470 at 0.16 s and 1,189 at 0.37 s. The smallest estimate,
+kept until then, fell to zero at the first such wait and never rose: the workunits of 2 records
+that each took the card's 0.08 s fixed cost then counted as slow records, and a job's tail of
+2,000 records took 320 workunits and 20 s of its 28);
 the target is then the size whose workunit takes ``workunit_seconds``, or ``fixed ÷ FIXED_SHARE``
 if that is longer: a fixed cost larger than the time asked for would otherwise shrink every
 target (each measured rate lower than the last) down to one record, the worst size there is.
@@ -33,6 +39,8 @@ workunits of the devices whose worker count it is deciding (``explore``).
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Iterable
 
 FIRST_SIZE = 16  # records in a worker's workunits until its rate is known
@@ -42,6 +50,7 @@ TAIL_SHARE = 0.5  # near the end: at most this share of a worker's fair part of 
 MIN_SECONDS = 0.05  # the tail's workunits take at least this long on their worker
 FIXED_SHARE = 0.2  # a workunit's fixed cost is at most this share of its time
 PAIR_RATIO = 1.5  # two workunits whose sizes differ this much measure the fixed cost
+FIXED_SAMPLES = 9  # the fixed cost: the median of this many of its latest estimates
 
 
 class Sizing:
@@ -54,6 +63,7 @@ class Sizing:
         self.fixed: dict[int, float] = {}  # worker slot -> seconds of fixed cost per workunit
         self._costs: dict[int, float] = {}  # worker slot -> seconds per record, fixed cost apart
         self._last: dict[int, tuple[int, float]] = {}  # worker slot -> its last (records, seconds)
+        self._fixes: dict[int, deque[float]] = {}  # worker slot -> its latest fixed-cost estimates
         self.capped: dict[int, float] = {}  # worker slot -> shorter seconds for it (while growing)
 
     def start_job(self, seconds: float) -> None:
@@ -87,11 +97,13 @@ class Sizing:
         if per_record <= 0:
             return  # noise larger than the difference: nothing learnt
         fixed = min(max(seconds - per_record * records, 0.0), 0.9 * min(seconds, last[1]))
-        self.fixed[slot] = min(fixed, self.fixed.get(slot, fixed))  # waits only add to it
+        estimates = self._fixes.setdefault(slot, deque(maxlen=FIXED_SAMPLES))
+        estimates.append(fixed)
+        self.fixed[slot] = statistics.median(estimates)  # (a wait moves one estimate, not it)
 
     def forget(self, slot: int) -> None:
         """The worker in ``slot`` is gone (retired): its rate no longer shares the tail."""
-        for known in (self.rates, self.targets, self.fixed, self._costs, self._last):
+        for known in (self.rates, self.targets, self.fixed, self._costs, self._last, self._fixes):
             known.pop(slot, None)
 
     def size(self, slot: int, remaining: int | None = None, slots: list[int] | None = None) -> int:
