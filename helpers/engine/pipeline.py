@@ -96,7 +96,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -139,6 +139,18 @@ SETTLED = 0.5  # growth measures a worker on workunits of at least this share of
 HOST = socket.gethostname()  # telemetry samples the workers on this machine
 FIT_HEADROOM = MEMORY_HEADROOM  # "fit": another copy only if free memory exceeds this ×
 # one copy
+
+
+@dataclass(frozen=True)
+class OpenJob:
+    """A job as ``WorkerPool.open_job`` opened it: its settings, its source opened, its writer,
+    the source's columns carried to the output, and the rows the input holds as the job starts
+    (None: not known)."""
+    settings: JobSettings
+    records: Any
+    sink: HDF5Sink
+    carried: dict[str, Any]
+    expected: int | None
 
 
 class WorkerPool:
@@ -282,18 +294,14 @@ class WorkerPool:
         ``changes``: JobSettings fields for this job (default: the pool's ``job``).
         """
         started = time.monotonic()
-        settings, records, attrs = self._job(source, changes)
-        settings = replace(settings, writes=who_writes(settings, self.settings.backend, records))
-        scheduler = self._scheduler
-        scheduler.new_job(self.settings.per_message(settings.auto_size),
-                          self.settings.growing_messages,
-                          self._sizing if settings.auto_size else None)
-        self._sizing.start_job(settings.workunit_seconds)
-        own = carried(records)
-        outputs = self._outputs(own)  # (a clash is refused before the pool is at risk)
-        expected = accounted(records, settings.limit)  # (as the input is when the job starts)
-        with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
-            job = _Job(scheduler, settings, sink, started, self._growth, own)
+        with self.open_job(source, output, changes) as opened:
+            settings, records, sink = opened.settings, opened.records, opened.sink
+            scheduler = self._scheduler
+            scheduler.new_job(self.settings.per_message(settings.auto_size),
+                              self.settings.growing_messages,
+                              self._sizing if settings.auto_size else None)
+            self._sizing.start_job(settings.workunit_seconds)
+            job = _Job(scheduler, settings, sink, started, self._growth, opened.carried)
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.resumed_after)
             size = self._sizing.largest() if settings.auto_size else settings.workunit_size
@@ -313,7 +321,7 @@ class WorkerPool:
             finally:
                 reader.stop()
             if not reader.cut:  # (a time-boxed job holds fewer rows by design)
-                check_accounted(records, expected, sink, settings.limit)
+                check_accounted(records, opened.expected, sink, settings.limit)
             job.stop_clock(reader.read_seconds, reader.blocked_seconds)
             sink.record = job.take_stats = job.once(functools.partial(self._stats, job, output))
         return _finished(job, sink)
@@ -328,20 +336,15 @@ class WorkerPool:
         slice is one workunit, and it is not sorted).
         """
         started = time.monotonic()
-        settings, records, attrs = self._job(source, changes)
-        if settings.writes == AUTO:
-            settings = replace(settings, writes="driver")
-        scheduler = self._scheduler
-        scheduler.new_job(per_message=1)  # a slice a worker, whole: one workunit each, not cut
-        # to the sizes an earlier workunit_size="auto" job left
-        own = carried(records)
-        outputs = self._outputs(own)
-        expected = accounted(records, settings.limit)
-        with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
-            job = _Job(scheduler, settings, sink, started, carried=own)
+        with self.open_job(source, output, changes, writes="driver") as opened:
+            settings, sink = opened.settings, opened.sink
+            scheduler = self._scheduler
+            scheduler.new_job(per_message=1)  # a slice a worker, whole: one workunit each, not
+            # cut to the sizes an earlier workunit_size="auto" job left
+            job = _Job(scheduler, settings, sink, started, carried=opened.carried)
             job.start_clock()
-            read = list(read_slices(records, sink.done, settings.limit, job.rejected.extend,
-                                    sink.done_positions, job.carried.add))
+            read = list(read_slices(opened.records, sink.done, settings.limit,
+                                    job.rejected.extend, sink.done_positions, job.carried.add))
             ids = np.concatenate([ids for ids, _ in read]) if read else np.empty(0, np.int64)
             items = [item for _, chunk in read for item in chunk]
             read_seconds = time.monotonic() - job.clock
@@ -350,12 +353,31 @@ class WorkerPool:
                 unit = Workunit(0, ids[start:end], items[start:end], pinned=info.index)
                 scheduler.pending.append(scheduler.number(unit))
             job.drive(_DEALT)
-            check_accounted(records, expected, sink, settings.limit)
+            check_accounted(opened.records, opened.expected, sink, settings.limit)
             job.stop_clock(read_seconds, 0.0)
             job.settings = replace(settings,
                                    workunit_size=max(1, int(np.diff(bounds).max(initial=0))))
             sink.record = job.take_stats = job.once(functools.partial(self._stats, job, output))
         return _finished(job, sink)
+
+    @contextmanager
+    def open_job(self, source: Any, output: str | os.PathLike | Claim, changes: dict[str, Any],
+                 writes: str | None = None) -> Iterator[OpenJob]:
+        """A job's settings (the pool's ``job`` with ``changes``; who writes decided: ``writes``
+        if given and the settings leave it to "auto", else ``who_writes``), its source opened and
+        its writer, once the output is this job's to write; the pool marked broken if the job
+        fails half-way. Refused before the pool is at risk: settings it does not know or fixes
+        at its start, a column both the source and the workload write, an output not this job's
+        (OutputError)."""
+        settings, records, attrs = self._job(source, changes)
+        chosen = writes if writes is not None and settings.writes == AUTO else \
+            who_writes(settings, self.settings.backend, records)
+        settings = replace(settings, writes=chosen)
+        own = carried(records)
+        outputs = self._outputs(own)
+        expected = accounted(records, settings.limit)  # (as the input is when the job starts)
+        with self._guard(), self._sink(output, settings, attrs, outputs) as sink:
+            yield OpenJob(settings, records, sink, own, expected)
 
     def _job(self, source: Any, changes: dict[str, Any]) -> tuple[JobSettings, Any, dict[str, Any]]:
         """A job's settings, its records, and the output file's attrs; starts the job's clocks."""
@@ -409,33 +431,12 @@ class WorkerPool:
                 **({"loaded": json.dumps(loaded, sort_keys=True)} if loaded else {})}
 
     def _stats(self, job: _Job, output: Any) -> PipelineStats:
-        if self._growth is not None:  # the workers the next job starts with
+        """The job's stats with the pool's part in them; after growth, the workers the next job
+        starts with."""
+        if self._growth is not None:
             self.workers = [s.info for s in self._scheduler.live]
             self.stable_workers = dict(Counter(info.device for info in self.workers))
-        workers = [job.worker_stats(slot) for slot in self._scheduler.slots.values()
-                   if slot.state is not State.RETIRED or slot.info.index in job.tallies]
-        stages = {"read": job.read_seconds, "reader_blocked": job.reader_blocked_seconds,
-                  "wait": sum(w.wait_seconds for w in workers),
-                  "compute": sum(w.busy_seconds for w in workers),
-                  "write": job.sink.write_seconds, "write_blocked": job.sink.blocked_seconds}
-        settings = {k: v for k, v in (asdict(self.settings) | asdict(job.settings)).items()
-                    if k not in ("devices", "workunit_size", "backend")}
-        dispatches, sink = self._scheduler.dispatches, job.sink
-        return PipelineStats(
-            records=sink.records_written, failed_records=sink.errors_written,
-            wall_seconds=job.wall, spinup_seconds=self.spinup_seconds, workers=tuple(workers),
-            stages=stages, devices=tuple(w.device for w in workers),
-            workunit_size=job.settings.workunit_size, backend=self.settings.backend,
-            output=str(output), config=settings, timeline=job.timeline.spans,
-            peak_rss_mb=_peak_rss(workers), recovery=self._recovery(),
-            resumed_after=sink.resumed_after, parent_rss_mb=peak_memory("cpu")[0],
-            first_dispatch_seconds=(dispatches.first - job.started)
-            if dispatches.first is not None else 0.0,
-            longest_dispatch_gap_seconds=dispatches.longest_gap,
-            longest_idle_seconds=job.longest_idle,
-            bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
-            decisions=job.decisions(), telemetry=job.telemetry.samples, phases=job.phases(),
-            counts=job.counts())
+        return job.stats(self.settings, self.spinup_seconds, self._recovery(), output)
 
     def _recovery(self) -> dict[str, Any]:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""
@@ -618,6 +619,37 @@ class _Job:
         for tally in self.tallies.values():
             add_phases(total, tally.counts)
         return total
+
+    def stats(self, pool: PoolSettings, spinup_seconds: float, recovery: dict[str, Any],
+              output: Any) -> PipelineStats:
+        """What this job did, as PipelineStats: its workers' totals, its stages, its timeline and
+        decisions; the pool gives its settings, its spin-up and what it recovered from since the
+        last job."""
+        slots = self.scheduler.slots.values()
+        workers = [self.worker_stats(slot) for slot in slots
+                   if slot.state is not State.RETIRED or slot.info.index in self.tallies]
+        stages = {"read": self.read_seconds, "reader_blocked": self.reader_blocked_seconds,
+                  "wait": sum(w.wait_seconds for w in workers),
+                  "compute": sum(w.busy_seconds for w in workers),
+                  "write": self.sink.write_seconds, "write_blocked": self.sink.blocked_seconds}
+        config = {k: v for k, v in (asdict(pool) | asdict(self.settings)).items()
+                  if k not in ("devices", "workunit_size", "backend")}
+        dispatches, sink = self.scheduler.dispatches, self.sink
+        return PipelineStats(
+            records=sink.records_written, failed_records=sink.errors_written,
+            wall_seconds=self.wall, spinup_seconds=spinup_seconds, workers=tuple(workers),
+            stages=stages, devices=tuple(w.device for w in workers),
+            workunit_size=self.settings.workunit_size, backend=pool.backend,
+            output=str(output), config=config, timeline=self.timeline.spans,
+            peak_rss_mb=_peak_rss(workers), recovery=recovery,
+            resumed_after=sink.resumed_after, parent_rss_mb=peak_memory("cpu")[0],
+            first_dispatch_seconds=(dispatches.first - self.started)
+            if dispatches.first is not None else 0.0,
+            longest_dispatch_gap_seconds=dispatches.longest_gap,
+            longest_idle_seconds=self.longest_idle,
+            bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
+            decisions=self.decisions(), telemetry=self.telemetry.samples, phases=self.phases(),
+            counts=self.counts())
 
     def worker_stats(self, slot: Slot) -> WorkerStats:
         tally, ready = self.tallies.get(slot.info.index, Tally()), slot.ready
