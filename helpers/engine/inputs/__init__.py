@@ -7,5 +7,6 @@
   CSV's rows are, unparsed);
 - ``jsonl`` and ``jsonl_rows``: JSON lines, the same way;
 - ``id_checks``: which records go to ``errors/`` before a run (duplicate, empty or bad ids);
-- ``carried``: a source's columns carried to the output.
+- ``carried``: a source's columns carried to the output;
+- ``open_files``: what a worker keeps open between workunits, one cache for every reader above.
 """

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.fingerprint import check_unchanged, checked_open
-from helpers.engine.contract.protocol import holds_inputs, null_texts
+from helpers.engine.contract.protocol import null_texts
 from helpers.engine.inputs.csv_scan import ROW_STEP, without
+from helpers.engine.inputs.open_files import OpenFiles
 from helpers.engine.inputs.table_files import column_texts, csv_parse, file_spanning, row_name
 
 FILES = 4  # CSV files a worker process keeps open
@@ -162,18 +162,13 @@ def _parsed(file: CSVFile, fmt: str, columns: list[str], data: bytes) -> Any:
                                       names=table.column_names)
 
 
-_OPEN: OrderedDict[tuple, tuple[Any, threading.Lock]] = OrderedDict()
-_OPEN_LOCK = threading.Lock()
+_OPEN: OpenFiles[tuple[Any, threading.Lock]] = OpenFiles(FILES, lambda held: held[0].close())
 
 
 def read_bytes(stat: tuple[str, int, int], start: int, stop: int) -> bytes:
     """Bytes ``start:stop`` of the file ``stat`` names, checked to be the driver's before and
     after (the FILES latest kept open in this process)."""
-    with _OPEN_LOCK:
-        opened = _OPEN.pop(stat, None) or (checked_open(stat), threading.Lock())
-        _OPEN[stat] = opened
-        while len(_OPEN) > FILES:
-            _OPEN.popitem(last=False)[1][0].close()
+    opened = _OPEN.get(stat, lambda: (checked_open(stat), threading.Lock()))
     file, lock = opened
     with lock:  # (thread workers share this process's file)
         file.seek(start)
@@ -189,9 +184,6 @@ def row_text(stat: tuple[str, int, int], start: int, stop: int) -> str:
     return text.removesuffix("\n").removesuffix("\r")
 
 
-@holds_inputs
 def close_all() -> None:
     """Close the CSV files this process holds open."""
-    with _OPEN_LOCK:
-        while _OPEN:
-            _OPEN.popitem()[1][0].close()
+    _OPEN.close_all()

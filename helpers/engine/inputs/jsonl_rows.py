@@ -16,7 +16,6 @@ write another file's lines).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.fingerprint import check_unchanged, checked_open, file_stats
-from helpers.engine.contract.protocol import holds_inputs
+from helpers.engine.inputs.open_files import OpenFiles
 
 LINE_STEP = 256  # a line start kept every LINE_STEP lines
 FILES = 2  # JSON-lines files a worker process keeps open
@@ -153,27 +152,18 @@ class _Opened:
         return self.source.numbered(start, block)
 
 
-_OPEN: OrderedDict[tuple, _Opened] = OrderedDict()
-_OPEN_LOCK = threading.Lock()
+_OPEN: OpenFiles[_Opened] = OpenFiles(FILES, lambda opened: opened.file.close())
 
 
 def _opened(*key: Any) -> _Opened:
     """The file as this process reads it (``_Opened``'s arguments), the FILES latest kept
     open."""
-    with _OPEN_LOCK:
-        opened = _OPEN.pop(key, None) or _Opened(*key)
-        _OPEN[key] = opened
-        while len(_OPEN) > FILES:
-            _OPEN.popitem(last=False)[1].file.close()
-        return opened
+    return _OPEN.get(key, lambda: _Opened(*key))
 
 
-@holds_inputs
 def close_all() -> None:
     """Close the JSON-lines files this process holds open."""
-    with _OPEN_LOCK:
-        while _OPEN:
-            _OPEN.popitem()[1].file.close()
+    _OPEN.close_all()
 
 
 def file_stat(path: str) -> tuple[str, int, int]:

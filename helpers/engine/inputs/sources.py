@@ -25,7 +25,6 @@ must read the same one.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import os
@@ -40,9 +39,10 @@ import numpy as np
 from helpers.engine.contract.fingerprint import InputChanged, file_identity, listing_identity
 from helpers.engine.contract.id_ranges import IdRanges, SeenIds
 from helpers.engine.contract.protocol import (BadRecord, OutputSpec, Rows, Source, SourceError,
-                                              decoded, holds_inputs, positions)
+                                              decoded, positions)
 from helpers.engine.inputs.id_checks import checked_ids, screen
 from helpers.engine.inputs.jsonl import JSONLFiles, JSONLSource, jsonl_files
+from helpers.engine.inputs.open_files import OpenFiles
 from helpers.engine.inputs.table_files import FORMATS
 from helpers.engine.inputs.tables import TableSource
 
@@ -168,22 +168,27 @@ def _same(path: str, identity: tuple) -> None:
                            f"of two")
 
 
-@holds_inputs
+_OPEN: OpenFiles[tuple[Any, list[str], np.ndarray]] = OpenFiles(4, lambda held: None)  # (an
+# h5py file closes with its last reference: a thread still reading an evicted one keeps it)
+
+
 def close_opened() -> None:
     """Close the HDF5 inputs this process holds open."""
-    _opened.cache_clear()  # (an h5py file closes with its last reference)
+    _OPEN.close_all()
 
 
-@functools.lru_cache(maxsize=4)
 def _opened(path: str, group: str, identity: tuple) -> tuple[Any, list[str], np.ndarray]:
     """An input opened for reading by position, if it is still the driver's ``identity``."""
-    import h5py
+    def opened() -> tuple[Any, list[str], np.ndarray]:
+        import h5py
 
-    _same(path, identity)
-    f = h5py.File(path, "r")
-    names, _ = _batch_layout(f, group, Path(path))
-    offsets = np.cumsum([0] + [len(f[group][n]) for n in names])
-    return f, names, offsets
+        _same(path, identity)
+        f = h5py.File(path, "r")
+        names, _ = _batch_layout(f, group, Path(path))
+        offsets = np.cumsum([0] + [len(f[group][n]) for n in names])
+        return f, names, offsets
+
+    return _OPEN.get((path, group, identity), opened)
 
 
 def _batch_layout(f: Any, group: str, path: Path) -> tuple[list[str], int]:

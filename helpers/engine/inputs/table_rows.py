@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import mmap
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ import numpy as np
 
 from helpers.engine.contract.fingerprint import (InputChanged, check_unchanged, checked_open,
                                                  file_stats)
-from helpers.engine.contract.protocol import holds_inputs, null_texts
+from helpers.engine.contract.protocol import null_texts
+from helpers.engine.inputs.open_files import OpenFiles
 from helpers.engine.inputs.table_files import (column_texts, layout, open_arrow, row_name,
                                                table_files)
 
@@ -97,8 +97,10 @@ class _Table:
         self.format, self._stats = fmt, stats
         self.pieces: list[tuple[int, int]] = []  # (file, row group or record batch)
         counts: list[int] = []
-        self._maps: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # Arrow: (file, reader)
-        self._cursors: OrderedDict[tuple[int, str], _Cursor] = OrderedDict()
+        self._maps: OpenFiles[tuple[Any, Any]] = OpenFiles(  # Arrow: (file, reader); its map
+            OPEN_FILES, lambda held: held[0].close(), with_inputs=False)  # goes with its reader
+        self._cursors: OpenFiles[_Cursor] = OpenFiles(CURSORS, lambda cursor: cursor.close(),
+                                                      with_inputs=False)
         self._lock = threading.Lock()
         for n, file in enumerate(self.files):
             sizes = [rows for _, rows, _ in layout(file, fmt)[1]]  # (the driver's look, again)
@@ -125,16 +127,15 @@ class _Table:
         import pyarrow as pa
 
         n, index = self.pieces[piece]
-        held = self._maps.pop(n, None)
-        if held is None:
+
+        def mapped() -> tuple[Any, Any]:
             file = checked_open(self._stats[n])
-            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-            held = file, pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
+            view = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            return file, pa.ipc.open_file(pa.BufferReader(pa.py_buffer(view)))
+
+        held = self._maps.get(n, mapped)
         check_unchanged(held[0], self._stats[n])  # (a file cut short since: its map must not
         # be read)
-        self._maps[n] = held  # the most recent last
-        while len(self._maps) > OPEN_FILES:
-            self._maps.popitem(last=False)[1][0].close()  # (its map goes with its reader)
         return held[1].get_batch(index).column(column).slice(start, stop - start)
 
     def check(self, piece: int) -> None:
@@ -142,29 +143,20 @@ class _Table:
         driver's (a Parquet cursor checks each batch it decodes itself)."""
         n = self.pieces[piece][0]
         with self._lock:
-            held = self._maps.get(n)
+            held = self._maps.peek(n)
             if held is not None:
                 check_unchanged(held[0], self._stats[n])
 
     def _parquet(self, piece: int, column: str, start: int, stop: int) -> Any:
         n, index = self.pieces[piece]
-        key = (piece, column)
-        cursor = self._cursors.pop(key, None)
-        if cursor is None or start < cursor.start:
-            cursor = _Cursor(self._stats[n], index, column)
-        self._cursors[key] = cursor  # the most recent last
-        while len(self._cursors) > CURSORS:
-            self._cursors.popitem(last=False)[1].close()
+        cursor = self._cursors.get((piece, column), lambda: _Cursor(self._stats[n], index, column),
+                                   usable=lambda cursor: start >= cursor.start)  # (forward only)
         return cursor.take(start, stop)
 
     def close(self) -> None:
-        with self._lock:  # (a file read again later is opened again)
-            for file, _ in self._maps.values():
-                file.close()
-            for cursor in self._cursors.values():
-                cursor.close()
-            self._maps.clear()
-            self._cursors.clear()
+        """Close its maps and cursors (a file read again later is opened again)."""
+        self._maps.close_all()
+        self._cursors.close_all()
 
 
 class _Cursor:
@@ -201,32 +193,23 @@ class _Cursor:
         self._raw.close()
 
 
-_OPEN: OrderedDict[tuple[str, str, str], _Table] = OrderedDict()
-_OPEN_LOCK = threading.Lock()
+_OPEN: OpenFiles[_Table] = OpenFiles(TABLES, lambda table: table.close())
 
 
 def _opened(path: str, fmt: str, identity: str) -> _Table:
     """The table at ``path`` as this process reads it, once its files are the driver's (checked
     before any footer is read); the TABLES latest kept open."""
-    key = (path, fmt, identity)
-    with _OPEN_LOCK:
-        table = _OPEN.pop(key, None)
-        if table is None:
-            stats = file_stats(table_files(path)[0])
-            if _digest(stats) != identity:
-                raise InputChanged(f"{path}: the files differ from those the driver found "
-                                   f"(another copy, or changed since the run started): every "
-                                   f"worker must read the same input")
-            table = _Table(stats, fmt)
-        _OPEN[key] = table
-        while len(_OPEN) > TABLES:
-            _OPEN.popitem(last=False)[1].close()
-        return table
+    def table() -> _Table:
+        stats = file_stats(table_files(path)[0])
+        if _digest(stats) != identity:
+            raise InputChanged(f"{path}: the files differ from those the driver found "
+                               f"(another copy, or changed since the run started): every "
+                               f"worker must read the same input")
+        return _Table(stats, fmt)
+
+    return _OPEN.get((path, fmt, identity), table)
 
 
-@holds_inputs
 def close_all() -> None:
     """Close every table this process holds open."""
-    with _OPEN_LOCK:
-        while _OPEN:
-            _OPEN.popitem()[1].close()
+    _OPEN.close_all()
