@@ -1,7 +1,7 @@
 """``python -m helpers``: see helpers.cli.
 
 A worker process of a CLI run imports this module again (as ``__mp_main__``): the CLI, and with it
-the whole parent side, is imported only when this runs as the program."""
+the whole driver side, is imported only when this runs as the program."""
 import sys
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     big = commands.add_parser("scale", help=scale.__doc__.splitlines()[0])
     big.add_argument("--records", type=int, default=scale.CORPUS)
     big.add_argument("--baseline-records", type=int, default=100_000,
-                     help="the run whose parent RSS the full run is compared with (0: none)")
+                     help="the run whose driver RSS the full run is compared with (0: none)")
     big.add_argument("--kill-at", type=float, default=0.9,
                      help="SIGKILL a second run at this fraction, then resume it (0: no kill)")
     big.add_argument("--folder", help="where outputs are written (default: the temp folder)")
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("--read-records", type=int, default=2_000_000, help="rows per format read")
     data.add_argument("--records", type=int, default=2_000_000, help="rows of the end-to-end run")
     data.add_argument("--baseline-records", type=int, default=100_000,
-                      help="the run whose parent RSS the end-to-end run is compared with (0: none)")
+                      help="the run whose driver RSS the end-to-end run is compared with (0: none)")
     data.add_argument("--repeats", type=int, default=3)
     data.add_argument("--folder", help="where the corpora are written (default: the temp folder)")
     data.add_argument("--results-dir", default="data/results/cpu",

@@ -4,8 +4,8 @@ A model that costs nothing (``SyntheticWorkload(0, values="zeros")``) leaves onl
 reader -> workers -> writer, with durable (crash-safe) writes. Each run is a fresh process, so its
 peak RSS is its own and the kill is a real SIGKILL of the whole run (workers included):
 
-- ``baseline``: ``baseline_records`` records: the parent's peak RSS to compare with;
-- ``full``: every record: records/s, the parent's peak RSS, bytes written and write amplification,
+- ``baseline``: ``baseline_records`` records: the driver's peak RSS to compare with;
+- ``full``: every record: records/s, the driver's peak RSS, bytes written and write amplification,
   the longest a worker waited between two of its workunits (the worst stall, against its goal),
   and the longest time no workunit was dispatched (in the table: messages of several workunits
   go out further apart while their workers are busy);
@@ -14,7 +14,7 @@ peak RSS is its own and the kill is a real SIGKILL of the whole run (workers inc
   whether the final output holds every id exactly once.
 
 ``backend="ray"`` runs the same through Ray actors on a local Ray that each run starts (its start is
-in the spin-up, not in the rate), or on the cluster at $RAY_ADDRESS. Beside the parent's peak RSS:
+in the spin-up, not in the rate), or on the cluster at $RAY_ADDRESS. Beside the driver's peak RSS:
 its peak private memory while its pool is up (``parent_uss_mb``: RSS counts the pages of Ray's
 object store the driver has read results from, shared memory that Ray owns and bounds), and every
 run's whole process tree sampled five times a second (``tree_rss_mb``: the driver, its workers or

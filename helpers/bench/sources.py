@@ -9,7 +9,7 @@ Parquet in row groups of ROW_GROUP rows. Then:
   times, medians;
 - ``end_to_end``: ``python -m helpers run``'s pipeline over the Parquet file with the zero-cost
   synthetic model (8-d rows), process workers, each run a fresh process, with the keys kept and
-  without (ids the row numbers): rows/s, and the parent's peak RSS for ``records`` rows against
+  without (ids the row numbers): rows/s, and the driver's peak RSS for ``records`` rows against
   ``baseline_records`` rows. Flat memory means a growth below GOALS' bound; with keys, the check
   that no key comes twice holds 8 bytes a key on top (KEY_BYTES: 160 MB for 20 M keys), and the
   growth less that is compared with the bound too.

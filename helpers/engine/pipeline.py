@@ -11,13 +11,13 @@ Data flow::
                                                    └──► HDF5Sink buffer ──► write-ahead ──► writer thread
                                                         (main thread)       (bounded)       (parts, index)
 
-Reader (helpers.engine.dispatch.reader): a thread of the parent process. It pulls ``(ids, records)``
+Reader (helpers.engine.dispatch.reader): a thread of the driver process. It pulls ``(ids, records)``
 slices lazily from the source (helpers.engine.inputs.sources.read_slices), cuts them into workunits
 and puts them on its bounded work queue, so memory stays flat whatever the input size; it wakes the
 scheduler after each one. Records it cannot use (not JSON, an unusable or duplicate id) go straight
 to the writer's ``errors/``, never to a worker.
 
-Scheduler (helpers.engine.dispatch.scheduler): the parent's main thread. It keeps every ready worker
+Scheduler (helpers.engine.dispatch.scheduler): the driver's main thread. It keeps every ready worker
 supplied with up to two workunits (one running, one waiting), retried ones first; it is the only
 owner of a workunit between the reader and the writer, so each is written once. It replaces workers
 that die or hang and retries, splits or gives up on workunits that fail, until only the bad records
@@ -55,7 +55,7 @@ way and a rename. A part whose workunit was taken back is removed, never committ
 committed is swept (helpers.engine.outputs.checkpoint). A source without ``rows`` is read by the
 driver as above and only the rows are written by the workers.
 
-At any scale the parent holds nothing per record once it is written: a worker's figures are
+At any scale the driver holds nothing per record once it is written: a worker's figures are
 running totals, the timeline is bounded (helpers.engine.measure.stats), and a resumed run's done ids
 are ranges.
 
@@ -267,7 +267,7 @@ class WorkerPool:
 
     @property
     def pids(self) -> dict[int, int]:
-        """The process id of each worker, by slot (the parent's for threads)."""
+        """The process id of each worker, by slot (the driver's for threads)."""
         return {i: s.ready.pid for i, s in self._scheduler.slots.items() if s.ready}
 
     @property
@@ -783,7 +783,7 @@ def _finished(job: "_Job", sink: HDF5Sink) -> PipelineStats:
 
 
 def _peak_rss(workers: list[WorkerStats]) -> float:
-    """The parent's peak plus each worker process's (threads live in the parent)."""
-    parent = os.getpid()
-    by_pid = {w.pid: w.peak_rss_mb for w in workers if w.pid != parent}
+    """The driver's peak plus each worker process's (threads live in the driver)."""
+    driver = os.getpid()
+    by_pid = {w.pid: w.peak_rss_mb for w in workers if w.pid != driver}
     return peak_memory("cpu")[0] + sum(by_pid.values())

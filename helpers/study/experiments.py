@@ -171,8 +171,8 @@ def backends_memory(workload_name: str, device: str, worker_counts: Sequence[int
                     workunit_size: int = 10, **options: Any) -> pd.DataFrame:
     """Notebook 4: throughput and peak memory for each backend and worker count.
 
-    Each run is a fresh ``python -m helpers run`` process, so its peak RSS is its own: the parent's
-    high-water mark plus each worker process's (threads live in the parent). Workunits of
+    Each run is a fresh ``python -m helpers run`` process, so its peak RSS is its own: the driver's
+    high-water mark plus each worker process's (threads live in the driver). Workunits of
     ``workunit_size`` records or fewer (``fair_workunit_size``). ``options``: model, batch_size,
     seconds_per_record (see ``run_isolated``).
     """

@@ -1,12 +1,12 @@
-"""What travels between the parent and its workers, in both directions.
+"""What travels between the driver and its workers, in both directions.
 
 Parent to worker: ``Workunit`` s (ids and records), one or several a message
-(``units_per_message``), then END_OF_WORK when the pool closes. Worker to parent: ``Ready`` once
+(``units_per_message``), then END_OF_WORK when the pool closes. Worker to driver: ``Ready`` once
 its model is loaded, then a ``Result`` or ``Failed`` per workunit, in the order it ran them (a Ray
 actor answers a message's workunits together, when its call returns).
 A workunit with a ``target`` (``writes="workers"``) is written by its worker as a part file of
 the output, with the source's ``carried`` columns; its Result then names the part instead of
-holding the rows, and the parent commits it (helpers.engine.outputs.checkpoint).
+holding the rows, and the driver commits it (helpers.engine.outputs.checkpoint).
 Ids that run one by one (a source read by position: most workunits, and their Results) travel
 as their first id and count, 16 bytes instead of 8 a record (``_PackedIds``; the positions a
 worker reads, protocol.Rows, too): a Ray call of four workunits of 4,096 records then fits in
@@ -89,7 +89,7 @@ class Workunit(_PackedIds):
     index: int
     ids: np.ndarray  # int64, one per record
     records: list
-    attempts: int = 0  # times this workunit has failed already (parent side)
+    attempts: int = 0  # times this workunit has failed already (driver side)
     pinned: int | None = None  # only this worker may take it: a static split's slice
     target: Any = None  # a PartTarget: the worker writes the rows (set as it is sent)
     carried: dict[str, np.ndarray] | None = None  # the source's columns for them, row-aligned
@@ -116,7 +116,7 @@ class Ready:
     free_mb: float | None = None  # memory left on the device once this model copy is loaded
     model_mb: float | None = None  # what this copy takes on the device
     host: str = ""  # the machine the worker runs on (socket.gethostname())
-    node: str = ""  # its Ray node ("" off Ray: the parent's machine)
+    node: str = ""  # its Ray node ("" off Ray: the driver's machine)
     report: dict[str, Any] = field(default_factory=dict)  # workload.report(model): how it runs
     overlaps: bool = False  # it starts its next workunit before it answers the last
     # (helpers.engine.workers.worker.serve): a death while it holds two may be either's

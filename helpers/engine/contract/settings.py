@@ -50,7 +50,7 @@ MAX_UNITS_PER_MESSAGE = 16  # (32 saved nothing more on either backend)
 MESSAGE_RECORDS = 4096  # and no more records a message than this (or than per_message
 # workunits) where the driver holds them: texts it read itself, queued and in flight, whose rows
 # come back through it anyway (~11 ms of its CPU per 4,096-row workunit, against ~0.1 for a
-# message); twelve a message of 4,096 texts kept ~320 MiB more of the parent over 1 M texts, four
+# message); twelve a message of 4,096 texts kept ~320 MiB more of the driver over 1 M texts, four
 # ~70 MiB. Not where each worker reads its own (the positions of a range are all it holds)
 WORKUNIT_SECONDS = 1.0  # workunit_size="auto": a workunit takes about this long on its device;
 # long enough that a workunit's fixed costs (messages, a kernel launch) are ~1 % of it, short
@@ -173,8 +173,8 @@ class JobSettings:
     stop_at: float | None = None  # a time.monotonic() after which no workunit is dispatched:
     # the job ends with those in flight, its output holding fewer rows (a time-boxed trial: the
     # tuner's; no output of it is ever resumed)
-    writes: str = AUTO  # who writes the rows: the parent's writer thread ("driver"), or each
-    # worker its workunits' own part files, the parent only committing them ("workers"; durable);
+    writes: str = AUTO  # who writes the rows: the driver's writer thread ("driver"), or each
+    # worker its workunits' own part files, the driver only committing them ("workers"; durable);
     # "auto": workers on Ray when they can read the source too (``rows``), else the driver
 
     def __post_init__(self) -> None:

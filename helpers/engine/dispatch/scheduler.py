@@ -1,6 +1,6 @@
 """Which workunit goes to which worker, and what happens when a worker or a workunit fails.
 
-The scheduler lives in the parent's main thread and owns every workunit from the moment it leaves
+The scheduler lives in the driver's main thread and owns every workunit from the moment it leaves
 the reader until its result is written: a workunit is in exactly one place at a time (waiting in
 ``pending``, or in flight on one worker), and a result counts only if its workunit is in flight on
 the worker that sent it, so nothing is written twice and nothing is dropped.

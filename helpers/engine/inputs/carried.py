@@ -1,7 +1,7 @@
 """A source's own columns on their way to the output (Source protocol: ``carried``).
 
 The reader meets a record's key (a string id column, say) long before its workunit comes back
-from a worker, and the worker never needs it: the key waits here, by id, in the parent, and joins
+from a worker, and the worker never needs it: the key waits here, by id, in the driver, and joins
 its row when the row is written (or leaves with the record when it fails). Only the records in
 flight are held: memory is bounded by the queue, not the input.
 """

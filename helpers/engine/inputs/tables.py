@@ -12,7 +12,7 @@ by their row across the files in sorted order, and the id column decides what a 
 - any other (strings, say ``doc-000123``): the row number, and the column is carried to the output
   as ``keys``, row-aligned with ``ids``, so the user can join the results back. A null key, one
   with a NUL character (HDF5 cannot hold it) or one seen earlier in the input goes to
-  ``errors/``. Repeats are found by a 64-bit hash of each key, 8 bytes a key in the parent (160
+  ``errors/``. Repeats are found by a 64-bit hash of each key, 8 bytes a key in the driver (160
   MB for 20 M keys): a collision, about one in 10^5 for 20 M keys, would file a good record as a
   repeat.
 

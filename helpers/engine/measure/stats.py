@@ -22,7 +22,7 @@ class WorkerStats:
     workunits: int
     busy_seconds: float  # inside workload.process (and record checks)
     wait_seconds: float  # the rest of the job's wall time: starved, messaging, or idle at the end
-    peak_rss_mb: float = 0.0  # the worker's process (threads share their parent's)
+    peak_rss_mb: float = 0.0  # the worker's process (threads share the driver's)
     peak_gpu_mb: float | None = None  # torch's peak allocation on its CUDA device
     restarts: int = 0  # replacements started in this slot since the pool started
     cpu_seconds: float | None = None  # its process's CPU answering workunits (None: threads)
@@ -164,7 +164,7 @@ class PipelineStats:
     output: str
     config: dict[str, Any] = field(default_factory=dict)
     timeline: tuple[WorkunitSpan, ...] = ()  # per workunit (merged past TIMELINE_SPANS)
-    peak_rss_mb: float = 0.0  # the parent's high-water mark plus each worker process's
+    peak_rss_mb: float = 0.0  # the driver's high-water mark plus each worker process's
     recovery: dict[str, Any] = field(default_factory=dict)  # deaths, timeouts, retries, splits...
     resumed_after: int = 0  # records an earlier run handled (written, failed, rejected): skipped
     parent_rss_mb: float = 0.0  # the parent process's own high-water mark

@@ -4,7 +4,7 @@ On an NVIDIA GPU the sample is the card's own: NVML's utilisation (the share of 
 period in which a kernel ran) and the memory in use, through ``nvidia-ml-py``; a device NVML does
 not know (a CPU, a simulated card, a machine without the driver) is sampled per worker process
 through psutil: its CPU use (100 % = one core busy) and resident memory. Threads share their
-parent's process, so a thread backend's samples are the parent's, once per device.
+driver's process, so a thread backend's samples are the driver's, once per device.
 
 Memory stays flat over a day-long job: at most MAX_SAMPLES are kept; past that every second one
 is dropped and the period doubles, so the whole job stays in view at a coarser grain.
@@ -121,7 +121,7 @@ COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclu
 
 def compute_mode(device: str) -> str | None:
     """A CUDA device's compute mode by NVML ("default": any number of processes may use it;
-    "exclusive_process": one, so a pool's workers cannot share it with their parent), or None
+    "exclusive_process": one, so a pool's workers cannot share it with their driver), or None
     where NVML cannot tell."""
     nvml = _Nvml()
     try:

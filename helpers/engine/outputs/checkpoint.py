@@ -128,7 +128,7 @@ class PartTarget:
 
 @dataclass(frozen=True)
 class WorkerPart:
-    """A part a worker wrote, whole on disk and not yet in the output: the parent commits it
+    """A part a worker wrote, whole on disk and not yet in the output: the driver commits it
     (``Parts.commit``) if its workunit is still the worker's, else removes it."""
 
     path: str

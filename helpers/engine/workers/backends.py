@@ -1,7 +1,7 @@
 """Where workers run: processes (one model each; ``process_context``) or threads (one model per
 device).
 
-Every worker has its own channels: an inbox only the parent writes and an outbox only that worker
+Every worker has its own channels: an inbox only the driver writes and an outbox only that worker
 writes. Nothing is shared between workers, so a worker killed at any instant (SIGKILL, a segfault,
 ``os._exit``) can leave a half-written message or a held lock only in its own pipes, which die with
 it; a queue shared by every worker would stay locked or corrupt for the survivors.
@@ -213,7 +213,7 @@ class ProcessBackend:
 
 
 class _Process:
-    """One worker process with its two pipes and the parent's two threads that serve them."""
+    """One worker process with its two pipes and the driver's two threads that serve them."""
 
     def __init__(self, ctx: Any, info: WorkerInfo, workload: Any, events: queue.Queue) -> None:
         self.info, self._events = info, events

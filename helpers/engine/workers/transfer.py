@@ -1,17 +1,17 @@
 """Messages over a worker's pipe: a small pickle, then each large array as raw bytes.
 
 A Result of 4,096 rows of 384-d float32 is 6 MB. Sent as one ordinary pickle it is copied three
-times in the parent (64 KB reads into a growing buffer, the buffer into the unpickled array, and
+times in the driver (64 KB reads into a growing buffer, the buffer into the unpickled array, and
 again at the writer), each under the GIL. Here instead::
 
     worker:  pickle protocol 5 with a buffer_callback                  arrays stay out of band
              conn.send_bytes(sizes + pickle)                           one small framed message
              os.write(fd, array memory) for each buffer                no copy on this side
-    parent:  conn.recv_bytes() -> sizes, pickle
+    driver:  conn.recv_bytes() -> sizes, pickle
              os.readv(fd, [np.empty(size)]) for each buffer            one copy: kernel to array
              pickle.loads(pickle, buffers=...)                         arrays built on those bytes
 
-Only the worker writes its outbox and only one parent thread reads it
+Only the worker writes its outbox and only one driver thread reads it
 (helpers.engine.workers.backends), so the raw bytes always follow their header. A worker killed
 mid-message leaves a short read: EOFError, which the listener takes for the worker's death. Messages
 are pickled in memory between our own processes, as the Connection did before; this module never

@@ -109,7 +109,7 @@ def start_workunit(workload: Any, model: Any, specs: dict[str, OutputSpec], unit
         split, count = getattr(workload, "phases", None), getattr(workload, "counts", None)
         phases = split(model) if split is not None else None
         counts = count(model) if count is not None else None
-        if unit.target is not None:  # the rows go to a part file, not back to the parent
+        if unit.target is not None:  # the rows go to a part file, not back to the driver
             carried = {name: values[keep] for name, values in (unit.carried or {}).items()}
             part, arrays = _write_part(unit, worker, ids, {**arrays, **carried}), {}
         return Result(worker, unit.index, ids, arrays, rejected, started, time.monotonic(),
@@ -200,7 +200,7 @@ def begin(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSp
     cpu, wall = time.process_time(), time.monotonic()
     try:
         finish = start_workunit(workload, model, specs, unit, info.index)
-    except Exception as exc:  # the workunit's fault or the model's: the parent decides
+    except Exception as exc:  # the workunit's fault or the model's: the driver decides
         message = _failure(info, unit, exc)
         del exc  # its traceback pins the failed batch's tensors
         return lambda: message
@@ -354,7 +354,7 @@ def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any,
     ``inbox``/``outbox``: this worker's own ends of two pipes (multiprocessing Connections);
     ``kernel_signal``: see ``watch_parent``; ``environ``: the parent's environment.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle: it stops us
     if environ is not None:  # the parent's, as a spawned process inherits it (a forked one has
         os.environ.clear()  # the fork server's, from when the server started)
         os.environ.update(environ)
@@ -370,7 +370,7 @@ def process_main(info: WorkerInfo, workload: Any, inbox: Any, outbox: Any,
                 return None
         try:
             return inbox.recv()
-        except (EOFError, OSError):  # the parent closed our inbox: the pool is gone
+        except (EOFError, OSError):  # the driver closed our inbox: the pool is gone
             return None
 
     def send(message: Any) -> bool:
@@ -395,7 +395,7 @@ def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", inbox: 
                 post: Callable[[Any], None], abandoned: threading.Event) -> None:
     """Entry point of a worker thread: shares one model per device with its sibling threads.
 
-    ``inbox``: a queue.Queue; ``post``: hands a message to the parent; ``abandoned``: set when
+    ``inbox``: a queue.Queue; ``post``: hands a message to the driver; ``abandoned``: set when
     the pool has given up on this thread (it hung), so that nothing it says later counts.
     """
     import queue
