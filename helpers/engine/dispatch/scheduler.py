@@ -67,6 +67,7 @@ from helpers.engine.contract.messages import (POLL_SECONDS, UNREADABLE, UNWRITAB
 from helpers.engine.contract.protocol import OptionRefused, Rows
 from helpers.engine.contract.settings import (MAX_UNITS_PER_MESSAGE, MESSAGE_RECORDS,
                                               MESSAGE_SECONDS, PoolSettings)
+from helpers.engine.dispatch.recovery import Decision, after_death, cut, retry_or_split
 from helpers.engine.dispatch.slots import Kill, Slot, State
 from helpers.engine.measure.sizing import Sizing
 from helpers.engine.workers.backends import IMPORTED_MAIN, IMPORTED_MAIN_EXIT, Backend, Wakeup
@@ -375,7 +376,7 @@ class Scheduler:
             while len(unit) < size and (more := self._fresh_pending() or feed.take()) is not None:
                 unit = _joined(unit, more)
         if size is not None and len(unit) > size:  # auto size, or an out-of-memory cap
-            first, rest = _cut(unit, size)
+            first, rest = cut(unit, size)
             self.pending.appendleft(self.number(rest))
             unit = self.number(first)
         return unit
@@ -501,8 +502,9 @@ class Scheduler:
                 self.recovery.recycles += 1
                 self._kill(slot, Kill.RECYCLE)  # (a unit queued behind may fail before it lands)
             return []
-        return self._retry_or_split(slot, unit, message.error_type, message.message,
-                                    message.out_of_memory)
+        return self._apply(slot, retry_or_split(str(slot.info), unit, message.error_type,
+                                                message.message, message.out_of_memory,
+                                                self.settings.retries, slot.cap), failed=True)
 
     def _on_died(self, slot: Slot, message: Died) -> list[tuple]:
         if slot.state is State.RETIRED:
@@ -525,28 +527,22 @@ class Scheduler:
             unknown = len(units) > 1 and self.backend.answers_together or overlapping
         slot.in_flight.clear()
         slot.messages.clear()
-        given_up: list[tuple] = []
-        if why is Kill.RECYCLE or message.lost or (units and culprit not in (None, units[0].index)):
-            # we stopped it, its machine went away, or the workunit that timed out finished
-            # before the kill landed: the workunits it still held did nothing wrong
-            self.pending.extendleft(reversed([replace(u, pinned=None) for u in units]))
-        elif unknown:  # any of them may have done it (of an overlapping worker's, the two it
-            # had started): each goes alone, the others as they were
-            suspects = len(units) if self.backend.answers_together else 2
-            log.warning("%s holding %d workunits (%s first), any of %d of which may have done "
-                        "it; each is sent again alone, charged nothing", error[1], len(units),
-                        units[0].describe(), min(suspects, len(units)))
-            self.pending.extendleft(reversed(
-                [replace(u, pinned=None, alone=n < suspects) for n, u in enumerate(units)]))
-        elif units:
-            waiting = [replace(u, pinned=None) for u in units[1:]]  # never started: no attempt
-            self.pending.extendleft(reversed(waiting))
-            log.warning("%s during %s", error[1], units[0].describe())
-            given_up = self._retry_or_split(slot, units[0], *error, out_of_memory=False)
-        else:
+        # not theirs: we stopped it, its machine went away, or the workunit that timed out
+        # finished before the kill landed; suspects, where unknown: of an overlapping worker's,
+        # the two it had started
+        not_theirs = why is Kill.RECYCLE or message.lost or \
+            bool(units and culprit not in (None, units[0].index))
+        suspects = len(units) if self.backend.answers_together else 2
+        decision = after_death(error[1], units, not_theirs, unknown, suspects)
+        given_up = self._apply(slot, decision)
+        if not units and not not_theirs:
             log.warning("%s died (%s) %s", slot.info, message.how(),
                         "while loading its model" if slot.state is State.LOADING
                         else "between workunits")
+        if decision.charge is not None:
+            given_up += self._apply(slot, retry_or_split(
+                str(slot.info), decision.charge, *error, out_of_memory=False,
+                retries=self.settings.retries, cap=slot.cap), failed=True)
         self._replace(slot, message.how())
         return given_up
 
@@ -580,36 +576,23 @@ class Scheduler:
         if not self.live:
             raise remote_error(message)
 
-    def _retry_or_split(self, slot: Slot, unit: Workunit, error_type: str, message: str,
-                        out_of_memory: bool) -> list[tuple]:
-        """Retry, split, or give up on a failed workunit; returns the records given up on."""
-        self.recovery.failed_workunits += 1
-        unit = replace(unit, pinned=None)
-        if out_of_memory and len(unit) > 1:
-            first, rest = _cut(unit, (len(unit) + 1) // 2)
-            slot.cap = min(slot.cap or len(unit), len(first))
-            self.recovery.oom_backoffs += 1
-            log.warning("%s: out of memory on %s (%s); retrying as %d + %d records, and this "
-                        "worker now takes at most %d records per workunit", slot.info,
-                        unit.describe(), error_type, len(first), len(rest), slot.cap)
-            self.pending.extendleft([self.number(rest), self.number(first)])
-            return []
-        if unit.attempts < self.settings.retries:
-            self.recovery.retries += 1
-            log.warning("%s: %s failed (%s: %s); retry %d of %d", slot.info, unit.describe(),
-                        error_type, message, unit.attempts + 1, self.settings.retries)
-            self.pending.appendleft(replace(unit, attempts=unit.attempts + 1))
-            return []
-        if len(unit) > 1:
-            first, rest = _cut(unit, (len(unit) + 1) // 2)
-            self.recovery.splits += 1
-            log.warning("%s: %s failed again (%s); splitting it into %d + %d records to find the "
-                        "bad one(s)", slot.info, unit.describe(), error_type, len(first), len(rest))
-            self.pending.extendleft([self.number(rest), self.number(first)])
-            return []
-        record_id = int(unit.ids[0])
-        log.error("record %d failed: %s: %s", record_id, error_type, message)
-        return [(record_id, error_type, message, time.time())]
+    def _apply(self, slot: Slot, decision: Decision, failed: bool = False) -> list[tuple]:
+        """Carry out a recovery decision about ``slot``'s workunits (``failed``: one of them
+        failed, a Recovery count); returns the records given up on."""
+        if failed:
+            self.recovery.failed_workunits += 1
+        if decision.count is not None:
+            setattr(self.recovery, decision.count, getattr(self.recovery, decision.count) + 1)
+        if decision.cap is not None:
+            slot.cap = decision.cap
+        if decision.given_up:
+            record_id, error_type, message, _ = decision.given_up[0]
+            log.error("record %d failed: %s: %s", record_id, error_type, message)
+        elif decision.warning:
+            log.warning("%s", decision.warning)
+        units = reversed(decision.requeue)  # numbered as they go in, the last first
+        self.pending.extendleft([self.number(u) for u in units] if decision.renumber else units)
+        return list(decision.given_up)
 
 
 def _take(slot: Slot, index: int) -> Workunit | None:
@@ -645,13 +628,6 @@ def _joined(unit: Workunit, more: Workunit) -> Workunit:
     """One workunit holding ``unit``'s records, then ``more``'s."""
     return replace(unit, ids=np.concatenate([unit.ids, more.ids]),
                    records=unit.records + more.records)
-
-
-def _cut(unit: Workunit, size: int) -> tuple[Workunit, Workunit]:
-    """The first ``size`` records and the rest, as two workunits (attempts carried over)."""
-    first = replace(unit, ids=unit.ids[:size], records=unit.records[:size])
-    rest = replace(unit, ids=unit.ids[size:], records=unit.records[size:])
-    return first, rest
 
 
 def remote_error(message: Failed) -> PipelineError:
