@@ -15,7 +15,7 @@ import helpers.engine.outputs.checkpoint
 import helpers.engine.outputs.hdf5_sink
 from helpers.engine.contract.id_ranges import IdRanges
 from helpers.engine.contract.protocol import OutputSpec
-from helpers.engine.outputs.checkpoint import Parts
+from helpers.engine.outputs.checkpoint import INDEX_EVERY, Index, Parts
 from helpers.engine.outputs.hdf5_sink import HDF5Sink, read_output, rows_written
 from helpers.study.paths import ROOT
 from helpers.workloads.synthetic import record_vector
@@ -527,3 +527,22 @@ def test_a_read_raced_by_a_merge_of_parts_is_read_again_never_zeros(tmp_path, mo
         holder.join()
     assert not (tmp_path / "out-npy").exists()
     assert export(tmp_path / "out.h5", "npy", tmp_path / "out-npy", partial=True) == 30
+
+
+def test_the_index_is_due_once_parts_came_and_its_last_rewrite_is_every_times_its_cost_old(
+        tmp_path):
+    import time
+
+    index = Index(tmp_path / "out.h5", "out.h5.parts", {})
+    assert not index.due()  # no part came
+    index.stale = True
+    assert index.due()  # never written: at once
+    written = index.write([], {"run": "first"})
+    assert written == (tmp_path / "out.h5").stat().st_size and not index.stale
+    index.stale = True
+    index._at, index._cost = time.monotonic(), 1.0  # a rewrite that took a second, just now
+    assert not index.due()
+    index._at -= INDEX_EVERY * 1.0 + 0.1
+    assert index.due()
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert f.attrs["run"] == "first" and f.attrs["index_of_parts"] == "out.h5.parts"

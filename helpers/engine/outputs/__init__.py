@@ -3,7 +3,8 @@
 
 - ``atomic``: files whole or not at all;
 - ``run_log``: each finished run's record, kept in its output;
-- ``checkpoint``: the parts a run writes and their index; ``hdf5_sink``: the driver's writer;
+- ``checkpoint``: the parts a run writes (``Parts``) and their ``Index``; ``hdf5_sink``: the
+  driver's writer;
 - ``ownership``: one run per output;
 - ``export``: Parquet and NumPy from an output.
 """

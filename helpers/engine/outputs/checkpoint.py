@@ -210,7 +210,8 @@ def columns(outputs: Mapping[str, OutputSpec]) -> dict[str, tuple[tuple[int, ...
 
 
 class Parts:
-    """The parts folder beside ``path``: write a part, merge small parts, index them, finish.
+    """The parts folder beside ``path``: write a part, merge small parts, keep their ``index``
+    (Index) current, finish.
 
     Used by one thread at a time (the sink's writer thread while a run goes on)."""
 
@@ -220,15 +221,11 @@ class Parts:
         self.folder = parts_folder(self.path)
         self.columns = columns(outputs)
         self.parts: list[Part] = []
-        self.attrs: dict[str, Any] = {}  # written to the index and the final file
-        self.earlier_runs: Any = None  # a resumed index's runs (run_log.held), carried on
-        self.new_run: Any = None  # this run's record (its PipelineStats), written as it finishes
-        self.part_attrs = {OUTPUT_MARK: FORMAT, **(part_attrs or {})}  # and these to each part
+        self.index = Index(self.path, self.folder.name, self.columns)
+        self.part_attrs = {OUTPUT_MARK: FORMAT, **(part_attrs or {})}  # written to each part
         self.bytes_written = 0
         self._done = IdRanges()  # the ids of the parts found on disk (scan, adopt)
         self._positions = IdRanges()  # ... and the positions of the records the reader rejected
-        self._index_at, self._index_cost, self._index_stale = 0.0, 0.0, False
-        self._index_every = INDEX_EVERY
 
     def scan(self) -> None:
         """Load the parts on disk; drop unfinished (.tmp) files and parts another one covers.
@@ -288,7 +285,7 @@ class Parts:
         part = Part(path, 0, number, number, rows, errors, path.stat().st_size)
         self.bytes_written += part.size
         self.parts.append(part)
-        self._index_stale = True
+        self.index.stale = True
         if not self._compact():  # a merge writes the index itself
             self.refresh_index()
         return part
@@ -316,7 +313,7 @@ class Parts:
             self.bytes_written += part.size
             number += 1
         fsync(self.folder)
-        self._index_stale, self._index_every = True, INDEX_EVERY_COMMITS
+        self.index.stale, self.index.every = True, INDEX_EVERY_COMMITS
         self.refresh_index()
 
     def sweep(self) -> None:
@@ -331,20 +328,8 @@ class Parts:
         """A resumed index's runs, held in memory until the index or file that replaces it is
         written; the parts' own copies (a finished file taken over as a part, whose runs every
         index rewrite carried into the index) no longer count."""
-        self.earlier_runs = run_log.held(index)
+        self.index.earlier_runs = run_log.held(index)
         self.parts = [replace(part, runs=False) for part in self.parts]
-
-    def _runs_into(self, target: h5py.File) -> None:
-        """The runs the output records, into ``target`` (an index or the final file being
-        written): the marked parts', a resumed index's, then this run's once it finished."""
-        for part in self.parts:
-            if part.runs:
-                with h5py.File(part.path, "r") as source:
-                    run_log.carry(source, target)
-        if self.earlier_runs is not None:
-            run_log.carry(self.earlier_runs, target)
-        if self.new_run is not None:
-            run_log.write(target, self.new_run)
 
     def adopt(self, path: Path, discard_parts: bool = False) -> None:
         """Take a finished output file over as a part (a resumed run builds on it); with
@@ -398,51 +383,26 @@ class Parts:
         return merged_any
 
     def refresh_index(self, force: bool = False) -> None:
-        """Rewrite the index if parts came since the last rewrite and that one is INDEX_EVERY
-        (INDEX_EVERY_COMMITS once workers' parts come) times its own cost old: the index costs
-        at most that fraction of the writer's time."""
-        if force or self._index_stale and \
-                time.monotonic() - self._index_at >= self._index_every * self._index_cost:
+        """Rewrite the index if it is due (Index.due), or ``force``."""
+        if force or self.index.due():
             self.write_index({})
 
     def write_index(self, attrs: Mapping[str, Any]) -> None:
-        """Rewrite ``path`` as virtual datasets over every part (h5py reads it like any file)."""
-        started = time.monotonic()
-        self.attrs.update(attrs)
-        room = INDEX_BYTES_PER_SOURCE * len(self.parts) * len(self.columns)
-        # each part's name relative to the index, which sits beside the folder holding them all
-        # (not os.path.relpath: 32 ms a rewrite over 5,000 parts, 2 this way); HDF5 reads '%' in
-        # a source's name as a format code: '%%' is one '%'
-        sources = [f"{self.folder.name}/{p.path.name}".replace("%", "%%").encode()
-                   for p in self.parts]
-        with hdf5_replacing(self.path, room, libver="latest") as f:
-            for name, (shape, dtype) in self.columns.items():
-                errors = name.startswith("errors/")
-                rows = [(source, p.errors if errors else p.rows)
-                        for source, p in zip(sources, self.parts)]
-                rows = [(source, n) for source, n in rows if n]
-                if rows:
-                    _virtual(f, name, shape, dtype, rows)
-                else:
-                    f.create_dataset(name, shape=(0, *shape), dtype=dtype)
-            set_attrs(f, {**self.attrs, INDEX_MARK: self.folder.name, OUTPUT_MARK: FORMAT})
-            self._runs_into(f)
-        self.bytes_written += self.path.stat().st_size
-        self._index_at = time.monotonic()
-        self._index_cost, self._index_stale = self._index_at - started, False
+        """Rewrite the index over every part now, ``attrs`` added to its attributes."""
+        self.bytes_written += self.index.write(self.parts, attrs)
 
     def finish(self, attrs: Mapping[str, Any], record: Any = None) -> None:
         """The run is complete: one self-contained file if the output is small enough (and the
         disk has room for the copy), else the index over the parts, marked complete (``compact``
         makes it one file); either records the runs, ``record`` (this run's stats) last."""
-        self.attrs.update(attrs, complete=True)
-        self.new_run = record
+        self.index.attrs.update(attrs, complete=True)
+        self.index.new_run = record
         if sum(p.size for p in self.parts) <= MERGE_AT_END_BYTES:
             try:
                 with hdf5_replacing(self.path, sum(p.size for p in self.parts)) as out:
                     merge_into(out, self.parts, self.columns,
-                               {**self.attrs, OUTPUT_MARK: FORMAT}, runs=False)
-                    self._runs_into(out)
+                               {**self.index.attrs, OUTPUT_MARK: FORMAT}, runs=False)
+                    self.index.runs_into(out, self.parts)
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:  # a part gone, say: not a finished output
                     raise
@@ -471,6 +431,63 @@ class Parts:
     def done_positions(self) -> IdRanges:
         """The positions in the source of the records the reader rejected, found on disk."""
         return self._positions
+
+
+class Index:
+    """The output file while a run goes on: virtual datasets over every part (h5py reads it like
+    any file), rewritten whole (a temporary name, then renamed) when ``due``; and the runs the
+    output records, carried into each rewrite and into the finished file."""
+
+    def __init__(self, path: Path, folder: str, columns: Mapping[str, tuple]) -> None:
+        self.path, self.folder, self.columns = path, folder, columns
+        self.attrs: dict[str, Any] = {}  # written to the index and the final file
+        self.earlier_runs: Any = None  # a resumed index's runs (run_log.held), carried on
+        self.new_run: Any = None  # this run's record (its PipelineStats), written as it finishes
+        self.stale = False  # parts came since the last rewrite
+        self.every = INDEX_EVERY  # (INDEX_EVERY_COMMITS once workers' parts come)
+        self._at = self._cost = 0.0  # the last rewrite: when it ended, what it took
+
+    def due(self) -> bool:
+        """Whether parts came since the last rewrite and that one is ``every`` times its own
+        cost old: the index costs at most that fraction of the writer's time."""
+        return self.stale and time.monotonic() - self._at >= self.every * self._cost
+
+    def write(self, parts: Sequence[Part], attrs: Mapping[str, Any]) -> int:
+        """Rewrite the index over ``parts``, ``attrs`` added to its attributes; its bytes."""
+        started = time.monotonic()
+        self.attrs.update(attrs)
+        room = INDEX_BYTES_PER_SOURCE * len(parts) * len(self.columns)
+        # each part's name relative to the index, which sits beside the folder holding them all
+        # (not os.path.relpath: 32 ms a rewrite over 5,000 parts, 2 this way); HDF5 reads '%' in
+        # a source's name as a format code: '%%' is one '%'
+        sources = [f"{self.folder}/{p.path.name}".replace("%", "%%").encode() for p in parts]
+        with hdf5_replacing(self.path, room, libver="latest") as f:
+            for name, (shape, dtype) in self.columns.items():
+                errors = name.startswith("errors/")
+                rows = [(source, p.errors if errors else p.rows)
+                        for source, p in zip(sources, parts)]
+                rows = [(source, n) for source, n in rows if n]
+                if rows:
+                    _virtual(f, name, shape, dtype, rows)
+                else:
+                    f.create_dataset(name, shape=(0, *shape), dtype=dtype)
+            set_attrs(f, {**self.attrs, INDEX_MARK: self.folder, OUTPUT_MARK: FORMAT})
+            self.runs_into(f, parts)
+        self._at = time.monotonic()
+        self._cost, self.stale = self._at - started, False
+        return self.path.stat().st_size
+
+    def runs_into(self, target: h5py.File, parts: Sequence[Part]) -> None:
+        """The runs the output records, into ``target`` (an index or the final file being
+        written): the marked parts', a resumed index's, then this run's once it finished."""
+        for part in parts:
+            if part.runs:
+                with h5py.File(part.path, "r") as source:
+                    run_log.carry(source, target)
+        if self.earlier_runs is not None:
+            run_log.carry(self.earlier_runs, target)
+        if self.new_run is not None:
+            run_log.write(target, self.new_run)
 
 
 def _virtual(f: h5py.File, name: str, shape: tuple[int, ...], dtype: Any,
