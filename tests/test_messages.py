@@ -59,6 +59,9 @@ def test_a_workunit_describes_itself_by_its_ids():
     assert workunit(np.arange(10, 14, dtype=np.int64)).describe() == \
         "workunit 3 (4 records, ids 10..13)"
     assert workunit(np.array([], dtype=np.int64)).describe() == "workunit 3 (0 records, no ids)"
+    sorted_by_cost = workunit(np.array([3934, 530, 3820, 15710], dtype=np.int64))  # (a GPU log:
+    assert sorted_by_cost.describe() == \
+        "workunit 3 (4 records, ids between 530 and 15710)"  # "ids 3934..3820")
     assert len(workunit(np.arange(4, dtype=np.int64))) == 4
 
 

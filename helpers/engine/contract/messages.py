@@ -103,7 +103,13 @@ class Workunit(_PackedIds):
         return len(self.ids)
 
     def describe(self) -> str:
-        span = f"ids {self.ids[0]}..{self.ids[-1]}" if len(self.ids) else "no ids"
+        """Its number, records and ids: first..last where they run in order, else the smallest
+        and largest (a workunit sorted by the records' costs: "ids 3934..3820" read as a range)."""
+        if not len(self.ids):
+            return f"workunit {self.index} (0 records, no ids)"
+        first, last = int(self.ids[0]), int(self.ids[-1])
+        span = f"ids {first}..{last}" if last - first + 1 == len(self.ids) else \
+            f"ids between {int(self.ids.min())} and {int(self.ids.max())}"
         return f"workunit {self.index} ({len(self.ids)} records, {span})"
 
 
