@@ -533,7 +533,7 @@ def test_the_index_is_due_once_parts_came_and_its_last_rewrite_is_every_times_it
         tmp_path):
     import time
 
-    index = Index(tmp_path / "out.h5", "out.h5.parts", {})
+    index = Index(tmp_path / "out.h5", {})
     assert not index.due()  # no part came
     index.stale = True
     assert index.due()  # never written: at once

@@ -380,7 +380,8 @@ class WorkerPool:
             yield OpenJob(settings, records, sink, own, expected)
 
     def _job(self, source: Any, changes: dict[str, Any]) -> tuple[JobSettings, Any, dict[str, Any]]:
-        """A job's settings, its records, and the output file's attrs; starts the job's clocks."""
+        """A job's settings, its records, and the output file's attrs (the dispatches' record
+        started anew)."""
         fixed = sorted(set(changes) & set(POOL_SETTINGS))
         if fixed:
             raise ValueError(f"{', '.join(fixed)}: fixed when the pool starts; start another pool")

@@ -221,7 +221,7 @@ class Parts:
         self.folder = parts_folder(self.path)
         self.columns = columns(outputs)
         self.parts: list[Part] = []
-        self.index = Index(self.path, self.folder.name, self.columns)
+        self.index = Index(self.path, self.columns)
         self.part_attrs = {OUTPUT_MARK: FORMAT, **(part_attrs or {})}  # written to each part
         self.bytes_written = 0
         self._done = IdRanges()  # the ids of the parts found on disk (scan, adopt)
@@ -438,8 +438,9 @@ class Index:
     any file), rewritten whole (a temporary name, then renamed) when ``due``; and the runs the
     output records, carried into each rewrite and into the finished file."""
 
-    def __init__(self, path: Path, folder: str, columns: Mapping[str, tuple]) -> None:
-        self.path, self.folder, self.columns = path, folder, columns
+    def __init__(self, path: Path, columns: Mapping[str, tuple]) -> None:
+        self.path, self.columns = path, columns
+        self.folder = parts_folder(path).name  # (the parts' folder, beside it)
         self.attrs: dict[str, Any] = {}  # written to the index and the final file
         self.earlier_runs: Any = None  # a resumed index's runs (run_log.held), carried on
         self.new_run: Any = None  # this run's record (its PipelineStats), written as it finishes
