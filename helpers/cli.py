@@ -335,8 +335,9 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     safe.add_argument("--max-restarts", type=int, default=PoolSettings.max_restarts,
                       help="replacements per worker")
     written.add_argument("--in-place", action="store_true",
-                      help="append to OUTPUT in place instead of crash-safe parts (a little "
-                           "faster; a killed run may leave OUTPUT unreadable)")
+                      help="deprecated, to be removed: writing in place was no faster than "
+                           "crash-safe parts; now the run's parts are merged into one file at the "
+                           "end whatever its size (a FutureWarning says so)")
     written.add_argument("--writes", choices=WRITES, default=JobSettings.writes,
                       help="who writes the rows: the driver's writer thread, or each worker its "
                            "own part files that the driver commits (the driver then reads none "

@@ -76,7 +76,6 @@ def _embedded(pairs: list[tuple[int, str]], workload: EmbeddingWorkload, devices
               backend: str, options: dict[str, Any]) -> np.ndarray:
     """The run under ``embed``: ``pairs``' embeddings in their order."""
     options.setdefault("progress", False)
-    options.setdefault("durable", False)  # a temporary file: no resume to prepare for
     with tempfile.TemporaryDirectory(prefix="gpufeed-embed-") as folder:
         output = Path(folder) / "embeddings.h5"
         run_pipeline(pairs, workload, devices, output=output, backend=backend, **options)

@@ -432,8 +432,7 @@ class _Trials:
         wanted = records or self.sample
         end = self.deadline + self.slack if _fixed(self.rows) else float("inf")  # (the first
         # trial runs whole: a tune measures something)
-        stats = pool.run(self.source, output, limit=wanted, workunit_size=size, durable=False,
-                         stop_at=end)
+        stats = pool.run(self.source, output, limit=wanted, workunit_size=size, stop_at=end)
         output.unlink(missing_ok=True)
         spinup, self._pool = (pool.spinup_seconds if pool is not self._pool else 0.0), pool
         if stats.records and stats.records_per_second:

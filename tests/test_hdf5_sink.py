@@ -11,7 +11,7 @@ from helpers.engine.contract.protocol import NO_ID, OutputSpec
 from helpers.engine.outputs.hdf5_sink import HDF5Sink, read_output
 
 SPEC = {"embeddings": OutputSpec((4,), "float32")}
-MODES = [True, False]  # durable (parts, then one file), in place
+WHOLE = [False, True]  # finished: merged if small enough, merged whatever the size
 
 
 def rows(ids):
@@ -19,10 +19,10 @@ def rows(ids):
     return ids, {"embeddings": np.repeat(ids[:, None], 4, axis=1).astype(np.float32)}
 
 
-@pytest.mark.parametrize("durable", MODES)
-def test_out_of_order_appends_map_back_by_id(tmp_path, durable):
+@pytest.mark.parametrize("whole", WHOLE)
+def test_out_of_order_appends_map_back_by_id(tmp_path, whole):
     with HDF5Sink(tmp_path / "out.h5", SPEC, {"model": "m", "devices": ["cpu", "cpu"]},
-                  durable) as sink:
+                  whole) as sink:
         for chunk in ([5, 6], [0, 1, 2], [7], [3, 4]):
             sink.append(*rows(chunk))
     data = read_output(tmp_path / "out.h5")
@@ -42,11 +42,9 @@ def wait_for(condition, seconds=10.0):
     return condition()
 
 
-@pytest.mark.parametrize("durable", MODES)
-def test_a_full_part_goes_to_the_writer_thread_and_a_partial_one_waits(tmp_path, durable,
-                                                                        monkeypatch):
+def test_a_full_part_goes_to_the_writer_thread_and_a_partial_one_waits(tmp_path, monkeypatch):
     monkeypatch.setattr(helpers.engine.outputs.hdf5_sink, "PART_ROWS", 100)
-    sink = HDF5Sink(tmp_path / "out.h5", SPEC, durable=durable)
+    sink = HDF5Sink(tmp_path / "out.h5", SPEC)
     sink.append(*rows(range(10)))
     assert not wait_for(lambda: sink.records_written > 0, 0.3)  # buffered, not yet on disk
     sink.append(*rows(range(10, 100)))  # a full part: written without anyone waiting for it
@@ -88,13 +86,25 @@ def test_wrong_shape_or_missing_output_is_refused(tmp_path):
             sink.append(np.arange(2), {"other": np.zeros((2, 4), np.float32)})
     with pytest.raises(ValueError, match="reserved"):
         HDF5Sink(tmp_path / "bad.h5", {"ids": OutputSpec((), "int64")})
-    with pytest.raises(ValueError, match="resume: needs durable=True"):
-        HDF5Sink(tmp_path / "bad.h5", SPEC, durable=False, resume=True)
 
 
-@pytest.mark.parametrize("durable", MODES)
-def test_errors_table(tmp_path, durable):
-    with HDF5Sink(tmp_path / "out.h5", SPEC, durable=durable) as sink:
+@pytest.mark.parametrize("whole", WHOLE)
+def test_a_finished_output_over_the_merge_limit_stays_an_index_unless_asked_whole(tmp_path,
+                                                                                   monkeypatch,
+                                                                                   whole):
+    monkeypatch.setattr(helpers.engine.outputs.checkpoint, "MERGE_AT_END_BYTES", 0)
+    monkeypatch.setattr(helpers.engine.outputs.hdf5_sink, "PART_ROWS", 4)
+    with HDF5Sink(tmp_path / "out.h5", SPEC, whole=whole) as sink:
+        for start in range(0, 12, 4):
+            sink.append(*rows(range(start, start + 4)))
+    assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(12))
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["embeddings"].is_virtual is not whole and f.attrs["complete"]
+    assert (tmp_path / "out.h5.parts").exists() is not whole
+
+
+def test_errors_table(tmp_path):
+    with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
         sink.append_errors([(3, "TypeError", "expected a text string, got NoneType", 1.0e9)])
         sink.append_errors([(NO_ID, "JSONDecodeError", "in.jsonl line 8: not JSON", 2.0e9, 7)])
     errors = read_output(tmp_path / "out.h5")["errors"]

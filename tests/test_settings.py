@@ -1,5 +1,6 @@
 """The two settings classes: each field in one of them, bad values named, defaults written once."""
 import dataclasses
+import warnings
 
 import pytest
 
@@ -47,9 +48,7 @@ def test_devices_are_parsed_once_into_a_tuple_and_the_settings_are_frozen():
     (JobSettings, {"workunit_seconds": 0}, "workunit_seconds: expected seconds > 0, got 0"),
     (JobSettings, {"limit": -5}, "limit: expected an integer >= 0, got -5"),
     (JobSettings, {"sort_window": "big"}, "sort_window: expected an integer"),
-    (JobSettings, {"resume": True, "durable": False}, "resume: needs durable=True"),
     (JobSettings, {"writes": "nodes"}, "writes: expected one of ('auto', 'driver', 'workers')"),
-    (JobSettings, {"writes": "workers", "durable": False}, "writes='workers': needs durable=True"),
 ])
 def test_a_bad_value_raises_naming_the_setting_and_what_it_expected(cls, bad, message):
     with pytest.raises(ValueError) as caught:
@@ -104,6 +103,16 @@ def test_auto_and_counts_on_the_command_line():
                                       "--workers-per-device", "Fit"]).workers_per_device == "fit"
 
 
+def test_writing_in_place_is_deprecated_saying_why_and_still_runs_with_resume_or_workers():
+    with pytest.warns(FutureWarning, match=r"deprecated and will be removed: .* no faster .* "
+                                           r"merges them into one file at the end"):
+        job = JobSettings(durable=False, resume=True, writes="workers")
+    assert (job.durable, job.resume, job.writes) == (False, True, "workers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        JobSettings()  # the default says nothing
+
+
 def test_the_command_line_takes_its_defaults_from_the_settings():
     args = build_parser().parse_args(["run", "--input", "in.h5", "--output", "out.h5"])
     pool, job = PoolSettings(), JobSettings()
@@ -131,5 +140,5 @@ def test_auto_writes_are_the_workers_only_on_ray_with_a_source_they_can_read():
     assert who_writes(auto, "ray", Openable()) == "workers"
     assert who_writes(auto, "ray", [(0, "x")]) == "driver"  # records only the driver holds
     assert who_writes(auto, "process", Openable()) == "driver"  # one machine: measured faster
-    assert who_writes(JobSettings(durable=False), "ray", Openable()) == "driver"
+    assert who_writes(JobSettings(writes="driver"), "ray", Openable()) == "driver"
     assert who_writes(JobSettings(writes="workers"), "process", [(0, "x")]) == "workers"

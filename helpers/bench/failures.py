@@ -1,10 +1,9 @@
-"""What failures cost: durable vs in-place writes, and the time a crash, a hang or a poison
-record takes from a run.
+"""What failures cost: the time a crash, a hang or a poison record takes from a run.
 
-- ``durable``: the same job written crash-safe (parts + index, merged at the end) and in place,
-  interleaved over repeats (in-place first on even repeats); the ratio is records/s durable ÷ in
-  place. ``writer`` is the worst case (a zero-cost synthetic workload with 384-d rows, so the
-  writer is all there is); ``embedding`` is the embedded model on this machine's CPU.
+(Until 2026-11-28 it also timed crash-safe writes against writes in place: 0.99x for the writer
+alone, no difference on the embedding model, in failure_costs.csv made at db32ad6; so writing in
+place was deprecated: helpers.engine.contract.settings.IN_PLACE_GONE.)
+
 - ``crash``: a worker is killed with SIGKILL mid-run; detection latency is the time from the kill
   to the scheduler's log line, restart time is spawn to Ready of the replacement, and the run's
   wall time is compared with the same run undisturbed just before (the kill comes 40 % of the way).
@@ -29,28 +28,6 @@ from helpers.study.paths import sample_texts
 from helpers.study.results import save_table
 from helpers.workloads.embedding import EmbeddingWorkload
 from helpers.workloads.synthetic import SyntheticWorkload
-
-
-def durable_rows(records: int, repeats: int, workload_name: str) -> list[dict]:
-    """records/s with durable and in-place writes, interleaved, on one pool."""
-    if workload_name == "writer":
-        workload, devices, size = SyntheticWorkload(0.0, dim=384), ["cpu", "cpu"], 100
-        pairs = [(i, f"r{i}") for i in range(records)]
-    else:
-        workload, devices, size = EmbeddingWorkload(), ["cpu"], 100
-        pairs = list(enumerate(sample_texts(records)))
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp, WorkerPool(workload, devices, progress=False) as pool:
-        for repeat in range(repeats):
-            for durable in (False, True) if repeat % 2 == 0 else (True, False):
-                stats = pool.run(pairs, Path(tmp) / f"out-{repeat}-{durable}.h5",
-                                 workunit_size=size, durable=durable)
-                rows.append({"experiment": "durable", "workload": workload_name,
-                             "durable": durable, "repeat": repeat, "records": stats.records,
-                             "wall_s": stats.wall_seconds,
-                             "records_per_s": stats.records_per_second,
-                             "write_s": stats.stages["write"]})
-    return rows
 
 
 class Deaths(logging.Handler):
@@ -131,8 +108,7 @@ def poison_rows(records: int, workunit_size: int) -> list[dict]:
 
 
 def measure(records: int = 600, repeats: int = 3) -> pd.DataFrame:
-    rows = durable_rows(20000, repeats, "writer") + durable_rows(records, repeats, "embedding")
-    rows += crash_rows("synthetic", 400, repeats) + crash_rows("embedding", records, 1)
+    rows = crash_rows("synthetic", 400, repeats) + crash_rows("embedding", records, 1)
     rows += poison_rows(2000, 100)
     return pd.DataFrame(rows)
 
@@ -143,14 +119,6 @@ def report(frame: pd.DataFrame) -> dict[str, float]:
         print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     summary = {}
     experiments = set(frame.experiment)
-    durable = frame[frame.experiment == "durable"]
-    durable = durable.astype({"durable": bool}) if "durable" in experiments else durable
-    for name, group in durable.groupby("workload"):
-        ratios = [g[g.durable].records_per_s.iloc[0] / g[~g.durable].records_per_s.iloc[0]
-                  for _, g in group.groupby("repeat")]
-        summary[f"durable/in-place {name}"] = statistics.median(ratios)
-        print(f"throughput ratio durable / in place, {name}: median {statistics.median(ratios):.3f}"
-              f" (min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(ratios)} repeats")
     crash = frame[frame.experiment == "crash"]
     crash = crash.astype({"killed": bool}) if "crash" in experiments else crash
     for name, group in crash.groupby("workload"):

@@ -35,9 +35,8 @@ Writer (helpers.engine.outputs.hdf5_sink): the output is claimed first
 (helpers.engine.outputs.ownership: its lock held for the job, and refused unless it is this job's to
 write, resume or overwrite), then the main thread buffers each Result's rows (and the records the
 workload rejected, or that the scheduler gave up on, for ``errors/``) and hands them a part at a
-time to the writer thread, which writes them while the scheduler goes on dispatching. With
-``durable`` (the default) the output survives any crash (helpers.engine.outputs.checkpoint) and
-``resume`` finishes an interrupted run, skipping what is written before reading it.
+time to the writer thread, which writes them while the scheduler goes on dispatching. The
+output survives any crash (helpers.engine.outputs.checkpoint) and ``resume`` finishes an interrupted run, skipping what is written before reading it.
 
 Workers write (``writes="workers"``; "auto" chooses it on Ray when the workers can read the
 source too)::
@@ -332,7 +331,7 @@ class WorkerPool:
         even contiguous slices (``static_split``), write the results into ``output``; as slow as
         the slowest slice.
 
-        ``changes``: limit, durable, resume, overwrite (the other job settings do not apply: a
+        ``changes``: limit, resume, overwrite (the other job settings do not apply: a
         slice is one workunit, and it is not sorted).
         """
         started = time.monotonic()
@@ -407,8 +406,9 @@ class WorkerPool:
     def _sink(self, output: str | os.PathLike | Claim, job: JobSettings, attrs: dict[str, Any],
               outputs: dict[str, Any]) -> HDF5Sink:
         """The job's writer, once the output is this job's to write (else OutputError)."""
-        return HDF5Sink(output, outputs, attrs, job.durable, job.resume, job.overwrite,
-                        input_paths(attrs))
+        return HDF5Sink(output, outputs, attrs, whole=not job.durable, resume=job.resume,
+                        overwrite=job.overwrite, inputs=input_paths(attrs))  # (durable=False,
+        # deprecated: one file at the end whatever its size)
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
@@ -450,8 +450,7 @@ def who_writes(job: JobSettings, backend: str, source: Any) -> str:
     driver then handles no record), else the driver (faster on one machine: docs/cluster.md)."""
     if job.writes != AUTO:
         return job.writes
-    return "workers" if backend == "ray" and job.durable and reads_by_position(source) \
-        else "driver"
+    return "workers" if backend == "ray" and reads_by_position(source) else "driver"
 
 
 class _Job:
@@ -736,7 +735,7 @@ def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str =
     (one even slice per worker; with fewer than MIN_STATIC_SLICE records per worker it falls back to
     one worker). ``options``: the other fields of PoolSettings (threads_per_worker, queue_depth,
     adaptive, max_workers_per_device, retries, max_restarts, workunit_timeout, load_timeout,
-    ray_address) and of JobSettings (limit, sort_window, progress, durable, resume, overwrite). An
+    ray_address) and of JobSettings (limit, sort_window, progress, resume, overwrite). An
     existing ``output`` is refused unless ``resume`` (carry on the job that made it) or
     ``overwrite`` (replace it); OutputError, before any worker starts. Workers that die or hang are
     replaced and bad records end up in the output's ``errors`` table (``stats.partial``);

@@ -69,7 +69,7 @@ def sweep(workload: SyntheticWorkload, devices: Sequence[str], configs: Sequence
             for workers, size in interleaved(configs, replicate):
                 stats = run_pipeline([(i, i) for i in range(records)], workload, list(devices),
                                      size, Path(tmp) / "out.h5", workers_per_device=workers,
-                                     progress=False, durable=False, overwrite=True)
+                                     progress=False, overwrite=True)
                 start = {d: 1 if workers == AUTO else workers for d in devices}
                 rows.append({**run_row(stats, workers, size, start), "job": job,
                              "replicate": replicate, "ideal_s": ideal,
@@ -145,7 +145,7 @@ def side_by_side(configs: dict[str, tuple[Any, Sequence[str], Any, int | None]],
             for label in labels[replicate % len(labels):] + labels[:replicate % len(labels)]:
                 workload, devices, size, _ = configs[label]
                 stats = pools[label].run(pairs, Path(tmp) / "out.h5", workunit_size=size,
-                                         durable=False, overwrite=True)  # a scratch file
+                                         overwrite=True)  # a scratch file
                 counts = Counter(devices)
                 workers = ",".join(f"{d}={n}" for d, n in counts.items())
                 rows.append({**run_row(stats, workers, size, counts), "configuration": label,

@@ -149,7 +149,7 @@ def writer_alone(path: Path, records: int, dim: int, rows: int) -> float:
     ``rows`` at a time, as the driver hands it results (no workers, no transport)."""
     block = np.zeros((rows, dim), np.float32)
     started = time.monotonic()
-    with HDF5Sink(path, {"values": OutputSpec((dim,), "float32")}, {}, True, False) as sink:
+    with HDF5Sink(path, {"values": OutputSpec((dim,), "float32")}) as sink:
         for start in range(0, records, rows):
             ids = np.arange(start, min(start + rows, records), dtype=np.int64)
             sink.append(ids, {"values": block[:len(ids)]})

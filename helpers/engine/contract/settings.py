@@ -3,7 +3,7 @@
 - ``PoolSettings``: what a pool of workers is started with and keeps until it closes (where the
   workers run, how many, how failures are handled, how deep the work queue is);
 - ``JobSettings``: what may change from one job to the next on the same pool (workunit size,
-  limit, sort window, progress bar, durable writes, resume, overwrite).
+  limit, sort window, progress bar, resume, overwrite).
 
 Two settings may be ``"auto"``: ``workers_per_device`` (start one worker per device and add more
 while the device's measured rate rises: helpers.engine.dispatch.growth) and ``workunit_size`` (each
@@ -15,6 +15,7 @@ into the two. A bad value raises ValueError naming the setting and what it expec
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, fields
 from typing import Any
@@ -27,6 +28,10 @@ from helpers.engine.contract.messages import WorkerInfo
 # helpers.engine.workers.backends and .ray_backend implement them
 BACKENDS = ("process", "thread", "ray")
 WRITES = ("auto", "driver", "workers")  # who writes the rows (JobSettings.writes)
+IN_PLACE_GONE = ("durable=False (--in-place) is deprecated and will be removed: writing the "
+                 "output in place measured no faster than crash-safe parts (`python -m "
+                 "helpers.bench failures`: 0.99x), so the run writes parts and merges them into "
+                 "one file at the end, whatever its size")  # JobSettings.durable
 QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
 SORT_WORKUNITS = 8  # default sort window, in workunits, and at least SORT_RECORDS records: a
 SORT_RECORDS = 16384  # global sort's gain (a 2,400-text job on a loaded pool: 0.95 of bare encode
@@ -167,14 +172,16 @@ class JobSettings:
     sort_window: int | None = None  # records ordered by cost before cutting; None = 8 workunits
     # (at least SORT_RECORDS), 0 = off
     progress: bool = True  # a progress bar on stderr
-    durable: bool = True  # write part files + an index, so that a killed run leaves a readable file
-    resume: bool = False  # skip the ids the output already holds (or gave up on); needs durable
+    durable: bool = True  # deprecated: False (--in-place) wrote the output in place, no faster
+    # than parts (bench failures); it now warns, and the run's parts are merged into one file at
+    # the end whatever their size (what an in-place run left): helpers.engine.outputs.hdf5_sink
+    resume: bool = False  # skip the ids the output already holds (or gave up on)
     overwrite: bool = False  # replace an existing output (without it, an existing one is refused)
     stop_at: float | None = None  # a time.monotonic() after which no workunit is dispatched:
     # the job ends with those in flight, its output holding fewer rows (a time-boxed trial: the
     # tuner's; no output of it is ever resumed)
     writes: str = AUTO  # who writes the rows: the driver's writer thread ("driver"), or each
-    # worker its workunits' own part files, the driver only committing them ("workers"; durable);
+    # worker its workunits' own part files, the driver only committing them ("workers");
     # "auto": workers on Ray when they can read the source too (``rows``), else the driver
 
     def __post_init__(self) -> None:
@@ -184,12 +191,10 @@ class JobSettings:
         for name in ("limit", "sort_window"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), allow_zero=True)
-        if self.resume and not self.durable:
-            raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
+        if not self.durable:
+            warnings.warn(IN_PLACE_GONE, FutureWarning, stacklevel=3)
         if self.writes not in WRITES:
             raise ValueError(f"writes: expected one of {WRITES}, got {self.writes!r}")
-        if self.writes == "workers" and not self.durable:
-            raise ValueError("writes='workers': needs durable=True (workers write part files)")
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite: choose one (resume keeps what the output "
                              "holds, overwrite replaces it)")

@@ -17,10 +17,10 @@ bytes, or a buffer FLUSH_SECONDS old, whichever comes first), to a writer thread
 at most WRITE_AHEAD_BYTES. The caller (the scheduler's thread) never waits for the disk unless the
 disk falls that far behind; HDF5 writes and fsync release the GIL, so writing overlaps the rest.
 
-``durable=True`` (the default) writes each part as a file and keeps the output an index over the
-parts (helpers.engine.outputs.checkpoint): whatever kills the run, the output opens and holds the
-rows written before, and ``resume=True`` carries on from there. ``durable=False`` appends to the
-file in place: a little faster, but a run killed mid-write may leave it unreadable.
+Each part is written as a file and the output is kept an index over the parts
+(helpers.engine.outputs.checkpoint): whatever kills the run, the output opens and holds the rows
+written before, and ``resume=True`` carries on from there. A finished run's parts are merged into
+one file when they are small enough (MERGE_AT_END_BYTES), whatever their size with ``whole=True``.
 
 A sink holds the output's lock from its opening to its close (the caller's, when it is given the
 output's Claim: run_pipeline's), and opens only an output it may write
@@ -45,11 +45,9 @@ import numpy as np
 from helpers.engine.contract.fingerprint import INPUT_ATTR, WORKLOAD_ATTR, decode
 from helpers.engine.contract.id_ranges import IdRanges
 from helpers.engine.contract.protocol import NO_ID, TEXT, OutputSpec
-from helpers.engine.outputs import run_log
-from helpers.engine.outputs.atomic import set_attrs, temporary, uninterrupted
-from helpers.engine.outputs.checkpoint import (CHUNK_RECORDS, FORMAT, OUTPUT_MARK, PART_BYTES,
-                                               PART_ROWS, Parts, PartTarget, WorkerPart, columns,
-                                               is_index)
+from helpers.engine.outputs.atomic import temporary, uninterrupted
+from helpers.engine.outputs.checkpoint import (FORMAT, OUTPUT_MARK, PART_BYTES, PART_ROWS, Parts,
+                                               PartTarget, WorkerPart, columns, is_index)
 from helpers.engine.outputs.ownership import Claim, check_output, claimed, output_path
 
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
@@ -65,14 +63,13 @@ class HDF5Sink:
     """Append-only writer of ids, workload outputs and per-record errors."""
 
     def __init__(self, path: str | os.PathLike | Claim, outputs: Mapping[str, OutputSpec],
-                 attrs: Mapping[str, Any] | None = None, durable: bool = True,
+                 attrs: Mapping[str, Any] | None = None, whole: bool = False,
                  resume: bool = False, overwrite: bool = False,
                  inputs: tuple[str, ...] = ()) -> None:
         reserved = {"ids", "errors", "resume"} & set(outputs)
         if reserved:
             raise ValueError(f"outputs: {sorted(reserved)} are reserved dataset names")
-        if resume and not durable:
-            raise ValueError("resume: needs durable=True (an in-place file may not survive a crash)")
+        self.whole = whole  # a finished run's parts merged into one file whatever their size
         self.outputs = dict(outputs)
         self.path = output_path(path)  # a link is written through
         self.attrs = {**(attrs or {}), OUTPUT_MARK: FORMAT}
@@ -85,8 +82,6 @@ class HDF5Sink:
         self.done = IdRanges()  # resume: ids a previous run wrote or gave up on
         self.done_positions = IdRanges()  # ... and positions of records its reader rejected
         self.resumed_after = 0  # records a previous run handled: both of those
-        self._parts: Parts | None = None
-        self._file: h5py.File | None = None
         self.record: Callable[[], Any] | None = None  # the run's stats once every row is
         # written, recorded in the output as it is finished (helpers.engine.outputs.run_log)
         self._closed = True
@@ -99,23 +94,21 @@ class HDF5Sink:
             mode = check_output(self.path, resume=resume, overwrite=overwrite, inputs=inputs,
                                 fingerprints=fingerprints)
             with uninterrupted():
-                if durable:
-                    self._open_parts(mode, fingerprints)
-                else:
-                    self._open_in_place(mode)
+                self._parts = self._open_parts(mode, fingerprints)
             self._lock = held.pop_all()
         self._closed = False
         self._writer = _WriterThread(self._write, self._idle)
 
-    def _open_parts(self, mode: str, fingerprints: Mapping[str, Any]) -> None:
-        parts = self._parts = Parts(self.path, self.outputs,
+    def _open_parts(self, mode: str, fingerprints: Mapping[str, Any]) -> Parts:
+        parts = Parts(self.path, self.outputs,
                                     {k: self.attrs[k] for k in fingerprints})
         temporary(self.path).unlink(missing_ok=True)  # an index a crash left half-written
         if mode == "overwrite":
             parts.remove()
         if mode == "resume" and self.path.exists() and not is_index(self.path):
-            # a finished (or in-place) file: build on it. Parts beside it were merged into it by
-            # a run killed before it removed them: counted again, they would be duplicates
+            # a finished file (or one an older gpufeed wrote in place): build on it. Parts beside
+            # it were merged into it by a run killed before it removed them: counted again, they
+            # would be duplicates
             parts.adopt(self.path, discard_parts=True)
         parts.scan()
         if mode == "resume" and self.path.exists():  # (an index: its runs, held till the end)
@@ -129,34 +122,21 @@ class HDF5Sink:
                      self.done.runs, len(self.done_positions))
         self.attrs["complete"] = False
         parts.write_index(self.attrs)  # from now on the output is this run's, even if it dies
-
-    def _open_in_place(self, mode: str) -> None:
-        if mode == "overwrite":
-            Parts(self.path, self.outputs).remove()
-            self.path.unlink(missing_ok=True)  # not truncated: another name of it keeps its rows
-        self._file = f = h5py.File(self.path, "w")
-        for name, (shape, dtype) in self.columns.items():
-            f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
-                             chunks=(CHUNK_RECORDS, *shape))
-        set_attrs(f, self.attrs)
+        return parts
 
     @property
     def rows_held(self) -> int:
         """The rows the output holds now, written or in ``errors/``, an earlier run's too (what
         the writer thread has written: ``flush`` first)."""
-        if self._parts is not None:
-            return sum(p.rows + p.errors for p in self._parts.parts)
-        return len(self._file["ids"]) + len(self._file["errors/ids"])
+        return sum(p.rows + p.errors for p in self._parts.parts)
 
     @property
     def bytes_written(self) -> int:
-        return self._parts.bytes_written if self._parts is not None else self.output_bytes
+        return self._parts.bytes_written
 
     @property
     def output_bytes(self) -> int:
-        if self._parts is not None:
-            return self._parts.output_bytes
-        return self.path.stat().st_size if self.path.exists() else 0
+        return self._parts.output_bytes
 
     @property
     def blocked_seconds(self) -> float:
@@ -221,8 +201,6 @@ class HDF5Sink:
 
     def target(self, name: str) -> PartTarget:
         """Where a worker writes rows of this output itself (``writes="workers"``), as ``name``."""
-        if self._parts is None:
-            raise ValueError("writes='workers': needs durable=True (workers write parts)")
         return self._parts.target(name)
 
     def commit(self, part: WorkerPart) -> None:
@@ -235,42 +213,28 @@ class HDF5Sink:
         self.poll()
 
     def _write(self, blocks: list) -> None:
-        """The writer thread's work: workers' parts committed, then one part (durable) of the
-        rest, or the rest appended in place."""
+        """The writer thread's work: workers' parts committed, then one part of the rest."""
         started = time.monotonic()
         committed = [b for b in blocks if isinstance(b, WorkerPart)]
         if committed:
             self._parts.commit(committed)
             self.records_written += sum(p.rows for p in committed)
             blocks = [b for b in blocks if not isinstance(b, WorkerPart)]
-        if not blocks:
-            rows = errors = 0
-        elif self._parts is not None:
+        rows = errors = 0
+        if blocks:
             part = self._parts.write(blocks)
             rows, errors = part.rows, part.errors
-        else:
-            for name in self.columns:
-                pieces = [b[name] for b in blocks if name in b and len(b[name])]
-                dataset = self._file[name]
-                for piece in pieces:
-                    start = dataset.shape[0]
-                    dataset.resize(start + len(piece), axis=0)
-                    dataset[start:] = piece
-            self._file.flush()
-            rows = sum(len(b["ids"]) for b in blocks if "ids" in b)
-            errors = sum(len(b["errors/ids"]) for b in blocks if "errors/ids" in b)
         self.records_written += rows
         self.errors_written += errors
         self.write_seconds += time.monotonic() - started
 
     def _idle(self) -> None:
-        if self._parts is not None:
-            self._parts.refresh_index()
+        self._parts.refresh_index()
 
     def close(self, complete: bool = True) -> None:
-        """Write what is left; a complete durable run is finished (one file, or the index over
-        big parts), an incomplete one keeps its index and parts for ``resume``. The output's
-        lock is released last.
+        """Write what is left; a complete run is finished (one file, or the index over big
+        parts unless ``whole``), an incomplete one keeps its index and parts for ``resume``. The
+        output's lock is released last.
 
         Ctrl-C and SIGTERM wait until the output is whole (a signal inside HDF5's clean-up is
         lost, and a writer thread left inside HDF5 hangs the interpreter's exit); closing an
@@ -283,16 +247,10 @@ class HDF5Sink:
             if not signals:
                 self._hand_off()
             self._writer.close()
-            if self._parts is not None:
-                if complete:
-                    self._parts.finish(self.attrs, self._recorded())
-                else:
-                    self._parts.refresh_index(force=True)
-            elif self._file.id.valid:
-                record = self._recorded() if complete else None
-                if record is not None:
-                    run_log.write(self._file, record)
-                self._file.close()
+            if complete:
+                self._parts.finish(self.attrs, self._recorded(), whole=self.whole)
+            else:
+                self._parts.refresh_index(force=True)
 
     def _recorded(self) -> Any:
         """The run's stats for its record (``record``), now that every row is written; None
