@@ -63,6 +63,16 @@ def test_a_field_added_later_compares_with_what_older_outputs_were_made_with():
     assert differences({"model": "a", "prompt": "query: "}, changed) == {}
 
 
+def test_a_field_an_older_output_recorded_under_its_older_name_compares_under_its_new_one():
+    """A JSON-lines input's text_field and id_field are text_column and id_column now: an output
+    that recorded the older names resumes with the same columns, and is refused with others."""
+    older = {"format": "jsonl", "text_field": "text", "id_field": "id", "size": 3}
+    now = {"format": "jsonl", "text_column": "text", "id_column": "id", "size": 3}
+    assert differences(older, now) == {}
+    assert differences(older, {**now, "text_column": "body"}) == \
+        {"text_column": ("text", "body")}
+
+
 def test_attributes_round_trip_and_name_the_input_s_path():
     text = encode({"path": "/data/in.jsonl", "size": 3})
     assert decode(text) == {"path": "/data/in.jsonl", "size": 3}

@@ -284,7 +284,7 @@ def test_resume_of_another_input_is_refused_naming_what_differs(tmp_path, a_and_
     assert "digest" in done.stderr and "B.jsonl" in done.stderr and "A.jsonl" in done.stderr
     assert snapshot(tmp_path) == before  # byte for byte: nothing moved, merged or removed
     text = cli("--input", a, "--output", out, "--resume", "--text-field", "body")
-    assert text.returncode == 2 and "text_field 'text' -> 'body'" in text.stderr
+    assert text.returncode == 2 and "text_column 'text' -> 'body'" in text.stderr
     finished = cli("--input", a, "--output", out, "--resume")  # its own input: carries on
     assert finished.returncode == 0, finished.stderr
     assert read_output(out)["ids"].tolist() == list(range(1500))

@@ -178,7 +178,7 @@ def test_a_fingerprint_changes_with_the_content_and_not_with_a_second_look(tmp_p
     path.write_text('{"text": "a"}\n')
     first = JSONLSource(path).fingerprint()
     assert JSONLSource(path).fingerprint() == first
-    assert JSONLSource(path, text_field="body").fingerprint()["text_field"] == "body"
+    assert JSONLSource(path, text_column="body").fingerprint()["text_column"] == "body"
     modified = os.stat(path).st_mtime_ns
     path.write_text('{"text": "b"}\n')  # same size, other bytes, and the same time given back
     os.utime(path, ns=(modified, modified))

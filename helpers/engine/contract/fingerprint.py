@@ -32,6 +32,8 @@ WORKLOAD_ATTR = "workload_fingerprint"
 SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle and end: cheap at
 # any size, and any rewrite that changes the size, the time or those bytes is caught
 FOLDER_SAMPLE_BYTES = 64 << 10  # of each file of a folder (a thousand Parquet files: 192 MB read)
+RENAMED = {"text_field": "text_column", "id_field": "id_column"}  # a field's older name, as
+# an older gpufeed recorded it (a JSON-lines input's): compared under its name now
 MOVABLE = ("path",)  # fields that may differ on resume when every other one is equal: a moved input
 
 
@@ -180,8 +182,10 @@ def differences(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str
     """``{field: (recorded, now)}`` for every field both know that differs (one that either
     cannot tell is not compared: the outputs before the workers declared them, a field an older
     gpufeed did not record). A field ``now`` names in its UNRECORDED is known to both: an
-    output that lacks it was made with the value given there."""
+    output that lacks it was made with the value given there. A field recorded under an older
+    name (RENAMED) is compared under its name now."""
     now = json.loads(encode(now))  # compared as recorded: tuples as lists, anything else as text
+    recorded = {RENAMED.get(key, key): value for key, value in recorded.items()}
     before = now.get(UNRECORDED) or {}
     recorded = {**{k: v for k, v in before.items() if k not in recorded}, **recorded}
     return {key: (recorded[key], value) for key, value in now.items()

@@ -42,11 +42,11 @@ ID_LINES = 1000  # lines that decide what the file's ids are
 
 
 class JSONLSource:
-    """Records from the ``text_field`` of each line of a JSON-lines file; ids: module docstring."""
+    """Records from the ``text_column`` of each line of a JSON-lines file; ids: module docstring."""
 
-    def __init__(self, path: str | os.PathLike, text_field: str = "text",
-                 id_field: str = "id", keep_columns: Sequence[str] = ()) -> None:
-        self.path, self.text_field, self.id_field = Path(path), text_field, id_field
+    def __init__(self, path: str | os.PathLike, text_column: str = "text",
+                 id_column: str = "id", keep_columns: Sequence[str] = ()) -> None:
+        self.path, self.text_column, self.id_column = Path(path), text_column, id_column
         self.keep_columns = tuple(keep_columns)
         self.first = 0  # its first line's position in the input (a folder of files: JSONLFiles)
         if not self.path.is_file():
@@ -58,7 +58,7 @@ class JSONLSource:
         heads = self._first_objects()
         self.ids = self._id_kind(heads)
         self.keyed = self.ids == "keys"
-        self.kept = kept_kinds(heads, self.keep_columns, {text_field, id_field}, self.path)
+        self.kept = kept_kinds(heads, self.keep_columns, {text_column, id_column}, self.path)
         self._index: tuple[tuple[str, int, int], LineIndex] | None = None  # (``_scanned``)
 
     def _first_objects(self) -> list[dict]:
@@ -78,8 +78,8 @@ class JSONLSource:
     def _id_kind(self, heads: list[dict]) -> str:
         """"keys", "given" (integers) or "lines", from the first ID_LINES lines."""
         for obj in heads:
-            if obj.get(self.id_field) is not None:
-                return "keys" if isinstance(obj[self.id_field], str) else "given"
+            if obj.get(self.id_column) is not None:
+                return "keys" if isinstance(obj[self.id_column], str) else "given"
         return "lines"
 
     def __len__(self) -> int:
@@ -128,7 +128,7 @@ class JSONLSource:
             if not len(positions):
                 continue
             null_texts(records, lambda k: self.line(int(positions[k])) + (
-                f" ({self.id_field} {raw[k]!r})" if self.ids == "keys" else ""), positions)
+                f" ({self.id_column} {raw[k]!r})" if self.ids == "keys" else ""), positions)
             columns: dict[str, np.ndarray] = {
                 name: kept_column(kept[name], dtype) for name, dtype in self.kept.items()}
             if self.ids == "keys":
@@ -159,7 +159,7 @@ class JSONLSource:
         """``(positions, ids, records, kept)`` of a block's lines, blank ones left out (``kept``:
         each kept field's values, None where missing): pyarrow's columns, or a line at a time
         where it cannot take the block (module docstring)."""
-        parsed = parse(block, self.text_field, self.id_field, "str" if self.keyed else "int",
+        parsed = parse(block, self.text_column, self.id_column, "str" if self.keyed else "int",
                        self.kept)
         if parsed is None:
             return self._lines(first, block)
@@ -194,9 +194,9 @@ class JSONLSource:
         ids and blank lines left out."""
         if not self.positional:
             raise ValueError(f"{self.describe()}: workers read a file by line only where its "
-                             f"ids are line numbers (these are its {self.id_field!r} field)")
+                             f"ids are line numbers (these are its {self.id_column!r} field)")
         stat, index = self._scanned()
-        opener = JSONLRows(os.path.abspath(self.path), self.text_field, self.id_field, stat,
+        opener = JSONLRows(os.path.abspath(self.path), self.text_column, self.id_column, stat,
                            JSONLSource, index.starts)
         end = index.lines if limit is None else min(limit, index.lines)
         return row_slices(opener, end, skip.union(IdRanges.from_ids(index.blank)))
@@ -213,7 +213,7 @@ class JSONLSource:
         that are not blank; an id or a kept value is None where the line has none."""
         positions, raw, records = [], [], []
         kept: dict[str, list] = {name: [] for name in self.kept}
-        text, key, loads = self.text_field, self.id_field, json.loads
+        text, key, loads = self.text_column, self.id_column, json.loads
         for number, line in enumerate(lines_of(block), first):
             try:
                 obj = loads(line)
@@ -253,10 +253,10 @@ class JSONLSource:
             return BadRecord(type(exc).__name__, f"{where}: not JSON ({exc})", number)
         if not isinstance(obj, dict):
             return BadRecord("ValueError", f"{where}: expected a JSON object", number)
-        return BadRecord("KeyError", f"{where}: no field {self.text_field!r}", number)
+        return BadRecord("KeyError", f"{where}: no field {self.text_column!r}", number)
 
     def describe(self) -> str:
-        return f"jsonl:{self.path}#{self.text_field}"
+        return f"jsonl:{self.path}#{self.text_column}"
 
     def line(self, position: int) -> str:
         """How a message names a record: its line, as an editor counts (and in the input, of a
@@ -266,10 +266,10 @@ class JSONLSource:
 
     def where(self, position: int) -> str:
         """How a message names a record's id: its line and the field."""
-        return f"{self.line(position)}: {self.id_field!r}"
+        return f"{self.line(position)}: {self.id_column!r}"
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"format": "jsonl", "text_field": self.text_field, "id_field": self.id_field,
+        return {"format": "jsonl", "text_column": self.text_column, "id_column": self.id_column,
                 "ids": self.ids, **({"keep_columns": list(self.keep_columns)}
                                    if self.keep_columns else {}),
                 **file_identity(self.path)}
@@ -283,11 +283,11 @@ class JSONLFiles:
 
     positional = False
 
-    def __init__(self, path: str | os.PathLike, files: Sequence[str], text_field: str = "text",
-                 id_field: str = "id", keep_columns: Sequence[str] = ()) -> None:
-        self.path, self.text_field, self.id_field = str(path), text_field, id_field
+    def __init__(self, path: str | os.PathLike, files: Sequence[str], text_column: str = "text",
+                 id_column: str = "id", keep_columns: Sequence[str] = ()) -> None:
+        self.path, self.text_column, self.id_column = str(path), text_column, id_column
         self.keep_columns = tuple(keep_columns)
-        self.files = [JSONLSource(f, text_field, id_field, keep_columns) for f in files]
+        self.files = [JSONLSource(f, text_column, id_column, keep_columns) for f in files]
         kinds: dict[str, Path] = {}
         for f in self.files:  # (each kind named by its first file)
             kinds.setdefault(f.ids, f.path)
@@ -331,11 +331,11 @@ class JSONLFiles:
             yield from zip(ids.tolist(), records)
 
     def describe(self) -> str:
-        return f"jsonl:{self.path}#{self.text_field}"
+        return f"jsonl:{self.path}#{self.text_column}"
 
     def fingerprint(self) -> dict[str, Any]:
         files = [Path(os.path.abspath(f.path)) for f in self.files]
-        return {"format": "jsonl", "text_field": self.text_field, "id_field": self.id_field,
+        return {"format": "jsonl", "text_column": self.text_column, "id_column": self.id_column,
                 "ids": self.ids, "keep_columns": list(self.keep_columns),
                 **listing_identity(Path(os.path.commonpath(files)) if len(files) > 1
                                    else files[0].parent, files)}

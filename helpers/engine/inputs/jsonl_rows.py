@@ -90,10 +90,10 @@ class JSONLRows:
     """Rows' opener of a JSON-lines file whose ids are its lines (module docstring)."""
 
     path: str  # as the user named it, absolute (how messages name it)
-    text_field: str
-    id_field: str
+    text_column: str
+    id_column: str
     stat: tuple[str, int, int]  # (its real path, size, mtime_ns) as the driver found it
-    parser: Callable  # (path, text_field, id_field) -> what parses lines as the driver does,
+    parser: Callable  # (path, text_column, id_column) -> what parses lines as the driver does,
     # with ``numbered(first line, block)``: helpers.engine.inputs.jsonl's JSONLSource
     starts: np.ndarray = field(compare=False, repr=False)  # LineIndex.starts from ``step``
     step: int = field(default=0, compare=False)  # the index of starts[0] in the whole file's
@@ -109,7 +109,7 @@ class JSONLRows:
     def read(self, ids: np.ndarray) -> list:
         """The records at ``ids``: each span of them (ids fewer than LINE_STEP lines apart, the
         lines between read through rather than sought past) from the start before it."""
-        opened = _opened(self.parser, self.path, self.text_field, self.id_field, self.stat)
+        opened = _opened(self.parser, self.path, self.text_column, self.id_column, self.stat)
         records: list = []
         for span in np.split(ids, np.flatnonzero(np.diff(ids) >= LINE_STEP) + 1) \
                 if len(ids) else []:
@@ -132,12 +132,12 @@ class _Opened:
     """A JSON-lines file as one worker process reads it: open, checked, and parsed with the
     driver's own rules (``JSONLRows.parser``)."""
 
-    def __init__(self, parser: Callable, path: str, text_field: str, id_field: str,
+    def __init__(self, parser: Callable, path: str, text_column: str, id_column: str,
                  stat: tuple[str, int, int]) -> None:
         self.file = checked_open(stat)
         self.stat, self.lock = stat, threading.Lock()
         try:
-            self.source = parser(path, text_field, id_field)
+            self.source = parser(path, text_column, id_column)
         except BaseException:
             self.file.close()
             raise
