@@ -424,7 +424,7 @@ def test_opening_a_csv_reads_its_first_block_only(tmp_path, monkeypatch, first):
     source = TableSource(path)
     read = process.io_counters().read_chars - before
     assert read < 4 * max(1 << 16, len(row)) + (1 << 16) < path.stat().st_size // 10
-    assert source._columns == [("text", "n")]
+    assert source.layout.columns == [("text", "n")]
     assert source.carried() == {} and len(source) == 1_000_001
 
 

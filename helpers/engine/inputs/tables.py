@@ -37,84 +37,68 @@ import numpy as np
 
 from helpers.engine.contract.fingerprint import file_identity, file_stats, listing_identity
 from helpers.engine.contract.id_ranges import IdRanges, SeenIds, SeenValues
-from helpers.engine.contract.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows,
+from helpers.engine.contract.protocol import (KEYS, TEXT, BadRecord, OutputSpec, Rows,
                                               SourceError, decoded, null_texts, positions)
-from helpers.engine.inputs.csv_rows import CSVFile, CSVRows, read_rows, row_text
-from helpers.engine.inputs.csv_scan import row_index
 from helpers.engine.inputs.id_checks import id_record, integer_ids, key_problems
-from helpers.engine.inputs.table_files import (canonical_integers, column_kind, column_texts,
-                                               delimiter, file_spanning, kept_dtypes, layout,
-                                               row_name, table_files)
-from helpers.engine.inputs.table_rows import TableRows, digest, random_access
-
-CSV = ("csv", "tsv")
-SLICE_ROWS = 8192  # rows handed on at a time (a piece may hold millions)
-NULLS = {"int64": np.iinfo(np.int64).min, "uint64": np.iinfo(np.uint64).max, "float64": np.nan,
-         "int8": -1, TEXT: ""}  # a null kept value as written (booleans as 0/1)
+from helpers.engine.inputs.table_files import column_texts, layout, row_name, table_files
+from helpers.engine.inputs.table_layouts import (CSV, NULLS, SLICE_ROWS, CSVLayout, PieceLayout,
+                                                 TableSchema)
+from helpers.engine.inputs.table_rows import TableRows
 
 
 class TableSource:
     """The ``text_column`` of every row of a table (module docstring); ``id_column``: None (ids
-    are row numbers), an integer column (ids) or any other (keys)."""
+    are row numbers), an integer column (ids) or any other (keys). Its ``schema``
+    (helpers.engine.inputs.table_layouts.TableSchema) says what the columns are, its ``layout``
+    (PieceLayout, CSVLayout) how the files are read; the source cuts what the layout reads into
+    slices and applies the id rule."""
 
     def __init__(self, path: str | os.PathLike, text_column: str = "text",
                  id_column: str | None = None, keep_columns: Sequence[str] = ()) -> None:
         self.path, self.text_column, self.id_column = str(path), text_column, id_column
         self.keep_columns = tuple(keep_columns)
         self.files, self.format = table_files(path)
-        self._stats = file_stats(self.files)  # as the files were when opened: every read
-        # checks them (helpers.engine.contract.fingerprint; a CSV's rows are found later: csv_scan)
-        layouts, self._columns = [], []
-        for f, stat in zip(self.files, self._stats):
+        stats = file_stats(self.files)  # as the files were when opened: every read checks
+        # them (helpers.engine.contract.fingerprint; a CSV's rows are found later: csv_scan)
+        layouts, columns = [], []
+        for f, stat in zip(self.files, stats):
             try:
                 layouts.append(layout(f, self.format, stat))
-                self._columns.append(tuple(layouts[-1][0].names))
+                columns.append(tuple(layouts[-1][0].names))  # (a name not UTF-8 raises here)
             except Exception as exc:  # pyarrow's ArrowInvalid, OSError, a name not UTF-8 alike
                 which = f" ({f!r})" if os.path.abspath(f) != os.path.abspath(self.path) else ""
                 raise SourceError(f"input {self.path!r}{which}: not a readable {self.format} "
                                   f"file ({type(exc).__name__}: {exc})") from exc
         schemas = [found for found, _ in layouts]
-        self._pieces = [piece for _, found in layouts for piece in found]
-        if id_column is not None and id_column == text_column:
-            raise SourceError(f"id_column: {id_column!r} is the text column too")
-        text = column_kind(schemas, self.files, text_column, self.path, "the text column")
-        if text not in ("text", "binary", "null"):
-            raise SourceError(f"input {self.path!r}: column {text_column!r} holds {text}, "
-                              f"not text")
-        key = column_kind(schemas, self.files, id_column, self.path, "the id column") \
-            if id_column is not None else None
-        if key not in (None, "integer", "unsigned", "text", "null"):
-            raise SourceError(f"input {self.path!r}: id column {id_column!r} holds {key}; ids "
-                              f"are integers or strings")
-        if key == "integer" and self.format in CSV and not all(
-                canonical_integers(f, self.format, id_column) for f in self.files):
-            key = "text"  # zero-padded or signed: keys, kept as written
-        self.keyed = key in ("text", "null")
-        self._kept = kept_dtypes(schemas, self.files, self.keep_columns,
-                                 {text_column, id_column} - {None}, self.path)
-        self._length = (sum(rows for _, rows, _ in self._pieces)  # (a CSV's: from its pass)
-                        if self.format not in CSV else None)
+        self.schema = TableSchema.check(schemas, self.files, self.format, self.path, text_column,
+                                        id_column, self.keep_columns)
+        self.layout: PieceLayout | CSVLayout
+        if self.format in CSV:
+            self.layout = CSVLayout(self.path, self.format, self.files, stats, columns)
+        else:
+            self.layout = PieceLayout(self.path, self.format, self.files,
+                                      [piece for _, found in layouts for piece in found])
+        self._length: int | None = None
         self.reads = 0  # pieces read so far (what a resume skipped is never read)
-        self._files: list[CSVFile] | None = None  # a CSV's (``_csv_files``)
+
+    @property
+    def keyed(self) -> bool:
+        return self.schema.keyed
 
     def __len__(self) -> int:
-        if self._length is None:  # a CSV input: its rows, as its one pass finds them
-            self._length = sum(file.rows for file in self._csv_files())
+        if self._length is None:  # (a CSV input's: its rows, as its one pass finds them)
+            self._length = len(self.layout)
         return self._length
 
     def accounted(self, limit: int | None) -> int:
         """Rows a whole run over the first ``limit`` rows leaves in the output or errors/: a
-        CSV's rows of another width (or a quote left open) too, those of the files begun under
-        ``limit`` (as ``_rows_of_other_widths`` files them)."""
-        rows = len(self) if limit is None else min(limit, len(self))
-        if self.format not in CSV:
-            return rows
-        return rows + sum(len(f.bad) for f in self._csv_files() if limit is None or f.first < limit)
+        CSV's rows of another width (or a quote left open) too (the layout's)."""
+        return self.layout.accounted(limit)
 
     def carried(self) -> dict[str, OutputSpec]:
         """The columns this source carries to the output beside the workload's."""
         specs = {KEYS: OutputSpec((), TEXT)} if self.keyed else {}
-        return specs | {name: OutputSpec((), dtype) for name, dtype in self._kept.items()}
+        return specs | {name: OutputSpec((), dtype) for name, dtype in self.schema.kept.items()}
 
     def slices(self, skip: IdRanges, limit: int | None
                ) -> Iterator[tuple[np.ndarray, list, dict[str, np.ndarray]]]:
@@ -127,8 +111,7 @@ class TableSource:
         """Whether workers can read this source's records themselves (``rows``): ids that are
         row numbers (none, or keys), files read by row (Parquet, Arrow IPC files, CSV/TSV files
         from their one pass: helpers.engine.inputs.csv_rows)."""
-        return (self.id_column is None or self.keyed) and (
-            self.format in CSV or random_access(self.files, self.format))
+        return self.schema.by_row and self.layout.by_row
 
     def rows(self, skip: IdRanges, limit: int | None
              ) -> Iterator[tuple[np.ndarray, Rows | list, dict[str, np.ndarray]]]:
@@ -139,72 +122,24 @@ class TableSource:
         if not self.positional:
             raise ValueError(f"{self.describe()}: workers cannot read it by row (an integer id "
                              f"column, or a {self.format} file read in order)")
-        if self.format in CSV:
-            opener = CSVRows(self.format, self.text_column, tuple(self._csv_files()))
-        else:
-            opener = TableRows(os.path.abspath(self.path), self.format, self.text_column,
-                               digest(self.files))
+        opener = self.layout.opener(self.text_column)
         if self.carried():
             return self._read(skip, limit, opener)
         rows = positions(opener, len(self) if limit is None else min(limit, len(self)), skip)
-        if self.format in CSV:
-            return itertools.chain(rows, _rows_of_other_widths(opener.files, skip, limit, {}))
-        return rows
-
-    def _csv_files(self) -> list[CSVFile]:
-        """Each CSV file as its Rows' opener knows it, from one pass over it that parses nothing
-        (helpers.engine.inputs.csv_scan), which ``rows``, ``slices`` and ``__len__`` share; the
-        files must be as they were when their columns were read."""
-        if self._files is None:
-            indexes = [row_index(f, delimiter(self.format)) for f in self.files]
-            if file_stats(self.files) != self._stats:
-                raise SourceError(f"input {self.path!r}: written to since it was opened; open "
-                                  f"it again")
-            files, first = [], 0
-            for path, stat, columns, index in zip(self.files, self._stats, self._columns,
-                                                  indexes):
-                if index.fields != len(columns):  # (never seen: the pass and pyarrow disagree)
-                    raise SourceError(f"input {self.path!r}: {path!r}'s header has "
-                                      f"{index.fields} fields by quotes and delimiters, "
-                                      f"{len(columns)} by pyarrow")
-                files.append(CSVFile(os.path.abspath(path), stat, columns, first, index.rows,
-                                     index.starts, index.bad, unclosed=index.unclosed,
-                                     bad_rows=index.bad_rows))
-                first += index.rows
-            self._files = files
-        return self._files
-
-    def _pieces_of(self) -> list[tuple[str, int | None, Any]]:
-        """What ``_read`` reads: the layout's pieces; a CSV file's rows from its one pass, a
-        span of SLICE_ROWS rows at a time as the workers read them (pyarrow's streaming reader
-        splits a row in rare files where its reading of the whole file does not:
-        apache/arrow#50481, #51368)."""
-        if self.format not in CSV:
-            return self._pieces
-
-        def spans(file: CSVFile, columns: list[str]) -> Iterator[Any]:
-            for low in range(0, file.rows, SLICE_ROWS):  # (SLICE_ROWS: whole ROW_STEPs)
-                high = min(low + SLICE_ROWS, file.rows) - 1
-                first, batch = read_rows(file, self.format, columns, low, high)
-                yield batch.slice(low - first, high - low + 1)
-        return [(path, file.rows, functools.partial(spans, file))
-                for path, file in zip(self.files, self._csv_files())]
+        return itertools.chain(rows, self.layout.unparsed(skip, limit, {}))
 
     def _read(self, skip: IdRanges, limit: int | None, opener: Any = None
               ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
         """``slices``, or with ``opener`` ``rows``: the pieces in order, those a resumed run
-        finished not read (but for their keys: a later repeat is still one); a CSV's rows of
-        another width after them."""
-        pieces = self._read_pieces(self._pieces_of(), skip, limit, opener)
-        if self.format not in CSV:
-            return pieces
-        done = skip if self.id_column is None or self.keyed else IdRanges()  # (positions)
-        return itertools.chain(pieces, _rows_of_other_widths(self._csv_files(), done, limit,
-                                                             self.carried()))
+        finished not read (but for their keys: a later repeat is still one); the rows that are
+        no record (a CSV's of another width) after them."""
+        pieces = self._read_pieces(self.layout.pieces(), skip, limit, opener)
+        done = skip if self.schema.by_row else IdRanges()  # (positions)
+        return itertools.chain(pieces, self.layout.unparsed(done, limit, self.carried()))
 
     def _read_pieces(self, pieces: list, skip: IdRanges, limit: int | None, opener: Any
                      ) -> Iterator[tuple[np.ndarray, Any, dict[str, np.ndarray]]]:
-        by_row = self.id_column is None or self.keyed
+        by_row = self.schema.by_row
         seen = SeenValues() if self.keyed else SeenIds()
         offset, file, file_first = 0, None, 0
         columns = ([self.text_column] if opener is None else []) + \
@@ -258,7 +193,7 @@ class TableSource:
         keep[[k for k, _ in problems]] = True  # known by their position, not their id
         bad = {k: id_record(problem, f"{row_name(file, int(rows[k]))}: {self.id_column!r}",
                             int(rows[k])) for k, problem in problems}
-        for name, dtype in self._kept.items():
+        for name, dtype in self.schema.kept.items():
             if dtype == TEXT:
                 values = _strings(batch.column(name))
                 carried[name] = as_text(values)
@@ -285,8 +220,7 @@ class TableSource:
 
         records = column_texts(batch.column(self.text_column), rows, where)
         null_texts(records, where)
-        if self.format in CSV:  # (as a worker's reading: helpers.engine.inputs.csv_rows)
-            file_spanning(records, batch.column(self.text_column), rows, where)
+        self.layout.check_texts(records, batch.column(self.text_column), rows, where)
         if self.keyed:  # named as a worker's reading names it (carried.Carried.drop)
             for k, record in enumerate(records):
                 if isinstance(record, BadRecord) and carried[KEYS][k]:
@@ -356,47 +290,6 @@ def _with_nul(values: np.ndarray) -> list[int]:
     if "\0" not in "".join(values.tolist()):
         return []
     return [k for k, v in enumerate(values.tolist()) if "\0" in v]
-
-
-def _rows_of_other_widths(files: Sequence[CSVFile], skip: IdRanges, limit: int | None,
-                          carried: dict[str, OutputSpec]) -> Iterator[tuple]:
-    """The rows of CSV ``files`` of another width than their header's, as ``_unparsed`` slices
-    (with ``limit``, those of files that begin under it). Each is known by a position after the
-    input's rows (its rows, then its place among these), so that a resumed run, which skips
-    the positions filed, files it once."""
-    position = sum(file.rows for file in files)
-    for file in files:
-        at = np.arange(position, position + len(file.bad), dtype=np.int64)
-        position += len(file.bad)
-        fresh = ~skip.contains(at) if skip.runs else np.ones(len(at), dtype=bool)
-        if fresh.any() and (limit is None or file.first < limit):
-            rows = file.bad[fresh]
-            yield _unparsed([row_text(file.stat, start, stop) for start, stop in rows],
-                            Path(file.path).name, carried, at[fresh],
-                            np.isin(rows[:, 0], file.unclosed).tolist(),
-                            file.bad_rows[fresh].tolist() if len(file.bad_rows) else None)
-
-
-def _unparsed(lines: list[str], name: str, carried: dict[str, OutputSpec],
-              positions: np.ndarray | None = None, unclosed: list[bool] | None = None,
-              rows: list[int] | None = None) -> tuple:
-    """A slice of the CSV rows the parser could not split into the header's fields, or whose
-    quote never closes (``unclosed``: helpers.engine.inputs.csv_scan), with no id (their
-    ``positions`` where known, else -1; ``rows``: each one's row in its file, every row counted), so
-    that each goes to ``errors/``. Such a row has no id: the ids of a CSV are the rows of its
-    header's width."""
-    at = positions.tolist() if positions is not None else [-1] * len(lines)
-    unclosed = unclosed or [False] * len(lines)
-    names = [f"{name} row {row} (every row counted)" for row in rows] if rows else [name] * len(lines)
-    records = [BadRecord("ValueError", f"{where}: " + (
-        "a quote opened in this row never closes (it would swallow every row after it; the "
-        "rows after it are read from its next line on)" if left_open else
-        "a row with the wrong number of fields") + f": {line[:80]!r}", position)
-        for line, position, left_open, where in zip(lines, at, unclosed, names)]
-    columns = {c: np.full(len(lines), NULLS[s.dtype] if s.dtype != TEXT else "",
-                          dtype=object if s.dtype == TEXT else s.dtype)
-               for c, s in carried.items()}
-    return np.full(len(lines), NO_ID, dtype=np.int64), records, columns
 
 
 def kept_values(array: Any, dtype: str) -> np.ndarray:
