@@ -360,7 +360,7 @@ def test_workers_parts_are_the_output_once_committed_and_orphans_are_removed(tmp
     left = write_worker_part(sink.target("cd34-1"), np.arange(10, 20), worker_rows(np.arange(10, 20)))
     sink.close(complete=False)
     with HDF5Sink(out2, SPEC, resume=True) as resumed:
-        assert resumed.done.as_spans().tolist() == [[0, 9]] and not os.path.exists(left.path)
+        assert resumed.done.as_bounds().tolist() == [[0, 9]] and not os.path.exists(left.path)
 
 
 def test_a_late_result_s_part_is_removed_not_committed(tmp_path):

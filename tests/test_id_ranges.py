@@ -10,15 +10,15 @@ TOP, BOTTOM = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 def test_ids_become_ranges_in_any_order_with_repeats():
     ranges = IdRanges.from_ids(np.array([7, 3, 4, 5, 5, 9, 8, 20]))
-    assert ranges.as_spans().tolist() == [[3, 5], [7, 9], [20, 20]]
+    assert ranges.as_bounds().tolist() == [[3, 5], [7, 9], [20, 20]]
     assert len(ranges) == 7 and ranges.runs == 3
     assert len(IdRanges.from_ids(np.array([], np.int64))) == 0
 
 
 def test_union_joins_overlapping_and_touching_ranges():
-    a = IdRanges.from_spans(np.array([[0, 9], [20, 29]]))
-    b = IdRanges.from_spans(np.array([[10, 14], [25, 39], [50, 50]]))
-    assert a.union(b).as_spans().tolist() == [[0, 14], [20, 39], [50, 50]]
+    a = IdRanges.from_bounds(np.array([[0, 9], [20, 29]]))
+    b = IdRanges.from_bounds(np.array([[10, 14], [25, 39], [50, 50]]))
+    assert a.union(b).as_bounds().tolist() == [[0, 14], [20, 39], [50, 50]]
     assert a.union(IdRanges()) == a and IdRanges().union(a) == a
 
 
@@ -39,8 +39,8 @@ def test_contains_and_covers_agree_with_a_set(seed):
 
 def test_spans_round_trip_and_half_open_pairs_of_older_outputs_read_the_same():
     ranges = IdRanges.from_ids(np.array([1, 2, 3, 10, 11, 40]))
-    assert IdRanges.from_spans(ranges.as_spans()) == ranges
-    assert IdRanges.from_pairs(np.array([[1, 4], [10, 12], [40, 41]])) == ranges
+    assert IdRanges.from_bounds(ranges.as_bounds()) == ranges
+    assert IdRanges.from_half_open(np.array([[1, 4], [10, 12], [40, 41]])) == ranges
     assert "6 ids" in repr(ranges)
 
 
@@ -48,13 +48,13 @@ def test_the_largest_and_smallest_int64_ids_are_held_exactly():
     """A half-open range cannot hold 2**63 - 1 (its stop overflows): a resumed run redid it."""
     edges = np.array([TOP, TOP - 1, BOTTOM, BOTTOM + 1, -1, 0])
     ranges = IdRanges.from_ids(edges)
-    assert ranges.as_spans().tolist() == [[BOTTOM, BOTTOM + 1], [-1, 0], [TOP - 1, TOP]]
+    assert ranges.as_bounds().tolist() == [[BOTTOM, BOTTOM + 1], [-1, 0], [TOP - 1, TOP]]
     assert len(ranges) == 6
     assert ranges.contains(edges).all()
     assert not ranges.contains(np.array([TOP - 2, BOTTOM + 2, 1, -2])).any()
     assert ranges.covers(TOP - 1, TOP + 1) and not ranges.covers(TOP - 2, TOP + 1)
     assert IdRanges.from_ids(np.array([BOTTOM, TOP])).runs == 2  # 2**64 - 1 apart: not adjacent
-    whole = IdRanges.from_spans(np.array([[BOTTOM, -1], [0, TOP]]))  # touching across zero
+    whole = IdRanges.from_bounds(np.array([[BOTTOM, -1], [0, TOP]]))  # touching across zero
     assert whole.runs == 1 and whole.contains(edges).all()
 
 

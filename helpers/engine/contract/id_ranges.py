@@ -70,19 +70,21 @@ class IdRanges:
         return cls(ids[np.r_[0, breaks]], ids[np.r_[breaks - 1, len(ids) - 1]])
 
     @classmethod
-    def from_spans(cls, spans: np.ndarray) -> IdRanges:
-        """From an ``[n, 2]`` array of (first, last), as stored beside a part (``as_spans``)."""
-        spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-        return cls(spans[:, 0], spans[:, 1])._coalesced()
+    def from_bounds(cls, bounds: np.ndarray) -> IdRanges:
+        """From an ``[n, 2]`` array of closed (first, last), as stored beside a part
+        (``as_bounds``)."""
+        bounds = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
+        return cls(bounds[:, 0], bounds[:, 1])._coalesced()
 
     @classmethod
-    def from_pairs(cls, pairs: np.ndarray) -> IdRanges:
+    def from_half_open(cls, pairs: np.ndarray) -> IdRanges:
         """From an ``[n, 2]`` array of half-open (start, stop): the format of outputs written
         before the ranges were closed (their stops are all below 2**63)."""
         pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         return cls(pairs[:, 0], pairs[:, 1] - 1)._coalesced()
 
-    def as_spans(self) -> np.ndarray:
+    def as_bounds(self) -> np.ndarray:
+        """An ``[n, 2]`` array of each range's closed (first, last)."""
         return np.stack([self.firsts, self.lasts], axis=1)
 
     def union(self, other: IdRanges) -> IdRanges:

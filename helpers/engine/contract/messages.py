@@ -108,9 +108,9 @@ class Workunit(_PackedIds):
         if not len(self.ids):
             return f"workunit {self.index} (0 records, no ids)"
         first, last = int(self.ids[0]), int(self.ids[-1])
-        span = f"ids {first}..{last}" if last - first + 1 == len(self.ids) else \
+        which = f"ids {first}..{last}" if last - first + 1 == len(self.ids) else \
             f"ids between {int(self.ids.min())} and {int(self.ids.max())}"
-        return f"workunit {self.index} ({len(self.ids)} records, {span})"
+        return f"workunit {self.index} ({len(self.ids)} records, {which})"
 
 
 @dataclass(frozen=True)

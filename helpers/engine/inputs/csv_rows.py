@@ -55,7 +55,7 @@ class CSVFile:
         bad = self.bad[(self.bad[:, 0] >= starts[0]) & (self.bad[:, 0] < stop)]
         return replace(self, starts=starts, bad=bad.copy(), step=a)
 
-    def span(self, low: int, high: int) -> tuple[int, int, int]:
+    def byte_range(self, low: int, high: int) -> tuple[int, int, int]:
         """``(first row, start byte, stop byte)`` of the rows read for rows ``low..high``."""
         a, b = low // ROW_STEP, high // ROW_STEP + 1
         if a < self.step or b - self.step > len(self.starts) or (
@@ -83,17 +83,17 @@ class CSVRows:
         return replace(self, files=tuple(kept))
 
     def read(self, ids: np.ndarray) -> list:
-        """The records at ``ids``: each span of them (ids fewer than ROW_STEP rows apart, the
+        """The records at ``ids``: each stretch of them (ids fewer than ROW_STEP rows apart, the
         rows between read through) parsed from the start before it to the start after it."""
         records: list = []
         for n, first, last in _by_file(self.files, ids):
             file = self.files[n]
             mine = ids[(ids >= first) & (ids <= last)] - file.first
-            for span in np.split(mine, np.flatnonzero(np.diff(mine) >= ROW_STEP) + 1):
-                records += self._span(file, span)
+            for stretch in np.split(mine, np.flatnonzero(np.diff(mine) >= ROW_STEP) + 1):
+                records += self._stretch(file, stretch)
         return records
 
-    def _span(self, file: CSVFile, rows: np.ndarray) -> list:
+    def _stretch(self, file: CSVFile, rows: np.ndarray) -> list:
         row, batch = read_rows(file, self.format, [self.text_column], int(rows.min()),
                                int(rows.max()))
         at = rows - row
@@ -114,7 +114,7 @@ def read_rows(file: CSVFile, fmt: str, columns: list[str], low: int, high: int
     """``(first, batch)``: the rows of ``file`` from the row start before row ``low`` to the one
     after row ``high`` (``first`` the first of them), ``columns`` of them as bytes, parsed as
     the module docstring says and checked: OSError where they are not the driver's."""
-    row, start, stop = file.span(low, high)
+    row, start, stop = file.byte_range(low, high)
     expected = min(file.rows, (high // ROW_STEP + 1) * ROW_STEP) - row
     data = read_bytes(file.stat, start, stop)
     try:

@@ -107,21 +107,21 @@ class JSONLRows:
                        step=low)
 
     def read(self, ids: np.ndarray) -> list:
-        """The records at ``ids``: each span of them (ids fewer than LINE_STEP lines apart, the
+        """The records at ``ids``: each stretch of them (ids fewer than LINE_STEP lines apart, the
         lines between read through rather than sought past) from the start before it."""
         opened = _opened(self.parser, self.path, self.text_column, self.id_column, self.stat)
         records: list = []
-        for span in np.split(ids, np.flatnonzero(np.diff(ids) >= LINE_STEP) + 1) \
+        for stretch in np.split(ids, np.flatnonzero(np.diff(ids) >= LINE_STEP) + 1) \
                 if len(ids) else []:
-            first, last = int(span.min()), int(span.max())
+            first, last = int(stretch.min()), int(stretch.max())
             step = first // LINE_STEP
             if not 0 <= step - self.step < len(self.starts):
                 raise ValueError(f"lines {first + 1}-{last + 1}: not among this opener's line "
                                  f"starts (lines {self.step * LINE_STEP + 1} on)")
             positions, got = opened.lines(int(self.starts[step - self.step]),
                                           first - step * LINE_STEP, first, last + 1)
-            at = np.minimum(np.searchsorted(positions, span), len(positions) - 1)
-            if not len(positions) or (positions[at] != span).any():
+            at = np.minimum(np.searchsorted(positions, stretch), len(positions) - 1)
+            if not len(positions) or (positions[at] != stretch).any():
                 raise OSError(f"{self.stat[0]}: lines {first + 1}-{last + 1} are not the "
                               f"driver's (a line it found is not there)")
             records += [got[k] for k in at.tolist()]

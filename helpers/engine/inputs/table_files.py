@@ -5,7 +5,7 @@ A piece is what is read at once: a Parquet row group, an Arrow file's record bat
 stream (all know their rows from metadata, so a resumed run can skip them unread). A file's
 schema and pieces come from one look at it (``layout``). A CSV/TSV file's columns come from its
 first block's rows; its rows from one pass over it (helpers.engine.inputs.csv_scan), which
-helpers.engine.inputs.tables reads a span at a time (helpers.engine.inputs.csv_rows).
+helpers.engine.inputs.tables reads a slice of rows at a time (helpers.engine.inputs.csv_rows).
 """
 from __future__ import annotations
 

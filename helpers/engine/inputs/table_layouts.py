@@ -7,7 +7,7 @@ a time, told apart once when the source opens rather than at every step of its r
 - ``PieceLayout`` (Parquet, Arrow): the pieces the files' footers name, their rows known before
   any is read; workers read by row where the files allow it (helpers.engine.inputs.table_rows).
 - ``CSVLayout`` (CSV, TSV): one pass over each file finds its rows (helpers.engine.inputs.csv_scan),
-  read a span of SLICE_ROWS rows at a time as the workers read them
+  read a slice of SLICE_ROWS rows at a time as the workers read them
   (helpers.engine.inputs.csv_rows); a row of another width than the header's, or whose quote never
   closes, is a BadRecord of the layout's own, after the input's rows.
 
@@ -161,15 +161,15 @@ class CSVLayout:
         return self._found
 
     def pieces(self) -> list[Piece]:
-        """Each file's rows, a span of SLICE_ROWS rows at a time as the workers read them
+        """Each file's rows, a slice of SLICE_ROWS rows at a time as the workers read them
         (pyarrow's streaming reader splits a row in rare files where its reading of the whole
         file does not: apache/arrow#50481, #51368)."""
-        def spans(file: CSVFile, columns: list[str]) -> Iterator[Any]:
+        def slices(file: CSVFile, columns: list[str]) -> Iterator[Any]:
             for low in range(0, file.rows, SLICE_ROWS):  # (SLICE_ROWS: whole ROW_STEPs)
                 high = min(low + SLICE_ROWS, file.rows) - 1
                 first, batch = read_rows(file, self.format, columns, low, high)
                 yield batch.slice(low - first, high - low + 1)
-        return [(path, file.rows, functools.partial(spans, file))
+        return [(path, file.rows, functools.partial(slices, file))
                 for path, file in zip(self.files, self.found())]
 
     def opener(self, text_column: str) -> CSVRows:

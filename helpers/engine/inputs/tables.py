@@ -2,7 +2,7 @@
 saved with ``save_to_disk`` is a folder of Arrow files), as one file, a folder or a glob.
 
 A table is read a piece at a time (helpers.engine.inputs.table_files), only its text, id and kept
-columns, so memory stays flat at any size; a CSV a span of rows at a time, from one pass that
+columns, so memory stays flat at any size; a CSV a slice of rows at a time, from one pass that
 finds them (helpers.engine.inputs.csv_scan, csv_rows), as its workers read it. Records are numbered
 by their row across the files in sorted order, and the id column decides what a record's id is:
 

@@ -73,7 +73,8 @@ WORKER_LEVEL = 8  # a part a worker wrote (writes="workers"): never merged while
 INDEX_MARK = "index_of_parts"  # attribute of an index: the folder of the parts it reads
 OUTPUT_MARK = "gpufeed_output"  # attribute of every file gpufeed writes: its format's version
 FORMAT = 2  # 2: errors/position, resume/id_spans, fingerprints
-SPANS = "resume/id_spans"  # a part's [n, 2] (first, last) of its ids: rows and workers' errors
+BOUNDS = "resume/id_spans"  # a part's [n, 2] closed (first, last) of its ids' ranges: rows and
+# workers' errors (the dataset's name as outputs store it)
 RANGES = "resume/id_ranges"  # the same as half-open (start, stop), in outputs of FORMAT 1
 ERRORS = {"ids": ((), "int64"), "type": ((), STR), "message": ((), STR), "time": ((), "float64"),
           "position": ((), "int64")}
@@ -143,7 +144,7 @@ class WorkerPart:
 def write_rows(path: Path, cols: Mapping[str, tuple], blocks: Sequence[Mapping[str, np.ndarray]],
                attrs: Mapping[str, Any]) -> None:
     """A part file at ``path`` holding ``blocks`` (each some of the columns), whole or not at
-    all (atomic), with its ids' spans and attrs. A big block is written as it is; small ones in a
+    all (atomic), with its ids' ranges and attrs. A big block is written as it is; small ones in a
     row are joined up to GATHER_BYTES per write (a write costs HDF5 ~0.1 ms whatever its size: a
     part of 4,000 workunits of 16 rows took 4,000 writes a column)."""
     with hdf5_replacing(path, _bytes(blocks)) as f, WriteBack(Path(f.filename)) as write_back:
@@ -158,8 +159,8 @@ def write_rows(path: Path, cols: Mapping[str, tuple], blocks: Sequence[Mapping[s
                 write_back()
         ids = [b["ids"] for b in blocks if "ids" in b]
         ids += [b["errors/ids"][b["errors/position"] < 0] for b in blocks if "errors/ids" in b]
-        f.create_dataset(SPANS, data=IdRanges.from_ids(np.concatenate(ids) if ids else
-                                                       np.empty(0, np.int64)).as_spans())
+        f.create_dataset(BOUNDS, data=IdRanges.from_ids(np.concatenate(ids) if ids else
+                                                       np.empty(0, np.int64)).as_bounds())
         set_attrs(f, attrs)
 
 
@@ -577,16 +578,16 @@ def done_in(f: h5py.File, errors: int | None = None) -> tuple[IdRanges, IdRanges
         positions = f["errors/position"][...]
     rejected = IdRanges.from_ids(positions[positions >= 0])
     try:
-        stored = h5py.h5d.open(f.id, SPANS.encode())  # (low-level: thousands of parts)
+        stored = h5py.h5d.open(f.id, BOUNDS.encode())  # (low-level: thousands of parts)
     except KeyError:
         pass
     else:
-        spans = np.empty(stored.shape, stored.dtype)
-        if spans.size:
-            stored.read(h5py.h5s.ALL, h5py.h5s.ALL, spans)
-        return IdRanges.from_spans(spans), rejected
+        bounds = np.empty(stored.shape, stored.dtype)
+        if bounds.size:
+            stored.read(h5py.h5s.ALL, h5py.h5s.ALL, bounds)
+        return IdRanges.from_bounds(bounds), rejected
     if RANGES in f:
-        return IdRanges.from_pairs(f[RANGES][...]), rejected
+        return IdRanges.from_half_open(f[RANGES][...]), rejected
     done = IdRanges()
     for start in range(0, len(f["ids"]), COPY_ROWS):
         done = done.union(IdRanges.from_ids(f["ids"][start:start + COPY_ROWS]))
@@ -670,7 +671,7 @@ def merge_into(out: h5py.File, parts: list[Part], cols: Mapping[str, tuple],
                 run_log.carry(f, out)
     for name in cols:
         write(name)
-    out.create_dataset(SPANS, data=done.as_spans())
+    out.create_dataset(BOUNDS, data=done.as_bounds())
     set_attrs(out, attrs or {})
 
 
