@@ -51,12 +51,12 @@ def test_the_parents_memory_does_not_grow_with_the_records(tmp_path):
     table = scale.measure(1_000_000, workers=2, baseline_records=50_000, kill_at=None,
                           folder=str(tmp_path))
     runs = table.set_index("run")
-    growth = runs.loc["full", "parent_rss_mb"] - runs.loc["baseline", "parent_rss_mb"]
+    growth = runs.loc["full", "parent_rss_mib"] - runs.loc["baseline", "parent_rss_mib"]
     assert growth < 200, f"parent peak RSS grew by {growth:.0f} MiB"
-    private = runs.loc["full", "parent_uss_mb"] - runs.loc["baseline", "parent_uss_mb"]
+    private = runs.loc["full", "parent_uss_mib"] - runs.loc["baseline", "parent_uss_mib"]
     assert private < 200, f"parent private memory grew by {private:.0f} MiB"
     # the tree (parent and its workers) holds more than the parent alone
-    assert (runs["tree_rss_mb"] > runs["parent_uss_mb"]).all()
+    assert (runs["tree_rss_mib"] > runs["parent_uss_mib"]).all()
     assert runs["exactly_once"].all() and runs.loc["full", "records"] == 1_000_000
     assert 0.99 < runs.loc["full", "write_amplification"] < 1.05  # full parts: written once
 
@@ -190,7 +190,7 @@ def test_sources_bench_reads_every_format_and_runs_parquet_end_to_end(tmp_path, 
                               ("end_to_end", True): 60_000, ("end_to_end", False): 60_000}
     figures = sources.report(table)
     assert set(sources.GOALS) < set(figures)
-    assert figures["rss_growth_keys_mb"] - figures["rss_growth_keys_less_check_mb"] == \
+    assert figures["rss_growth_keys_mib"] - figures["rss_growth_keys_less_check_mib"] == \
         pytest.approx(40_000 * 8 / 2**20)
     out = capsys.readouterr().out
     assert "parquet_read_rows_per_s" in out and "the repeat check's 8 bytes a key" in out

@@ -154,7 +154,7 @@ def test_a_copy_without_git_names_the_commit_it_was_sent(tmp_path, monkeypatch):
 def test_the_cards_idle_stretch_is_read_between_its_first_and_last_busy_reading():
     def readings(values):
         return [{"seconds": i * study.SAMPLE_SECONDS, "utilization": v, "source": "nvml",
-                 "worker": None, "memory_mb": 1.0} for i, v in enumerate(values)]
+                 "worker": None, "memory_mib": 1.0} for i, v in enumerate(values)]
 
     use = study.card_use(readings([0, 0, 0, 50, 0, 0, 0, 80, 0, 100, 0, 0, 0, 0]))
     assert use["longest_card_idle_s"] == pytest.approx(3 * study.SAMPLE_SECONDS)  # not the ends

@@ -58,7 +58,7 @@ def test_layouts_and_backends_compare_the_right_rows():
     assert "queue-fed 17.0 records/s vs static split 10.0 (1.70×); workers busy 95% vs 60%" in \
         findings.layouts(layouts, "sim")
     backends = pd.DataFrame({"backend": ["thread", "process"] * 2, "workers": [1, 1, 2, 2],
-                             "records_per_s": [10, 10, 12, 18], "peak_rss_mb": [500, 500, 520, 900]})
+                             "records_per_s": [10, 10, 12, 18], "peak_rss_mib": [500, 500, 520, 900]})
     text = findings.backends(backends)
     assert text.startswith("at 2 workers: processes reach 18.0 records/s at 900 MiB")
     assert "(1.50× the throughput for 1.73× the memory)" in text

@@ -43,7 +43,7 @@ def test_growth_stops_where_the_device_saturates(tmp_path, caplog):
 def test_growth_stops_where_the_memory_runs_out(tmp_path):
     # 250 MiB, 100 MiB copies: with two loaded, 50 MiB are left, less than another copy needs
     workload = SyntheticWorkload(0.0005, seconds_per_workunit=0.005, parallelism=8,
-                                 device_memory_mb={"cuda:0": 250}, model_mb=100, values="zeros")
+                                 device_memory_mib={"cuda:0": 250}, model_mib=100, values="zeros")
     pool, stats = run(workload, ["cuda:0"], 12000, tmp_path / "out.h5")
     assert [(d["action"], d["workers"]) for d in stats.decisions] == [("add", 2), ("stop", 2)]
     assert "50 MiB free" in stats.decisions[-1]["reason"]
@@ -56,7 +56,7 @@ def test_a_copy_that_fails_to_load_ends_growth_and_the_run_goes_on(tmp_path, mon
     # try until one fails
     monkeypatch.setattr(helpers.engine.dispatch.growth, "MEMORY_HEADROOM", 0.0)
     workload = SyntheticWorkload(0.0005, seconds_per_workunit=0.005, parallelism=8,
-                                 device_memory_mb={"cuda:0": 250}, model_mb=100, values="zeros")
+                                 device_memory_mib={"cuda:0": 250}, model_mib=100, values="zeros")
     pool, stats = run(workload, ["cuda:0"], 16000, tmp_path / "out.h5")
     assert [(d["action"], d["workers"]) for d in stats.decisions] == \
         [("add", 2), ("add", 3), ("stop", 2)]

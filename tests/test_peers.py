@@ -35,8 +35,8 @@ def test_a_fault_kills_a_pool_s_worker_never_its_tracker_or_fork_server_and_bare
         assert peers.victim("bare", root) == root
         assert peers.victim("ray_data", root) is None  # no Ray actor in this tree
         alone = [psutil.Process(pid).memory_info().rss / 2**20 for pid in (child.pid, worker)]
-        assert peers.tree_rss_mb(root) > max(alone)  # the parent, its worker and its tracker
-        assert 0 < peers.tree_pss_mb(root) < peers.tree_rss_mb(root)  # (pages they share)
+        assert peers.tree_rss_mib(root) > max(alone)  # the parent, its worker and its tracker
+        assert 0 < peers.tree_pss_mib(root) < peers.tree_rss_mib(root)  # (pages they share)
     finally:
         for process in psutil.Process(child.pid).children(recursive=True):
             process.kill()
@@ -73,7 +73,7 @@ def test_only_known_systems_are_run_and_each_gets_its_share_of_threads(monkeypat
 def _row(system, replicate, rate, **extra):
     return {"system": system, "label": peers.LABELS[system], "family": peers.FAMILIES[system],
             "replicate": replicate, "records": 100, "records_per_s": rate, "spinup_s": 5.0,
-            "end_to_end_s": 100 / rate + 5.0, "peak_pss_mb": 500.0 * (1 + replicate), **extra}
+            "end_to_end_s": 100 / rate + 5.0, "peak_pss_mib": 500.0 * (1 + replicate), **extra}
 
 
 def test_the_peers_finding_reads_each_system_against_bare_in_its_own_replicate():

@@ -223,7 +223,7 @@ def test_timeline_has_one_span_per_workunit_inside_the_run(tmp_path, backend):
     for worker, seconds in busy.items():
         spans = [s.end_s - s.start_s for s in stats.timeline if s.worker == worker]
         assert sum(spans) == pytest.approx(seconds)
-    assert stats.peak_rss_mb > 0 and all(w.peak_rss_mb > 0 for w in stats.workers)
+    assert stats.peak_rss_mib > 0 and all(w.peak_rss_mib > 0 for w in stats.workers)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

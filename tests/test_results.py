@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from helpers.study.paths import ROOT
-from helpers.study.results import load_sidecar, load_table, resolve, save_table
+from helpers.study.results import load_sidecar, load_table, read_table, resolve, save_table
 
 
 def test_a_table_round_trips_with_its_sidecar(tmp_path):
@@ -26,6 +26,16 @@ def test_a_table_round_trips_with_its_sidecar(tmp_path):
     assert {"cpu", "cores", "memory_gib", "gpus"} <= set(sidecar["machine"])
     assert sidecar["packages"]["python"] and "torch" in sidecar["packages"]
     json.dumps(sidecar)
+
+
+def test_a_table_written_before_mib_reads_with_mib_columns(tmp_path):
+    """Tables written before 2026-11-28 name their MiB columns ``*_mb``: read back, they are
+    ``*_mib`` like today's, other columns as they were."""
+    (tmp_path / "old.csv").write_text("run,parent_rss_mb,tree_rss_mb,wall_s\nfull,512,900,3\n")
+    frame = load_table("old", tmp_path)
+    assert list(frame.columns) == ["run", "parent_rss_mib", "tree_rss_mib", "wall_s"]
+    assert frame.parent_rss_mib.tolist() == [512]
+    assert list(read_table(tmp_path / "old.csv").columns) == list(frame.columns)
 
 
 def test_an_empty_table_is_refused(tmp_path):

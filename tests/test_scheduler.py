@@ -163,8 +163,8 @@ def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monke
     import helpers.engine.pipeline
 
     # 350 MiB devices, 100 MiB copies: after 3 copies 50 MiB are left, less than one copy
-    workload = SyntheticWorkload(0.0, device_memory_mb={"cuda:0": 350, "cuda:1": 150},
-                                 model_mb=100)
+    workload = SyntheticWorkload(0.0, device_memory_mib={"cuda:0": 350, "cuda:1": 150},
+                                 model_mib=100)
     with WorkerPool(workload, ["cuda:0", "cuda:1"], adaptive=True, progress=False) as pool:
         assert pool.stable_workers == {"cuda:0": 3, "cuda:1": 1}
         stats = pool.run(records(60), tmp_path / "out.h5", workunit_size=5)

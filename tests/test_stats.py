@@ -41,7 +41,7 @@ def test_a_tally_keeps_totals_and_peaks():
     assert (tally.records, tally.workunits, tally.busy_seconds) == (21, 4, 1.0)
     assert tally.phases == {"forward": 0.375, "tokenize": 0.0625}
     assert tally.counts == {"tokens_computed": 12, "tokens_needed": 9}
-    assert tally.peak_rss_mb == 100.0 and tally.peak_gpu_mb == 300.0
+    assert tally.peak_rss_mib == 100.0 and tally.peak_gpu_mib == 300.0
 
 
 def test_each_device_has_its_share_of_the_job_in_the_stats():
@@ -56,14 +56,33 @@ def test_each_device_has_its_share_of_the_job_in_the_stats():
                           workunit_size=100, backend="process", output="o.h5")
     assert stats.per_device == {
         "cuda:0": {"workers": 2, "records": 400, "records_per_s": 40.0, "busy_share": 0.6,
-                   "peak_rss_mb": 700.0, "peak_gpu_mb": 2048.0},
+                   "peak_rss_mib": 700.0, "peak_gpu_mib": 2048.0},
         "cpu": {"workers": 1, "records": 50, "records_per_s": 5.0, "busy_share": 0.5,
-                "peak_rss_mb": 300.0, "peak_gpu_mb": None}}
+                "peak_rss_mib": 300.0, "peak_gpu_mib": None}}
     assert stats.to_dict()["per_device"] == stats.per_device
     assert "device cuda:0: 2 workers, 400 records (40.0/s), busy 60%, peak RSS 700 MiB, " \
            "device memory 2048 MiB" in stats.summary()
     with pytest.raises(TypeError):
         PipelineStats(450, 0, 10.0, 2.0, workers, {}, (), 100, "process", "o.h5")  # by name only
+
+
+def test_mib_fields_answer_to_their_older_mb_names_read_only():
+    """They held MiB under ``_mb`` names until 2026-11-28; code that reads those still works,
+    and the dict (the CLI's JSON, a run's record) has the new names only."""
+    from helpers.engine.measure.stats import PipelineStats, WorkerStats
+
+    worker = WorkerStats(0, "cpu", 10, 1.0, 3, 1, 1.0, 0.0, 512.0, 64.0)
+    stats = PipelineStats(records=3, failed_records=0, wall_seconds=1.0, spinup_seconds=0.0,
+                          workers=(worker,), stages={}, devices=("cpu",), workunit_size=3,
+                          backend="process", output="o.h5", peak_rss_mib=900.0,
+                          parent_rss_mib=300.0)
+    assert (worker.peak_rss_mb, worker.peak_gpu_mb) == (512.0, 64.0)
+    assert (stats.peak_rss_mb, stats.parent_rss_mb) == (900.0, 300.0)
+    data = stats.to_dict()
+    assert data["parent_rss_mib"] == 300.0 and "parent_rss_mb" not in data
+    assert "peak_rss_mb" not in data["workers"][0]
+    with pytest.raises(AttributeError):
+        worker.peak_rss_mb = 1.0
 
 
 def test_the_summary_counts_tokens_as_whole_numbers():

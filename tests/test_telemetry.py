@@ -20,7 +20,7 @@ def test_every_device_of_a_run_has_samples(tmp_path):
                for s in stats.telemetry)
     busy = [s for s in stats.telemetry if s.source == "psutil"]  # no such cards here: processes
     assert {s.worker for s in busy} == {0, 1} and max(s.utilization for s in busy) > 50
-    assert all(s.memory_mb > 0 for s in busy)
+    assert all(s.memory_mib > 0 for s in busy)
     assert not [t for t in threading.enumerate() if t.name == "gpufeed-telemetry"]
 
 

@@ -15,9 +15,9 @@ peak RSS is its own and the kill is a real SIGKILL of the whole run (workers inc
 
 ``backend="ray"`` runs the same through Ray actors on a local Ray that each run starts (its start is
 in the spin-up, not in the rate), or on the cluster at $RAY_ADDRESS. Beside the driver's peak RSS:
-its peak private memory while its pool is up (``parent_uss_mb``: RSS counts the pages of Ray's
+its peak private memory while its pool is up (``parent_uss_mib``: RSS counts the pages of Ray's
 object store the driver has read results from, shared memory that Ray owns and bounds), and every
-run's whole process tree sampled five times a second (``tree_rss_mb``: the driver, its workers or
+run's whole process tree sampled five times a second (``tree_rss_mib``: the driver, its workers or
 Ray's raylet, object store and actors).
 
 Records are the shipped sample paragraphs over and over (ids 0..n-1), read a slice at a time;
@@ -55,11 +55,11 @@ from helpers.engine.contract.protocol import positions
 from helpers.engine.inputs.sources import READ_SLICE
 from helpers.engine.outputs.checkpoint import WORKER_LEVEL
 from helpers.engine.outputs.hdf5_sink import rows_written
-from helpers.study.peers import tree_rss_mb
+from helpers.study.peers import tree_rss_mib
 
 CORPUS = 20_648_877  # chunks in the study's corpus (notebook 01's days-for-the-corpus estimate)
 PARQUET_GROUP_ROWS = 100_000  # rows per row group of the Parquet corpus (source="parquet")
-GOALS = {"records_per_s": 200_000, "rss_growth_mb": 200, "uss_growth_mb": 200,
+GOALS = {"records_per_s": 200_000, "rss_growth_mib": 200, "uss_growth_mib": 200,
          "longest_idle_s": 1.0, "write_amplification": 2.0,
          "resume_first_workunit_s": 10.0,
          "driver_cpu_s_per_million": 0.3, "driver_read_fraction": 0.05}  # (the last two: one
@@ -184,8 +184,8 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
             "driver_cpu_s_per_million": cpu / new * 1e6 if new > 0 else None,
             "driver_read_fraction": read / (new * (dim * 4 + 8)) if new > 0 else None,
             "wall_s": stats.wall_seconds,
-            "records_per_s": stats.records_per_second, "parent_rss_mb": stats.parent_rss_mb,
-            "parent_uss_mb": private.peak_mb,
+            "records_per_s": stats.records_per_second, "parent_rss_mib": stats.parent_rss_mib,
+            "parent_uss_mib": private.peak_mib,
             "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
             "longest_idle_s": stats.longest_idle_seconds,
             "first_dispatch_s": stats.first_dispatch_seconds, "spinup_s": stats.spinup_seconds,
@@ -207,7 +207,7 @@ class _PeakPrivate:
     still maps count as private, though they were never the driver's."""
 
     def __init__(self) -> None:
-        self.peak_mb, self._stop = 0.0, threading.Event()
+        self.peak_mib, self._stop = 0.0, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
@@ -217,7 +217,7 @@ class _PeakPrivate:
                 return
 
     def _take(self) -> None:
-        self.peak_mb = max(self.peak_mb, psutil.Process().memory_full_info().uss / 2**20)
+        self.peak_mib = max(self.peak_mib, psutil.Process().memory_full_info().uss / 2**20)
 
     def cpu_seconds(self) -> float:
         """The CPU the sampling thread has used so far (not the driver's work); 0 where the
@@ -249,18 +249,18 @@ def _command(records: int, output: Path, workers: int, workunit_size: int, dim: 
 
 def _child(command: list[str]) -> dict[str, Any]:
     """Run ``command``, sampling its process tree's RSS five times a second: its measurements, with
-    the tree's peak as ``tree_rss_mb``."""
+    the tree's peak as ``tree_rss_mib``."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         run = subprocess.Popen(command, stdout=out, stderr=err, text=True)
         root, peak = psutil.Process(run.pid), 0.0
         while run.poll() is None:
-            peak = max(peak, tree_rss_mb(root))
+            peak = max(peak, tree_rss_mib(root))
             time.sleep(0.2)
         out.seek(0), err.seek(0)
         if run.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} exited {run.returncode}:\n"
                                f"{err.read()[-3000:]}")
-        return {**json.loads(out.read().strip().splitlines()[-1]), "tree_rss_mb": peak}
+        return {**json.loads(out.read().strip().splitlines()[-1]), "tree_rss_mib": peak}
 
 
 def _kill_when(command: list[str], output: Path, rows: int, part_rows: int = 0) -> float:
@@ -380,11 +380,11 @@ def report(table: pd.DataFrame) -> dict[str, float]:
     figures["driver_cpu_s_per_million"] = full["driver_cpu_s_per_million"]
     figures["driver_read_fraction"] = full["driver_read_fraction"]
     if "baseline" in runs.index:
-        figures["rss_growth_mb"] = full["parent_rss_mb"] - runs.loc["baseline", "parent_rss_mb"]
-        figures["uss_growth_mb"] = full["parent_uss_mb"] - runs.loc["baseline", "parent_uss_mb"]
+        figures["rss_growth_mib"] = full["parent_rss_mib"] - runs.loc["baseline", "parent_rss_mib"]
+        figures["uss_growth_mib"] = full["parent_uss_mib"] - runs.loc["baseline", "parent_uss_mib"]
     if "resumed" in runs.index:
         figures["resume_first_workunit_s"] = runs.loc["resumed", "resume_first_workunit_s"]
-    at_most = {"rss_growth_mb", "uss_growth_mb", "longest_idle_s",
+    at_most = {"rss_growth_mib", "uss_growth_mib", "longest_idle_s",
                "write_amplification", "resume_first_workunit_s", "driver_cpu_s_per_million",
                "driver_read_fraction"}
     for name, value in figures.items():

@@ -31,7 +31,7 @@ import pandas as pd
 ROW_GROUP = 131_072
 GOALS = {"parquet_read_rows_per_s": 1_000_000, "csv_read_rows_per_s": 500_000,
          "jsonl_read_rows_per_s": 500_000, "end_to_end_rows_per_s": 250_000,
-         "rss_growth_mb": 200}
+         "rss_growth_mib": 200}
 FORMATS = ("parquet", "csv", "jsonl")
 KEY_BYTES = 8  # the repeat check's hash of a key (helpers.engine.contract.id_ranges.SeenValues)
 
@@ -100,7 +100,7 @@ def run_once(path: str, output: str, workers: int, workunit_size: int, keys: boo
                          id_column="doc" if keys else None,
                          progress=False, overwrite=True)
     return {"records": stats.records, "wall_s": stats.wall_seconds,
-            "records_per_s": stats.records_per_second, "parent_rss_mb": stats.parent_rss_mb,
+            "records_per_s": stats.records_per_second, "parent_rss_mib": stats.parent_rss_mib,
             "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
             "spinup_s": stats.spinup_seconds}
 
@@ -143,26 +143,26 @@ def report(table: pd.DataFrame) -> dict[str, float]:
     figures = {f"{fmt}_read_rows_per_s": summary.loc[fmt, "rows_per_s"] for fmt in FORMATS}
     runs = table[table["run"] != "read"].set_index(["run", "keys"])
     if "end_to_end" in runs.index:
-        print(runs[["rows", "rows_per_s", "parent_rss_mb", "longest_dispatch_gap_s"]]
+        print(runs[["rows", "rows_per_s", "parent_rss_mib", "longest_dispatch_gap_s"]]
               .to_string(float_format=lambda v: f"{v:,.2f}"))
         figures["end_to_end_rows_per_s"] = runs.loc[("end_to_end", True), "rows_per_s"]
         figures["end_to_end_no_keys_rows_per_s"] = runs.loc[("end_to_end", False), "rows_per_s"]
     if "baseline" in runs.index:
-        growth = runs.loc["end_to_end", "parent_rss_mb"] - runs.loc["baseline", "parent_rss_mb"]
-        check_mb = KEY_BYTES * (runs.loc[("end_to_end", True), "rows"]
+        growth = runs.loc["end_to_end", "parent_rss_mib"] - runs.loc["baseline", "parent_rss_mib"]
+        check_mib = KEY_BYTES * (runs.loc[("end_to_end", True), "rows"]
                                 - runs.loc[("baseline", True), "rows"]) / 2**20
-        figures["rss_growth_mb"] = growth[False]
-        figures["rss_growth_keys_mb"] = growth[True]
-        figures["rss_growth_keys_less_check_mb"] = growth[True] - check_mb
+        figures["rss_growth_mib"] = growth[False]
+        figures["rss_growth_keys_mib"] = growth[True]
+        figures["rss_growth_keys_less_check_mib"] = growth[True] - check_mib
     for name, value in figures.items():
         goal = GOALS[name.replace("_no_keys", "").replace("_keys_less_check", "")
                      .replace("_keys", "")]
         at_most = name.startswith("rss_growth")
         met = value <= goal if at_most else value >= goal
         print(f"{name}: {value:,.1f} ({'<=' if at_most else '>='} {goal:,}: "
-              f"{'met' if met else 'NOT met'})" if name != "rss_growth_keys_mb" else
+              f"{'met' if met else 'NOT met'})" if name != "rss_growth_keys_mib" else
               f"{name}: {value:,.1f} (of which the repeat check's {KEY_BYTES} bytes a key: "
-              f"{check_mb:,.1f})")
+              f"{check_mib:,.1f})")
     return figures
 
 

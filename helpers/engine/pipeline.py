@@ -243,8 +243,8 @@ class WorkerPool:
                 workers.append(info)
                 if short_of_memory(ready[info.index], FIT_HEADROOM):
                     log.info("fit: %s has %.0f MiB free after %d copies of %.0f MiB; "
-                             "stopping there", device, ready[info.index].free_mb, copy + 1,
-                             ready[info.index].model_mb)
+                             "stopping there", device, ready[info.index].free_mib, copy + 1,
+                             ready[info.index].model_mib)
                     break
         self.workers = workers
 
@@ -577,7 +577,7 @@ class _Job:
                             result.ended - self.clock, node=slot.ready.node if slot.ready else "",
                             phases=result.phases, counts=result.counts)
         self.tallies.setdefault(result.worker, Tally()).add(
-            span.records, result.compute_seconds, result.peak_rss_mb, result.peak_gpu_mb,
+            span.records, result.compute_seconds, result.peak_rss_mib, result.peak_gpu_mib,
             result.phases, result.counts, result.cpu_seconds)
         self.timeline.add(span)
         self._idle(slot, result)
@@ -641,8 +641,8 @@ class _Job:
             stages=stages, devices=tuple(w.device for w in workers),
             workunit_size=self.settings.workunit_size, backend=pool.backend,
             output=str(output), config=config, timeline=self.timeline.spans,
-            peak_rss_mb=_peak_rss(workers), recovery=recovery,
-            resumed_after=sink.resumed_after, parent_rss_mb=peak_memory("cpu")[0],
+            peak_rss_mib=_peak_rss(workers), recovery=recovery,
+            resumed_after=sink.resumed_after, parent_rss_mib=peak_memory("cpu")[0],
             first_dispatch_seconds=(dispatches.first - self.started)
             if dispatches.first is not None else 0.0,
             longest_dispatch_gap_seconds=dispatches.longest_gap,
@@ -656,7 +656,7 @@ class _Job:
         return WorkerStats(slot.info.index, slot.info.device, ready.pid if ready else 0,
                            ready.load_seconds if ready else 0.0, tally.records, tally.workunits,
                            tally.busy_seconds, max(0.0, self.wall - tally.busy_seconds),
-                           tally.peak_rss_mb, tally.peak_gpu_mb, slot.restarts,
+                           tally.peak_rss_mib, tally.peak_gpu_mib, slot.restarts,
                            tally.cpu_seconds)
 
 
@@ -779,11 +779,11 @@ def _finished(job: "_Job", sink: HDF5Sink) -> PipelineStats:
                            "write_blocked": sink.blocked_seconds,
                            "wait": sum(w.wait_seconds for w in workers)},
                    bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
-                   parent_rss_mb=peak_memory("cpu")[0], peak_rss_mb=_peak_rss(list(workers)))
+                   parent_rss_mib=peak_memory("cpu")[0], peak_rss_mib=_peak_rss(list(workers)))
 
 
 def _peak_rss(workers: list[WorkerStats]) -> float:
     """The driver's peak plus each worker process's (threads live in the driver)."""
     driver = os.getpid()
-    by_pid = {w.pid: w.peak_rss_mb for w in workers if w.pid != driver}
+    by_pid = {w.pid: w.peak_rss_mib for w in workers if w.pid != driver}
     return peak_memory("cpu")[0] + sum(by_pid.values())

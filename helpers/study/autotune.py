@@ -121,7 +121,7 @@ def busy_share(spans: pd.DataFrame, parallelism: int, step: float = BUSY_STEP_S)
         at_work = ((part["start_s"].to_numpy()[:, None] <= times)
                    & (times < part["end_s"].to_numpy()[:, None])).sum(axis=0)
         rows += [{"seconds": t, "device": device, "worker": None, "source": "simulated",
-                  "utilization": 100.0 * min(n, parallelism) / parallelism, "memory_mb": np.nan}
+                  "utilization": 100.0 * min(n, parallelism) / parallelism, "memory_mib": np.nan}
                  for t, n in zip(times, at_work)]
     return pd.DataFrame(rows)
 

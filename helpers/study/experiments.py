@@ -183,19 +183,19 @@ def backends_memory(workload_name: str, device: str, worker_counts: Sequence[int
                 size = fair_workunit_size(workunit_size, records, n)
                 stats = run_isolated(workload_name, [device] * n, backend, records, size,
                                      **options)
-                gpu = [w["peak_gpu_mb"] for w in stats["workers"] if w["peak_gpu_mb"] is not None]
+                gpu = [w["peak_gpu_mib"] for w in stats["workers"] if w["peak_gpu_mib"] is not None]
                 rows.append({"backend": backend, "workers": n, "devices": ",".join([device] * n),
                              "workunit_size": size, "replicate": replicate, "records": stats["records"],
                              "wall_s": stats["wall_seconds"], "spinup_s": stats["spinup_seconds"],
                              "records_per_s": stats["records_per_second"],
-                             "peak_rss_mb": stats["peak_rss_mb"],
-                             "peak_gpu_mb": _gpu_total(stats) if gpu else np.nan})
+                             "peak_rss_mib": stats["peak_rss_mib"],
+                             "peak_gpu_mib": _gpu_total(stats) if gpu else np.nan})
     return pd.DataFrame(rows)
 
 
 def _gpu_total(stats: dict[str, Any]) -> float:
     """Peak GPU memory summed over processes (threads of one process report the same number)."""
-    by_process = {(w["pid"], w["device"]): w["peak_gpu_mb"] for w in stats["workers"]}
+    by_process = {(w["pid"], w["device"]): w["peak_gpu_mib"] for w in stats["workers"]}
     return float(sum(v for v in by_process.values() if v is not None))
 
 

@@ -123,15 +123,15 @@ def layouts(table: pd.DataFrame, label: str) -> str:
 def backends(table: pd.DataFrame) -> str:
     """Threads sharing a model against a process per model, at the largest common worker count."""
     n = int(table["workers"].max())
-    at_n = table[table["workers"] == n].groupby("backend")[["records_per_s", "peak_rss_mb"]].mean()
+    at_n = table[table["workers"] == n].groupby("backend")[["records_per_s", "peak_rss_mib"]].mean()
     if not {"thread", "process"} <= set(at_n.index):
         return f"only {', '.join(at_n.index)} measured"
     thread, process = at_n.loc["thread"], at_n.loc["process"]
     return (f"at {n} workers: processes reach {process['records_per_s']:.1f} records/s at "
-            f"{process['peak_rss_mb']:.0f} MiB peak RSS, threads {thread['records_per_s']:.1f} "
-            f"records/s at {thread['peak_rss_mb']:.0f} MiB "
+            f"{process['peak_rss_mib']:.0f} MiB peak RSS, threads {thread['records_per_s']:.1f} "
+            f"records/s at {thread['peak_rss_mib']:.0f} MiB "
             f"({process['records_per_s'] / thread['records_per_s']:.2f}× the throughput for "
-            f"{process['peak_rss_mb'] / thread['peak_rss_mb']:.2f}× the memory)"
+            f"{process['peak_rss_mib'] / thread['peak_rss_mib']:.2f}× the memory)"
             + few_workunits(table))
 
 
@@ -300,7 +300,7 @@ def peers(table: pd.DataFrame) -> str:
     encode's in the same replicate (median), the fastest end to end, and the memory each took."""
     ratios = table.pivot(index="replicate", columns="label", values="records_per_s")
     bare = ratios.pop("bare model.encode") if "bare model.encode" in ratios else None
-    median = table.groupby("label")[["records_per_s", "end_to_end_s", "peak_pss_mb",
+    median = table.groupby("label")[["records_per_s", "end_to_end_s", "peak_pss_mib",
                                      "spinup_s"]].median()
     ranked = median.sort_values("records_per_s", ascending=False)
     steady = ", ".join(
@@ -308,15 +308,15 @@ def peers(table: pd.DataFrame) -> str:
         + (f" ({(ratios[label] / bare).median():.2f}× bare)" if bare is not None else "")
         for label, row in ranked.iterrows() if label != "bare model.encode")
     quickest = median["end_to_end_s"].idxmin()
-    lightest, heaviest = median["peak_pss_mb"].idxmin(), median["peak_pss_mb"].idxmax()
+    lightest, heaviest = median["peak_pss_mib"].idxmin(), median["peak_pss_mib"].idxmax()
     floor = f"bare model.encode {median.loc['bare model.encode', 'records_per_s']:.1f} " \
         "records/s; " if bare is not None else ""
     return (f"steady state (models loaded, {_medians(table['replicate'].nunique())}): {floor}"
             f"{steady}; end to end on {int(table['records'].iloc[0])} records, {quickest} is "
             f"quickest ({median.loc[quickest, 'end_to_end_s']:.1f} s, of which spin-up "
             f"{median.loc[quickest, 'spinup_s']:.1f} s); peak memory from {lightest} "
-            f"({median.loc[lightest, 'peak_pss_mb']:,.0f} MiB) to {heaviest} "
-            f"({median.loc[heaviest, 'peak_pss_mb']:,.0f} MiB)")
+            f"({median.loc[lightest, 'peak_pss_mib']:,.0f} MiB) to {heaviest} "
+            f"({median.loc[heaviest, 'peak_pss_mib']:,.0f} MiB)")
 
 
 def faults(table: pd.DataFrame) -> str:

@@ -7,7 +7,7 @@ Each run is a fresh ``python -m helpers.study.peers`` process (``run_system``), 
 model loads and memory start from nothing for every system alike; the process prints its own
 spin-up (until every model copy is loaded and warm) and steady-state seconds, and the ids it got
 back, and this side times it end to end and samples the memory of its whole process tree (Ray's
-raylet and actors included; proportional set sizes, ``tree_pss_mb``) for the peak. ``peers`` runs
+raylet and actors included; proportional set sizes, ``tree_pss_mib``) for the peak. ``peers`` runs
 every system once per replicate, the order turning (helpers.study.autotune.interleaved).
 
 ``faults`` runs each system again and, once it is in its steady state, SIGKILLs one of its model
@@ -214,20 +214,20 @@ def _tree(process: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def tree_rss_mb(root: psutil.Process) -> float:
+def tree_rss_mib(root: psutil.Process) -> float:
     """The RSS of ``root`` and all its descendants, MiB (those gone meanwhile count nothing)."""
-    return _tree_memory_mb(root, lambda p: p.memory_info().rss)
+    return _tree_memory_mib(root, lambda p: p.memory_info().rss)
 
 
-def tree_pss_mb(root: psutil.Process) -> float:
+def tree_pss_mib(root: psutil.Process) -> float:
     """The memory ``root`` and all its descendants hold, MiB: their proportional set sizes (a page
     that n of them share counts 1/n in each), so that processes forked with their libraries
     loaded, sharing those pages, count them once, as the machine does (the RSS sum counts them
     in each)."""
-    return _tree_memory_mb(root, lambda p: p.memory_full_info().pss)
+    return _tree_memory_mib(root, lambda p: p.memory_full_info().pss)
 
 
-def _tree_memory_mb(root: psutil.Process, size: Callable[[psutil.Process], int]) -> float:
+def _tree_memory_mib(root: psutil.Process, size: Callable[[psutil.Process], int]) -> float:
     total = 0
     for p in _tree(root):
         try:
@@ -280,7 +280,7 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
         peak, steady_at, killed = 0.0, None, None
         reader = _Lines(out_path)
         while child.poll() is None and time.perf_counter() - started < limit_seconds:
-            peak = max(peak, tree_pss_mb(root))
+            peak = max(peak, tree_pss_mib(root))
             if steady_at is None and STEADY in reader.new():
                 steady_at = time.perf_counter()
             if kill_after_seconds is not None and killed is None and steady_at is not None \
@@ -308,7 +308,7 @@ def run_system(system: str, device: str, records: int, batch_size: int, workers:
             "threads": result.get("threads", np.nan), "spinup_s": result.get("spinup_s", np.nan),
             "steady_s": result.get("steady_s", np.nan), "end_to_end_s": end_to_end,
             "records_per_s": records / result["steady_s"] if result.get("steady_s") else np.nan,
-            "peak_pss_mb": peak, "killed_pid": killed, "rows_written": len(ids),
+            "peak_pss_mib": peak, "killed_pid": killed, "rows_written": len(ids),
             "rows_unique": unique, "rows_lost": records - unique,
             "rows_duplicated": len(ids) - unique,
             "error": "" if outcome == "finished" else f"killed by signal {-child.returncode}"

@@ -48,7 +48,16 @@ def load_table(name: str, results_dir: str | Path) -> pd.DataFrame:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such result table; run the notebook that writes "
                                 f"{name!r} with the same results_dir first")
-    return pd.read_csv(path)
+    return read_table(path)
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A result table's CSV, its columns named as tables are named now: a column of MiB that a
+    table written before 2026-11-28 calls ``*_mb`` (its sidecar keeps the name it was written
+    with) reads as ``*_mib``."""
+    frame = pd.read_csv(path)
+    return frame.rename(columns={c: c[:-3] + "_mib" for c in frame.columns
+                                 if isinstance(c, str) and c.endswith("_mb")})
 
 
 def load_sidecar(name: str, results_dir: str | Path) -> dict[str, Any]:

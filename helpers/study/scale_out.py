@@ -73,7 +73,7 @@ def run_row(stats: PipelineStats, backend: str, replicate: int, cluster_start_s:
             "workers": len(stats.workers), "workunit_size": stats.workunit_size,
             "wall_s": stats.wall_seconds, "records_per_s": stats.records_per_second,
             "spinup_s": stats.spinup_seconds, "cluster_start_s": cluster_start_s,
-            "parent_rss_mb": stats.parent_rss_mb,
+            "parent_rss_mib": stats.parent_rss_mib,
             "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
             "deaths": stats.recovery.get("deaths", 0)}
 

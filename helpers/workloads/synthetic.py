@@ -18,7 +18,7 @@ What tuning needs, modelled deterministically so that CPU tests reproduce a GPU'
 - ``parallelism``: a device runs at most that many workunits at once (one per lock file, worker
   copy ``c`` taking lock ``c % parallelism``), so that k workers on it reach
   ``min(k, parallelism) × speed`` and no more: the point where a real card saturates;
-- ``device_memory_mb`` and ``model_mb``: a copy that does not fit fails to load, and each Ready
+- ``device_memory_mib`` and ``model_mib``: a copy that does not fit fails to load, and each Ready
   reports the memory left, so that growth stops where a real card would run out.
 """
 from __future__ import annotations
@@ -64,8 +64,8 @@ class SyntheticWorkload:
     of more records than that; ``break_on_records`` raises and leaves the model broken, so that
     every later workunit of that worker fails too (a CUDA device-side assert does that). With
     ``transient`` (a folder) each record's fault fires only the first time, like a fault that goes
-    away on retry. ``device_memory_mb`` simulates devices of that many MiB, each model copy taking
-    ``model_mb``: a copy that does not fit fails to load. ``seconds_per_workunit`` and
+    away on retry. ``device_memory_mib`` simulates devices of that many MiB, each model copy taking
+    ``model_mib``: a copy that does not fit fails to load. ``seconds_per_workunit`` and
     ``parallelism`` (an int for every device, or per device): see the module docstring.
     """
 
@@ -83,8 +83,8 @@ class SyntheticWorkload:
     break_on_records: frozenset = frozenset()
     oom_above: int | None = None
     transient: str | None = None
-    device_memory_mb: Mapping[str, float] = field(default_factory=dict)
-    model_mb: float = 100.0
+    device_memory_mib: Mapping[str, float] = field(default_factory=dict)
+    model_mib: float = 100.0
     name: str = "synthetic"
     requires_hardware: bool = False
     locks: str | None = field(default=None, init=False, repr=False, compare=False)
@@ -106,7 +106,7 @@ class SyntheticWorkload:
         object.__setattr__(self, "speed", dict(self.speed))
         for name in ("fail_on_records", "exit_on_records", "hang_on_records", "break_on_records"):
             object.__setattr__(self, name, frozenset(getattr(self, name)))
-        object.__setattr__(self, "device_memory_mb", dict(self.device_memory_mb))
+        object.__setattr__(self, "device_memory_mib", dict(self.device_memory_mib))
         if self.transient is not None:
             object.__setattr__(self, "transient", str(self.transient))
         if self.parallelism is not None:
@@ -135,19 +135,19 @@ class SyntheticWorkload:
         copy = int(os.environ.get(MODEL_COPY_ENV, "0"))
         if self.fail_on_load:
             raise InjectedFailure(f"fail_on_load: refusing to load on {device}")
-        capacity = self.device_memory_mb.get(device)
-        if capacity is not None and (copy + 1) * self.model_mb > capacity:
-            raise MemoryError(f"simulated: copy {copy + 1} of {self.model_mb:g} MiB does not fit "
+        capacity = self.device_memory_mib.get(device)
+        if capacity is not None and (copy + 1) * self.model_mib > capacity:
+            raise MemoryError(f"simulated: copy {copy + 1} of {self.model_mib:g} MiB does not fit "
                               f"in {device}'s {capacity:g} MiB")
         return {"device": device, "cost": self.seconds_per_record / self.speed.get(device, 1.0),
                 "fixed": self.seconds_per_workunit / self.speed.get(device, 1.0), "copy": copy}
 
     def device_memory(self, model: dict[str, Any], device: str) -> tuple[float | None, float | None]:
-        """Simulated (free MiB, MiB per copy) when ``device_memory_mb`` names the device."""
-        capacity = self.device_memory_mb.get(device)
+        """Simulated (free MiB, MiB per copy) when ``device_memory_mib`` names the device."""
+        capacity = self.device_memory_mib.get(device)
         if capacity is None:
             return None, None
-        return capacity - (model["copy"] + 1) * self.model_mb, self.model_mb
+        return capacity - (model["copy"] + 1) * self.model_mib, self.model_mib
 
     def outputs(self, model: Any) -> dict[str, OutputSpec]:
         return {"values": OutputSpec((self.dim,), "float32")}

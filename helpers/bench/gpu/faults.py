@@ -139,19 +139,19 @@ def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
     ready = list(pool.ready.values())
     started = len(ready)
     free_now, _ = device_memory(None, None, device)  # (as a worker reads it)
-    last = ready[-1].free_mb if ready else None
+    last = ready[-1].free_mib if ready else None
     reads_real = last is not None and \
         abs(last - free_now) <= max(FIT_TOLERANCE[0] * free_now, FIT_TOLERANCE[1])
-    counted = ready[-1].model_mb if ready else None  # what "fit" takes a copy to be
+    counted = ready[-1].model_mib if ready else None  # what "fit" takes a copy to be
     real = (after - before) / started if after is not None and before is not None and started \
         else None
     free_before = free_now + (real or 0.0) * started
     leaves = FIT_HEADROOM * counted if counted else None  # free, once "fit" stops
     return {"check": "fit", "passed": started >= 1 and reads_real, "workers": started,
-            "worker_free_mb": " ".join(f"{r.free_mb:.0f}" for r in ready if r.free_mb),
-            "free_now_mb": free_now, "copy_mb": counted, "copy_real_mb": real,
-            "used_before_mb": before, "used_after_mb": after, "spinup_s": pool.spinup_seconds,
-            "fit_leaves_free_mb": leaves,  # uncapped, for every worker's batches together
+            "worker_free_mib": " ".join(f"{r.free_mib:.0f}" for r in ready if r.free_mib),
+            "free_now_mib": free_now, "copy_mib": counted, "copy_real_mib": real,
+            "used_before_mib": before, "used_after_mib": after, "spinup_s": pool.spinup_seconds,
+            "fit_leaves_free_mib": leaves,  # uncapped, for every worker's batches together
             "copies_fit_would_start": int((free_before - leaves) / real) + 1
             if real and leaves is not None else None,
             "detail": f"started {started} of at most {pool.settings.max_workers_per_device}; "

@@ -108,9 +108,9 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
     once = exactly_once(output, len(pairs))
     remove_output(output)
     seen = [{"seconds": s.seconds, "worker": s.worker, "utilization": s.utilization,
-             "memory_mb": s.memory_mb, "source": s.source} for s in sampler.samples]
+             "memory_mib": s.memory_mib, "source": s.source} for s in sampler.samples]
     counts, phases = stats.counts, stats.phases
-    gpu = [w.peak_gpu_mb for w in stats.workers if w.peak_gpu_mb is not None]
+    gpu = [w.peak_gpu_mib for w in stats.workers if w.peak_gpu_mib is not None]
     return {"records": stats.records, "failed_records": stats.failed_records,
             "exactly_once": once, "wall_s": stats.wall_seconds,
             "texts_per_s": stats.records_per_second,
@@ -120,7 +120,7 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
             **card_use(seen), "longest_worker_wait_s": stats.longest_idle_seconds,
             "efficiency": stats.efficiency,
             **{f"{phase}_s": s for phase, s in phases.items()},
-            "peak_gpu_mb": max(gpu) if gpu else None,
+            "peak_gpu_mib": max(gpu) if gpu else None,
             "worker_cores": os.cpu_count(),
             **{k: v for k, v in stats.recovery.items() if k != "restart_seconds"}}, seen
 

@@ -15,8 +15,10 @@ FIGURES = "check"  # the figures' folder under a figures folder
 
 def read(folder: str | Path) -> dict[str, pd.DataFrame]:
     """Each table the check wrote into ``folder``, by name."""
+    from helpers.study.results import read_table  # (older tables' MiB columns named as now)
+
     folder = Path(folder)
-    return {name: pd.read_csv(folder / f"{name}.csv") for name in TABLES
+    return {name: read_table(folder / f"{name}.csv") for name in TABLES
             if (folder / f"{name}.csv").is_file()}
 
 

@@ -32,8 +32,9 @@ WORKLOAD_ATTR = "workload_fingerprint"
 SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle and end: cheap at
 # any size, and any rewrite that changes the size, the time or those bytes is caught
 FOLDER_SAMPLE_BYTES = 64 << 10  # of each file of a folder (a thousand Parquet files: 192 MB read)
-RENAMED = {"text_field": "text_column", "id_field": "id_column"}  # a field's older name, as
-# an older gpufeed recorded it (a JSON-lines input's): compared under its name now
+RENAMED = {"text_field": "text_column", "id_field": "id_column",  # a field's older name, as an
+           "model_mb": "model_mib", "device_memory_mb": "device_memory_mib"}  # older gpufeed
+# recorded it (a JSON-lines input's; the synthetic workload's MiB): compared under its name now
 MOVABLE = ("path",)  # fields that may differ on resume when every other one is equal: a moved input
 
 

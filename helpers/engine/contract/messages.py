@@ -119,8 +119,8 @@ class Ready:
     pid: int
     load_seconds: float
     outputs: dict[str, OutputSpec]
-    free_mb: float | None = None  # memory left on the device once this model copy is loaded
-    model_mb: float | None = None  # what this copy takes on the device
+    free_mib: float | None = None  # memory left on the device once this model copy is loaded
+    model_mib: float | None = None  # what this copy takes on the device
     host: str = ""  # the machine the worker runs on (socket.gethostname())
     node: str = ""  # its Ray node ("" off Ray: the driver's machine)
     report: dict[str, Any] = field(default_factory=dict)  # workload.report(model): how it runs
@@ -137,8 +137,8 @@ class Result(_PackedIds):
     rejected: list[tuple]  # (record id, error type, message, unix time[, position in the source])
     started: float  # time.monotonic() (system-wide on Linux, macOS, Windows): a shared timeline
     ended: float
-    peak_rss_mb: float = 0.0  # this worker's process, high-water mark
-    peak_gpu_mb: float | None = None  # torch's peak allocation on the worker's CUDA device
+    peak_rss_mib: float = 0.0  # this worker's process, high-water mark
+    peak_gpu_mib: float | None = None  # torch's peak allocation on the worker's CUDA device
     phases: dict[str, float] | None = None  # seconds per phase of process (workload.phases)
     counts: dict[str, int] | None = None  # what process counted (workload.counts: tokens, say)
     part: Any = None  # the WorkerPart holding the rows (``arrays`` then empty), or None

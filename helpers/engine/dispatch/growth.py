@@ -44,9 +44,9 @@ EXPLORE_SECONDS = 0.25  # with workunit_size="auto": workunits take at most this
 def short_of_memory(ready: Ready | None, headroom: float) -> bool:
     """Whether the device a worker has just loaded on lacks room for another copy (free memory
     below ``headroom`` × one copy); False where the device does not report its memory."""
-    if ready is None or ready.free_mb is None or ready.model_mb is None:
+    if ready is None or ready.free_mib is None or ready.model_mib is None:
         return False
-    return ready.free_mb < headroom * ready.model_mb
+    return ready.free_mib < headroom * ready.model_mib
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,8 @@ class Growth:
             device.done = True
         elif short_of_memory(ready, MEMORY_HEADROOM):
             self._decide(device, seconds, "stop", k, before, rate,
-                         f"{why}; {ready.free_mb:.0f} MiB free, a copy takes "
-                         f"{ready.model_mb:.0f} MiB")
+                         f"{why}; {ready.free_mib:.0f} MiB free, a copy takes "
+                         f"{ready.model_mib:.0f} MiB")
             device.done = True
         else:
             index = max(scheduler.slots) + 1

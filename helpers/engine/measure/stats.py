@@ -22,10 +22,14 @@ class WorkerStats:
     workunits: int
     busy_seconds: float  # inside workload.process (and record checks)
     wait_seconds: float  # the rest of the job's wall time: starved, messaging, or idle at the end
-    peak_rss_mb: float = 0.0  # the worker's process (threads share the driver's)
-    peak_gpu_mb: float | None = None  # torch's peak allocation on its CUDA device
+    peak_rss_mib: float = 0.0  # the worker's process (threads share the driver's)
+    peak_gpu_mib: float | None = None  # torch's peak allocation on its CUDA device
     restarts: int = 0  # replacements started in this slot since the pool started
     cpu_seconds: float | None = None  # its process's CPU answering workunits (None: threads)
+
+    # their older names (they held MiB): read-only, for code written before 2026-11-28
+    peak_rss_mb = property(lambda self: self.peak_rss_mib)
+    peak_gpu_mb = property(lambda self: self.peak_gpu_mib)
 
 
 @dataclass(frozen=True)
@@ -70,13 +74,13 @@ class Tally:
     records: int = 0
     workunits: int = 0
     busy_seconds: float = 0.0
-    peak_rss_mb: float = 0.0
-    peak_gpu_mb: float | None = None
+    peak_rss_mib: float = 0.0
+    peak_gpu_mib: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     cpu_seconds: float | None = None
 
-    def add(self, records: int, busy_seconds: float, rss_mb: float, gpu_mb: float | None,
+    def add(self, records: int, busy_seconds: float, rss_mib: float, gpu_mib: float | None,
             phases: dict[str, float] | None = None,
             counts: dict[str, int] | None = None, cpu_seconds: float | None = None) -> None:
         add_phases(self.phases, phases)
@@ -86,9 +90,9 @@ class Tally:
         self.records += records
         self.workunits += 1
         self.busy_seconds += busy_seconds
-        self.peak_rss_mb = max(self.peak_rss_mb, rss_mb)
-        if gpu_mb is not None:
-            self.peak_gpu_mb = max(self.peak_gpu_mb or 0.0, gpu_mb)
+        self.peak_rss_mib = max(self.peak_rss_mib, rss_mib)
+        if gpu_mib is not None:
+            self.peak_gpu_mib = max(self.peak_gpu_mib or 0.0, gpu_mib)
 
 
 class Timeline:
@@ -164,10 +168,10 @@ class PipelineStats:
     output: str
     config: dict[str, Any] = field(default_factory=dict)
     timeline: tuple[WorkunitSpan, ...] = ()  # per workunit (merged past TIMELINE_SPANS)
-    peak_rss_mb: float = 0.0  # the driver's high-water mark plus each worker process's
+    peak_rss_mib: float = 0.0  # the driver's high-water mark plus each worker process's
     recovery: dict[str, Any] = field(default_factory=dict)  # deaths, timeouts, retries, splits...
     resumed_after: int = 0  # records an earlier run handled (written, failed, rejected): skipped
-    parent_rss_mb: float = 0.0  # the parent process's own high-water mark
+    parent_rss_mib: float = 0.0  # the parent process's own high-water mark
     first_dispatch_seconds: float = 0.0  # from the job's start (output opened, resume scanned)
     longest_dispatch_gap_seconds: float = 0.0  # no workunit sent for this long (messages of
     # several workunits go out further apart, their workers busy meanwhile)
@@ -182,6 +186,10 @@ class PipelineStats:
     # phases, every worker's summed (the embedding workload: tokenize, forward, copy_out)
     counts: dict[str, int] = field(default_factory=dict)  # what the workload counted, summed
     # (the embedding workload: tokens_computed, tokens_needed: ``padding``)
+
+    # their older names (they held MiB): read-only, for code written before 2026-11-28
+    peak_rss_mb = property(lambda self: self.peak_rss_mib)
+    parent_rss_mb = property(lambda self: self.parent_rss_mib)
 
     @property
     def padding(self) -> float | None:
@@ -229,14 +237,14 @@ class PipelineStats:
         for device in dict.fromkeys(w.device for w in self.workers):
             mine = [w for w in self.workers if w.device == device]
             records = sum(w.records for w in mine)
-            gpu = [w.peak_gpu_mb for w in mine if w.peak_gpu_mb is not None]
+            gpu = [w.peak_gpu_mib for w in mine if w.peak_gpu_mib is not None]
             report[device] = {
                 "workers": len(mine), "records": records,
                 "records_per_s": records / self.wall_seconds if self.wall_seconds > 0 else 0.0,
                 "busy_share": sum(w.busy_seconds for w in mine) / (len(mine) * self.wall_seconds)
                 if self.wall_seconds > 0 else 0.0,
-                "peak_rss_mb": max(w.peak_rss_mb for w in mine),
-                "peak_gpu_mb": max(gpu) if gpu else None}
+                "peak_rss_mib": max(w.peak_rss_mib for w in mine),
+                "peak_gpu_mib": max(gpu) if gpu else None}
         return report
 
     @property
@@ -265,16 +273,16 @@ class PipelineStats:
                  f" ({self.backend}, workunit {self.workunit_size}"
                  f"{f', {self.failed_records} failed' if self.failed_records else ''}"
                  f"{f', {self.resumed_after} done before' if self.resumed_after else ''}; "
-                 f"peak RSS {self.peak_rss_mb:.0f} MiB)"]
+                 f"peak RSS {self.peak_rss_mib:.0f} MiB)"]
         for w in self.workers:
             lines.append(f"  worker {w.worker} {w.device:>7}: {w.records:>7} records "
                          f"{w.workunits:>5} units  busy {w.busy_seconds:7.2f} s  "
                          f"waiting {w.wait_seconds:6.2f} s  load {w.load_seconds:5.2f} s")
         for device, d in self.per_device.items():
-            gpu = f", device memory {d['peak_gpu_mb']:.0f} MiB" if d["peak_gpu_mb"] else ""
+            gpu = f", device memory {d['peak_gpu_mib']:.0f} MiB" if d["peak_gpu_mib"] else ""
             lines.append(f"  device {device}: {d['workers']} worker{'s' * (d['workers'] > 1)}, "
                          f"{d['records']} records ({d['records_per_s']:.1f}/s), busy "
-                         f"{d['busy_share']:.0%}, peak RSS {d['peak_rss_mb']:.0f} MiB{gpu}")
+                         f"{d['busy_share']:.0%}, peak RSS {d['peak_rss_mib']:.0f} MiB{gpu}")
         lines.append("  stages: " + "  ".join(f"{k} {v:.2f} s" for k, v in self.stages.items()))
         if self.phases:
             compute = sum(self.phases.values()) or 1.0

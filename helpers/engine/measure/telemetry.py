@@ -33,7 +33,7 @@ class Sample:
     device: str
     worker: int | None  # the worker's slot (psutil), or None: the whole card (NVML)
     utilization: float  # percent: the GPU's busy share (NVML), or the process's CPU use (psutil)
-    memory_mb: float  # the card's memory in use (NVML), or the process's resident memory (psutil)
+    memory_mib: float  # the card's memory in use (NVML), or the process's resident memory (psutil)
     source: str  # "nvml" or "psutil"
 
 

@@ -11,7 +11,7 @@ renamed into place):
   attribute ``devices``, ``records``, ``start_s``, ``end_s``, and one column per phase and
   count the workload measured in it, ``phase_<name>``, ``count_<name>``);
 - ``telemetry/``: each sample (``seconds``, ``device``, ``worker`` (-1: the whole card),
-  ``utilization``, ``memory_mb``, ``source``).
+  ``utilization``, ``memory_mib``, ``source``).
 
 The outputs' readers (``read_output``, export, compaction) read the top-level datasets and
 the errors; a ``runs`` group is theirs to ignore. Where runs are kept until the output is one
@@ -71,7 +71,7 @@ def write(target: Any, stats: Any) -> None:
         timeline, devices = _timeline(stats)
         samples = _columns([{"seconds": s.seconds, "device": s.device,
                              "worker": -1 if s.worker is None else s.worker,
-                             "utilization": s.utilization, "memory_mb": s.memory_mb,
+                             "utilization": s.utilization, "memory_mib": s.memory_mib,
                              "source": s.source} for s in stats.telemetry])
         runs = target.require_group(GROUP)
         name = str(len(runs))

@@ -215,7 +215,7 @@ def begin(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSp
             del exc
             return message
         rss, gpu = peak_memory(info.device, getattr(workload, "requires_hardware", True))
-        return replace(result, started=wall - took, peak_rss_mb=rss, peak_gpu_mb=gpu,
+        return replace(result, started=wall - took, peak_rss_mib=rss, peak_gpu_mib=gpu,
                        cpu_seconds=spent + time.process_time() - cpu)
     return end
 
@@ -242,19 +242,19 @@ def peak_memory(device: str, hardware: bool = True) -> tuple[float, float | None
     On Linux the peak of this program alone (VmHWM): ``ru_maxrss`` also counts the process it was
     forked from, as big as it was when it forked (a worker spawned by a parent of 500 MiB would
     report at least 500 MiB)."""
-    rss_mb = _own_peak_mb()
-    if rss_mb is None:
+    rss_mib = _own_peak_mib()
+    if rss_mib is None:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS
+        rss_mib = rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS
     torch = sys.modules.get("torch")
     gpu = None
     if hardware and device.startswith("cuda") and torch is not None \
             and torch.cuda.is_available():
         gpu = torch.cuda.max_memory_allocated(device) / 2**20
-    return rss_mb, gpu
+    return rss_mib, gpu
 
 
-def _own_peak_mb() -> float | None:
+def _own_peak_mib() -> float | None:
     """VmHWM from /proc/self/status in MiB (None where there is no such file)."""
     try:
         with open("/proc/self/status", "rb") as status:
