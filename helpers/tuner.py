@@ -402,7 +402,7 @@ class _Trials:
         self._overhead = 0.0  # a job's seconds beyond its records at its rate (its ends)
 
     def opened(self, pool: WorkerPool) -> None:
-        self._spinups.append(pool.spinup_seconds)
+        self._spinups.append(pool.spinup_s)
 
     def late(self, records: int, new_pool: bool = False, rate: float | None = None) -> str:
         """Why a job of ``records`` (on a new pool: its start too, the median of those so far)
@@ -434,10 +434,10 @@ class _Trials:
         # trial runs whole: a tune measures something)
         stats = pool.run(self.source, output, limit=wanted, workunit_size=size, stop_at=end)
         output.unlink(missing_ok=True)
-        spinup, self._pool = (pool.spinup_seconds if pool is not self._pool else 0.0), pool
-        if stats.records and stats.records_per_second:
-            self._rate = stats.records_per_second
-            self._overhead = max(0.0, stats.wall_seconds - stats.records / self._rate)
+        spinup, self._pool = (pool.spinup_s if pool is not self._pool else 0.0), pool
+        if stats.records and stats.records_per_s:
+            self._rate = stats.records_per_s
+            self._overhead = max(0.0, stats.wall_s - stats.records / self._rate)
         counts = Counter(w.device for w in stats.workers if w.records)
         devices = sorted((info.device for info in pool.workers), key=self.order.index)
         self.rows.append({"trial": len(self.rows), "phase": phase, "batch_size": batch,
@@ -445,7 +445,7 @@ class _Trials:
                           "devices": ",".join(devices),
                           "threads_per_worker": max(info.threads for info in pool.workers),
                           "workunit_size": size, "records": stats.records,
-                          "wall_s": stats.wall_seconds, "records_per_s": stats.records_per_second,
+                          "wall_s": stats.wall_s, "records_per_s": stats.records_per_s,
                           "decisions": len(stats.decisions),
                           "variant": json.dumps(variant or self.variant, sort_keys=True),
                           "loaded": json.dumps(pool.loaded, sort_keys=True), "refused": "",

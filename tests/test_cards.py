@@ -62,7 +62,7 @@ def test_batches_queue_on_the_card_and_a_wait_holds_no_cpu(tmp_path):
     assert time.monotonic() - started == pytest.approx(0.2, abs=0.05)  # one after another
     assert launched < 0.05  # launching does not wait for the card
     assert time.process_time() - cpu < 0.05  # the wait sleeps
-    assert card.busy_seconds() == pytest.approx(0.2)
+    assert card.busy_s() == pytest.approx(0.2)
 
 
 def test_a_wait_until_what_done_said_leaves_the_later_batches_running(tmp_path):
@@ -93,7 +93,7 @@ def test_threads_and_processes_share_one_card(tmp_path):
     process.join()
     card.wait()
     assert process.exitcode == 0
-    assert card.busy_seconds() == pytest.approx(0.2)  # 2 + 2 batches, one queue
+    assert card.busy_s() == pytest.approx(0.2)  # 2 + 2 batches, one queue
     assert card.queue_end() >= started + 0.2 - 1e-6  # one after another, never side by side
     assert max(waited) >= 0.05 - 1e-3  # the second thread waited for the first's batch too
 

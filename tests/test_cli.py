@@ -32,7 +32,7 @@ def test_embedding_run_prints_stats_json_last(tmp_path):
                "--devices", "cpu", "--workunit-size", "8", "--limit", "20", "--backend", "thread")
     assert done.returncode == 0, done.stderr
     stats = json.loads(done.stdout.strip().splitlines()[-1])
-    assert stats["records"] == 20 and stats["records_per_second"] > 0 and not stats["partial"]
+    assert stats["records"] == 20 and stats["records_per_s"] > 0 and not stats["partial"]
     data = read_output(out)
     assert data["ids"].tolist() == list(range(20)) and data["embeddings"].shape == (20, 384)
 

@@ -52,7 +52,7 @@ def test_a_result_s_ids_are_packed_the_same_way_and_its_arrays_travel_whole():
     back = pickle.loads(pickle.dumps(result, protocol=5))
     assert isinstance(result.__getstate__()["ids"], IdRun)
     assert np.array_equal(back.ids, ids) and np.array_equal(back.arrays["v"], result.arrays["v"])
-    assert back.rejected == result.rejected and back.compute_seconds == 2.5
+    assert back.rejected == result.rejected and back.compute_s == 2.5
 
 
 def test_a_workunit_describes_itself_by_its_ids():

@@ -173,14 +173,14 @@ def test_bad_records_go_to_errors_and_cost_nothing_else(tmp_path, backend):
 def test_stats_separate_spinup_from_steady_state(tmp_path):
     stats = run([(i, i) for i in range(200)], SyntheticWorkload(0.002), tmp_path,
                 devices=["cpu", "cpu"], workunit_size=10)
-    assert stats.spinup_seconds > 0 and stats.wall_seconds > 0
-    assert stats.records_per_second == pytest.approx(200 / stats.wall_seconds)
-    assert stats.wall_seconds >= 200 * 0.002 / 2  # two sleeping workers cannot beat this
+    assert stats.spinup_s > 0 and stats.wall_s > 0
+    assert stats.records_per_s == pytest.approx(200 / stats.wall_s)
+    assert stats.wall_s >= 200 * 0.002 / 2  # two sleeping workers cannot beat this
     assert set(stats.stages) == {"read", "reader_blocked", "wait", "compute", "write",
                                  "write_blocked"}
-    assert stats.stages["compute"] == pytest.approx(sum(w.busy_seconds for w in stats.workers))
+    assert stats.stages["compute"] == pytest.approx(sum(w.busy_s for w in stats.workers))
     assert sum(w.workunits for w in stats.workers) == 20
-    assert json.loads(json.dumps(stats.to_dict()))["records_per_second"] > 0
+    assert json.loads(json.dumps(stats.to_dict()))["records_per_s"] > 0
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -204,7 +204,7 @@ def test_a_pool_runs_many_jobs_on_models_loaded_once(tmp_path, backend):
         for size, stats in zip((1, 10, 100), runs):
             assert read_output(tmp_path / f"out-{size}.h5")["ids"].tolist() == list(range(60))
             assert sum(w.workunits for w in stats.workers) == -(-60 // size)
-            assert stats.spinup_seconds == pool.spinup_seconds
+            assert stats.spinup_s == pool.spinup_s
         assert len({tuple(w.pid for w in stats.workers) for stats in runs}) == 1  # same workers
         with pytest.raises(ValueError, match="devices: fixed when the pool starts"):
             pool.run(records, tmp_path / "x.h5", devices=["cpu"])
@@ -217,9 +217,9 @@ def test_timeline_has_one_span_per_workunit_inside_the_run(tmp_path, backend):
     assert len(stats.timeline) == 10 and sum(s.records for s in stats.timeline) == 40
     assert sorted(s.workunit for s in stats.timeline) == list(range(10))
     for span in stats.timeline:
-        assert 0 <= span.start_s <= span.end_s <= stats.wall_seconds
+        assert 0 <= span.start_s <= span.end_s <= stats.wall_s
         assert span.end_s - span.start_s >= span.records * 0.002 * 0.9  # the sleep happened inside
-    busy = {w.worker: w.busy_seconds for w in stats.workers}
+    busy = {w.worker: w.busy_s for w in stats.workers}
     for worker, seconds in busy.items():
         spans = [s.end_s - s.start_s for s in stats.timeline if s.worker == worker]
         assert sum(spans) == pytest.approx(seconds)
@@ -237,7 +237,7 @@ def test_a_static_split_gives_each_worker_exactly_its_slice(tmp_path, backend):
         assert sorted(span.worker for span in stats.timeline) == [0, 1, 2]
         assert [span.records for span in stats.timeline] == [3, 3, 3]
         assert stats.records == 9 and 0 < stats.efficiency < 0.8  # the fast worker idles
-        assert max(span.end_s for span in stats.timeline) <= stats.wall_seconds
+        assert max(span.end_s for span in stats.timeline) <= stats.wall_s
         assert read_output(tmp_path / f"out-{n}.h5")["ids"].tolist() == [i for i, _ in pairs]
 
 
@@ -307,7 +307,7 @@ def test_static_strategy_falls_back_to_one_worker_for_tiny_inputs(tmp_path):
 
 def test_the_worst_stall_is_the_longest_a_worker_waited_for_its_next_workunit(tmp_path):
     """A source that stalls for a second halfway: each worker waits about that long between two
-    of its workunits (longest_idle_seconds), and no workunit goes out meanwhile."""
+    of its workunits (longest_idle_s), and no workunit goes out meanwhile."""
     from helpers.engine.inputs.sources import READ_SLICE
 
     def stalling():  # (read a slice at a time: the stall comes after the first slice's workunits)
@@ -319,8 +319,8 @@ def test_the_worst_stall_is_the_longest_a_worker_waited_for_its_next_workunit(tm
     stats = run(stalling(), SyntheticWorkload(0.0), tmp_path, devices=["cpu", "cpu"],
                 workunit_size=64, backend="thread", sort_window=0)  # (no window read ahead)
     assert stats.records == 2 * READ_SLICE
-    assert 0.8 < stats.longest_idle_seconds < 3, stats.longest_idle_seconds
-    assert stats.longest_dispatch_gap_seconds > 0.8
+    assert 0.8 < stats.longest_idle_s < 3, stats.longest_idle_s
+    assert stats.longest_dispatch_gap_s > 0.8
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -347,8 +347,8 @@ def test_the_scheduler_dispatches_while_a_slow_write_is_in_progress(tmp_path, ba
     assert stats.records == 600 and read_output(tmp_path / "out.h5")["ids"].tolist() == \
         list(range(600))
     # 5 records of 2 ms: a dispatch every ~5 ms; writing on the scheduler's thread made it 1.5 s
-    assert stats.longest_dispatch_gap_seconds < 0.5, stats.longest_dispatch_gap_seconds
-    assert stats.longest_idle_seconds < 0.5, stats.longest_idle_seconds  # no worker waited
+    assert stats.longest_dispatch_gap_s < 0.5, stats.longest_dispatch_gap_s
+    assert stats.longest_idle_s < 0.5, stats.longest_idle_s  # no worker waited
     assert stats.stages["write"] >= 1.5 and stats.stages["write_blocked"] < 0.5
 
 

@@ -330,7 +330,7 @@ def test_without_an_address_a_local_ray_is_started_said_and_stopped(tmp_path):
             "logging.basicConfig()\n"
             "stats = run_pipeline([(i, str(i)) for i in range(40)], SyntheticWorkload(0.0), "
             "['cpu'] * 2, 5, sys.argv[1], 'ray', progress=False)\n"
-            "print(stats.records, stats.spinup_seconds)")
+            "print(stats.records, stats.spinup_s)")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out.h5")],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=150)

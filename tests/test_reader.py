@@ -155,7 +155,7 @@ def test_the_queue_is_bounded_and_stop_ends_a_blocked_reader():
     started = time.monotonic()
     reader.stop()
     assert not reader.is_alive() and time.monotonic() - started < 2  # POLL_SECONDS, not forever
-    assert reader.blocked_seconds > 0.2 and not reader.done
+    assert reader.blocked_s > 0.2 and not reader.done
 
 
 def test_asked_to_queue_more_ahead_a_blocked_reader_goes_on_at_once():

@@ -379,7 +379,7 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
     assert scheduler.message_size(slot) == 2
     assert sent_to_0() == [2, 2]
     answer(0, MESSAGE_SECONDS / 100)  # then down slowly: a moving average (0.2 of the new)
-    assert scheduler.message_size(slot) == 2 and slot.unit_seconds > MESSAGE_SECONDS / 2
+    assert scheduler.message_size(slot) == 2 and slot.unit_s > MESSAGE_SECONDS / 2
     scheduler.sizing = object()  # workunit_size="auto": each workunit about a second already
     assert scheduler.message_size(slot) == 2
     scheduler.sizing = None

@@ -36,11 +36,11 @@ def test_a_run_on_a_simulated_card_writes_zeros_of_the_model_s_width_and_counts_
     counts = stats.counts
     assert counts["tokens_needed"] > 600 * 30 and counts["tokens_computed"] >= counts["tokens_needed"]
     assert counts["card_busy_us"] > 0 and counts["tokenize_cpu_us"] > 0
-    assert 0 < counts["card_busy_us"] / 1e6 / stats.wall_seconds <= 1.0  # one card, shared
+    assert 0 < counts["card_busy_us"] / 1e6 / stats.wall_s <= 1.0  # one card, shared
     if backend == "process":
-        assert stats.worker_cpu_seconds > counts["tokenize_cpu_us"] / 1e6
+        assert stats.worker_cpu_s > counts["tokenize_cpu_us"] / 1e6
     else:
-        assert stats.worker_cpu_seconds is None  # (threads: the driver's process's CPU)
+        assert stats.worker_cpu_s is None  # (threads: the driver's process's CPU)
 
 
 def test_a_simulated_output_is_never_resumed_by_a_real_model(tmp_path, records):

@@ -38,7 +38,7 @@ def test_a_tally_keeps_totals_and_peaks():
     tally.add(5, 0.25, 80.0, 300.0, {"forward": 0.125, "tokenize": 0.0625})
     tally.add(5, 0.25, 80.0, 300.0)  # a workload that reports no phases
     tally.add(1, 0.0, 80.0, None, None, {"tokens_computed": 12, "tokens_needed": 9})
-    assert (tally.records, tally.workunits, tally.busy_seconds) == (21, 4, 1.0)
+    assert (tally.records, tally.workunits, tally.busy_s) == (21, 4, 1.0)
     assert tally.phases == {"forward": 0.375, "tokenize": 0.0625}
     assert tally.counts == {"tokens_computed": 12, "tokens_needed": 9}
     assert tally.peak_rss_mib == 100.0 and tally.peak_gpu_mib == 300.0
@@ -51,7 +51,7 @@ def test_each_device_has_its_share_of_the_job_in_the_stats():
     workers = (WorkerStats(0, "cuda:0", 10, 1.0, 300, 3, 9.0, 1.0, 500.0, 2048.0),
                WorkerStats(1, "cuda:0", 11, 1.0, 100, 1, 3.0, 7.0, 700.0, 1024.0),
                WorkerStats(2, "cpu", 12, 1.0, 50, 1, 5.0, 5.0, 300.0, None))
-    stats = PipelineStats(records=450, failed_records=0, wall_seconds=10.0, spinup_seconds=2.0,
+    stats = PipelineStats(records=450, failed_records=0, wall_s=10.0, spinup_s=2.0,
                           workers=workers, stages={}, devices=("cuda:0", "cuda:0", "cpu"),
                           workunit_size=100, backend="process", output="o.h5")
     assert stats.per_device == {
@@ -66,30 +66,43 @@ def test_each_device_has_its_share_of_the_job_in_the_stats():
         PipelineStats(450, 0, 10.0, 2.0, workers, {}, (), 100, "process", "o.h5")  # by name only
 
 
-def test_mib_fields_answer_to_their_older_mb_names_read_only():
-    """They held MiB under ``_mb`` names until 2026-11-28; code that reads those still works,
-    and the dict (the CLI's JSON, a run's record) has the new names only."""
-    from helpers.engine.measure.stats import PipelineStats, WorkerStats
+def test_measurements_answer_to_their_older_names_read_only():
+    """Until 2026-11-28 times ended _seconds and MiB _mb: code that reads those names still
+    works, read-only; the dict (the CLI's JSON, a run's record) has today's names only, and an
+    older run's record reads under them (``current_names``)."""
+    from helpers.engine.measure.stats import PipelineStats, WorkerStats, current_names
 
-    worker = WorkerStats(0, "cpu", 10, 1.0, 3, 1, 1.0, 0.0, 512.0, 64.0)
-    stats = PipelineStats(records=3, failed_records=0, wall_seconds=1.0, spinup_seconds=0.0,
+    worker = WorkerStats(0, "cpu", 10, 1.5, 3, 1, 1.0, 0.25, 512.0, 64.0, cpu_s=0.75)
+    stats = PipelineStats(records=3, failed_records=0, wall_s=2.0, spinup_s=4.0,
                           workers=(worker,), stages={}, devices=("cpu",), workunit_size=3,
                           backend="process", output="o.h5", peak_rss_mib=900.0,
                           parent_rss_mib=300.0)
-    assert (worker.peak_rss_mb, worker.peak_gpu_mb) == (512.0, 64.0)
-    assert (stats.peak_rss_mb, stats.parent_rss_mb) == (900.0, 300.0)
-    data = stats.to_dict()
-    assert data["parent_rss_mib"] == 300.0 and "parent_rss_mb" not in data
-    assert "peak_rss_mb" not in data["workers"][0]
+    assert (worker.peak_rss_mb, worker.peak_gpu_mb, worker.load_seconds, worker.busy_seconds,
+            worker.wait_seconds, worker.cpu_seconds) == (512.0, 64.0, 1.5, 1.0, 0.25, 0.75)
+    assert (stats.peak_rss_mb, stats.parent_rss_mb, stats.wall_seconds, stats.spinup_seconds,
+            stats.records_per_second, stats.worker_cpu_seconds) == (900.0, 300.0, 2.0, 4.0,
+                                                                   1.5, 0.75)
+    with pytest.raises(AttributeError, match="'WorkerStats' object has no attribute 'rss'"):
+        worker.rss
     with pytest.raises(AttributeError):
         worker.peak_rss_mb = 1.0
+    data = stats.to_dict()
+    assert data["parent_rss_mib"] == 300.0 and data["wall_s"] == 2.0 and \
+        data["records_per_s"] == 1.5
+    assert not {"parent_rss_mb", "wall_seconds", "records_per_second"} & set(data)
+    assert not {"peak_rss_mb", "busy_seconds"} & set(data["workers"][0])
+    older = {"wall_seconds": 2.0, "records": 3, "recovery": {"restart_seconds": [0.5]},
+             "workers": [{"busy_seconds": 1.0, "peak_rss_mb": 512.0, "worker": 0}]}
+    assert current_names(older) == {"wall_s": 2.0, "records": 3, "recovery": {"restart_s": [0.5]},
+                                    "workers": [{"busy_s": 1.0, "peak_rss_mib": 512.0,
+                                                 "worker": 0}]}
 
 
 def test_the_summary_counts_tokens_as_whole_numbers():
     """Issue 44: the summary said ``389,794.0 needed`` (counts are summed as floats)."""
     from helpers.engine.measure.stats import PipelineStats
 
-    stats = PipelineStats(records=10, failed_records=0, wall_seconds=1.0, spinup_seconds=0.0,
+    stats = PipelineStats(records=10, failed_records=0, wall_s=1.0, spinup_s=0.0,
                           workers=(), stages={}, devices=("cpu",), workunit_size=10,
                           backend="process", output="o.h5",
                           counts={"tokens_computed": 400000.0, "tokens_needed": 389794.0})

@@ -64,7 +64,7 @@ def run_once(units: int, writes: str, output: str, per_message: int | str = 1,
     return {"units": units, "rows": stats.records, "loop_s": loop["wall_s"],
             "units_per_s": units / loop["wall_s"],
             "driver_cpu_ms_per_unit": loop["cpu_s"] / units * 1e3,
-            "ceiling_units_per_s": units / loop["cpu_s"], "job_s": stats.wall_seconds,
+            "ceiling_units_per_s": units / loop["cpu_s"], "job_s": stats.wall_s,
             "units_a_message": units / loop["messages"]}
 
 

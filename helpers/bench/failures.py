@@ -67,11 +67,11 @@ def crash_rows(workload_name: str, records: int, repeats: int) -> list[dict]:
                                      workunit_size=10)
                     if timer:
                         timer.cancel()
-                    calm = calm or stats.wall_seconds
-                    restarts = stats.recovery["restart_seconds"]
+                    calm = calm or stats.wall_s
+                    restarts = stats.recovery["restart_s"]
                     rows.append({"experiment": "crash", "workload": workload_name,
                                  "killed": killed, "repeat": repeat, "records": stats.records,
-                                 "wall_s": stats.wall_seconds,
+                                 "wall_s": stats.wall_s,
                                  "detection_s": deaths.times[0] - KILLED_AT[0] if deaths.times
                                  else None, "restart_s": restarts[0] if restarts else None})
     finally:
@@ -101,9 +101,9 @@ def poison_rows(records: int, workunit_size: int) -> list[dict]:
             rec = stats.recovery
             rows.append({"experiment": "poison", "workload": "synthetic", "poisoned": poisoned,
                          "records": stats.records, "failed_records": stats.failed_records,
-                         "wall_s": stats.wall_seconds, "deaths": rec["deaths"],
+                         "wall_s": stats.wall_s, "deaths": rec["deaths"],
                          "splits": rec["splits"], "restart_s": statistics.fmean(
-                             rec["restart_seconds"]) if rec["restart_seconds"] else None})
+                             rec["restart_s"]) if rec["restart_s"] else None})
     return rows
 
 

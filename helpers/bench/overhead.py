@@ -12,7 +12,7 @@ comparison is paired and short: each round takes the next block (a few seconds o
 all four on it, in an order turned every round (helpers.study.autotune.interleaved); a method's
 ratio to bare is taken within its round, seconds apart, and reported as the median over rounds
 with its quartiles and a bootstrap 95 % interval of the median. The pipeline's rate is its job's
-``wall_seconds`` (from the first read to the last record written: dispatch, the writer and the
+``wall_s`` (from the first read to the last record written: dispatch, the writer and the
 per-job cost included). Per workunit, the worker's own compute time (its span) is paired with
 the same ``workload.process`` call in this process (``chunked``): the worker's path alone, with
 no dispatch in it.
@@ -99,7 +99,7 @@ def measure(records: int = 1024, block: int = 128, rounds: int = 24, batch_size:
                     else:
                         stats = pool.run(list(enumerate(ordered)), Path(tmp) / f"{round_}.h5",
                                          workunit_size=workunit_size)
-                        seconds = stats.wall_seconds
+                        seconds = stats.wall_s
                         spans = [s.end_s - s.start_s
                                  for s in sorted(stats.timeline, key=lambda s: s.workunit)]
                         busy = stats.efficiency

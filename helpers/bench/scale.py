@@ -175,20 +175,20 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
     job = JobSettings(workunit_size, progress=False, resume=resume, writes=writes)
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=dim, values="zeros"), settings,
                                   job) as pool, _PeakPrivate() as private:
-        cpu, read = time.process_time() - private.cpu_seconds(), _read_bytes()
+        cpu, read = time.process_time() - private.cpu_s(), _read_bytes()
         stats = pool.run(corpus, output, limit=records) if corpus else \
             pool.run(CycledTexts(records, sample_texts()), output)
-        cpu, read = time.process_time() - private.cpu_seconds() - cpu, _read_bytes() - read
+        cpu, read = time.process_time() - private.cpu_s() - cpu, _read_bytes() - read
     new = stats.records  # (this run's: a resumed run's skipped ones are not)
     return {"records": stats.records,
             "driver_cpu_s_per_million": cpu / new * 1e6 if new > 0 else None,
             "driver_read_fraction": read / (new * (dim * 4 + 8)) if new > 0 else None,
-            "wall_s": stats.wall_seconds,
-            "records_per_s": stats.records_per_second, "parent_rss_mib": stats.parent_rss_mib,
+            "wall_s": stats.wall_s,
+            "records_per_s": stats.records_per_s, "parent_rss_mib": stats.parent_rss_mib,
             "parent_uss_mib": private.peak_mib,
-            "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
-            "longest_idle_s": stats.longest_idle_seconds,
-            "first_dispatch_s": stats.first_dispatch_seconds, "spinup_s": stats.spinup_seconds,
+            "longest_dispatch_gap_s": stats.longest_dispatch_gap_s,
+            "longest_idle_s": stats.longest_idle_s,
+            "first_dispatch_s": stats.first_dispatch_s, "spinup_s": stats.spinup_s,
             "bytes_written": stats.bytes_written, "output_bytes": stats.output_bytes,
             "write_amplification": stats.write_amplification,
             "resumed_after": stats.resumed_after, "write_s": stats.stages["write"],
@@ -219,7 +219,7 @@ class _PeakPrivate:
     def _take(self) -> None:
         self.peak_mib = max(self.peak_mib, psutil.Process().memory_full_info().uss / 2**20)
 
-    def cpu_seconds(self) -> float:
+    def cpu_s(self) -> float:
         """The CPU the sampling thread has used so far (not the driver's work); 0 where the
         platform cannot tell (no pthread_getcpuclockid: macOS) or the thread has ended."""
         clock = getattr(time, "pthread_getcpuclockid", None)

@@ -99,10 +99,10 @@ def run_once(path: str, output: str, workers: int, workunit_size: int, keys: boo
                          ("cpu",) * workers, workunit_size, output,
                          id_column="doc" if keys else None,
                          progress=False, overwrite=True)
-    return {"records": stats.records, "wall_s": stats.wall_seconds,
-            "records_per_s": stats.records_per_second, "parent_rss_mib": stats.parent_rss_mib,
-            "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
-            "spinup_s": stats.spinup_seconds}
+    return {"records": stats.records, "wall_s": stats.wall_s,
+            "records_per_s": stats.records_per_s, "parent_rss_mib": stats.parent_rss_mib,
+            "longest_dispatch_gap_s": stats.longest_dispatch_gap_s,
+            "spinup_s": stats.spinup_s}
 
 
 def measure(read_records: int = 2_000_000, records: int = 2_000_000,

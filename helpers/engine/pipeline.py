@@ -78,9 +78,9 @@ one workunit; the job lasts as long as its slowest worker.
 Timing, the same for both layouts: spin-up (starting workers, imports, model loads; the first
 process pool of a Python process also starts the fork server, which imports the workload's
 libraries once for every later pool) runs until every worker is Ready and is reported apart
-(``spinup_seconds``); a job's ``wall_seconds`` runs from its first
+(``spinup_s``); a job's ``wall_s`` runs from its first
 read to its output closed, every record written. Opening the output (a resume's scan) is in
-neither: ``first_dispatch_seconds`` reports it.
+neither: ``first_dispatch_s`` reports it.
 """
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ class WorkerPool:
             check(tuple(dict.fromkeys(settings.devices)))
         self.workload, self.settings, self.job = workload, settings, job
         self.workers = settings.workers()
-        self.spinup_seconds = 0.0
+        self.spinup_s = 0.0
         self.stable_workers: dict[str, int] = {}
         self._broken = False
         self._sizing = Sizing(job.workunit_seconds)  # kept from job to job: rates carry over
@@ -215,7 +215,7 @@ class WorkerPool:
         self.stable_workers = dict(Counter(info.device for info in self.workers))
         if self.settings.filling:
             log.info("fit: stable workers per device: %s", self.stable_workers)
-        self.spinup_seconds = time.monotonic() - started
+        self.spinup_s = time.monotonic() - started
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -263,6 +263,11 @@ class WorkerPool:
     def sizing(self) -> Sizing:
         """The workers' measured rates and workunit sizes (workunit_size="auto")."""
         return self._sizing
+
+    @property
+    def spinup_seconds(self) -> float:
+        """``spinup_s`` under its name until 2026-11-28 (read-only)."""
+        return self.spinup_s
 
     @property
     def pids(self) -> dict[int, int]:
@@ -321,7 +326,7 @@ class WorkerPool:
                 reader.stop()
             if not reader.cut:  # (a time-boxed job holds fewer rows by design)
                 check_accounted(records, opened.expected, sink, settings.limit)
-            job.stop_clock(reader.read_seconds, reader.blocked_seconds)
+            job.stop_clock(reader.read_s, reader.blocked_s)
             sink.record = job.take_stats = job.once(functools.partial(self._stats, job, output))
         return _finished(job, sink)
 
@@ -346,14 +351,14 @@ class WorkerPool:
                                     job.rejected.extend, sink.done_positions, job.carried.add))
             ids = np.concatenate([ids for ids, _ in read]) if read else np.empty(0, np.int64)
             items = [item for _, chunk in read for item in chunk]
-            read_seconds = time.monotonic() - job.clock
+            read_s = time.monotonic() - job.clock
             bounds = static_split(len(ids), len(self.workers))
             for info, start, end in zip(self.workers, bounds[:-1], bounds[1:]):
                 unit = Workunit(0, ids[start:end], items[start:end], pinned=info.index)
                 scheduler.pending.append(scheduler.number(unit))
             job.drive(_DEALT)
             check_accounted(opened.records, opened.expected, sink, settings.limit)
-            job.stop_clock(read_seconds, 0.0)
+            job.stop_clock(read_s, 0.0)
             job.settings = replace(settings,
                                    workunit_size=max(1, int(np.diff(bounds).max(initial=0))))
             sink.record = job.take_stats = job.once(functools.partial(self._stats, job, output))
@@ -437,7 +442,7 @@ class WorkerPool:
         if self._growth is not None:
             self.workers = [s.info for s in self._scheduler.live]
             self.stable_workers = dict(Counter(info.device for info in self.workers))
-        return job.stats(self.settings, self.spinup_seconds, self._recovery(), output)
+        return job.stats(self.settings, self.spinup_s, self._recovery(), output)
 
     def _recovery(self) -> dict[str, Any]:
         """What the scheduler recovered from since the last report (the first includes spin-up)."""
@@ -473,7 +478,7 @@ class _Job:
         self._ended: dict[int, tuple[Any, float]] = {}  # per slot: its worker, its last one's end
         self.rejected: deque[tuple] = deque()  # the reader's rejects, for errors/ (thread-safe)
         self.carried = Carried(carried or {})  # the source's columns of the records in flight
-        self.clock = self.wall = self.read_seconds = self.reader_blocked_seconds = 0.0
+        self.clock = self.wall = self.read_s = self.reader_blocked_s = 0.0
         self._token, self._sends = secrets.token_hex(4), itertools.count()
         scheduler.stamp = self._stamp if settings.writes == "workers" else None
 
@@ -502,9 +507,9 @@ class _Job:
         self.telemetry = Telemetry(self._at_work, self.clock)
         self.telemetry.start()
 
-    def stop_clock(self, read_seconds: float, reader_blocked_seconds: float) -> None:
+    def stop_clock(self, read_s: float, reader_blocked_s: float) -> None:
         self.wall = time.monotonic() - self.clock
-        self.read_seconds, self.reader_blocked_seconds = read_seconds, reader_blocked_seconds
+        self.read_s, self.reader_blocked_s = read_s, reader_blocked_s
         self.telemetry.stop()
 
     def _at_work(self) -> dict[int, tuple[str, int]]:
@@ -577,8 +582,8 @@ class _Job:
                             result.ended - self.clock, node=slot.ready.node if slot.ready else "",
                             phases=result.phases, counts=result.counts)
         self.tallies.setdefault(result.worker, Tally()).add(
-            span.records, result.compute_seconds, result.peak_rss_mib, result.peak_gpu_mib,
-            result.phases, result.counts, result.cpu_seconds)
+            span.records, result.compute_s, result.peak_rss_mib, result.peak_gpu_mib,
+            result.phases, result.counts, result.cpu_s)
         self.timeline.add(span)
         self._idle(slot, result)
         if self.growth is not None and self._settled(result.worker, span.records):
@@ -620,7 +625,7 @@ class _Job:
             add_phases(total, tally.counts)
         return total
 
-    def stats(self, pool: PoolSettings, spinup_seconds: float, recovery: dict[str, Any],
+    def stats(self, pool: PoolSettings, spinup_s: float, recovery: dict[str, Any],
               output: Any) -> PipelineStats:
         """What this job did, as PipelineStats: its workers' totals, its stages, its timeline and
         decisions; the pool gives its settings, its spin-up and what it recovered from since the
@@ -628,25 +633,25 @@ class _Job:
         slots = self.scheduler.slots.values()
         workers = [self.worker_stats(slot) for slot in slots
                    if slot.state is not State.RETIRED or slot.info.index in self.tallies]
-        stages = {"read": self.read_seconds, "reader_blocked": self.reader_blocked_seconds,
-                  "wait": sum(w.wait_seconds for w in workers),
-                  "compute": sum(w.busy_seconds for w in workers),
-                  "write": self.sink.write_seconds, "write_blocked": self.sink.blocked_seconds}
+        stages = {"read": self.read_s, "reader_blocked": self.reader_blocked_s,
+                  "wait": sum(w.wait_s for w in workers),
+                  "compute": sum(w.busy_s for w in workers),
+                  "write": self.sink.write_s, "write_blocked": self.sink.blocked_s}
         config = {k: v for k, v in (asdict(pool) | asdict(self.settings)).items()
                   if k not in ("devices", "workunit_size", "backend")}
         dispatches, sink = self.scheduler.dispatches, self.sink
         return PipelineStats(
             records=sink.records_written, failed_records=sink.errors_written,
-            wall_seconds=self.wall, spinup_seconds=spinup_seconds, workers=tuple(workers),
+            wall_s=self.wall, spinup_s=spinup_s, workers=tuple(workers),
             stages=stages, devices=tuple(w.device for w in workers),
             workunit_size=self.settings.workunit_size, backend=pool.backend,
             output=str(output), config=config, timeline=self.timeline.spans,
             peak_rss_mib=_peak_rss(workers), recovery=recovery,
             resumed_after=sink.resumed_after, parent_rss_mib=peak_memory("cpu")[0],
-            first_dispatch_seconds=(dispatches.first - self.started)
+            first_dispatch_s=(dispatches.first - self.started)
             if dispatches.first is not None else 0.0,
-            longest_dispatch_gap_seconds=dispatches.longest_gap,
-            longest_idle_seconds=self.longest_idle,
+            longest_dispatch_gap_s=dispatches.longest_gap,
+            longest_idle_s=self.longest_idle,
             bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
             decisions=self.decisions(), telemetry=self.telemetry.samples, phases=self.phases(),
             counts=self.counts())
@@ -654,10 +659,10 @@ class _Job:
     def worker_stats(self, slot: Slot) -> WorkerStats:
         tally, ready = self.tallies.get(slot.info.index, Tally()), slot.ready
         return WorkerStats(slot.info.index, slot.info.device, ready.pid if ready else 0,
-                           ready.load_seconds if ready else 0.0, tally.records, tally.workunits,
-                           tally.busy_seconds, max(0.0, self.wall - tally.busy_seconds),
+                           ready.load_s if ready else 0.0, tally.records, tally.workunits,
+                           tally.busy_s, max(0.0, self.wall - tally.busy_s),
                            tally.peak_rss_mib, tally.peak_gpu_mib, slot.restarts,
-                           tally.cpu_seconds)
+                           tally.cpu_s)
 
 
 @contextmanager
@@ -772,12 +777,12 @@ def _finished(job: "_Job", sink: HDF5Sink) -> PipelineStats:
     the writer's time and bytes."""
     stats = job.take_stats()
     wall = time.monotonic() - job.clock
-    workers = tuple(replace(w, wait_seconds=max(0.0, wall - w.busy_seconds))
+    workers = tuple(replace(w, wait_s=max(0.0, wall - w.busy_s))
                     for w in stats.workers)
-    return replace(stats, wall_seconds=wall, workers=workers,
-                   stages={**stats.stages, "write": sink.write_seconds,
-                           "write_blocked": sink.blocked_seconds,
-                           "wait": sum(w.wait_seconds for w in workers)},
+    return replace(stats, wall_s=wall, workers=workers,
+                   stages={**stats.stages, "write": sink.write_s,
+                           "write_blocked": sink.blocked_s,
+                           "wait": sum(w.wait_s for w in workers)},
                    bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
                    parent_rss_mib=peak_memory("cpu")[0], peak_rss_mib=_peak_rss(list(workers)))
 

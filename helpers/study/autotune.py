@@ -73,7 +73,7 @@ def sweep(workload: SyntheticWorkload, devices: Sequence[str], configs: Sequence
                 start = {d: 1 if workers == AUTO else workers for d in devices}
                 rows.append({**run_row(stats, workers, size, start), "job": job,
                              "replicate": replicate, "ideal_s": ideal,
-                             "makespan_vs_ideal": stats.wall_seconds / ideal})
+                             "makespan_vs_ideal": stats.wall_s / ideal})
                 if workers == AUTO and kept is None:
                     kept = stats
     return Runs(pd.DataFrame(rows), *_detail(kept))
@@ -99,7 +99,7 @@ def run_row(stats: PipelineStats, workers: Any, size: Any, start: dict[str, int]
             "configuration": SELF_TUNING if workers == AUTO == size else
             f"{workers} per device, workunits of {size}",
             "workers_per_device": str(workers), "workunit_size": str(size),
-            "spinup_s": stats.spinup_seconds, "decisions": len(stats.decisions),
+            "spinup_s": stats.spinup_s, "decisions": len(stats.decisions),
             "finish_spread_s": float(ends.max() - ends.min()) if len(ends) else np.nan,
             "final_workers": ",".join(f"{d}={n}" for d, n in last.items())}
 
@@ -152,7 +152,7 @@ def side_by_side(configs: dict[str, tuple[Any, Sequence[str], Any, int | None]],
                              "replicate": replicate, "devices": ",".join(devices),
                              "batch_size": getattr(workload, "batch_size", None),
                              "threads_per_worker": pools[label].workers[0].threads,
-                             "spinup_s": pools[label].spinup_seconds})
+                             "spinup_s": pools[label].spinup_s})
                 first.setdefault(label, Runs(pd.DataFrame(), *_detail(stats)))
     return pd.DataFrame(rows), first
 

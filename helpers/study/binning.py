@@ -60,7 +60,7 @@ def layouts(workload: BinningWorkload, device: str, worker_counts: Sequence[int]
                                       overwrite=True)  # scratch files, one per layout
                     static = pool.run_static(pairs, Path(tmp) / "static.h5", overwrite=True)
                     rows += [{**layout_row(s, name), "replicate": replicate, "workers": workers,
-                              "workunit_size": size, "spinup_s": pool.spinup_seconds}
+                              "workunit_size": size, "spinup_s": pool.spinup_s}
                              for s, name in ((queued, "queue"), (static, "static"))]
     table = pd.DataFrame(rows).assign(device=device, backend=backend)
     return table.assign(speedup=speedup(table))

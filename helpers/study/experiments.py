@@ -61,7 +61,7 @@ def layout_row(stats: PipelineStats, strategy: str) -> dict[str, Any]:
     """One job as a row of a layouts table: records handled (written or failed), wall time,
     throughput and efficiency."""
     return {"strategy": strategy, "records": stats.records + stats.failed_records,
-            "wall_s": stats.wall_seconds, "records_per_s": stats.records_per_second,
+            "wall_s": stats.wall_s, "records_per_s": stats.records_per_s,
             "efficiency": stats.efficiency}
 
 
@@ -85,7 +85,7 @@ def compare_layouts(workload: Any, devices: Sequence[str], records: int, replica
                 rows.append({**layout_row(stats, strategy), "replicate": replicate})
                 spans += [{**span_row(s), "strategy": strategy, "replicate": replicate}
                           for s in stats.timeline]
-        spinup = pool.spinup_seconds
+        spinup = pool.spinup_s
     table = pd.DataFrame(rows).assign(workers=len(devices), devices=",".join(devices),
                                       workunit_size=workunit_size, backend=backend,
                                       spinup_s=spinup)
@@ -139,9 +139,9 @@ def static_rounds(workload: Any, devices: Sequence[str], records: int, rounds: i
             for span in stats.timeline:
                 row = span_row(span)
                 spans.append({**row, "round": number, "start_s": row["start_s"] + offset,
-                              "end_s": row["end_s"] + offset, "round_end_s": offset + stats.wall_seconds})
-            offset += stats.wall_seconds
-        spinup = pool.spinup_seconds
+                              "end_s": row["end_s"] + offset, "round_end_s": offset + stats.wall_s})
+            offset += stats.wall_s
+        spinup = pool.spinup_s
     table = pd.DataFrame(rows).assign(workers=len(devices), devices=",".join(devices),
                                       spinup_s=spinup)
     return table, pd.DataFrame(spans)
@@ -161,7 +161,7 @@ def workunit_sizes(workload: Any, devices: Sequence[str], sizes: Sequence[int], 
                                  workunit_size=size)
                 rows.append({**layout_row(stats, "queue"), "workunit_size": size,
                              "replicate": replicate})
-        spinup = pool.spinup_seconds
+        spinup = pool.spinup_s
     return pd.DataFrame(rows).assign(workers=len(devices), devices=",".join(devices),
                                      spinup_s=spinup)
 
@@ -186,8 +186,8 @@ def backends_memory(workload_name: str, device: str, worker_counts: Sequence[int
                 gpu = [w["peak_gpu_mib"] for w in stats["workers"] if w["peak_gpu_mib"] is not None]
                 rows.append({"backend": backend, "workers": n, "devices": ",".join([device] * n),
                              "workunit_size": size, "replicate": replicate, "records": stats["records"],
-                             "wall_s": stats["wall_seconds"], "spinup_s": stats["spinup_seconds"],
-                             "records_per_s": stats["records_per_second"],
+                             "wall_s": stats["wall_s"], "spinup_s": stats["spinup_s"],
+                             "records_per_s": stats["records_per_s"],
                              "peak_rss_mib": stats["peak_rss_mib"],
                              "peak_gpu_mib": _gpu_total(stats) if gpu else np.nan})
     return pd.DataFrame(rows)

@@ -50,21 +50,21 @@ def card_run(texts: list[str], workers: int, threads: int | None, card: str,
     counts = stats.counts
     stage = {name: counts.get(f"{name}_cpu_us", 0) / 1e6
              for name in ("tokenize", "collate", "launch")}
-    if stats.worker_cpu_seconds is None:  # threads: their CPU is the driver's process's
+    if stats.worker_cpu_s is None:  # threads: their CPU is the driver's process's
         driver = max(0.0, driver - sum(stage.values()))
-    stage["worker_other"] = max(0.0, (stats.worker_cpu_seconds or 0.0) - sum(stage.values()))
+    stage["worker_other"] = max(0.0, (stats.worker_cpu_s or 0.0) - sum(stage.values()))
     stage["driver"] = driver
     tokens = int(counts.get("tokens_needed", 0))
     cpu = sum(stage.values())
     busy = stats.card_busy_share or 0.0
     return {"workers": workers, "tokenize_threads": threads or available_cores(),
             "workunit_size": workunit_size,
-            "backend": backend, "seconds": stats.wall_seconds,
-            "spinup_s": stats.spinup_seconds, "records": stats.records, "tokens": tokens,
-            "records_per_s": stats.records_per_second,
-            "tokens_per_s": tokens / stats.wall_seconds if stats.wall_seconds > 0 else 0.0,
+            "backend": backend, "seconds": stats.wall_s,
+            "spinup_s": stats.spinup_s, "records": stats.records, "tokens": tokens,
+            "records_per_s": stats.records_per_s,
+            "tokens_per_s": tokens / stats.wall_s if stats.wall_s > 0 else 0.0,
             "padding": stats.padding, "card_busy_share": busy,
-            "card_busy_limit": (busy * stats.wall_seconds * available_cores() / cpu
+            "card_busy_limit": (busy * stats.wall_s * available_cores() / cpu
                                 if cpu else 0.0),
             **{f"{name}_cpu_s": value for name, value in stage.items()},
             "cpu_s": cpu, "cpu_s_per_m_tokens": cpu / tokens * 1e6 if tokens else float("nan")}

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from helpers.engine.measure.stats import current_names
 from helpers.engine.outputs import run_log
 from helpers.study.figures import use_style
 
@@ -71,8 +72,9 @@ def draw(output: str | Path, path: str | Path | None = None, run: int = -1) -> P
         chosen = runs[run]
     except IndexError:
         raise ValueError(f"run: {output} records runs 0 to {len(runs) - 1}, not {run}") from None
-    stats, spans = chosen.stats, pd.DataFrame(chosen.timeline)
-    wall = float(stats["wall_seconds"])
+    stats, spans = current_names(chosen.stats), pd.DataFrame(chosen.timeline)  # (an older
+    # run's record says wall_seconds, busy_seconds, ...)
+    wall = float(stats["wall_s"])
     use_style()
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
     _time_split(axes[0, 0], stats, spans)
@@ -83,7 +85,7 @@ def draw(output: str | Path, path: str | Path | None = None, run: int = -1) -> P
     card = f" on a {_card_name(output)}" if "card_busy_us" in stats.get("counts", {}) else ""
     fig.suptitle(f"{Path(output).name}, run {chosen.number} of {len(runs)}{card}: "
                  f"{stats['records']:,} rows in {wall:.1f} s "
-                 f"({stats['records_per_second']:,.0f} rows/s), {stats['failed_records']:,} "
+                 f"({stats['records_per_s']:,.0f} rows/s), {stats['failed_records']:,} "
                  f"failed", fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     target = Path(path) if path is not None else default_path(output)
@@ -108,7 +110,7 @@ def _time_split(ax: Any, stats: dict[str, Any], spans: pd.DataFrame) -> None:
         list(PHASE_COLORS).index(c[6:]) if c[6:] in PHASE_COLORS else len(PHASE_COLORS), c))
     if phases and not spans.empty:
         by_worker = spans.groupby("worker")[phases].sum().reindex(workers["worker"]).fillna(0)
-        busy = workers["busy_seconds"].to_numpy()
+        busy = workers["busy_s"].to_numpy()
         measured = by_worker.sum(axis=1).to_numpy()
         for phase in phases:
             name = phase.removeprefix("phase_")
@@ -119,9 +121,9 @@ def _time_split(ax: Any, stats: dict[str, Any], spans: pd.DataFrame) -> None:
         ax.barh(labels, rest, left=left, color="#55a868", label="busy: the rest")
         left += rest
     else:
-        ax.barh(labels, workers["busy_seconds"], color="#55a868", label="busy")
-        left += workers["busy_seconds"].to_numpy()
-    ax.barh(labels, workers["wait_seconds"], left=left, color="0.85", label="waiting")
+        ax.barh(labels, workers["busy_s"], color="#55a868", label="busy")
+        left += workers["busy_s"].to_numpy()
+    ax.barh(labels, workers["wait_s"], left=left, color="0.85", label="waiting")
     ax.invert_yaxis()
     ax.set_xlabel("seconds of the run (after spin-up)")
     ax.set_title("Where each worker's time went (more busy is better)", fontsize=10)
@@ -195,7 +197,7 @@ def _failures(ax: Any, errors: pd.Series, stats: dict[str, Any]) -> None:
         ax.set_xlabel("rows in errors/ (python -m helpers export, or read_output's errors)")
     recovery = stats.get("recovery", {})
     said = ", ".join(f"{v} {k}" for k, v in recovery.items()
-                     if isinstance(v, int) and v and k != "restart_seconds")
+                     if isinstance(v, int) and v and k != "restart_s")
     recovered = f"\n(the run recovered from: {said})" if said else ""
     ax.set_title(f"What failed, by type (the output's error rows, every run's){recovered}",
                  fontsize=10)

@@ -71,10 +71,10 @@ def stop_ray() -> None:
 def run_row(stats: PipelineStats, backend: str, replicate: int, cluster_start_s: float) -> dict:
     return {"backend": backend, "replicate": replicate, "records": stats.records,
             "workers": len(stats.workers), "workunit_size": stats.workunit_size,
-            "wall_s": stats.wall_seconds, "records_per_s": stats.records_per_second,
-            "spinup_s": stats.spinup_seconds, "cluster_start_s": cluster_start_s,
+            "wall_s": stats.wall_s, "records_per_s": stats.records_per_s,
+            "spinup_s": stats.spinup_s, "cluster_start_s": cluster_start_s,
             "parent_rss_mib": stats.parent_rss_mib,
-            "longest_dispatch_gap_s": stats.longest_dispatch_gap_seconds,
+            "longest_dispatch_gap_s": stats.longest_dispatch_gap_s,
             "deaths": stats.recovery.get("deaths", 0)}
 
 
@@ -134,7 +134,7 @@ def driver_limit(records: int, dim: int, workers: int, workunit_size: int, repli
                     seconds = writer_alone(path, records, dim, workunit_size)
                 else:
                     seconds = pools[backend].run(pairs, path,
-                                                 workunit_size=workunit_size).wall_seconds
+                                                 workunit_size=workunit_size).wall_s
                 rows.append({"backend": backend, "replicate": replicate, "rows": records,
                              "dim": dim, "workers": 0 if backend == WRITER_ALONE else workers,
                              "workunit_size": workunit_size, "wall_s": seconds,

@@ -185,7 +185,7 @@ class Card:
             time.sleep(left)
         return max(0.0, left)
 
-    def busy_seconds(self) -> float:
+    def busy_s(self) -> float:
         """Every worker's batches on this card so far, in card seconds."""
         return struct.unpack_from(self._FORMAT, self._map)[1]
 

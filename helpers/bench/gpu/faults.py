@@ -150,7 +150,7 @@ def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
     return {"check": "fit", "passed": started >= 1 and reads_real, "workers": started,
             "worker_free_mib": " ".join(f"{r.free_mib:.0f}" for r in ready if r.free_mib),
             "free_now_mib": free_now, "copy_mib": counted, "copy_real_mib": real,
-            "used_before_mib": before, "used_after_mib": after, "spinup_s": pool.spinup_seconds,
+            "used_before_mib": before, "used_after_mib": after, "spinup_s": pool.spinup_s,
             "fit_leaves_free_mib": leaves,  # uncapped, for every worker's batches together
             "copies_fit_would_start": int((free_before - leaves) / real) + 1
             if real and leaves is not None else None,
@@ -172,7 +172,7 @@ def _oom(pool: Any, records: int, folder: Path, card: bool) -> dict[str, Any]:
     return {"check": "out_of_memory", "passed": once and backoffs >= 1
             and stats.failed_records == 0, "records": records, "exactly_once": once,
             "failed_records": stats.failed_records, "oom_backoffs": backoffs,
-            "wall_s": stats.wall_seconds, "simulated": not card,
+            "wall_s": stats.wall_s, "simulated": not card,
             "detail": f"{backoffs} backoffs; splits {stats.recovery.get('splits', 0)}"}
 
 
@@ -200,11 +200,11 @@ def _killed(pool: Any, records: int, units: int, after: float, folder: Path) -> 
         timer.cancel()
         logging.getLogger("gpufeed").removeHandler(deaths)
     once = exactly_once(output, records)
-    restarts = stats.recovery.get("restart_seconds") or []
+    restarts = stats.recovery.get("restart_s") or []
     return {"check": "killed", "passed": bool(killed_at) and once and
             stats.recovery.get("deaths", 0) >= 1, "records": records, "exactly_once": once,
             "failed_records": stats.failed_records, "deaths": stats.recovery.get("deaths", 0),
             "detection_s": deaths.times[0] - killed_at[0] if deaths.times and killed_at
             else None, "restart_s": restarts[0] if restarts else None,
-            "wall_s": stats.wall_seconds,
+            "wall_s": stats.wall_s,
             "detail": "killed mid-run" if killed_at else "the job ended before the kill"}

@@ -73,13 +73,13 @@ def measure(workload: Any, device: str, records: int, worker_counts: tuple[int, 
                     if workers not in pools:
                         pools[workers] = stack.enter_context(WorkerPool(
                             workload, [device], workers_per_device=workers, progress=False))
-                        spinup = pools[workers].spinup_seconds
+                        spinup = pools[workers].spinup_s
                     row, seen = _run(pools[workers], pairs, device, size,
                                      folder / f"study-{run}.h5")
                 except Exception as exc:  # a run that fails is a row; the next still runs
                     rows.append({**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
                     continue
-                rows.append({**base, "spinup_s": pools[workers].spinup_seconds, **row})
+                rows.append({**base, "spinup_s": pools[workers].spinup_s, **row})
                 samples += [{"run": run, **one} for one in seen]
                 rates[workers] = max(rates.get(workers, 0.0), row["texts_per_s"])
                 if keep is not None:
@@ -112,17 +112,17 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
     counts, phases = stats.counts, stats.phases
     gpu = [w.peak_gpu_mib for w in stats.workers if w.peak_gpu_mib is not None]
     return {"records": stats.records, "failed_records": stats.failed_records,
-            "exactly_once": once, "wall_s": stats.wall_seconds,
-            "texts_per_s": stats.records_per_second,
+            "exactly_once": once, "wall_s": stats.wall_s,
+            "texts_per_s": stats.records_per_s,
             "tokens_needed": counts.get("tokens_needed"),
             "tokens_computed": counts.get("tokens_computed"),
-            "tokens_per_s": counts.get("tokens_needed", 0) / stats.wall_seconds,
-            **card_use(seen), "longest_worker_wait_s": stats.longest_idle_seconds,
+            "tokens_per_s": counts.get("tokens_needed", 0) / stats.wall_s,
+            **card_use(seen), "longest_worker_wait_s": stats.longest_idle_s,
             "efficiency": stats.efficiency,
             **{f"{phase}_s": s for phase, s in phases.items()},
             "peak_gpu_mib": max(gpu) if gpu else None,
             "worker_cores": os.cpu_count(),
-            **{k: v for k, v in stats.recovery.items() if k != "restart_seconds"}}, seen
+            **{k: v for k, v in stats.recovery.items() if k != "restart_s"}}, seen
 
 
 def card_use(samples: list[dict[str, Any]]) -> dict[str, Any]:

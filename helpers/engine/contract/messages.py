@@ -117,7 +117,7 @@ class Workunit(_PackedIds):
 class Ready:
     worker: int
     pid: int
-    load_seconds: float
+    load_s: float
     outputs: dict[str, OutputSpec]
     free_mib: float | None = None  # memory left on the device once this model copy is loaded
     model_mib: float | None = None  # what this copy takes on the device
@@ -142,11 +142,11 @@ class Result(_PackedIds):
     phases: dict[str, float] | None = None  # seconds per phase of process (workload.phases)
     counts: dict[str, int] | None = None  # what process counted (workload.counts: tokens, say)
     part: Any = None  # the WorkerPart holding the rows (``arrays`` then empty), or None
-    cpu_seconds: float | None = None  # CPU its worker's process spent answering it (reading,
+    cpu_s: float | None = None  # CPU its worker's process spent answering it (reading,
     # checking, the workload's threads, writing its part); None where threads share a process
 
     @property
-    def compute_seconds(self) -> float:
+    def compute_s(self) -> float:
         return self.ended - self.started
 
 

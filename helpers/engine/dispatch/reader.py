@@ -49,7 +49,7 @@ class Reader(threading.Thread):
         self.cut = False  # whether ``stop_at`` ended the feed before the source did
         self._records_put = self._records_taken = 0  # each written by one thread only
         self.error: BaseException | None = None
-        self.read_seconds = self.blocked_seconds = 0.0
+        self.read_s = self.blocked_s = 0.0
         self.units_put = 0
         self._wanted = True  # the scheduler found too little here: wake it at the next workunit
         self.done = False
@@ -134,7 +134,7 @@ class Reader(threading.Thread):
                 # similar records together (Rows, which workers read, cannot be weighed here)
                 order = np.argsort(_costs(self._cost, records), kind="stable")
                 ids, records = ids[order], [records[i] for i in order.tolist()]
-            self.read_seconds += time.perf_counter() - started
+            self.read_s += time.perf_counter() - started
             if not len(records):
                 return
             start = 0
@@ -176,7 +176,7 @@ class Reader(threading.Thread):
                     pass
             return False
         finally:
-            self.blocked_seconds += time.perf_counter() - started
+            self.blocked_s += time.perf_counter() - started
 
 
 def _costs(cost: Callable[[Any], float], records: list) -> np.ndarray:

@@ -109,11 +109,11 @@ class Recovery:
     oom_backoffs: int = 0
     failed_workunits: int = 0
     recycles: int = 0
-    restart_seconds: list = field(default_factory=list)  # spawn to Ready of each replacement
+    restart_s: list = field(default_factory=list)  # spawn to Ready of each replacement
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "restart_seconds"} | {
-            "restart_seconds": [round(s, 3) for s in self.restart_seconds]}
+        return {k: v for k, v in self.__dict__.items() if k != "restart_s"} | {
+            "restart_s": [round(s, 3) for s in self.restart_s]}
 
 
 class Feed(Protocol):
@@ -178,7 +178,7 @@ class Scheduler:
         retired (the pool goes on without it) instead of failing the run."""
         slot = self.slots.setdefault(info.index, Slot(info, optional=optional))
         slot.state, slot.since, slot.ready = State.LOADING, time.monotonic(), None
-        slot.unit_seconds = None  # (a replacement may be on another machine)
+        slot.unit_s = None  # (a replacement may be on another machine)
         self.backend.spawn(info)
 
     def retire(self, index: int) -> None:
@@ -260,7 +260,7 @@ class Scheduler:
         is forgotten (this one's may be of another size)."""
         self.per_message, self.growing_messages, self.sizing = per_message, growing_messages, sizing
         for slot in self.slots.values():
-            slot.unit_seconds = None
+            slot.unit_s = None
 
     @property
     def idle(self) -> bool:
@@ -320,9 +320,9 @@ class Scheduler:
         workunit sizes: auto sizes make each workunit about a second already), as many as its
         worker runs in about MESSAGE_SECONDS, at most twice its last message's,
         MAX_UNITS_PER_MESSAGE, and MESSAGE_RECORDS of records the driver holds."""
-        if not self.growing_messages or self.sizing is not None or slot.unit_seconds is None:
+        if not self.growing_messages or self.sizing is not None or slot.unit_s is None:
             return self.per_message
-        fit = int(MESSAGE_SECONDS / max(slot.unit_seconds, 1e-6))
+        fit = int(MESSAGE_SECONDS / max(slot.unit_s, 1e-6))
         if slot.held:
             fit = min(fit, MESSAGE_RECORDS // slot.held)
         return max(self.per_message, min(MAX_UNITS_PER_MESSAGE, 2 * slot.last_message, fit))
@@ -424,7 +424,7 @@ class Scheduler:
         if isinstance(message, Ready):
             if slot.state is State.LOADING:
                 if slot.restarts:
-                    self.recovery.restart_seconds.append(time.monotonic() - slot.since)
+                    self.recovery.restart_s.append(time.monotonic() - slot.since)
                 slot.state, slot.ready, slot.optional = State.READY, message, False
             return [], []
         if isinstance(message, Result):
@@ -433,10 +433,10 @@ class Scheduler:
                 message.part.discard()  # its workunit is redone, or done, elsewhere
             slot.failures_in_a_row = 0
             if unit is not None and len(message.ids):  # (all rejected: says nothing of the rest)
-                slot.unit_seconds = _slow_to_fall(slot.unit_seconds, message.compute_seconds)
+                slot.unit_s = _slow_to_fall(slot.unit_s, message.compute_s)
             if unit is not None and self.sizing is not None:
                 self.sizing.observe(index, len(message.ids) + len(message.rejected),
-                                    message.compute_seconds)
+                                    message.compute_s)
             self._retire_if_drained(slot)
             return ([message] if unit is not None else []), []
         if isinstance(message, Failed):

@@ -41,7 +41,7 @@ class Slot:
     kill_unit: int | None = None  # the workunit a timeout kill was about
     failures_in_a_row: int = 0
     ready: Ready | None = None
-    unit_seconds: float | None = None  # its workunits' seconds (read, run and written, as its
+    unit_s: float | None = None  # its workunits' seconds (read, run and written, as its
     # worker timed them): up at once, down as a moving average; the size of its messages
     last_message: int = 0  # workunits in the last message it was sent
     held: int = 0  # records a workunit of it holds in the driver's memory (0: its worker reads

@@ -9,6 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+OLDER_NAMES = {  # a measurement's name until 2026-11-28 -> its name now (one suffix: _s, _mib)
+    "wall_seconds": "wall_s", "spinup_seconds": "spinup_s", "records_per_second": "records_per_s",
+    "worker_cpu_seconds": "worker_cpu_s", "first_dispatch_seconds": "first_dispatch_s",
+    "longest_dispatch_gap_seconds": "longest_dispatch_gap_s",
+    "longest_idle_seconds": "longest_idle_s", "load_seconds": "load_s", "busy_seconds": "busy_s",
+    "wait_seconds": "wait_s", "cpu_seconds": "cpu_s", "restart_seconds": "restart_s",
+    "peak_rss_mb": "peak_rss_mib", "peak_gpu_mb": "peak_gpu_mib", "parent_rss_mb": "parent_rss_mib"}
 TIMELINE_SPANS = 20_000  # spans kept per job: a figure's worth; past it, neighbours are merged
 
 
@@ -17,19 +24,38 @@ class WorkerStats:
     worker: int
     device: str
     pid: int
-    load_seconds: float  # model load (and warm-up), part of spin-up
+    load_s: float  # model load (and warm-up), part of spin-up
     records: int
     workunits: int
-    busy_seconds: float  # inside workload.process (and record checks)
-    wait_seconds: float  # the rest of the job's wall time: starved, messaging, or idle at the end
+    busy_s: float  # inside workload.process (and record checks)
+    wait_s: float  # the rest of the job's wall time: starved, messaging, or idle at the end
     peak_rss_mib: float = 0.0  # the worker's process (threads share the driver's)
     peak_gpu_mib: float | None = None  # torch's peak allocation on its CUDA device
     restarts: int = 0  # replacements started in this slot since the pool started
-    cpu_seconds: float | None = None  # its process's CPU answering workunits (None: threads)
+    cpu_s: float | None = None  # its process's CPU answering workunits (None: threads)
 
-    # their older names (they held MiB): read-only, for code written before 2026-11-28
-    peak_rss_mb = property(lambda self: self.peak_rss_mib)
-    peak_gpu_mb = property(lambda self: self.peak_gpu_mib)
+    def __getattr__(self, name: str) -> Any:
+        return older_name(self, name)
+
+
+def older_name(stats: Any, name: str) -> Any:
+    """What a measurement's older name (OLDER_NAMES) reads now, for code written before its
+    rename: read-only; AttributeError for any other name."""
+    if name in OLDER_NAMES:
+        return getattr(stats, OLDER_NAMES[name])
+    raise AttributeError(f"{type(stats).__name__!r} object has no attribute {name!r}")
+
+
+def current_names(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A run's stats as an older gpufeed recorded them (``to_dict``), under today's names: its
+    own and each worker's."""
+    renamed = {OLDER_NAMES.get(k, k): v for k, v in recorded.items()}
+    if isinstance(renamed.get("workers"), list):
+        renamed["workers"] = [{OLDER_NAMES.get(k, k): v for k, v in w.items()}
+                              for w in renamed["workers"]]
+    if isinstance(renamed.get("recovery"), dict):
+        renamed["recovery"] = {OLDER_NAMES.get(k, k): v for k, v in renamed["recovery"].items()}
+    return renamed
 
 
 @dataclass(frozen=True)
@@ -73,23 +99,23 @@ class Tally:
 
     records: int = 0
     workunits: int = 0
-    busy_seconds: float = 0.0
+    busy_s: float = 0.0
     peak_rss_mib: float = 0.0
     peak_gpu_mib: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    cpu_seconds: float | None = None
+    cpu_s: float | None = None
 
-    def add(self, records: int, busy_seconds: float, rss_mib: float, gpu_mib: float | None,
+    def add(self, records: int, busy_s: float, rss_mib: float, gpu_mib: float | None,
             phases: dict[str, float] | None = None,
-            counts: dict[str, int] | None = None, cpu_seconds: float | None = None) -> None:
+            counts: dict[str, int] | None = None, cpu_s: float | None = None) -> None:
         add_phases(self.phases, phases)
-        if cpu_seconds is not None:
-            self.cpu_seconds = (self.cpu_seconds or 0.0) + cpu_seconds
+        if cpu_s is not None:
+            self.cpu_s = (self.cpu_s or 0.0) + cpu_s
         add_phases(self.counts, counts)
         self.records += records
         self.workunits += 1
-        self.busy_seconds += busy_seconds
+        self.busy_s += busy_s
         self.peak_rss_mib = max(self.peak_rss_mib, rss_mib)
         if gpu_mib is not None:
             self.peak_gpu_mib = max(self.peak_gpu_mib or 0.0, gpu_mib)
@@ -152,14 +178,14 @@ def _joined(first: WorkunitSpan, second: WorkunitSpan) -> WorkunitSpan:
 
 @dataclass(frozen=True, kw_only=True)  # (23 fields: built by name)
 class PipelineStats:
-    """A job's measurements. ``wall_seconds`` runs from the job's first read (every worker ready)
+    """A job's measurements. ``wall_s`` runs from the job's first read (every worker ready)
     to its output closed, every record written; spin-up (starting workers, imports, model loads) is
-    ``spinup_seconds``, the same for every job of a pool."""
+    ``spinup_s``, the same for every job of a pool."""
 
     records: int  # records written to the output
     failed_records: int  # records in the output's errors table
-    wall_seconds: float
-    spinup_seconds: float
+    wall_s: float
+    spinup_s: float
     workers: tuple[WorkerStats, ...]
     stages: dict[str, float]  # seconds: read, reader_blocked, wait, compute, write, write_blocked
     devices: tuple[str, ...]
@@ -172,10 +198,10 @@ class PipelineStats:
     recovery: dict[str, Any] = field(default_factory=dict)  # deaths, timeouts, retries, splits...
     resumed_after: int = 0  # records an earlier run handled (written, failed, rejected): skipped
     parent_rss_mib: float = 0.0  # the parent process's own high-water mark
-    first_dispatch_seconds: float = 0.0  # from the job's start (output opened, resume scanned)
-    longest_dispatch_gap_seconds: float = 0.0  # no workunit sent for this long (messages of
+    first_dispatch_s: float = 0.0  # from the job's start (output opened, resume scanned)
+    longest_dispatch_gap_s: float = 0.0  # no workunit sent for this long (messages of
     # several workunits go out further apart, their workers busy meanwhile)
-    longest_idle_seconds: float = 0.0  # the worst stall: the longest a worker waited between two
+    longest_idle_s: float = 0.0  # the worst stall: the longest a worker waited between two
     # of its workunits (from the end of one to the start of the next, on its own clock)
     bytes_written: int = 0  # every byte the writer wrote: parts, merges, indexes, the final file
     output_bytes: int = 0  # the finished output's size (its parts too, if it is an index)
@@ -187,9 +213,8 @@ class PipelineStats:
     counts: dict[str, int] = field(default_factory=dict)  # what the workload counted, summed
     # (the embedding workload: tokens_computed, tokens_needed: ``padding``)
 
-    # their older names (they held MiB): read-only, for code written before 2026-11-28
-    peak_rss_mb = property(lambda self: self.peak_rss_mib)
-    parent_rss_mb = property(lambda self: self.parent_rss_mib)
+    def __getattr__(self, name: str) -> Any:
+        return older_name(self, name)
 
     @property
     def padding(self) -> float | None:
@@ -201,15 +226,15 @@ class PipelineStats:
         """A simulated card's busy seconds ÷ (cards × wall seconds), each device label one
         card; None where no card was simulated."""
         busy = self.counts.get("card_busy_us")
-        if not busy or self.wall_seconds <= 0:
+        if not busy or self.wall_s <= 0:
             return None
-        return busy / 1e6 / (self.wall_seconds * (len(set(self.devices)) or 1))
+        return busy / 1e6 / (self.wall_s * (len(set(self.devices)) or 1))
 
     @property
-    def worker_cpu_seconds(self) -> float | None:
+    def worker_cpu_s(self) -> float | None:
         """CPU seconds every worker process spent answering workunits (None: thread workers,
         whose CPU is their process's, the driver's)."""
-        cpu = [w.cpu_seconds for w in self.workers if w.cpu_seconds is not None]
+        cpu = [w.cpu_s for w in self.workers if w.cpu_s is not None]
         return sum(cpu) if cpu else None
 
     @property
@@ -218,15 +243,15 @@ class PipelineStats:
         return self.bytes_written / self.output_bytes if self.output_bytes else 0.0
 
     @property
-    def records_per_second(self) -> float:
+    def records_per_s(self) -> float:
         """Records written (failed ones excluded) per wall second after spin-up."""
-        return self.records / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        return self.records / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def efficiency(self) -> float:
         """The workers' busy seconds ÷ (workers × wall seconds): 1.0 when no worker ever waits."""
-        busy = sum(w.busy_seconds for w in self.workers)
-        return busy / (len(self.workers) * self.wall_seconds) if self.wall_seconds > 0 else 0.0
+        busy = sum(w.busy_s for w in self.workers)
+        return busy / (len(self.workers) * self.wall_s) if self.wall_s > 0 else 0.0
 
     @property
     def per_device(self) -> dict[str, dict[str, Any]]:
@@ -240,9 +265,9 @@ class PipelineStats:
             gpu = [w.peak_gpu_mib for w in mine if w.peak_gpu_mib is not None]
             report[device] = {
                 "workers": len(mine), "records": records,
-                "records_per_s": records / self.wall_seconds if self.wall_seconds > 0 else 0.0,
-                "busy_share": sum(w.busy_seconds for w in mine) / (len(mine) * self.wall_seconds)
-                if self.wall_seconds > 0 else 0.0,
+                "records_per_s": records / self.wall_s if self.wall_s > 0 else 0.0,
+                "busy_share": sum(w.busy_s for w in mine) / (len(mine) * self.wall_s)
+                if self.wall_s > 0 else 0.0,
                 "peak_rss_mib": max(w.peak_rss_mib for w in mine),
                 "peak_gpu_mib": max(gpu) if gpu else None}
         return report
@@ -256,11 +281,11 @@ class PipelineStats:
         """Everything but the timeline and the telemetry (too long for a summary line)."""
         data = asdict(self)
         del data["timeline"], data["telemetry"]
-        data["records_per_second"] = self.records_per_second
+        data["records_per_s"] = self.records_per_s
         data["partial"] = self.partial
         data["write_amplification"] = self.write_amplification
         data["efficiency"] = self.efficiency
-        data["worker_cpu_seconds"] = self.worker_cpu_seconds
+        data["worker_cpu_s"] = self.worker_cpu_s
         data["card_busy_share"] = self.card_busy_share
         data["padding"] = self.padding
         data["per_device"] = self.per_device
@@ -268,16 +293,16 @@ class PipelineStats:
 
     def summary(self) -> str:
         """A few human lines: throughput, spin-up, and where each worker spent its time."""
-        lines = [f"{self.records} records in {self.wall_seconds:.2f} s = "
-                 f"{self.records_per_second:.1f} records/s after {self.spinup_seconds:.2f} s spin-up"
+        lines = [f"{self.records} records in {self.wall_s:.2f} s = "
+                 f"{self.records_per_s:.1f} records/s after {self.spinup_s:.2f} s spin-up"
                  f" ({self.backend}, workunit {self.workunit_size}"
                  f"{f', {self.failed_records} failed' if self.failed_records else ''}"
                  f"{f', {self.resumed_after} done before' if self.resumed_after else ''}; "
                  f"peak RSS {self.peak_rss_mib:.0f} MiB)"]
         for w in self.workers:
             lines.append(f"  worker {w.worker} {w.device:>7}: {w.records:>7} records "
-                         f"{w.workunits:>5} units  busy {w.busy_seconds:7.2f} s  "
-                         f"waiting {w.wait_seconds:6.2f} s  load {w.load_seconds:5.2f} s")
+                         f"{w.workunits:>5} units  busy {w.busy_s:7.2f} s  "
+                         f"waiting {w.wait_s:6.2f} s  load {w.load_s:5.2f} s")
         for device, d in self.per_device.items():
             gpu = f", device memory {d['peak_gpu_mib']:.0f} MiB" if d["peak_gpu_mib"] else ""
             lines.append(f"  device {device}: {d['workers']} worker{'s' * (d['workers'] > 1)}, "
@@ -299,7 +324,7 @@ class PipelineStats:
         for d in self.decisions:
             lines.append(f"  at {d['seconds']:6.1f} s {d['device']}: {d['action']} -> "
                          f"{d['workers']} workers ({d['reason']})")
-        incidents = {k: v for k, v in self.recovery.items() if v and k != "restart_seconds"}
+        incidents = {k: v for k, v in self.recovery.items() if v and k != "restart_s"}
         if incidents:
             lines.append("  recovered from: " + "  ".join(f"{k} {v}" for k, v in incidents.items()))
         return "\n".join(lines)

@@ -78,7 +78,7 @@ class HDF5Sink:
         self._rows = self._bytes = 0
         self._since = time.monotonic()
         self.records_written = self.errors_written = 0  # on disk (counted by the writer thread)
-        self.write_seconds = 0.0  # the writer thread's time writing
+        self.write_s = 0.0  # the writer thread's time writing
         self.done = IdRanges()  # resume: ids a previous run wrote or gave up on
         self.done_positions = IdRanges()  # ... and positions of records its reader rejected
         self.resumed_after = 0  # records a previous run handled: both of those
@@ -139,9 +139,9 @@ class HDF5Sink:
         return self._parts.output_bytes
 
     @property
-    def blocked_seconds(self) -> float:
+    def blocked_s(self) -> float:
         """Time the caller waited for room in the write-ahead queue (the disk fell behind)."""
-        return self._writer.blocked_seconds
+        return self._writer.blocked_s
 
     def append(self, ids: np.ndarray, arrays: Mapping[str, np.ndarray]) -> None:
         """Queue rows for writing; ValueError if they do not match the declared outputs."""
@@ -226,7 +226,7 @@ class HDF5Sink:
             rows, errors = part.rows, part.errors
         self.records_written += rows
         self.errors_written += errors
-        self.write_seconds += time.monotonic() - started
+        self.write_s += time.monotonic() - started
 
     def _idle(self) -> None:
         self._parts.refresh_index()
@@ -287,7 +287,7 @@ class _WriterThread(threading.Thread):
         self._queued_bytes, self._busy, self._closing = 0, False, False
         self._lock = threading.Condition()
         self.error: BaseException | None = None
-        self.blocked_seconds = 0.0
+        self.blocked_s = 0.0
         self.start()
 
     def put(self, blocks: list, nbytes: int) -> None:
@@ -300,7 +300,7 @@ class _WriterThread(threading.Thread):
             self._queue.append((blocks, nbytes))
             self._queued_bytes += nbytes
             self._lock.notify_all()
-        self.blocked_seconds += time.monotonic() - started
+        self.blocked_s += time.monotonic() - started
 
     def drain(self) -> None:
         with self._lock:

@@ -216,7 +216,7 @@ def begin(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSp
             return message
         rss, gpu = peak_memory(info.device, getattr(workload, "requires_hardware", True))
         return replace(result, started=wall - took, peak_rss_mib=rss, peak_gpu_mib=gpu,
-                       cpu_seconds=spent + time.process_time() - cpu)
+                       cpu_s=spent + time.process_time() - cpu)
     return end
 
 
@@ -412,7 +412,7 @@ def thread_main(info: WorkerInfo, workload: Any, models: "SharedModels", inbox: 
         if abandoned.is_set():
             return False
         if isinstance(message, Result):  # the process's CPU is every thread's: not this one's
-            message = replace(message, cpu_seconds=None)
+            message = replace(message, cpu_s=None)
         post(message)
         return True
 
