@@ -336,8 +336,8 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                       help="replacements per worker")
     written.add_argument("--in-place", action="store_true",
                       help="deprecated, to be removed: writing in place was no faster than "
-                           "crash-safe parts; now the run's parts are merged into one file at the "
-                           "end whatever its size (a FutureWarning says so)")
+                           "crash-safe parts, which the run now writes as any run does (a "
+                           "FutureWarning says so)")
     written.add_argument("--writes", choices=WRITES, default=JobSettings.writes,
                       help="who writes the rows: the driver's writer thread, or each worker its "
                            "own part files that the driver commits (the driver then reads none "

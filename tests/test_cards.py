@@ -31,7 +31,7 @@ def test_a_batch_costs_its_padded_tokens_with_attention_s_quadratic_term():
     ratio = card.seconds(32, 256) / card.seconds(32, 128)
     assert 2.0 < ratio < 2.2  # twice the tokens, each a little dearer (attention's L²)
     assert card.seconds(1, 1) == pytest.approx(card.kernels * KERNEL_FLOOR_US / 1e6)  # the floor
-    assert card.launch_seconds() > 0 and card.kernels == 6 * 16 + 8
+    assert card.launch_s() > 0 and card.kernels == 6 * 16 + 8
 
 
 def test_a_scaled_card_is_the_cores_here_over_the_cores_a_real_gpu_gets():

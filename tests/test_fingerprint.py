@@ -71,6 +71,9 @@ def test_a_field_an_older_output_recorded_under_its_older_name_compares_under_it
     assert differences(older, now) == {}
     assert differences(older, {**now, "text_column": "body"}) == \
         {"text_column": ("text", "body")}
+    mine = {"source": "mine", "text_field": "body"}  # a user's own source's own field
+    assert differences(mine, {**mine, "text_field": "title"}) == \
+        {"text_column": ("body", "title")}
     synthetic = {"workload": "synthetic", "model_mb": 100.0, "device_memory_mb": {}}
     assert differences(synthetic, {"workload": "synthetic", "model_mib": 200.0,
                                    "device_memory_mib": {}}) == {"model_mib": (100.0, 200.0)}

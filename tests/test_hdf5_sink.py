@@ -11,7 +11,6 @@ from helpers.engine.contract.protocol import NO_ID, OutputSpec
 from helpers.engine.outputs.hdf5_sink import HDF5Sink, read_output
 
 SPEC = {"embeddings": OutputSpec((4,), "float32")}
-WHOLE = [False, True]  # finished: merged if small enough, merged whatever the size
 
 
 def rows(ids):
@@ -19,10 +18,8 @@ def rows(ids):
     return ids, {"embeddings": np.repeat(ids[:, None], 4, axis=1).astype(np.float32)}
 
 
-@pytest.mark.parametrize("whole", WHOLE)
-def test_out_of_order_appends_map_back_by_id(tmp_path, whole):
-    with HDF5Sink(tmp_path / "out.h5", SPEC, {"model": "m", "devices": ["cpu", "cpu"]},
-                  whole) as sink:
+def test_out_of_order_appends_map_back_by_id(tmp_path):
+    with HDF5Sink(tmp_path / "out.h5", SPEC, {"model": "m", "devices": ["cpu", "cpu"]}) as sink:
         for chunk in ([5, 6], [0, 1, 2], [7], [3, 4]):
             sink.append(*rows(chunk))
     data = read_output(tmp_path / "out.h5")
@@ -88,19 +85,19 @@ def test_wrong_shape_or_missing_output_is_refused(tmp_path):
         HDF5Sink(tmp_path / "bad.h5", {"ids": OutputSpec((), "int64")})
 
 
-@pytest.mark.parametrize("whole", WHOLE)
-def test_a_finished_output_over_the_merge_limit_stays_an_index_unless_asked_whole(tmp_path,
-                                                                                   monkeypatch,
-                                                                                   whole):
+def test_a_finished_output_over_the_merge_limit_stays_an_index_and_options_are_named(
+        tmp_path, monkeypatch):
     monkeypatch.setattr(helpers.engine.outputs.checkpoint, "MERGE_AT_END_BYTES", 0)
     monkeypatch.setattr(helpers.engine.outputs.hdf5_sink, "PART_ROWS", 4)
-    with HDF5Sink(tmp_path / "out.h5", SPEC, whole=whole) as sink:
+    with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
         for start in range(0, 12, 4):
             sink.append(*rows(range(start, start + 4)))
     assert read_output(tmp_path / "out.h5")["ids"].tolist() == list(range(12))
     with h5py.File(tmp_path / "out.h5") as f:
-        assert f["embeddings"].is_virtual is not whole and f.attrs["complete"]
-    assert (tmp_path / "out.h5.parts").exists() is not whole
+        assert f["embeddings"].is_virtual and f.attrs["complete"]
+    assert (tmp_path / "out.h5.parts").is_dir()
+    with pytest.raises(TypeError):  # (its fourth was durable, then whole: never positional now)
+        HDF5Sink(tmp_path / "other.h5", SPEC, {}, True)
 
 
 def test_errors_table(tmp_path):

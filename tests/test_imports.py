@@ -17,7 +17,7 @@ ON_TOP = ("helpers", "helpers.__main__", "helpers.cli", "helpers.tuner", "helper
           "helpers.embed")  # may import any floor
 WORKLOAD_SEES = {"helpers.engine.contract.protocol"}  # all of the engine a workload may import
 # the engine's rooms, each with the rooms it may import besides itself (as its __init__ says)
-ROOMS = {"contract": set(), "measure": set(), "inputs": {"contract"}, "outputs": {"contract"},
+ROOMS = {"contract": set(), "measure": {"contract"}, "inputs": {"contract"}, "outputs": {"contract"},
          "workers": {"contract", "outputs"}, "dispatch": {"contract", "measure", "workers"}}
 ENGINE_TOP = {"helpers.engine", "helpers.engine.pipeline"}  # may import any room
 

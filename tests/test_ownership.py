@@ -414,7 +414,7 @@ def test_an_in_place_overwrite_keeps_another_name_of_the_old_file(tmp_path, a_an
     os.link(out, tmp_path / "backup.h5")
     done = cli("--input", b, "--output", out, "--overwrite", "--in-place")
     assert done.returncode == 0 and "FutureWarning: durable=False (--in-place) is deprecated" \
-        in done.stderr  # (it writes parts now, merged into one file: its flag still runs)
+        in done.stderr  # (it writes parts now, as any run: its flag still runs)
     assert len(read_output(tmp_path / "backup.h5")["ids"]) == 300  # not truncated through it
     assert "B.jsonl" in read_output(out)["attrs"]["source"]
 

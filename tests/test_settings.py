@@ -105,7 +105,7 @@ def test_auto_and_counts_on_the_command_line():
 
 def test_writing_in_place_is_deprecated_saying_why_and_still_runs_with_resume_or_workers():
     with pytest.warns(FutureWarning, match=r"deprecated and will be removed: .* no faster .* "
-                                           r"merges them into one file at the end"):
+                                           r"writes parts as any run does; .* compact"):
         job = JobSettings(durable=False, resume=True, writes="workers")
     assert (job.durable, job.resume, job.writes) == (False, True, "workers")
     with warnings.catch_warnings():

@@ -67,10 +67,10 @@ def test_each_device_has_its_share_of_the_job_in_the_stats():
 
 
 def test_measurements_answer_to_their_older_names_read_only():
-    """Until 2026-11-28 times ended _seconds and MiB _mb: code that reads those names still
-    works, read-only; the dict (the CLI's JSON, a run's record) has today's names only, and an
-    older run's record reads under them (``current_names``)."""
-    from helpers.engine.measure.stats import PipelineStats, WorkerStats, current_names
+    """Until 2026-11-28 times ended _seconds and MiB _mb: code that reads those names as
+    attributes still works, read-only; the dict (the CLI's JSON, a run's record) has today's
+    names only."""
+    from helpers.engine.measure.stats import PipelineStats, WorkerStats
 
     worker = WorkerStats(0, "cpu", 10, 1.5, 3, 1, 1.0, 0.25, 512.0, 64.0, cpu_s=0.75)
     stats = PipelineStats(records=3, failed_records=0, wall_s=2.0, spinup_s=4.0,
@@ -84,6 +84,9 @@ def test_measurements_answer_to_their_older_names_read_only():
                                                                    1.5, 0.75)
     with pytest.raises(AttributeError, match="'WorkerStats' object has no attribute 'rss'"):
         worker.rss
+    with pytest.raises(AttributeError, match="'PipelineStats' object has no attribute "
+                                             "'load_seconds'"):  # (a worker's, not the job's)
+        stats.load_seconds
     with pytest.raises(AttributeError):
         worker.peak_rss_mb = 1.0
     data = stats.to_dict()
@@ -91,11 +94,6 @@ def test_measurements_answer_to_their_older_names_read_only():
         data["records_per_s"] == 1.5
     assert not {"parent_rss_mb", "wall_seconds", "records_per_second"} & set(data)
     assert not {"peak_rss_mb", "busy_seconds"} & set(data["workers"][0])
-    older = {"wall_seconds": 2.0, "records": 3, "recovery": {"restart_seconds": [0.5]},
-             "workers": [{"busy_seconds": 1.0, "peak_rss_mb": 512.0, "worker": 0}]}
-    assert current_names(older) == {"wall_s": 2.0, "records": 3, "recovery": {"restart_s": [0.5]},
-                                    "workers": [{"busy_s": 1.0, "peak_rss_mib": 512.0,
-                                                 "worker": 0}]}
 
 
 def test_the_summary_counts_tokens_as_whole_numbers():

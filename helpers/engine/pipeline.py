@@ -411,9 +411,9 @@ class WorkerPool:
     def _sink(self, output: str | os.PathLike | Claim, job: JobSettings, attrs: dict[str, Any],
               outputs: dict[str, Any]) -> HDF5Sink:
         """The job's writer, once the output is this job's to write (else OutputError)."""
-        return HDF5Sink(output, outputs, attrs, whole=not job.durable, resume=job.resume,
-                        overwrite=job.overwrite, inputs=input_paths(attrs))  # (durable=False,
-        # deprecated: one file at the end whatever its size)
+        return HDF5Sink(output, outputs, attrs, resume=job.resume, overwrite=job.overwrite,
+                        inputs=input_paths(attrs))  # (durable=False, deprecated: parts all the
+        # same: JobSettings)
 
     @contextmanager
     def _guard(self) -> Iterator[None]:

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from helpers.engine.measure.stats import current_names
 from helpers.engine.outputs import run_log
 from helpers.study.figures import use_style
 
@@ -72,8 +71,7 @@ def draw(output: str | Path, path: str | Path | None = None, run: int = -1) -> P
         chosen = runs[run]
     except IndexError:
         raise ValueError(f"run: {output} records runs 0 to {len(runs) - 1}, not {run}") from None
-    stats, spans = current_names(chosen.stats), pd.DataFrame(chosen.timeline)  # (an older
-    # run's record says wall_seconds, busy_seconds, ...)
+    stats, spans = chosen.stats, pd.DataFrame(chosen.timeline)
     wall = float(stats["wall_s"])
     use_style()
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))

@@ -108,7 +108,7 @@ class CardModel:
     def kernels(self) -> int:
         return self.layers * KERNELS_PER_LAYER + KERNELS_OUTSIDE
 
-    def launch_seconds(self) -> float:
+    def launch_s(self) -> float:
         return self.kernels * LAUNCH_US / 1e6
 
     def seconds(self, texts: int, tokens: int) -> float:
@@ -160,7 +160,7 @@ class Card:
 
     def submit(self, texts: int, tokens: int) -> float:
         """Launch a batch; returns the card's seconds for it (what the card is busy with)."""
-        spin(self.model.launch_seconds())
+        spin(self.model.launch_s())
         seconds = self.model.seconds(texts, tokens)
         with self._lock:
             fcntl.flock(self._file, fcntl.LOCK_EX)

@@ -26,15 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from helpers.engine.contract.protocol import UNRECORDED
+from helpers.engine.contract.renamed import renamed
 
 INPUT_ATTR = "input_fingerprint"  # attribute names in an output file and its parts (JSON text)
 WORKLOAD_ATTR = "workload_fingerprint"
 SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle and end: cheap at
 # any size, and any rewrite that changes the size, the time or those bytes is caught
 FOLDER_SAMPLE_BYTES = 64 << 10  # of each file of a folder (a thousand Parquet files: 192 MB read)
-RENAMED = {"text_field": "text_column", "id_field": "id_column",  # a field's older name, as an
-           "model_mb": "model_mib", "device_memory_mb": "device_memory_mib"}  # older gpufeed
-# recorded it (a JSON-lines input's; the synthetic workload's MiB): compared under its name now
 MOVABLE = ("path",)  # fields that may differ on resume when every other one is equal: a moved input
 
 
@@ -184,9 +182,9 @@ def differences(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str
     cannot tell is not compared: the outputs before the workers declared them, a field an older
     gpufeed did not record). A field ``now`` names in its UNRECORDED is known to both: an
     output that lacks it was made with the value given there. A field recorded under an older
-    name (RENAMED) is compared under its name now."""
+    name (helpers.engine.contract.renamed) is compared under its name now, as ``now``'s is."""
     now = json.loads(encode(now))  # compared as recorded: tuples as lists, anything else as text
-    recorded = {RENAMED.get(key, key): value for key, value in recorded.items()}
+    recorded, now = renamed(recorded), renamed(now)
     before = now.get(UNRECORDED) or {}
     recorded = {**{k: v for k, v in before.items() if k not in recorded}, **recorded}
     return {key: (recorded[key], value) for key, value in now.items()

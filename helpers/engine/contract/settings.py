@@ -29,9 +29,10 @@ from helpers.engine.contract.messages import WorkerInfo
 BACKENDS = ("process", "thread", "ray")
 WRITES = ("auto", "driver", "workers")  # who writes the rows (JobSettings.writes)
 IN_PLACE_GONE = ("durable=False (--in-place) is deprecated and will be removed: writing the "
-                 "output in place measured no faster than crash-safe parts (`python -m "
-                 "helpers.bench failures`: 0.99x), so the run writes parts and merges them into "
-                 "one file at the end, whatever its size")  # JobSettings.durable
+                 "output in place measured no faster than crash-safe parts (0.99x: "
+                 "failure_costs.csv, docs/benchmarks.md), so the run writes parts as any run "
+                 "does; an output over 256 MiB stays an index over them, which `python -m "
+                 "helpers compact OUTPUT` makes one file")  # JobSettings.durable
 QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
 SORT_WORKUNITS = 8  # default sort window, in workunits, and at least SORT_RECORDS records: a
 SORT_RECORDS = 16384  # global sort's gain (a 2,400-text job on a loaded pool: 0.95 of bare encode
@@ -173,8 +174,7 @@ class JobSettings:
     # (at least SORT_RECORDS), 0 = off
     progress: bool = True  # a progress bar on stderr
     durable: bool = True  # deprecated: False (--in-place) wrote the output in place, no faster
-    # than parts (bench failures); it now warns, and the run's parts are merged into one file at
-    # the end whatever their size (what an in-place run left): helpers.engine.outputs.hdf5_sink
+    # than parts (failure_costs.csv); it now warns, and the run writes parts as any run does
     resume: bool = False  # skip the ids the output already holds (or gave up on)
     overwrite: bool = False  # replace an existing output (without it, an existing one is refused)
     stop_at: float | None = None  # a time.monotonic() after which no workunit is dispatched:

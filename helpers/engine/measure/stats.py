@@ -9,13 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-OLDER_NAMES = {  # a measurement's name until 2026-11-28 -> its name now (one suffix: _s, _mib)
-    "wall_seconds": "wall_s", "spinup_seconds": "spinup_s", "records_per_second": "records_per_s",
-    "worker_cpu_seconds": "worker_cpu_s", "first_dispatch_seconds": "first_dispatch_s",
-    "longest_dispatch_gap_seconds": "longest_dispatch_gap_s",
-    "longest_idle_seconds": "longest_idle_s", "load_seconds": "load_s", "busy_seconds": "busy_s",
-    "wait_seconds": "wait_s", "cpu_seconds": "cpu_s", "restart_seconds": "restart_s",
-    "peak_rss_mb": "peak_rss_mib", "peak_gpu_mb": "peak_gpu_mib", "parent_rss_mb": "parent_rss_mib"}
+from helpers.engine.contract.renamed import OLDER_NAMES
+
 TIMELINE_SPANS = 20_000  # spans kept per job: a figure's worth; past it, neighbours are merged
 
 
@@ -39,23 +34,12 @@ class WorkerStats:
 
 
 def older_name(stats: Any, name: str) -> Any:
-    """What a measurement's older name (OLDER_NAMES) reads now, for code written before its
-    rename: read-only; AttributeError for any other name."""
-    if name in OLDER_NAMES:
-        return getattr(stats, OLDER_NAMES[name])
+    """What a measurement's older name (helpers.engine.contract.renamed) reads now, for code
+    written before its rename: read-only; AttributeError for any other name."""
+    now = OLDER_NAMES.get(name)
+    if now is not None and (now in stats.__dataclass_fields__ or hasattr(type(stats), now)):
+        return getattr(stats, now)
     raise AttributeError(f"{type(stats).__name__!r} object has no attribute {name!r}")
-
-
-def current_names(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A run's stats as an older gpufeed recorded them (``to_dict``), under today's names: its
-    own and each worker's."""
-    renamed = {OLDER_NAMES.get(k, k): v for k, v in recorded.items()}
-    if isinstance(renamed.get("workers"), list):
-        renamed["workers"] = [{OLDER_NAMES.get(k, k): v for k, v in w.items()}
-                              for w in renamed["workers"]]
-    if isinstance(renamed.get("recovery"), dict):
-        renamed["recovery"] = {OLDER_NAMES.get(k, k): v for k, v in renamed["recovery"].items()}
-    return renamed
 
 
 @dataclass(frozen=True)

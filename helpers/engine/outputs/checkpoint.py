@@ -392,14 +392,13 @@ class Parts:
         """Rewrite the index over every part now, ``attrs`` added to its attributes."""
         self.bytes_written += self.index.write(self.parts, attrs)
 
-    def finish(self, attrs: Mapping[str, Any], record: Any = None, whole: bool = False) -> None:
-        """The run is complete: one self-contained file if the output is small enough or
-        ``whole`` (and the disk has room for the copy), else the index over the parts, marked
-        complete (``compact`` makes it one file); either records the runs, ``record`` (this
-        run's stats) last."""
+    def finish(self, attrs: Mapping[str, Any], record: Any = None) -> None:
+        """The run is complete: one self-contained file if the output is small enough (and the
+        disk has room for the copy), else the index over the parts, marked complete (``compact``
+        makes it one file); either records the runs, ``record`` (this run's stats) last."""
         self.index.attrs.update(attrs, complete=True)
         self.index.new_run = record
-        if whole or sum(p.size for p in self.parts) <= MERGE_AT_END_BYTES:
+        if sum(p.size for p in self.parts) <= MERGE_AT_END_BYTES:
             try:
                 with hdf5_replacing(self.path, sum(p.size for p in self.parts)) as out:
                     merge_into(out, self.parts, self.columns,

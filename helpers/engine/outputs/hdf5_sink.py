@@ -20,7 +20,8 @@ disk falls that far behind; HDF5 writes and fsync release the GIL, so writing ov
 Each part is written as a file and the output is kept an index over the parts
 (helpers.engine.outputs.checkpoint): whatever kills the run, the output opens and holds the rows
 written before, and ``resume=True`` carries on from there. A finished run's parts are merged into
-one file when they are small enough (MERGE_AT_END_BYTES), whatever their size with ``whole=True``.
+one file when they are small enough (MERGE_AT_END_BYTES); a bigger output stays the index over
+them (``compact`` makes it one file).
 
 A sink holds the output's lock from its opening to its close (the caller's, when it is given the
 output's Claim: run_pipeline's), and opens only an output it may write
@@ -63,13 +64,11 @@ class HDF5Sink:
     """Append-only writer of ids, workload outputs and per-record errors."""
 
     def __init__(self, path: str | os.PathLike | Claim, outputs: Mapping[str, OutputSpec],
-                 attrs: Mapping[str, Any] | None = None, whole: bool = False,
-                 resume: bool = False, overwrite: bool = False,
-                 inputs: tuple[str, ...] = ()) -> None:
+                 attrs: Mapping[str, Any] | None = None, *, resume: bool = False,
+                 overwrite: bool = False, inputs: tuple[str, ...] = ()) -> None:
         reserved = {"ids", "errors", "resume"} & set(outputs)
         if reserved:
             raise ValueError(f"outputs: {sorted(reserved)} are reserved dataset names")
-        self.whole = whole  # a finished run's parts merged into one file whatever their size
         self.outputs = dict(outputs)
         self.path = output_path(path)  # a link is written through
         self.attrs = {**(attrs or {}), OUTPUT_MARK: FORMAT}
@@ -233,8 +232,8 @@ class HDF5Sink:
 
     def close(self, complete: bool = True) -> None:
         """Write what is left; a complete run is finished (one file, or the index over big
-        parts unless ``whole``), an incomplete one keeps its index and parts for ``resume``. The
-        output's lock is released last.
+        parts), an incomplete one keeps its index and parts for ``resume``. The output's lock is
+        released last.
 
         Ctrl-C and SIGTERM wait until the output is whole (a signal inside HDF5's clean-up is
         lost, and a writer thread left inside HDF5 hangs the interpreter's exit); closing an
@@ -248,7 +247,7 @@ class HDF5Sink:
                 self._hand_off()
             self._writer.close()
             if complete:
-                self._parts.finish(self.attrs, self._recorded(), whole=self.whole)
+                self._parts.finish(self.attrs, self._recorded())
             else:
                 self._parts.refresh_index(force=True)
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from helpers.engine.contract.renamed import current_names
+
 GROUP = "runs"
 log = logging.getLogger("gpufeed")
 
@@ -93,7 +95,8 @@ def write(target: Any, stats: Any) -> None:
 
 
 def read(output: str | Path) -> list[RunLog]:
-    """Every run ``output`` records, oldest first (an output from before this record: none)."""
+    """Every run ``output`` records, oldest first (an output from before this record: none);
+    what an older gpufeed recorded reads under today's names (stats, telemetry columns)."""
     import h5py
 
     with h5py.File(output, "r") as f:
@@ -109,10 +112,10 @@ def read(output: str | Path) -> list[RunLog]:
             if "device" in timeline:
                 timeline["device"] = np.asarray(devices, dtype=object)[
                     timeline["device"].astype(int)] if devices else timeline["device"]
-            telemetry = {k: (v[()].astype(str) if v.dtype.kind == "S" else v[()])
-                         for k, v in group["telemetry"].items()}
-            runs.append(RunLog(int(name), json.loads(group.attrs["stats"]), timeline,
-                               telemetry))
+            telemetry = current_names({k: (v[()].astype(str) if v.dtype.kind == "S" else v[()])
+                                       for k, v in group["telemetry"].items()})
+            runs.append(RunLog(int(name), current_names(json.loads(group.attrs["stats"])),
+                               timeline, telemetry))
         return runs
 
 
