@@ -120,3 +120,32 @@ def test_a_record_that_cannot_be_written_leaves_no_group_and_no_failed_run(tmp_p
         assert sorted(f["runs"]) == ["0", "1"]
     assert caplog.text.count("could not be added") == 2
     assert len(run_log.read(tmp_path / "out.h5")) == 2
+
+
+def test_a_run_an_older_gpufeed_recorded_reads_under_today_s_names(tmp_path):
+    """Its stats said wall_seconds, busy_seconds, peak_rss_mb; its telemetry memory_mb: read
+    back, and drawn, under today's names (helpers.engine.contract.renamed)."""
+    import json
+
+    from helpers.engine.contract.renamed import OLDER_NAMES
+    from helpers.study.run_report import draw
+
+    out = tmp_path / "out.h5"
+    run_pipeline(RECORDS, SyntheticWorkload(0.0005), devices="cpu*2", workunit_size=25,
+                 output=out, progress=False)
+    older = {now: before for before, now in OLDER_NAMES.items()}
+    with h5py.File(out, "r+") as f:  # written as an older gpufeed wrote it
+        group = f[run_log.GROUP]["0"]
+        text = group.attrs["stats"]
+        for now, before in older.items():
+            text = text.replace(f'"{now}"', f'"{before}"')
+        group.attrs["stats"] = text
+        assert "wall_seconds" in json.loads(text) and "wall_s" not in json.loads(text)
+        telemetry = group["telemetry"]
+        if "memory_mib" in telemetry:
+            telemetry.move("memory_mib", "memory_mb")
+    (run,) = run_log.read(out)
+    assert run.stats["wall_s"] > 0 and run.stats["records_per_s"] > 0
+    assert {"busy_s", "wait_s", "peak_rss_mib"} <= set(run.stats["workers"][0])
+    assert "memory_mb" not in run.telemetry
+    assert draw(out, tmp_path / "run.png").is_file()
