@@ -86,3 +86,18 @@ def test_attributes_round_trip_and_name_the_input_s_path():
     assert decode("not json") is None and decode("[1, 2]") is None
     assert input_paths({"input_fingerprint": text}) == ("/data/in.jsonl",)
     assert input_paths({}) == ()
+
+
+def test_a_file_a_reader_opens_by_its_path_is_checked_the_same_way(tmp_path):
+    """h5py opens a file by its path: ``check_path`` asks what ``check_unchanged`` asks of an open
+    file, and says it the same way."""
+    from helpers.engine.contract.fingerprint import check_path, file_stats
+
+    path = tmp_path / "in.h5"
+    path.write_bytes(b"x" * 9)
+    stat = file_stats([str(path)])[0]
+    check_path(stat)  # as found
+    path.write_bytes(b"y" * 13)
+    with pytest.raises(InputChanged, match=r"in\.h5: changed since the run started "
+                                           r"\(9 bytes then, 13 now"):
+        check_path(stat)

@@ -11,7 +11,7 @@ and the resume refused, before anything is written or moved.
 While a run reads its input, every reader (the driver's, each worker's) checks each file against
 what the run found when it opened it (``file_stats``: its path, size and modification time): on
 the open file when it opens it, and again after each read (``checked_open``, ``check_unchanged``,
-``unchanged``). A file replaced, rewritten, cut short or appended to stops the run (OSError naming
+``unchanged``; by its path where h5py opens it: ``check_path``). A file replaced, rewritten, cut short or appended to stops the run (OSError naming
 the file) rather than mix two inputs' rows in one output.
 """
 from __future__ import annotations
@@ -95,7 +95,16 @@ def checked_open(stat: tuple[str, int, int]) -> Any:
 
 def check_unchanged(file: Any, stat: tuple[str, int, int]) -> None:
     """OSError naming the file if the open ``file`` is no longer the one ``stat`` describes."""
-    now = os.fstat(file.fileno())
+    _compare(stat, os.fstat(file.fileno()))
+
+
+def check_path(stat: tuple[str, int, int]) -> None:
+    """OSError naming the file if the file at ``stat``'s path is no longer the one it describes
+    (a reader that opens a file by its path: h5py)."""
+    _compare(stat, os.stat(stat[0]))
+
+
+def _compare(stat: tuple[str, int, int], now: os.stat_result) -> None:
     if (now.st_size, now.st_mtime_ns) != stat[1:]:
         raise InputChanged(f"{stat[0]}: changed since the run started ({stat[1]:,} bytes then, "
                       f"{now.st_size:,} now; modified {_when(stat[2])} then, "

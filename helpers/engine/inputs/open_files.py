@@ -3,9 +3,10 @@ Rows opener read, by key, so that the next workunit from the same file does not 
 and no more than a set number however many files an input has (a folder of thousands).
 
 One cache serves every worker-side reader: CSV files (csv_rows), JSON-lines files (jsonl_rows),
-tables and, inside a table, Arrow maps and Parquet cursors (table_rows). Whether an open file is
-still the driver's is asked elsewhere, once (helpers.engine.contract.fingerprint: ``checked_open``
-on opening, ``check_unchanged`` after each read).
+tables and, inside a table, Arrow maps and Parquet cursors (table_rows), HDF5 inputs (sources).
+Whether a file is still the driver's is asked elsewhere, one way for all of them
+(helpers.engine.contract.fingerprint: ``checked_open`` on opening, ``check_unchanged`` after each
+read; ``check_path`` for the HDF5 file h5py opens).
 """
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import InputChanged, file_identity, listing_identity
+from helpers.engine.contract.fingerprint import (check_path, file_identity, file_stats,
+                                                 listing_identity)
 from helpers.engine.contract.id_ranges import IdRanges, SeenIds
 from helpers.engine.contract.protocol import (BadRecord, OutputSpec, Rows, Source, SourceError,
                                               decoded, positions)
@@ -70,7 +71,7 @@ class HDF5BatchesSource:
         self.path, self.group = Path(path), group
         if not self.path.is_file():
             raise SourceError(f"input {str(self.path)!r}: no such file")
-        self._identity = _identity(str(self.path.resolve()))  # every read checks it
+        self._stat = file_stats([str(self.path.resolve())])[0]  # every read checks it
         try:
             with h5py.File(self.path, "r") as f:
                 self._names, self._length = _batch_layout(f, group, self.path)
@@ -103,7 +104,7 @@ class HDF5BatchesSource:
                     if skip.runs and skip.covers(offset + start, offset + stop):
                         continue
                     raw = dataset[start:stop]
-                    _same(str(self.path.resolve()), self._identity)  # (read: the run's file)
+                    check_path(self._stat)  # (read: the run's file)
                     if skip.runs:
                         keep = ~skip.contains(ids)
                         ids, raw = ids[keep], raw[keep]
@@ -116,8 +117,7 @@ class HDF5BatchesSource:
         """The records as Rows for the workers to read (Source protocol), from the batches'
         lengths alone, done ids left out."""
         end = self._length if limit is None else min(limit, self._length)
-        return positions(HDF5Rows(str(self.path.resolve()), self.group, self._identity), end,
-                         skip)
+        return positions(HDF5Rows(self._stat[0], self.group, self._stat), end, skip)
 
     def accounted(self, limit: int | None) -> int:
         """Rows a whole run over the first ``limit`` records leaves in the output or errors/."""
@@ -134,15 +134,16 @@ class HDF5BatchesSource:
 @dataclass(frozen=True)
 class HDF5Rows:
     """How a worker reads an HDF5 batches input's records by position (Rows' opener): the file
-    is opened once per process, if it is the one the driver found (``identity``: its inode,
-    size and time), and checked again after each read (a file rewritten since: the run stops)."""
+    is opened once per process, if it is the one the driver found (``stat``: its path, size and
+    time, as every reader checks its file: helpers.engine.contract.fingerprint), and checked
+    again after each read (a file rewritten since: the run stops)."""
 
     path: str
     group: str
-    identity: tuple
+    stat: tuple[str, int, int]
 
     def read(self, ids: np.ndarray) -> list:
-        f, names, offsets = _opened(self.path, self.group, self.identity)
+        f, names, offsets = _opened(self.path, self.group, self.stat)
         records: list = []
         for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []:
             start, stop = int(run[0]), int(run[-1]) + 1
@@ -152,20 +153,8 @@ class HDF5Rows:
                 raw = f[self.group][names[batch]][start - offsets[batch]:end - offsets[batch]]
                 records += [decoded(value, i) for value, i in zip(raw, range(start, end))]
                 start = end
-        _same(self.path, self.identity)
+        check_path(self.stat)
         return records
-
-
-def _identity(path: str) -> tuple:
-    stat = os.stat(path)
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-def _same(path: str, identity: tuple) -> None:
-    if _identity(path) != identity:
-        raise InputChanged(f"{path}: changed since the run started (another file there, or "
-                           f"written to): a run reads one input from start to end, never a mix "
-                           f"of two")
 
 
 _OPEN: OpenFiles[tuple[Any, list[str], np.ndarray]] = OpenFiles(4, lambda held: None)  # (an
@@ -177,18 +166,19 @@ def close_opened() -> None:
     _OPEN.close_all()
 
 
-def _opened(path: str, group: str, identity: tuple) -> tuple[Any, list[str], np.ndarray]:
-    """An input opened for reading by position, if it is still the driver's ``identity``."""
+def _opened(path: str, group: str, stat: tuple[str, int, int]
+            ) -> tuple[Any, list[str], np.ndarray]:
+    """An input opened for reading by position, if it is still the driver's (``stat``)."""
     def opened() -> tuple[Any, list[str], np.ndarray]:
         import h5py
 
-        _same(path, identity)
+        check_path(stat)
         f = h5py.File(path, "r")
         names, _ = _batch_layout(f, group, Path(path))
         offsets = np.cumsum([0] + [len(f[group][n]) for n in names])
         return f, names, offsets
 
-    return _OPEN.get((path, group, identity), opened)
+    return _OPEN.get((path, group, stat), opened)
 
 
 def _batch_layout(f: Any, group: str, path: Path) -> tuple[list[str], int]:
