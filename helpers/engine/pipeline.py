@@ -35,8 +35,9 @@ Writer (helpers.engine.outputs.hdf5_sink): the output is claimed first
 (helpers.engine.outputs.ownership: its lock held for the job, and refused unless it is this job's to
 write, resume or overwrite), then the main thread buffers each Result's rows (and the records the
 workload rejected, or that the scheduler gave up on, for ``errors/``) and hands them a part at a
-time to the writer thread, which writes them while the scheduler goes on dispatching. The
-output survives any crash (helpers.engine.outputs.checkpoint) and ``resume`` finishes an interrupted run, skipping what is written before reading it.
+time to the writer thread, which writes them while the scheduler goes on dispatching. The output
+survives any crash (helpers.engine.outputs.checkpoint) and ``resume`` finishes an interrupted run,
+skipping what is written before reading it.
 
 Workers write (``writes="workers"``; "auto" chooses it on Ray when the workers can read the
 source too)::
@@ -105,6 +106,7 @@ from helpers.engine.contract.fingerprint import as_attrs, input_paths
 from helpers.engine.contract.messages import (POLL_SECONDS, Died, Failed, Ready, Result, WorkerInfo,
                                               Workunit)
 from helpers.engine.contract.protocol import Workload
+from helpers.engine.contract.renamed import older_name
 from helpers.engine.contract.settings import (AUTO, JOB_SETTINGS, POOL_SETTINGS, JobSettings,
                                               PoolSettings, split_options)
 from helpers.engine.contract.versions import created, package_versions
@@ -264,10 +266,8 @@ class WorkerPool:
         """The workers' measured rates and workunit sizes (workunit_size="auto")."""
         return self._sizing
 
-    @property
-    def spinup_seconds(self) -> float:
-        """``spinup_s`` under its name until 2026-11-28 (read-only)."""
-        return self.spinup_s
+    def __getattr__(self, name: str) -> Any:
+        return older_name(self, name)  # (spinup_seconds: spinup_s until 2026-11-28)
 
     @property
     def pids(self) -> dict[int, int]:
@@ -412,8 +412,7 @@ class WorkerPool:
               outputs: dict[str, Any]) -> HDF5Sink:
         """The job's writer, once the output is this job's to write (else OutputError)."""
         return HDF5Sink(output, outputs, attrs, resume=job.resume, overwrite=job.overwrite,
-                        inputs=input_paths(attrs))  # (durable=False, deprecated: parts all the
-        # same: JobSettings)
+                        inputs=input_paths(attrs))
 
     @contextmanager
     def _guard(self) -> Iterator[None]:

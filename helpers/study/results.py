@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from helpers.engine.contract.renamed import current
 from helpers.engine.contract.versions import created, package_versions
 from helpers.study.paths import ROOT
 from helpers.study.provenance import git_commit, machine
@@ -56,8 +57,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     table written before 2026-11-28 calls ``*_mb`` (its sidecar keeps the name it was written
     with) reads as ``*_mib``."""
     frame = pd.read_csv(path)
-    return frame.rename(columns={c: c[:-3] + "_mib" for c in frame.columns
-                                 if isinstance(c, str) and c.endswith("_mb")})
+    return frame.rename(columns=lambda c: current(c) if isinstance(c, str) else c)
 
 
 def load_sidecar(name: str, results_dir: str | Path) -> dict[str, Any]:

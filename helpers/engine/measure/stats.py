@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from helpers.engine.contract.renamed import OLDER_NAMES
+from helpers.engine.contract.renamed import older_name
 
 TIMELINE_SPANS = 20_000  # spans kept per job: a figure's worth; past it, neighbours are merged
 
@@ -31,15 +31,6 @@ class WorkerStats:
 
     def __getattr__(self, name: str) -> Any:
         return older_name(self, name)
-
-
-def older_name(stats: Any, name: str) -> Any:
-    """What a measurement's older name (helpers.engine.contract.renamed) reads now, for code
-    written before its rename: read-only; AttributeError for any other name."""
-    now = OLDER_NAMES.get(name)
-    if now is not None and (now in stats.__dataclass_fields__ or hasattr(type(stats), now)):
-        return getattr(stats, now)
-    raise AttributeError(f"{type(stats).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

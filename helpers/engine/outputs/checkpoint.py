@@ -398,9 +398,10 @@ class Parts:
         makes it one file); either records the runs, ``record`` (this run's stats) last."""
         self.index.attrs.update(attrs, complete=True)
         self.index.new_run = record
-        if sum(p.size for p in self.parts) <= MERGE_AT_END_BYTES:
+        size = sum(p.size for p in self.parts)
+        if size <= MERGE_AT_END_BYTES:
             try:
-                with hdf5_replacing(self.path, sum(p.size for p in self.parts)) as out:
+                with hdf5_replacing(self.path, size) as out:
                     merge_into(out, self.parts, self.columns,
                                {**self.index.attrs, OUTPUT_MARK: FORMAT}, runs=False)
                     self.index.runs_into(out, self.parts)

@@ -48,7 +48,7 @@ from helpers.engine.contract.id_ranges import IdRanges
 from helpers.engine.contract.protocol import NO_ID, TEXT, OutputSpec
 from helpers.engine.outputs.atomic import temporary, uninterrupted
 from helpers.engine.outputs.checkpoint import (FORMAT, OUTPUT_MARK, PART_BYTES, PART_ROWS, Parts,
-                                               PartTarget, WorkerPart, columns, is_index)
+                                               PartTarget, WorkerPart, is_index)
 from helpers.engine.outputs.ownership import Claim, check_output, claimed, output_path
 
 FLUSH_SECONDS = 2.0  # a buffer older than this is written even if not full: at most this is lost
@@ -72,7 +72,6 @@ class HDF5Sink:
         self.outputs = dict(outputs)
         self.path = output_path(path)  # a link is written through
         self.attrs = {**(attrs or {}), OUTPUT_MARK: FORMAT}
-        self.columns = columns(self.outputs)
         self._blocks: list[dict[str, np.ndarray]] = []
         self._rows = self._bytes = 0
         self._since = time.monotonic()
@@ -99,8 +98,7 @@ class HDF5Sink:
         self._writer = _WriterThread(self._write, self._idle)
 
     def _open_parts(self, mode: str, fingerprints: Mapping[str, Any]) -> Parts:
-        parts = Parts(self.path, self.outputs,
-                                    {k: self.attrs[k] for k in fingerprints})
+        parts = Parts(self.path, self.outputs, {k: self.attrs[k] for k in fingerprints})
         temporary(self.path).unlink(missing_ok=True)  # an index a crash left half-written
         if mode == "overwrite":
             parts.remove()
