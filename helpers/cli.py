@@ -300,8 +300,10 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     layout.add_argument("--workunit-seconds", type=float, default=JobSettings.workunit_seconds,
                      help="--workunit-size auto: seconds a workunit should take on its worker")
     inputs.add_argument("--limit", type=int, help="stop after this many records")
-    layout.add_argument("--queue-depth", type=int, help="workunits waiting (default: 2 per worker, "
-                                                     "times --units-per-message)")
+    layout.add_argument("--queue-depth", type=int, help="workunits the reader queues, at most "
+                                                     "(default: 2 per worker, times "
+                                                     "--units-per-message, or what the workers "
+                                                     "took in the last 0.1 s if more)")
     layout.add_argument("--units-per-message", type=_count_or_auto,
                      default=PoolSettings.units_per_message,
                      help="workunits sent to a worker in one message (on Ray, one call); "

@@ -1,5 +1,6 @@
-"""The reader on its own: workunits cut across slices, cost-sorted windows, a bounded queue, its
-error raised in the scheduler's thread, and a prompt stop."""
+"""The reader on its own: workunits of the sizes asked for, taken across slices or from
+cost-sorted windows, a queue bounded in records that follows what is taken, its error raised in
+the scheduler's thread, and a prompt stop."""
 import threading
 import time
 
@@ -19,10 +20,18 @@ def slices(sizes, start=0):
         start += size
 
 
-def drain(reader):
+def waited(reader, n):
+    """A workunit of ``n`` records, once the reader has queued them."""
+    deadline = time.monotonic() + 5
+    while (unit := reader.take(n)) is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return unit
+
+
+def drain(reader, n=4):
     units = []
     while not reader.exhausted():
-        unit = reader.take()
+        unit = reader.take(n)
         if unit is None:
             time.sleep(0.001)
         else:
@@ -30,17 +39,45 @@ def drain(reader):
     return units
 
 
-def test_workunits_are_cut_across_slices_in_order_and_only_the_last_is_short():
+def test_workunits_are_taken_across_slices_in_order_and_only_the_last_is_short():
     woken = []
-    reader = Reader(slices([5, 1, 7, 3]), workunit_size=4, depth=2, wake=lambda: woken.append(1))
+    reader = Reader(slices([5, 1, 7, 4]), depth=2, size=4, wake=lambda: woken.append(1))
     reader.start()
     units = drain(reader)
     reader.stop()
-    assert [len(u) for u in units] == [4, 4, 4, 4]
-    assert np.concatenate([u.ids for u in units]).tolist() == list(range(16))
+    assert [len(u) for u in units] == [4, 4, 4, 4, 1]
+    assert np.concatenate([u.ids for u in units]).tolist() == list(range(17))
     assert all(u.records == [f"r{i}" for i in u.ids.tolist()] for u in units)
-    assert [u.index for u in units] == [0, 1, 2, 3]
-    assert woken and reader.units_put == 4  # (when: the next test)
+    assert [u.index for u in units] == [0, 1, 2, 3, 4]
+    assert woken  # (when: the next test)
+
+
+def test_each_workunit_holds_as_many_records_as_the_scheduler_asks():
+    """The size is the taker's alone: each take says it, and a workunit is cut short only at
+    the source's end (not while the next slice is still being read)."""
+    reader = Reader(slices([5, 1, 7, 3]), depth=4, size=4)
+    reader.start()
+    reader.join(5)  # (all queued: 16 records, four workunits of four)
+    assert reader.done
+    assert [len(reader.take(n)) for n in (3, 1, 9)] == [3, 1, 9]
+    assert len(reader.take(9)) == 3 and reader.take(1) is None and reader.exhausted()
+    gate = threading.Event()
+
+    def held():
+        yield np.arange(3, dtype=np.int64), ["a", "b", "c"]
+        gate.wait(5)
+        yield np.arange(3, 6, dtype=np.int64), ["d", "e", "f"]
+
+    reader = Reader(held(), depth=2, size=2)  # (windows of two)
+    reader.start()
+    deadline = time.monotonic() + 5
+    while reader.backlog(2) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert reader.take(4) is None  # two queued, more to come: not cut short
+    assert reader.take(2).records == ["a", "b"]
+    gate.set()
+    reader.join(5)
+    assert reader.take(4).records == ["c", "d", "e", "f"]  # across windows
 
 
 def test_the_scheduler_is_woken_for_a_workunit_only_once_it_asked_and_did_not_take():
@@ -55,24 +92,24 @@ def test_the_scheduler_is_woken_for_a_workunit_only_once_it_asked_and_did_not_ta
             yield np.arange(start, start + 4, dtype=np.int64), ["r"] * 4
         gate.acquire()  # (the end, when the test says)
 
-    def put(units):  # one more slice through the gate, and wait until it is queued
+    def put(slices):  # one more slice through the gate, and wait until it is queued
         gate.release()
         deadline = time.monotonic() + 5
-        while reader.units_put < units and time.monotonic() < deadline:
+        while reader._records_put < 4 * slices and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert reader.units_put == units
+        assert reader._records_put == 4 * slices
 
-    reader = Reader(gated(), workunit_size=4, depth=8, wake=lambda: woken.append(1))
+    reader = Reader(gated(), depth=8, size=4, wake=lambda: woken.append(1))
     reader.start()
     put(1)
     assert len(woken) == 1  # nothing taken yet: the scheduler may be waiting for it
-    assert reader.take() is not None
+    assert reader.take(4) is not None
     put(2)
     assert len(woken) == 1  # it took the last one and has not looked since: not woken
-    assert reader.take() is not None and reader.take() is None
+    assert reader.take(4) is not None and reader.take(4) is None
     put(3)
     assert len(woken) == 2  # it found the queue empty: woken
-    assert reader.take() is not None and reader.backlog() == 1
+    assert reader.take(4) is not None and reader.backlog(4) == 1
     put(4)
     assert len(woken) == 3  # it asked how many wait and took none: woken
     gate.release()
@@ -80,17 +117,19 @@ def test_the_scheduler_is_woken_for_a_workunit_only_once_it_asked_and_did_not_ta
     assert reader.done and len(woken) == 4  # the end
 
 
-def test_a_window_is_a_view_of_its_slice_not_a_copy_of_the_rest():
+def test_a_workunit_is_a_view_of_its_slice_not_a_copy_of_the_rest():
     """Cutting one slice of 65,536 ids into workunits of 16 copied the rest of the slice for
     each workunit (the reader's work grew with the slice); every workunit's ids are now a view of
-    one array."""
+    one array, and so are a sorted window's."""
     ids = np.arange(65536, dtype=np.int64)
-    reader = Reader(iter([(ids, ["r"] * len(ids))]), workunit_size=16, depth=5000)
-    reader.start()
-    reader.join(10)
-    units = drain(reader)
-    assert len(units) == 4096 and len({id(u.ids.base) for u in units}) == 1
-    assert np.concatenate([u.ids for u in units]).tolist() == ids.tolist()
+    for window, cost in ((0, None), (65536, len)):
+        reader = Reader(iter([(ids, ["r"] * len(ids))]), depth=5000, size=16, window=window,
+                        cost=cost)
+        reader.start()
+        reader.join(10)
+        units = drain(reader, 16)
+        assert len(units) == 4096 and len({id(u.ids.base) for u in units}) == 1
+        assert np.concatenate([u.ids for u in units]).tolist() == ids.tolist()
 
 
 class Opener:
@@ -112,8 +151,7 @@ def test_rows_a_worker_reads_are_cut_like_records_and_never_weighed():
     from helpers.engine.contract.protocol import Rows
 
     pieces = [(ids, Rows(Opener(), ids)) for ids, _ in slices([5, 1, 7, 3])]
-    reader = Reader(iter(pieces), workunit_size=4, depth=2, window=8,
-                    cost=lambda record: 1 / 0)
+    reader = Reader(iter(pieces), depth=2, size=4, window=8, cost=lambda record: 1 / 0)
     reader.start()
     units = drain(reader)
     reader.stop()
@@ -131,9 +169,9 @@ def test_rows_a_worker_reads_are_cut_like_records_and_never_weighed():
 def test_with_a_cost_each_window_is_ordered_by_it_before_cutting():
     lengths = [9, 1, 8, 2, 7, 3, 6, 4]  # record i costs lengths[i]
     pairs = (np.arange(8, dtype=np.int64), ["x" * n for n in lengths])
-    reader = Reader([pairs], workunit_size=2, depth=8, window=4, cost=len)
+    reader = Reader([pairs], depth=8, size=2, window=4, cost=len)
     reader.start()
-    units = drain(reader)
+    units = drain(reader, 2)
     # windows of 4 records, each sorted by cost: (9 1 8 2) -> 1 2 8 9; (7 3 6 4) -> 3 4 6 7
     assert [[len(r) for r in u.records] for u in units] == [[1, 2], [8, 9], [3, 4], [6, 7]]
     assert [u.ids.tolist() for u in units] == [[1, 3], [2, 0], [5, 7], [6, 4]]
@@ -141,37 +179,51 @@ def test_with_a_cost_each_window_is_ordered_by_it_before_cutting():
 
 def test_a_record_the_cost_function_fails_on_sorts_first_and_is_still_delivered():
     pairs = (np.arange(3, dtype=np.int64), ["bbb", None, "a"])
-    reader = Reader([pairs], workunit_size=3, depth=1, cost=len)
+    reader = Reader([pairs], depth=1, size=3, window=3, cost=len)
     reader.start()
     [unit] = drain(reader)
     assert unit.records == [None, "a", "bbb"] and unit.ids.tolist() == [1, 2, 0]
 
 
 def test_the_queue_is_bounded_and_stop_ends_a_blocked_reader():
-    reader = Reader(slices([1000]), workunit_size=10, depth=3)
+    reader = Reader(slices([10] * 100), depth=3, size=10)
     reader.start()
     time.sleep(0.3)
-    assert reader.units_put == 3 and reader.backlog() == 4  # three queued, more to come
+    assert reader._records_put == 30 and reader.backlog(10) == 4  # three queued, more to come
     started = time.monotonic()
     reader.stop()
     assert not reader.is_alive() and time.monotonic() - started < 2  # POLL_SECONDS, not forever
     assert reader.blocked_s > 0.2 and not reader.done
 
 
-def test_asked_to_queue_more_ahead_a_blocked_reader_goes_on_at_once():
-    """ahead() (messages grew) deepens the queue, and a put waiting on the full queue is woken
-    rather than waiting out its poll; a smaller depth than the queue's changes nothing."""
-    reader = Reader(slices([1000]), workunit_size=10, depth=3)
+def test_the_bound_follows_the_largest_workunit_asked_for_and_what_was_taken_lately():
+    """``depth`` workunits of the largest size asked (auto sizes grow), or the records taken
+    in the last ``ahead_s`` if more (grown messages, workers added); a put waiting on the full
+    queue goes on at once, not after its poll; with ``ahead_s`` 0 (a queue_depth the user set)
+    only the first."""
+    reader = Reader(slices([10] * 1000), depth=3, size=10, ahead_s=60)
     reader.start()
     time.sleep(0.2)
-    assert reader.units_put == 3
-    reader.ahead(2)
+    assert reader._records_put == 30 and reader.bound == 30
+    assert len(reader.take(5)) == 5
     time.sleep(0.1)
-    assert reader.units_put == 3
-    reader.ahead(8)
+    assert reader._records_put == 40  # (room for a slice again)
+    assert reader.take(40) is None and reader.bound == 120  # three of 40, asked once
     time.sleep(0.1)  # (well under the put's poll, POLL_SECONDS)
-    assert reader.units_put == 8 and reader.backlog() == 9
+    assert reader._records_put == 130
+    for _ in range(20):
+        assert len(waited(reader, 10)) == 10
+    assert reader.bound == 205  # taken within a minute: 5 + 200
+    time.sleep(0.1)
+    assert reader._records_put >= 205 + 205
     reader.stop()
+    capped = Reader(slices([10] * 1000), depth=3, size=10, ahead_s=0)
+    capped.start()
+    time.sleep(0.1)
+    for _ in range(20):
+        assert len(waited(capped, 10)) == 10
+    assert capped.bound == 30
+    capped.stop()
 
 
 def test_an_error_in_the_source_is_raised_by_exhausted_in_the_caller_s_thread():
@@ -180,11 +232,11 @@ def test_an_error_in_the_source_is_raised_by_exhausted_in_the_caller_s_thread():
         raise OSError("input.h5: truncated batch 1")
 
     woken = threading.Event()
-    reader = Reader(broken(), workunit_size=4, depth=4, wake=woken.set)
+    reader = Reader(broken(), depth=4, size=4, wake=woken.set)
     reader.start()
     reader.join(5)
     assert woken.is_set()
-    assert reader.take() is not None  # what was read before the error is still there
+    assert reader.take(4) is not None  # what was read before the error is still there
     with pytest.raises(OSError, match="truncated batch 1"):
         reader.exhausted()
 
@@ -201,12 +253,12 @@ def test_the_reader_pulls_from_the_source_no_further_than_the_queue_allows():
             pulled += 1
             yield i, "text"
 
-    reader = Reader(read_slices(endless(), IdRanges()), workunit_size=10, depth=2)
+    reader = Reader(read_slices(endless(), IdRanges()), depth=2, size=10)
     reader.start()
     time.sleep(0.5)
     reader.stop()
     assert not reader.is_alive()
-    assert pulled <= 2 * READ_SLICE  # the slice being cut, and the one read ahead at most
+    assert pulled <= 2 * READ_SLICE  # the slice queued, and the one read ahead at most
 
 
 def test_a_feed_past_its_stop_time_gives_no_more_and_says_it_was_cut():
@@ -216,20 +268,20 @@ def test_a_feed_past_its_stop_time_gives_no_more_and_says_it_was_cut():
     import time
 
     ids = np.arange(100, dtype=np.int64)
-    reader = Reader([(ids, list(range(100)))], 10, depth=2, stop_at=time.monotonic() + 60)
+    reader = Reader([(ids, list(range(100)))], depth=2, size=10, stop_at=time.monotonic() + 60)
     reader.start()
     deadline = time.monotonic() + 5
-    while (first := reader.take()) is None and time.monotonic() < deadline:
+    while (first := reader.take(10)) is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert first is not None and not reader.cut
     reader._stop_at = time.monotonic() - 1  # (its time has come)
-    assert reader.take() is None and reader.exhausted() and reader.cut
-    assert reader.remaining() == 0 and reader.backlog() == 0
+    assert reader.take(10) is None and reader.exhausted() and reader.cut
+    assert reader.remaining() == 0 and reader.backlog(10) == 0
     reader.stop()
-    done = Reader([(ids, list(range(100)))], 10, depth=20, stop_at=time.monotonic() + 60)
+    done = Reader([(ids, list(range(100)))], depth=20, size=10, stop_at=time.monotonic() + 60)
     done.start()
     done.join(5)
-    while done.take() is not None:
+    while done.take(10) is not None:
         pass
     done._stop_at = time.monotonic() - 1  # (past, but nothing was left: not cut)
     assert done.exhausted() and not done.cut

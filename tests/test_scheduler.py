@@ -204,19 +204,28 @@ class FakeBackend:
 
 
 class Queued:
-    """A feed of the given workunits, taken from the end."""
+    """A feed of the given workunits, taken from the end, each up to the size asked (the rest
+    of a longer one stays first); the sizes asked are kept."""
 
     def __init__(self, units=()):
-        self.units = list(units)
+        self.units, self.asked = list(units), []
 
-    def take(self):
-        return self.units.pop() if self.units else None
+    def take(self, n):
+        self.asked.append(n)
+        if not self.units:
+            return None
+        unit = self.units.pop()
+        if len(unit) > n:
+            from dataclasses import replace
+            self.units.append(replace(unit, ids=unit.ids[n:], records=unit.records[n:]))
+            unit = replace(unit, ids=unit.ids[:n], records=unit.records[:n])
+        return unit
 
-    def backlog(self):
-        return len(self.units)
+    def backlog(self, n):
+        return sum(-(-len(unit) // n) for unit in self.units)
 
-    def ahead(self, units):
-        self.depth = units
+    def remaining(self):
+        return None
 
 
 def ready_scheduler(backend, workers, **settings):
@@ -228,6 +237,38 @@ def ready_scheduler(backend, workers, **settings):
     for slot in scheduler.slots.values():
         slot.state = State.READY
     return scheduler
+
+
+def test_with_auto_sizes_the_scheduler_asks_the_feed_for_each_workers_size():
+    """A workunit's size is the scheduler's alone (its Sizing): it takes each worker's target
+    from the feed (a fast worker's larger), joining what a window's end left short up to it, and
+    a retried workunit larger than a worker's target is cut to it, the rest waiting first."""
+    from helpers.engine.contract.messages import WorkerInfo, Workunit
+    from helpers.engine.measure.sizing import Sizing
+
+    backend = FakeBackend()
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
+    sizing = Sizing(1.0)
+    sizing.observe(0, 100, 0.1)  # 1,000 records/s: 400 at most (four times the last)
+    sizing.observe(1, 100, 1.0)  # 100 records/s: 100
+    scheduler.new_job(1, sizing=sizing)
+    queued = Queued([Workunit(0, np.arange(n, n + 50), [f"r{i}" for i in range(n, n + 50)])
+                     for n in reversed(range(0, 5000, 50))])  # windows of 50
+    scheduler.dispatch(queued)
+    fast, slow = scheduler.slots[0], scheduler.slots[1]
+    assert [len(u) for u in fast.in_flight] == [400, 400]
+    assert [len(u) for u in slow.in_flight] == [100, 100]
+    assert queued.asked[:3] == [400, 350, 300]  # (joined up to the target)
+    sent = sorted(np.concatenate([u.ids for s in (fast, slow) for u in s.in_flight]).tolist())
+    assert sent == list(range(1000))  # each once
+    retried = scheduler.number(Workunit(0, np.arange(9000, 9300), ["x"] * 300, attempts=1))
+    scheduler.pending.append(retried)
+    slow.in_flight.clear()
+    slow.messages.clear()
+    scheduler.dispatch(queued)
+    assert [u.ids[0] for u in slow.in_flight] == [9000, 9100]
+    assert [len(u) for u in slow.in_flight] == [100, 100]
+    assert [len(unit) for unit in scheduler.pending] == [100]  # the rest of the retried one
 
 
 def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
@@ -334,8 +375,8 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
     """growing_messages: once a worker's workunits are measured (read, run and written) under
     MESSAGE_SECONDS, its messages grow, twice its last at most, to about that much of its work and
     MAX_UNITS_PER_MESSAGE; a worker with long workunits keeps per_message, and one long workunit
-    shrinks them at once; a workunit whose records were all rejected says nothing; the feed is
-    asked to queue enough ahead for the largest; a call's timeout covers its workunits; the end
+    shrinks them at once; a workunit whose records were all rejected says nothing; a call's
+    timeout covers its workunits; the end
     of a job still cuts messages to one; auto sizes and a new job start from per_message."""
     from helpers.engine.contract.messages import Result, WorkerInfo, Workunit
     from helpers.engine.contract.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS
@@ -369,7 +410,6 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
         sizes += sent_to_0()
     assert sizes == [4, 8, MAX_UNITS_PER_MESSAGE, MAX_UNITS_PER_MESSAGE]
     assert [len(units) for index, units in backend.sent if index == 1] == []  # (holds two)
-    assert queued.depth == scheduler.settings.depth(MAX_UNITS_PER_MESSAGE, 2)
     slot.head_since = time.monotonic() - MAX_UNITS_PER_MESSAGE + 1  # a call of 16 of 1 s each
     scheduler.check_timeouts()
     assert backend.killed == []
@@ -402,7 +442,7 @@ def test_grown_messages_hold_no_more_records_than_message_records_the_driver_rea
     def sizes(records):
         backend = FakeBackend()
         scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
-        scheduler.new_job(1, growing_messages=True)
+        scheduler.new_job(1, growing_messages=True, workunit_size=size)
         queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + size), records(n)))
                          for n in reversed(range(0, 200 * size, size))])
         sent = []

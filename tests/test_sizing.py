@@ -19,6 +19,19 @@ def test_a_worker_starts_at_the_first_size_and_grows_at_most_by_the_growth_facto
     assert sizing.size(0) == GROWTH * FIRST_SIZE
 
 
+def test_a_workload_that_costs_nothing_stops_at_the_largest_size():
+    """A rate without bound (a model that costs nothing inside process) grew workunits to
+    millions of records, GBs of results in the driver; MAX_SIZE stops them."""
+    from helpers.engine.measure.sizing import MAX_SIZE
+
+    sizing = Sizing(seconds=1.0)
+    records = FIRST_SIZE
+    for _ in range(20):
+        sizing.observe(0, records, 1e-6)
+        records = sizing.size(0)
+    assert records == MAX_SIZE and sizing.largest() == MAX_SIZE
+
+
 def test_sizes_follow_each_workers_rate():
     sizing = Sizing(seconds=0.5)
     for _ in range(20):

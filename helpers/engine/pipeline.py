@@ -3,18 +3,22 @@
 Data flow::
 
     source ──► Reader thread ──► work queue ──► scheduler ──► inbox 0 ─► worker 0 (cpu)    ─► outbox 0 ─┐
-    (HDF5,     slices of records (bounded)      (main         inbox 1 ─► worker 1 (cuda:0) ─► outbox 1 ─┤
-     JSONL,    into workunits                    thread)      inbox 2 ─► worker 2 (cuda:0) ─► outbox 2 ─┤
-     images,                                       ▲                                                    │
-     pairs)                                        └──── events (Ready, Result, Failed, Died) ◄─────────┘
+    (HDF5,     slices, or        (records,      (main         inbox 1 ─► worker 1 (cuda:0) ─► outbox 1 ─┤
+     JSONL,    windows sorted    bounded)        thread:      inbox 2 ─► worker 2 (cuda:0) ─► outbox 2 ─┤
+     images,   by cost                           takes                                                  │
+     pairs)                                      workunits                                              │
+                                                 of its sizes)                                          │
+                                                   ▲                                                    │
+                                                   └──── events (Ready, Result, Failed, Died) ◄─────────┘
                                                    │
                                                    └──► HDF5Sink buffer ──► write-ahead ──► writer thread
                                                         (main thread)       (bounded)       (parts, index)
 
 Reader (helpers.engine.dispatch.reader): a thread of the driver process. It pulls ``(ids, records)``
-slices lazily from the source (helpers.engine.inputs.sources.read_slices), cuts them into workunits
-and puts them on its bounded work queue, so memory stays flat whatever the input size; it wakes the
-scheduler after each one. Records it cannot use (not JSON, an unusable or duplicate id) go straight
+slices lazily from the source (helpers.engine.inputs.sources.read_slices) and queues them, a
+bounded number of records that follows what the scheduler takes, so memory stays flat whatever the
+input size; the scheduler takes workunits of the sizes it decides, and the reader wakes it when
+records come that it looked for. Records it cannot use (not JSON, an unusable or duplicate id) go straight
 to the writer's ``errors/``, never to a worker.
 
 Scheduler (helpers.engine.dispatch.scheduler): the driver's main thread. It keeps every ready worker
@@ -60,16 +64,16 @@ running totals, the timeline is bounded (helpers.engine.measure.stats), and a re
 are ranges.
 
 Self-tuning, each optional: ``workunit_size="auto"`` sizes each worker's workunits from its measured
-rate (helpers.engine.measure.sizing: the scheduler joins the reader's workunits for a fast worker
-and cuts them for a slow one, and finer at the end); ``workers_per_device="auto"`` adds workers to a
+rate (helpers.engine.measure.sizing: the scheduler takes each worker's size from the reader, and
+finer at the end); ``workers_per_device="auto"`` adds workers to a
 device while they raise its rate (helpers.engine.dispatch.growth, called from the main loop); a
 telemetry thread samples each device's use twice a second (helpers.engine.measure.telemetry). The
 sizes' loop, all of it in the main thread::
 
     Result (records, seconds) ──► Sizing.observe ──► each worker's target
          ▲                                              │
-         │                     the reader's feed cut at │ Sizing.largest()
-         └── worker ◄── dispatch: the feed's workunit ◄─┘ joined or cut to Sizing.size(worker)
+         │                                              │
+         └── worker ◄── dispatch: feed.take(n) ◄────────┘ n = Sizing.size(worker)
                                                           (Sizing.explore: shorter while growth decides)
 
 Static split (``WorkerPool.run_static``): the layout queue-fed workers replace. Every record is
@@ -301,14 +305,14 @@ class WorkerPool:
         with self.open_job(source, output, changes) as opened:
             settings, records, sink = opened.settings, opened.records, opened.sink
             scheduler = self._scheduler
+            size = self._sizing.largest() if settings.auto_size else settings.workunit_size
             scheduler.new_job(self.settings.per_message(settings.auto_size),
                               self.settings.growing_messages,
-                              self._sizing if settings.auto_size else None)
+                              self._sizing if settings.auto_size else None, size)
             self._sizing.start_job(settings.workunit_seconds)
             job = _Job(scheduler, settings, sink, started, self._growth, opened.carried)
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.resumed_after)
-            size = self._sizing.largest() if settings.auto_size else settings.workunit_size
             by_workers = settings.writes == "workers" and reads_by_position(records)
             slices = read_slices(records, sink.done, settings.limit, job.rejected.extend,
                                  sink.done_positions, job.carried.add, rows=by_workers)
@@ -316,8 +320,9 @@ class WorkerPool:
             window = 0 if by_workers else settings.window
             if settings.writes == "workers":
                 check_workers(scheduler, job.target, first)
-            reader = Reader(slices, size, self.settings.depth(scheduler.per_message),
-                            scheduler.wakeup.wake, window, cost, total, settings.stop_at)
+            reader = Reader(slices, self.settings.depth(scheduler.per_message), size,
+                            scheduler.wakeup.wake, window, cost, total, settings.stop_at,
+                            self.settings.ahead_s)
             job.start_clock()
             reader.start()
             try:
@@ -676,20 +681,14 @@ def _stopping(telemetry: Telemetry) -> Iterator[None]:
 class _Dealt:
     """A static split's feed: every workunit was dealt to its worker before the job started."""
 
-    def take(self) -> None:
+    def take(self, n: int) -> None:
         return None
 
-    def backlog(self) -> int:
+    def backlog(self, n: int) -> int:
         return 0
 
     def remaining(self) -> int:
         return 0
-
-    def resize(self, size: int) -> None:
-        pass
-
-    def ahead(self, units: int) -> None:
-        pass
 
     def exhausted(self) -> bool:
         return True

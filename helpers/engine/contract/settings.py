@@ -34,6 +34,9 @@ IN_PLACE_GONE = ("durable=False (--in-place) is deprecated and will be removed: 
                  "does; an output over 256 MiB stays an index over them, which `python -m "
                  "helpers compact OUTPUT` makes one file")  # JobSettings.durable
 QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
+AHEAD_SECONDS = 0.1  # and the reader queues the most records the scheduler took within this
+# long, if more: a dispatch's takes (a grown message, or one for every worker added) fall within
+# it, and the reader refills between two (helpers.engine.dispatch.reader)
 SORT_WORKUNITS = 8  # default sort window, in workunits, and at least SORT_RECORDS records: a
 SORT_RECORDS = 16384  # global sort's gain (a 2,400-text job on a loaded pool: 0.95 of bare encode
 # at 8 workunits of 64, 0.98-1.02 with the whole job in the window) for a few MB of texts
@@ -73,8 +76,9 @@ class PoolSettings:
     # device's measured rate rises (and its memory allows); "fit": as many as fit in its memory,
     # started one at a time before any work (the one choice of how many workers a device gets)
     threads_per_worker: int | None = None  # CPU threads per cpu worker; None = an even share
-    queue_depth: int | None = None  # workunits on the work queue; None = 2 per worker, times
-    # the workunits a message (units_per_message)
+    queue_depth: int | None = None  # workunits the reader queues (of the largest size taken),
+    # at most; None = 2 per worker, times the workunits a message (units_per_message), or the
+    # most taken within AHEAD_SECONDS if more
     adaptive: bool = False  # the same as workers_per_device="fit" (its older name)
     max_workers_per_device: int = 8  # "auto", "fit": the most workers tried on one device
     retries: int = 1  # times a failed workunit is retried whole before it is split
@@ -153,6 +157,12 @@ class PoolSettings:
         for ``workers`` workers: those the pool starts with, if not said)."""
         workers = len(self.worker_devices) if workers is None else workers
         return self.queue_depth or QUEUE_DEPTH_PER_WORKER * workers * per_message
+
+    @property
+    def ahead_s(self) -> float:
+        """Seconds of what the scheduler took that the reader queues, if more than ``depth``
+        workunits: AHEAD_SECONDS, or 0 where the user set ``queue_depth`` (a bound)."""
+        return 0.0 if self.queue_depth else AHEAD_SECONDS
 
     def workers(self) -> list[WorkerInfo]:
         """One WorkerInfo per worker to start; ``copy`` counts the earlier ones on its device."""

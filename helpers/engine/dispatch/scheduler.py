@@ -30,8 +30,8 @@ Recovery, per failure::
 Messages: a worker gets up to ``per_message`` workunits in one message (``units_per_message``:
 fewer messages, so less of the driver's CPU per workunit; with ``growing_messages`` and fixed
 workunit sizes, more for a worker whose workunits take under MESSAGE_SECONDS, up to about that
-much of its work, at most twice its last message's: ``message_size``; the feed queues enough
-ahead for every ready worker), and holds up to PREFETCH messages, one
+much of its work, at most twice its last message's: ``message_size``; the reader queues as
+much as the scheduler takes), and holds up to PREFETCH messages, one
 running and one waiting (``Slot.messages``); the next message goes out once a whole message's
 answers are back. A worker that overlaps workunits (``Ready.overlaps``) starts each before it
 answers the one before, so a workunit's timeout, counted from when it heads the worker's
@@ -117,22 +117,21 @@ class Recovery:
 
 
 class Feed(Protocol):
-    """Where new workunits come from (the reader; nothing more, for a static split)."""
+    """Where new records come from (the reader; nothing more, for a static split). The
+    scheduler alone decides how many a workunit holds; the feed is never told."""
 
-    def take(self) -> Workunit | None:
-        """The next workunit, or None if none is waiting."""
+    def take(self, n: int) -> Workunit | None:
+        """A workunit of up to ``n`` records (fewer at the end of what the feed holds together),
+        or None if none is waiting."""
 
-    def backlog(self) -> int:
-        """Workunits waiting, or about to be (0 once the source is exhausted)."""
+    def backlog(self, n: int) -> int:
+        """Workunits of ``n`` records waiting, or about to be (0 once the source is exhausted)."""
 
     def remaining(self) -> int | None:
         """Records not taken yet, or None while that is not known."""
 
-    def resize(self, size: int) -> None:
-        """Cut the workunits still to come at ``size`` records."""
-
-    def ahead(self, units: int) -> None:
-        """Queue up to ``units`` workunits ahead (more than at the start: messages grew)."""
+    def exhausted(self) -> bool:
+        """Whether every record has been taken."""
 
 
 @dataclass
@@ -168,6 +167,7 @@ class Scheduler:
         self.stamp: Callable[[Workunit], Workunit] | None = None  # writes="workers": a workunit
         # as it is sent, with where its worker writes its part (each sending a part of its own)
         self.per_message = 1  # workunits in one message to a worker (set per job by the pool)
+        self.workunit_size = 1  # records a workunit, where sizes are fixed (set per job too)
         self.growing_messages = False  # more for a worker whose workunits are short (set too)
         self._numbers = itertools.count()
 
@@ -254,11 +254,12 @@ class Scheduler:
         return replace(unit, index=next(self._numbers))
 
     def new_job(self, per_message: int, growing_messages: bool = False,
-                sizing: Sizing | None = None) -> None:
+                sizing: Sizing | None = None, workunit_size: int = 1) -> None:
         """Messages of ``per_message`` workunits for the next job, growing or not, and its
-        workunits' ``sizing`` (workunit_size="auto") or None; what an earlier job's workunits took
-        is forgotten (this one's may be of another size)."""
+        workunits' ``sizing`` (workunit_size="auto") or, if None, their fixed ``workunit_size``;
+        what an earlier job's workunits took is forgotten (this one's may be of another size)."""
         self.per_message, self.growing_messages, self.sizing = per_message, growing_messages, sizing
+        self.workunit_size = workunit_size
         for slot in self.slots.values():
             slot.unit_s = None
 
@@ -272,10 +273,6 @@ class Scheduler:
         (the feed's backlog), so that the last workunits of a job go to whichever worker is free
         first, not behind a slow worker's running one."""
         ready = [s for s in self.slots.values() if s.state is State.READY]
-        if self.sizing is not None:
-            feed.resize(self.sizing.largest())
-        if ready:  # (workers added since the start: the feed was sized for fewer)
-            feed.ahead(self.settings.depth(max(map(self.message_size, ready)), len(ready)))
         for depth in range(PREFETCH):
             for slot in [s for s in ready if len(s.messages) == depth
                          and not (s.in_flight and s.in_flight[0].alone)]:
@@ -334,7 +331,8 @@ class Scheduler:
         at the end of a job, when the last workunits should go to whichever worker is free
         first."""
         if self.sizing is None:
-            return len(self.pending) + feed.backlog() + len(taken) >= len(ready) * each
+            return len(self.pending) + feed.backlog(self.workunit_size) + len(taken) >= \
+                len(ready) * each
         left = self._remaining(feed)
         return left is None or \
             left + sum(map(len, taken)) >= sum(self._size(s, None) for s in ready) * each
@@ -344,19 +342,21 @@ class Scheduler:
         left = feed.remaining()
         return None if left is None else left + sum(len(u) for u in self.pending)
 
-    def _size(self, slot: Slot, remaining: int | None) -> int | None:
-        """The most records ``slot`` takes in one workunit (None: whatever the feed cut)."""
-        size = slot.cap
+    def _size(self, slot: Slot, remaining: int | None) -> int:
+        """The most records ``slot`` takes in one workunit: its Sizing target, or the job's fixed
+        size, and never more than its out-of-memory cap."""
+        size = self.workunit_size
         if self.sizing is not None:
             ready = None if remaining is None else \
                 [s.info.index for s in self.slots.values() if s.state is State.READY]
-            target = self.sizing.size(slot.info.index, remaining, ready)  # (shared only at the end)
-            size = target if size is None else min(size, target)
-        return size
+            size = self.sizing.size(slot.info.index, remaining, ready)  # (shared only at the end)
+        return size if slot.cap is None else min(size, slot.cap)
 
     def _next_for(self, slot: Slot, feed: Feed, alone: bool = True) -> Workunit | None:
         """The next workunit for ``slot`` (None: none for it); one to be sent alone only if
         ``alone`` (else it stays first in line, uncut, for a worker holding nothing)."""
+        size = self._size(slot, self._remaining(feed) if self.sizing else None)  # (this one's
+        # records among those left)
         unit = None
         for candidate in self.pending:
             if candidate.pinned in (None, slot.info.index):
@@ -367,15 +367,17 @@ class Scheduler:
                 return None
             self.pending.remove(unit)
         else:
-            unit = feed.take()
+            unit = feed.take(size)
             if unit is None:
                 return None
             unit = self.number(unit)
-        size = self._size(slot, self._remaining(feed) if self.sizing else None)
-        if self.sizing is not None and _fresh(unit):  # a fast worker's workunit: several joined
-            while len(unit) < size and (more := self._fresh_pending() or feed.take()) is not None:
+        if self.sizing is not None and _fresh(unit):  # a window's end, a cut's rest: joined
+            while len(unit) < size and \
+                    (more := self._fresh_pending() or feed.take(size - len(unit))) is not None:
                 unit = _joined(unit, more)
-        if size is not None and len(unit) > size:  # auto size, or an out-of-memory cap
+        if len(unit) > size and (self.sizing is not None or slot.cap is not None):
+            # a retried or joined workunit over its worker's size or cap (with fixed sizes an
+            # uncapped worker takes a workunit as it is: a static split's slice is one)
             first, rest = cut(unit, size)
             self.pending.appendleft(self.number(rest))
             unit = self.number(first)

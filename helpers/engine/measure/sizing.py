@@ -5,7 +5,8 @@ fixed costs (a message each way, a kernel launch, a sync) are small beside it, s
 a retry costs little. So a fast device gets larger workunits and a slow one smaller: each worker's
 target is its measured rate × ``workunit_seconds``, where the rate is records ÷ seconds inside
 ``workload.process`` (smoothed). Until a worker has reported, it gets FIRST_SIZE records; a target
-grows at most GROWTH times per result, so a first, cold measurement cannot run away with it.
+grows at most GROWTH times per result, so a first, cold measurement cannot run away with it, and
+is never above MAX_SIZE.
 
 A fixed cost per workunit (a message each way, a launch, a sync: ``fixed``) makes a workunit of n
 records take ``fixed + n × per_record``. Two workunits of one worker whose sizes differ by
@@ -33,7 +34,8 @@ The out-of-memory cap (helpers.engine.dispatch.scheduler) still applies on top o
 
 Who changes a Sizing, only through its methods: the pool starts each job (``start_job``); the
 scheduler feeds it each result (``observe``), forgets a retired worker, asks it at each dispatch
-(``size``) and cuts the reader's feed at its ``largest`` target; growth's loop shortens the
+(``size``) and takes that many records from the reader; the pool starts the reader's bound
+at the ``largest`` target; growth's loop shortens the
 workunits of the devices whose worker count it is deciding (``explore``).
 """
 from __future__ import annotations
@@ -51,6 +53,11 @@ MIN_SECONDS = 0.05  # the tail's workunits take at least this long on their work
 FIXED_SHARE = 0.2  # a workunit's fixed cost is at most this share of its time
 PAIR_RATIO = 1.5  # two workunits whose sizes differ this much measure the fixed cost
 FIXED_SAMPLES = 9  # the fixed cost: the median of this many of its latest estimates
+MAX_SIZE = 131_072  # records a workunit holds at most: a second of a fast card is less (one H100
+# embeds 110-165k texts/s of 128 tokens with MiniLM: ANCHORS.md), while a workload that costs next
+# to nothing inside ``process`` (its rate unbounded) grew workunits to millions of records, whose
+# results the driver holds: 11.7-14.6 GB of it over 20.6 M records of 384-d float32 (bench scale,
+# the synthetic model, workunit_size="auto")
 
 
 class Sizing:
@@ -86,7 +93,7 @@ class Sizing:
         self._costs[slot] = cost
         seconds = min(self.seconds, self.capped.get(slot, self.seconds))
         wanted = (max(seconds, fixed / FIXED_SHARE) - fixed) / cost
-        self.targets[slot] = max(1, math.floor(min(wanted, GROWTH * records)))
+        self.targets[slot] = max(1, math.floor(min(wanted, GROWTH * records, MAX_SIZE)))
 
     def _fit(self, slot: int, records: int, seconds: float) -> None:
         """The fixed cost through this workunit and the last one, if their sizes differ enough."""
@@ -120,8 +127,7 @@ class Sizing:
         return max(1, min(target, max(floor, math.ceil(TAIL_SHARE * fair))))
 
     def largest(self) -> int:
-        """The largest target: the size the reader cuts at (a slower worker's workunit is cut
-        from one, the rest waits for the next worker)."""
+        """The largest target (a job's reader queues a few workunits of it to start with)."""
         return max(self.targets.values(), default=FIRST_SIZE)
 
 
