@@ -109,6 +109,8 @@ def test_integers_written_with_leading_zeros_are_not_integers_as_written(tmp_pat
     (tmp_path / "zeros.csv").write_text("id,text\n12,a\n007,b\n")
     assert canonical_integers(str(tmp_path / "plain.csv"), "csv", "id")
     assert not canonical_integers(str(tmp_path / "zeros.csv"), "csv", "id")
+    (tmp_path / "empty.csv").write_text("id,text\n1,a\n,b\n3,c\n")
+    assert canonical_integers(str(tmp_path / "empty.csv"), "csv", "id")  # (no id: not a key)
 
 
 def test_a_text_over_max_lines_is_filed_as_a_quote_left_open():

@@ -391,6 +391,18 @@ def test_zero_padded_csv_ids_are_keys_kept_as_written(tmp_path):
     assert read_output(tmp_path / "n.h5")["ids"].tolist() == [-5, 123]
 
 
+def test_an_empty_csv_id_costs_its_row_not_the_other_rows_ids(tmp_path):
+    """An integer id column with one empty cell: that row goes to errors/, the others keep their
+    integers (the empty cell, read as text, made every id a key)."""
+    (tmp_path / "c.csv").write_text("id,text\n10,a\n,b\n30,c\n")
+    run_pipeline(tmp_path / "c.csv", synthetic(), devices="cpu", id_column="id",
+                 output=tmp_path / "o.h5", progress=False)
+    data = read_output(tmp_path / "o.h5")
+    assert data["ids"].tolist() == [10, 30] and "keys" not in data
+    [error] = data["errors"]
+    assert error["position"] == 1 and "'id' is null" in error["message"]
+
+
 def test_carried_values_of_failed_records_are_all_let_go():
     from helpers.engine.contract.protocol import OutputSpec
     from helpers.engine.inputs.carried import Carried

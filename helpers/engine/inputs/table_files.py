@@ -299,7 +299,8 @@ def mapped(file: Any) -> Any:
 def canonical_integers(path: str, fmt: str, column: str) -> bool:
     """Whether a CSV column's first block, read as text, holds integers as integers are written
     (``000123`` is a key that looks like a number: read as 123 it would lose its zeros and meet
-    ``123``)."""
+    ``123``). An empty cell is no id at all, as in any other column of integers: its row goes to
+    ``errors/`` (it made every other row's id a key)."""
     import re
 
     import pyarrow as pa
@@ -314,7 +315,7 @@ def canonical_integers(path: str, fmt: str, column: str) -> bool:
     if batch is None:
         return True
     integer = re.compile(r"-?(0|[1-9][0-9]*)\Z")
-    return all(v is None or integer.match(v) for v in batch.column(0).to_pylist())
+    return all(not v or integer.match(v) for v in batch.column(0).to_pylist())
 
 
 def count_lines(files: list[str], header: bool) -> int:
