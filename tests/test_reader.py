@@ -117,6 +117,40 @@ def test_the_scheduler_is_woken_for_a_workunit_only_once_it_asked_and_did_not_ta
     assert reader.done and len(woken) == 4  # the end
 
 
+def test_a_refused_take_is_owed_a_wake_up_though_a_smaller_one_succeeds_after_it():
+    """A take refused for want of records (a fast worker's size, more than is queued) is owed a
+    wake-up at the next records put, even if a smaller take (a slower worker's) succeeded in
+    between: that success had cleared it, and the fast worker waited for its next poll."""
+    gate, woken = threading.Semaphore(0), []
+
+    def gated():
+        for start in range(0, 400, 100):
+            gate.acquire()
+            yield np.arange(start, start + 100, dtype=np.int64), ["r"] * 100
+        gate.acquire()  # (the end, when the test says)
+
+    def queued(records):
+        deadline = time.monotonic() + 5
+        while reader._records_put < records and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert reader._records_put == records
+
+    reader = Reader(gated(), depth=8, size=100, wake=lambda: woken.append(1))
+    reader.start()
+    gate.release()
+    queued(100)
+    before = len(woken)
+    assert reader.take(300) is None  # too few for the fast worker: refused
+    assert len(reader.take(20)) == 20  # the slow worker's
+    gate.release()
+    queued(200)
+    assert len(woken) == before + 1  # the fast worker is woken: records came
+    for _ in range(3):
+        gate.release()
+    reader.join(5)
+    assert reader.done and [len(reader.take(300)) for _ in range(2)] == [300, 80]
+
+
 def test_a_workunit_is_a_view_of_its_slice_not_a_copy_of_the_rest():
     """Cutting one slice of 65,536 ids into workunits of 16 copied the rest of the slice for
     each workunit (the reader's work grew with the slice); every workunit's ids are now a view of

@@ -234,6 +234,7 @@ def ready_scheduler(backend, workers, **settings):
     from helpers.engine.dispatch.slots import State
 
     scheduler = Scheduler(backend, workers, PoolSettings(**settings))
+    scheduler.workunit_size = 1  # (a job of fixed sizes, as the pool's new_job sets it)
     for slot in scheduler.slots.values():
         slot.state = State.READY
     return scheduler
@@ -269,6 +270,24 @@ def test_with_auto_sizes_the_scheduler_asks_the_feed_for_each_workers_size():
     assert [u.ids[0] for u in slow.in_flight] == [9000, 9100]
     assert [len(u) for u in slow.in_flight] == [100, 100]
     assert [len(unit) for unit in scheduler.pending] == [100]  # the rest of the retried one
+
+
+def test_a_static_split_s_slice_goes_whole_unless_its_worker_is_capped():
+    """A static split's job has no workunit size: each slice goes to its worker as it is, and
+    only a worker's out-of-memory cap cuts it (the rest stays its own)."""
+    from helpers.engine.contract.messages import WorkerInfo, Workunit
+
+    backend = FakeBackend()
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
+    scheduler.new_job(per_message=1)
+    for i in (0, 1):
+        scheduler.pending.append(scheduler.number(
+            Workunit(0, np.arange(i * 100, i * 100 + 100), ["r"] * 100, pinned=i)))
+    scheduler.slots[1].cap = 30  # (an out-of-memory in an earlier job)
+    scheduler.dispatch(Queued())
+    assert [len(u) for u in scheduler.slots[0].in_flight] == [100]
+    assert [len(u) for u in scheduler.slots[1].in_flight] == [30]
+    assert [(len(u), u.pinned) for u in scheduler.pending] == [(70, 1)]
 
 
 def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
@@ -384,7 +403,7 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)],
                                 workunit_timeout=1.0)
-    scheduler.new_job(2, growing_messages=True)
+    scheduler.new_job(2, growing_messages=True, workunit_size=1)
     queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                      for n in reversed(range(400))])
     scheduler.dispatch(queued)
@@ -425,7 +444,7 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
     scheduler.sizing = None
     queued.units = queued.units[-3:]  # the end of the job: one workunit, not three
     assert sent_to_0() == [1] and len(queued.units) == 2
-    scheduler.new_job(2, growing_messages=True)  # the next job's workunits may be long
+    scheduler.new_job(2, growing_messages=True, workunit_size=1)  # the next job's workunits may be long
     assert scheduler.message_size(slot) == 2
 
 

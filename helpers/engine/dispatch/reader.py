@@ -42,8 +42,9 @@ class Reader(threading.Thread):
     It queues windows of the largest workunit asked for (views of a slice where one holds
     them). With a ``cost`` function it reads ``window`` records ahead (or that, if more) and
     orders them by cost, so a workunit holds records of similar size (texts of similar length
-    pad less): such a window is taken from until it is used up, a workunit never holding records
-    of two windows. Without, a workunit is taken across windows, ``n`` records whenever the
+    pad less): such a window is taken from until it is used up, a take never holding records of
+    two windows (with auto sizes the scheduler joins a window's short end to the next, up to its
+    worker's size). Without, a workunit is taken across windows, ``n`` records whenever the
     source has them. Work is done a window at a time: costs through one ``map``, one argsort,
     array slices for the ids.
     """
@@ -70,6 +71,7 @@ class Reader(threading.Thread):
         self.error: BaseException | None = None
         self.read_s = self.blocked_s = 0.0
         self._wanted = True  # the scheduler found too little here: wake it at the next records
+        self._owed = False  # a take was refused since the last wake-up (kept by later takes)
         self.done = False
         self._rest: tuple[np.ndarray, list, int] = (np.empty(0, np.int64), [], 0)  # read;
         # its records from the offset on not yet in a window
@@ -80,6 +82,7 @@ class Reader(threading.Thread):
                 if not self._put(ids, records):
                     return
                 if self._wanted:
+                    self._owed = False
                     self._wake()
             self.done = True
             self._wake()
@@ -104,20 +107,22 @@ class Reader(threading.Thread):
         None if not that many are queued yet."""
         if self._past():
             return None
+        n = max(1, n)
         self._wanted = True  # (before the look: records put meanwhile then wake it)
         with self._room:
             if n > self._largest:
                 self._largest = n
                 self._room.notify()  # (a reader waiting on a smaller bound goes on)
             if not self._queued or not (self._sorts or self.done or self._queued >= n):
+                self._owed = True  # (a smaller take that follows does not cancel its wake-up)
                 return None  # a workunit is cut short only at a window's end or the source's
             ids, records = self._cut(n)
             self._queued -= len(ids)
+            if self._ahead_s:
+                self._note(len(ids))
             self._room.notify()
-        self._wanted = False
+        self._wanted = self._owed
         self._records_taken += len(ids)
-        if self._ahead_s:
-            self._note(len(ids))
         return Workunit(next(self._numbers), ids, records)
 
     def _cut(self, n: int) -> tuple[np.ndarray, list]:
@@ -142,7 +147,7 @@ class Reader(threading.Thread):
 
     def _note(self, records: int) -> None:
         """Records taken now: the most taken within ``ahead_s`` so far is the bound's other
-        half."""
+        half (the caller holds ``_room``)."""
         now = time.monotonic()
         self._recent.append((now, records))
         self._recent_records += records

@@ -167,7 +167,8 @@ class Scheduler:
         self.stamp: Callable[[Workunit], Workunit] | None = None  # writes="workers": a workunit
         # as it is sent, with where its worker writes its part (each sending a part of its own)
         self.per_message = 1  # workunits in one message to a worker (set per job by the pool)
-        self.workunit_size = 1  # records a workunit, where sizes are fixed (set per job too)
+        self.workunit_size: int | None = None  # records a workunit, where sizes are fixed (set
+        # per job too; None: a workunit as it is, a static split's slice)
         self.growing_messages = False  # more for a worker whose workunits are short (set too)
         self._numbers = itertools.count()
 
@@ -254,10 +255,11 @@ class Scheduler:
         return replace(unit, index=next(self._numbers))
 
     def new_job(self, per_message: int, growing_messages: bool = False,
-                sizing: Sizing | None = None, workunit_size: int = 1) -> None:
+                sizing: Sizing | None = None, workunit_size: int | None = None) -> None:
         """Messages of ``per_message`` workunits for the next job, growing or not, and its
-        workunits' ``sizing`` (workunit_size="auto") or, if None, their fixed ``workunit_size``;
-        what an earlier job's workunits took is forgotten (this one's may be of another size)."""
+        workunits' ``sizing`` (workunit_size="auto") or, if None, their fixed ``workunit_size``
+        (None: as they are, a static split's slices); what an earlier job's workunits took is
+        forgotten (this one's may be of another size)."""
         self.per_message, self.growing_messages, self.sizing = per_message, growing_messages, sizing
         self.workunit_size = workunit_size
         for slot in self.slots.values():
@@ -331,7 +333,7 @@ class Scheduler:
         at the end of a job, when the last workunits should go to whichever worker is free
         first."""
         if self.sizing is None:
-            return len(self.pending) + feed.backlog(self.workunit_size) + len(taken) >= \
+            return len(self.pending) + feed.backlog(self.workunit_size or 1) + len(taken) >= \
                 len(ready) * each
         left = self._remaining(feed)
         return left is None or \
@@ -342,15 +344,17 @@ class Scheduler:
         left = feed.remaining()
         return None if left is None else left + sum(len(u) for u in self.pending)
 
-    def _size(self, slot: Slot, remaining: int | None) -> int:
+    def _size(self, slot: Slot, remaining: int | None) -> int | None:
         """The most records ``slot`` takes in one workunit: its Sizing target, or the job's fixed
-        size, and never more than its out-of-memory cap."""
+        size (None: a workunit as it is), and never more than its out-of-memory cap."""
         size = self.workunit_size
         if self.sizing is not None:
             ready = None if remaining is None else \
                 [s.info.index for s in self.slots.values() if s.state is State.READY]
             size = self.sizing.size(slot.info.index, remaining, ready)  # (shared only at the end)
-        return size if slot.cap is None else min(size, slot.cap)
+        if slot.cap is not None:
+            size = slot.cap if size is None else min(size, slot.cap)
+        return size
 
     def _next_for(self, slot: Slot, feed: Feed, alone: bool = True) -> Workunit | None:
         """The next workunit for ``slot`` (None: none for it); one to be sent alone only if
@@ -367,7 +371,7 @@ class Scheduler:
                 return None
             self.pending.remove(unit)
         else:
-            unit = feed.take(size)
+            unit = None if size is None else feed.take(size)  # (None: a static split's job)
             if unit is None:
                 return None
             unit = self.number(unit)
@@ -375,10 +379,10 @@ class Scheduler:
             while len(unit) < size and \
                     (more := self._fresh_pending() or feed.take(size - len(unit))) is not None:
                 unit = _joined(unit, more)
-        if len(unit) > size and (self.sizing is not None or slot.cap is not None):
-            # a retried or joined workunit over its worker's size or cap (with fixed sizes an
-            # uncapped worker takes a workunit as it is: a static split's slice is one)
-            first, rest = cut(unit, size)
+        limit = size if self.sizing is not None else slot.cap  # (with fixed sizes a workunit
+        # keeps the size it was taken at, a static split's slice its own: only a cap cuts it)
+        if limit is not None and len(unit) > limit:  # a retried or joined one over it
+            first, rest = cut(unit, limit)
             self.pending.appendleft(self.number(rest))
             unit = self.number(first)
         return unit
