@@ -20,6 +20,23 @@ def slices(sizes, start=0):
         start += size
 
 
+def gated(gate, slices, size):
+    """``slices`` slices of ``size`` records, each once ``gate`` is released, and the end once
+    it is released again."""
+    for start in range(0, slices * size, size):
+        gate.acquire()
+        yield np.arange(start, start + size, dtype=np.int64), ["r"] * size
+    gate.acquire()
+
+
+def queued(reader, records):
+    """Wait until the reader has queued ``records`` in all."""
+    deadline = time.monotonic() + 5
+    while reader._records_put < records and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert reader._records_put == records
+
+
 def waited(reader, n):
     """A workunit of ``n`` records, once the reader has queued them."""
     deadline = time.monotonic() + 5
@@ -86,20 +103,11 @@ def test_the_scheduler_is_woken_for_a_workunit_only_once_it_asked_and_did_not_ta
     empty queue, or a backlog too short for a second workunit each), and always at the end."""
     gate, woken = threading.Semaphore(0), []
 
-    def gated():
-        for start in range(0, 16, 4):
-            gate.acquire()
-            yield np.arange(start, start + 4, dtype=np.int64), ["r"] * 4
-        gate.acquire()  # (the end, when the test says)
-
     def put(slices):  # one more slice through the gate, and wait until it is queued
         gate.release()
-        deadline = time.monotonic() + 5
-        while reader._records_put < 4 * slices and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert reader._records_put == 4 * slices
+        queued(reader, 4 * slices)
 
-    reader = Reader(gated(), depth=8, size=4, wake=lambda: woken.append(1))
+    reader = Reader(gated(gate, 4, 4), depth=8, size=4, wake=lambda: woken.append(1))
     reader.start()
     put(1)
     assert len(woken) == 1  # nothing taken yet: the scheduler may be waiting for it
@@ -122,28 +130,15 @@ def test_a_refused_take_is_owed_a_wake_up_though_a_smaller_one_succeeds_after_it
     wake-up at the next records put, even if a smaller take (a slower worker's) succeeded in
     between: that success had cleared it, and the fast worker waited for its next poll."""
     gate, woken = threading.Semaphore(0), []
-
-    def gated():
-        for start in range(0, 400, 100):
-            gate.acquire()
-            yield np.arange(start, start + 100, dtype=np.int64), ["r"] * 100
-        gate.acquire()  # (the end, when the test says)
-
-    def queued(records):
-        deadline = time.monotonic() + 5
-        while reader._records_put < records and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert reader._records_put == records
-
-    reader = Reader(gated(), depth=8, size=100, wake=lambda: woken.append(1))
+    reader = Reader(gated(gate, 4, 100), depth=8, size=100, wake=lambda: woken.append(1))
     reader.start()
     gate.release()
-    queued(100)
+    queued(reader, 100)
     before = len(woken)
     assert reader.take(300) is None  # too few for the fast worker: refused
     assert len(reader.take(20)) == 20  # the slow worker's
     gate.release()
-    queued(200)
+    queued(reader, 200)
     assert len(woken) == before + 1  # the fast worker is woken: records came
     for _ in range(3):
         gate.release()
