@@ -23,8 +23,8 @@ class Reader(threading.Thread):
     (helpers.engine.inputs.sources.read_slices), or Rows (a source's ``rows``). ``wake`` ends the
     scheduler's wait on its workers' messages (so that it need not poll) after records it may
     want: once it has asked this feed and not taken (it found the queue empty, or too short to
-    give a worker a second), not after every slice — a scheduler busy with its workers' results
-    takes the next records anyway, and a wake-up per slice was a turn of its loop for nothing. At
+    give a worker a second), not after every window — a scheduler busy with its workers' results
+    takes the next records anyway, and a wake-up per window was a turn of its loop for nothing. At
     the end (and on an error) it is always woken.
 
     How much is queued follows what is taken: ``depth`` workunits of ``size`` records to start
@@ -58,7 +58,7 @@ class Reader(threading.Thread):
         self._depth, self._largest, self._ahead_s = max(1, depth), max(1, int(size)), ahead_s
         self._sorts = cost is not None and window > 0
         self._window, self._cost, self._total = window, cost, total
-        self._queue: deque[list] = deque()  # [ids, records, offset taken to]: a slice or window
+        self._queue: deque[list] = deque()  # [ids, records, offset taken to]: a window
         self._queued = 0  # records queued, not taken
         self._room = threading.Condition(threading.Lock())
         self._recent: deque[tuple[float, int]] = deque()  # (when, records) taken, ahead_s back
@@ -127,7 +127,7 @@ class Reader(threading.Thread):
 
     def _cut(self, n: int) -> tuple[np.ndarray, list]:
         """Up to ``n`` records from the head of the queue: from its first window only, or across
-        slices (the caller holds ``_room``)."""
+        windows (the caller holds ``_room``)."""
         id_parts, records = [], None
         while n and self._queue:
             entry = self._queue[0]
@@ -223,7 +223,7 @@ class Reader(threading.Thread):
         return ids[at:at + window], records[at:at + window]
 
     def _put(self, ids: np.ndarray, records: list) -> bool:
-        """Queue a slice or window once there is room (checking ``stop`` every POLL_SECONDS);
+        """Queue a window once there is room (checking ``stop`` every POLL_SECONDS);
         False if stopped first."""
         started = time.perf_counter()
         try:
