@@ -283,12 +283,15 @@ def test_each_encode_option_gives_encode_s_vectors(st_model, texts, options, enc
 @pytest.mark.slow
 def test_stored_forms_are_encode_s_precision(st_model, texts):
     """binary and ubinary bit for bit; int8 and uint8 cut with the given ranges as
-    quantize_embeddings cuts them (a step apart at most where a float differs in its last
-    bits); float16 the float32 rounded."""
+    quantize_embeddings cuts them: bit for bit from our own floats, a step apart at most from
+    encode's (where a float differs in its last bits: how many depends on the CPU's kernels,
+    1.06 % of them on one machine, under 1 % on others); float16 the float32 rounded."""
     from sentence_transformers.util.quantization import quantize_embeddings
 
     reference = st_model.encode(texts, batch_size=8)
     ranges = np.vstack((reference.min(0), reference.max(0)))
+    plain = EmbeddingWorkload(batch_size=8)
+    ours = plain.process(plain.load("cpu", 1), texts)["embeddings"]
     for stored in ("binary", "ubinary", "int8", "uint8", "float16"):
         workload = EmbeddingWorkload(batch_size=8, stored=stored,
                                      ranges=ranges if stored.endswith("int8") else None)
@@ -299,9 +302,10 @@ def test_stored_forms_are_encode_s_precision(st_model, texts):
             np.testing.assert_array_equal(got, st_model.encode(texts, batch_size=8,
                                                                precision=stored))
         elif stored.endswith("int8"):
+            np.testing.assert_array_equal(got, quantize_embeddings(ours, stored, ranges=ranges))
             want = quantize_embeddings(reference, stored, ranges=ranges)
             assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
-            assert (got == want).mean() >= 0.99
+            assert (got == want).mean() >= 0.98
         else:
             np.testing.assert_allclose(got.astype(np.float32), reference, atol=2e-3)
 
