@@ -18,8 +18,8 @@ Reader (helpers.engine.dispatch.reader): a thread of the driver process. It pull
 slices lazily from the source (helpers.engine.inputs.sources.read_slices) and queues them, a
 bounded number of records that follows what the scheduler takes, so memory stays flat whatever the
 input size; the scheduler takes workunits of the sizes it decides, and the reader wakes it when
-records come that it looked for. Records it cannot use (not JSON, an unusable or duplicate id) go straight
-to the writer's ``errors/``, never to a worker.
+records come that it looked for. Records it cannot use (not JSON, an unusable or duplicate id) go
+straight to the writer's ``errors/``, never to a worker.
 
 Scheduler (helpers.engine.dispatch.scheduler): the driver's main thread. It keeps every ready worker
 supplied with up to two workunits (one running, one waiting), retried ones first; it is the only
@@ -65,8 +65,8 @@ are ranges.
 
 Self-tuning, each optional: ``workunit_size="auto"`` sizes each worker's workunits from its measured
 rate (helpers.engine.measure.sizing: the scheduler takes each worker's size from the reader, and
-finer at the end); ``workers_per_device="auto"`` adds workers to a
-device while they raise its rate (helpers.engine.dispatch.growth, called from the main loop); a
+finer at the end); ``workers_per_device="auto"`` adds workers to a device while they raise its
+rate (helpers.engine.dispatch.growth, called from the main loop); a
 telemetry thread samples each device's use twice a second (helpers.engine.measure.telemetry). The
 sizes' loop, all of it in the main thread::
 
@@ -305,10 +305,10 @@ class WorkerPool:
         with self.open_job(source, output, changes) as opened:
             settings, records, sink = opened.settings, opened.records, opened.sink
             scheduler = self._scheduler
-            size = self._sizing.largest() if settings.auto_size else settings.workunit_size
+            fixed = None if settings.auto_size else settings.workunit_size
             scheduler.new_job(self.settings.per_message(settings.auto_size),
                               self.settings.growing_messages,
-                              self._sizing if settings.auto_size else None, size)
+                              self._sizing if settings.auto_size else None, fixed)
             self._sizing.start_job(settings.workunit_seconds)
             job = _Job(scheduler, settings, sink, started, self._growth, opened.carried)
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
@@ -320,7 +320,8 @@ class WorkerPool:
             window = 0 if by_workers else settings.window
             if settings.writes == "workers":
                 check_workers(scheduler, job.target, first)
-            reader = Reader(slices, self.settings.depth(scheduler.per_message), size,
+            reader = Reader(slices, self.settings.depth(scheduler.per_message),
+                            fixed or self._sizing.largest(),
                             scheduler.wakeup.wake, window, cost, total, settings.stop_at,
                             self.settings.ahead_s)
             job.start_clock()

@@ -11,8 +11,9 @@ and the resume refused, before anything is written or moved.
 While a run reads its input, every reader (the driver's, each worker's) checks each file against
 what the run found when it opened it (``file_stats``: its path, size and modification time): on
 the open file when it opens it, and again after each read (``checked_open``, ``check_unchanged``,
-``unchanged``; by its path where h5py opens it: ``check_path``). A file replaced, rewritten, cut short or appended to stops the run (OSError naming
-the file) rather than mix two inputs' rows in one output.
+``unchanged``; by its path where h5py opens it: ``check_path``). A file replaced, rewritten, cut
+short or appended to stops the run (OSError naming the file) rather than mix two inputs' rows in
+one output.
 """
 from __future__ import annotations
 

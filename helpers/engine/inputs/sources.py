@@ -117,7 +117,7 @@ class HDF5BatchesSource:
         """The records as Rows for the workers to read (Source protocol), from the batches'
         lengths alone, done ids left out."""
         end = self._length if limit is None else min(limit, self._length)
-        return positions(HDF5Rows(self._stat[0], self.group, self._stat), end, skip)
+        return positions(HDF5Rows(self.group, self._stat), end, skip)
 
     def accounted(self, limit: int | None) -> int:
         """Rows a whole run over the first ``limit`` records leaves in the output or errors/."""
@@ -138,12 +138,15 @@ class HDF5Rows:
     time, as every reader checks its file: helpers.engine.contract.fingerprint), and checked
     again after each read (a file rewritten since: the run stops)."""
 
-    path: str
     group: str
     stat: tuple[str, int, int]
 
+    @property
+    def path(self) -> str:
+        return self.stat[0]
+
     def read(self, ids: np.ndarray) -> list:
-        f, names, offsets = _opened(self.path, self.group, self.stat)
+        f, names, offsets = _opened(self.group, self.stat)
         records: list = []
         for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []:
             start, stop = int(run[0]), int(run[-1]) + 1
@@ -166,19 +169,20 @@ def close_opened() -> None:
     _OPEN.close_all()
 
 
-def _opened(path: str, group: str, stat: tuple[str, int, int]
-            ) -> tuple[Any, list[str], np.ndarray]:
-    """An input opened for reading by position, if it is still the driver's (``stat``)."""
+def _opened(group: str, stat: tuple[str, int, int]) -> tuple[Any, list[str], np.ndarray]:
+    """An input opened for reading by position, if it is still the driver's (``stat``: its path,
+    size and time)."""
     def opened() -> tuple[Any, list[str], np.ndarray]:
         import h5py
 
+        path = stat[0]
         check_path(stat)
         f = h5py.File(path, "r")
         names, _ = _batch_layout(f, group, Path(path))
         offsets = np.cumsum([0] + [len(f[group][n]) for n in names])
         return f, names, offsets
 
-    return _OPEN.get((path, group, stat), opened)
+    return _OPEN.get((group, stat), opened)
 
 
 def _batch_layout(f: Any, group: str, path: Path) -> tuple[list[str], int]:

@@ -34,9 +34,9 @@ The out-of-memory cap (helpers.engine.dispatch.scheduler) still applies on top o
 
 Who changes a Sizing, only through its methods: the pool starts each job (``start_job``); the
 scheduler feeds it each result (``observe``), forgets a retired worker, asks it at each dispatch
-(``size``) and takes that many records from the reader; the pool starts the reader's bound
-at the ``largest`` target; growth's loop shortens the
-workunits of the devices whose worker count it is deciding (``explore``).
+(``size``) and takes that many records from the reader; the pool starts the reader's bound at
+the ``largest`` target; growth's loop shortens the workunits of the devices whose worker count it
+is deciding (``explore``).
 """
 from __future__ import annotations
 
