@@ -44,10 +44,10 @@ from helpers.engine.pipeline import STRATEGIES, PipelineError, run_pipeline
 from helpers.workloads import WORKLOADS, make_workload
 from helpers.workloads.binning import DEFAULT_PROMPTS, BinningWorkload, Thresholds
 from helpers.workloads.binning.table import is_table, write_csv
-from helpers.workloads.cards import CARDS
+from helpers.workloads.embedding.cards.simulated import CARDS
 from helpers.workloads.embedding import TASKS, EmbeddingWorkload
-from helpers.workloads.runtimes import PRECISIONS, RUNTIMES
-from helpers.workloads.stored import CALIBRATED, STORED
+from helpers.workloads.embedding.runtimes import PRECISIONS, RUNTIMES
+from helpers.workloads.embedding.stored import CALIBRATED, STORED
 from helpers.workloads.synthetic import MODES, SyntheticWorkload
 
 CALIBRATION_ROWS = 1_000  # texts stored int8 / uint8 is calibrated on, by default (the input's

@@ -22,8 +22,8 @@ import numpy as np
 from helpers.engine.outputs.hdf5_sink import read_output
 from helpers.engine.pipeline import run_pipeline
 from helpers.workloads.embedding import EmbeddingWorkload
-from helpers.workloads.stored import CALIBRATED, stored_form
-from helpers.workloads.stored import calibration_ranges as ranges_of
+from helpers.workloads.embedding.stored import CALIBRATED, stored_form
+from helpers.workloads.embedding.stored import calibration_ranges as ranges_of
 
 SHOWN_ERRORS = 5  # failed texts named in the message
 

@@ -64,7 +64,7 @@ from helpers.engine.dispatch.scheduler import PipelineError
 from helpers.engine.inputs.sources import open_source, source_length
 from helpers.engine.pipeline import WorkerPool
 from helpers.engine.workers.backends import pool_settings
-from helpers.workloads.runtimes import variant_label
+from helpers.workloads.embedding.runtimes import variant_label
 
 log = logging.getLogger("gpufeed.tune")  # a line as each phase starts and each trial ends
 

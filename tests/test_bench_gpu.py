@@ -48,6 +48,9 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
     encode = timed[timed["mode"] == "encode"]
     feeds = set(zip(encode["tokenize_ahead"], encode["pin_memory"]))
     assert feeds == set(model_feeds()) and (encode["cpu_s"] > 0).all()
+    assert dict(zip(encode["tokenize_ahead"], encode["path"])) == {
+        False: "feeder -> torch on cpu", True: "encode"}  # (tokenize-ahead: encode's path)
+    assert (forward["cpu_s"] > 0).all()  # (the launching thread's: a CPU computes there)
     assert set(encode["batch_size"]) == {256, *sizes.batch_sizes}
     assert model[model["compile"] & model["skipped"].notna()].shape[0] == 1  # said, not silent
 

@@ -77,7 +77,7 @@ def test_a_workload_imports_the_engine_s_protocol_and_nothing_else_of_it():
 def test_the_floor_rules_catch_what_they_are_about():
     graph = import_graph()
     # the walk sees imports
-    assert "helpers.engine.contract.protocol" in graph["helpers.workloads.embedding"]
+    assert "helpers.engine.contract.protocol" in graph["helpers.workloads.embedding.workload"]
     assert "helpers.engine.dispatch.scheduler" in graph["helpers.engine.pipeline"]
     # the engine knowing a workload
     wrong = {"helpers.engine.workers.worker": {"helpers.workloads.synthetic"},

@@ -1,5 +1,5 @@
-"""How the embedding model runs (helpers.workloads.runtimes): each variant's clear refusal where it
-cannot run, the ONNX export made once and reused, and the quality guard that passes a faithful
+"""How the embedding model runs (helpers.workloads.embedding.runtimes): each variant's clear
+refusal where it cannot run, the ONNX export made once and reused, and the quality guard that passes a faithful
 variant and refuses one that is not (with its numbers)."""
 import json
 import threading
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from helpers import read_output, run_pipeline
-from helpers.workloads import runtimes
+from helpers.workloads.embedding import runtimes
 from helpers.workloads.embedding import EmbeddingWorkload
-from helpers.workloads.runtimes import check_variant
+from helpers.workloads.embedding.runtimes import check_variant
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -216,13 +216,12 @@ def test_compile_runs_the_compiled_transformer_checked_by_the_guard_in_the_load(
         EmbeddingWorkload(compile=True, runtime="onnx")
 
 
-def test_on_a_cuda_device_tokenized_batches_go_through_pinned_memory(monkeypatch):
+def test_on_a_cuda_device_encode_s_batches_go_through_pinned_memory(monkeypatch):
     """Faked: the two torch calls the transfer makes (pin_memory, a non-blocking copy), on a
-    model loaded for cuda:0 (its tensors stay on the CPU: the fake copy is a no-op); none on a
+    model loaded for cuda:0 through encode (feeder=False; the torch card's own transfers:
+    tests/test_torch_card.py) (its tensors stay on the CPU: the fake copy is a no-op); none on a
     CPU device or with pin_memory=False."""
     import torch
-
-    from helpers.workloads import embedding
 
     calls = []
     real_to = torch.Tensor.to
@@ -238,13 +237,13 @@ def test_on_a_cuda_device_tokenized_batches_go_through_pinned_memory(monkeypatch
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     loaded = {}
     for device, pin in (("cuda:0", True), ("cpu", True), ("cuda:0", False)):
-        model = EmbeddingWorkload(pin_memory=pin).load(device, 2)  # (its weights "moved")
+        model = EmbeddingWorkload(pin_memory=pin, feeder=False).load(device, 2)  # (moved)
         calls.clear()
         model.preprocess(["a text", "another text"])
         loaded[device, pin] = list(calls)
     assert loaded["cuda:0", True] == ["pin", ("to", "cuda:0", True)] * 3  # (ids, types, mask)
     assert loaded["cpu", True] == loaded["cuda:0", False] == []
-    runtimes_pinned = embedding.pinned(lambda texts: {"ids": torch.ones(2), "modality": "text"},
+    runtimes_pinned = runtimes.pinned(lambda texts: {"ids": torch.ones(2), "modality": "text"},
                                        "cuda:1")
     calls.clear()
     assert runtimes_pinned(["x"])["modality"] == "text" and calls == ["pin", ("to", "cuda:1", True)]

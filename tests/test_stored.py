@@ -1,10 +1,10 @@
-"""How embeddings are stored (helpers.workloads.stored): sentence-transformers' forms, shapes and
-the calibration ranges int8 and uint8 are cut with."""
+"""How embeddings are stored (helpers.workloads.embedding.stored): sentence-transformers'
+forms, shapes and the calibration ranges int8 and uint8 are cut with."""
 import numpy as np
 import pytest
 
-from helpers.workloads.stored import (STORED, calibration_ranges, check_stored, stored_form,
-                                      stored_spec)
+from helpers.workloads.embedding.stored import (STORED, calibration_ranges, check_stored,
+                                                stored_form, stored_spec)
 
 
 def test_each_form_s_dataset_is_the_arrays_it_stores():

@@ -79,7 +79,7 @@ def test_batches_by_token_count_pad_less_and_give_encode_s_embeddings(st_model):
     from helpers.study.paths import sample_texts
 
     texts = sorted(sample_texts(400), key=len)[::5]  # 80 texts, sorted by characters
-    workload = EmbeddingWorkload(batch_size=8)
+    workload = EmbeddingWorkload(batch_size=8, feeder=False)  # (encode's path)
     model = workload.load("cpu", 2)
     out = workload.process(model, texts)["embeddings"]
     by_tokens = workload.counts(model)

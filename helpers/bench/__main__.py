@@ -92,14 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                           help="variants: the precisions and runtimes alone; options: encode's "
                                "options alone (lengths, stored precisions)")
     fed = commands.add_parser("feed", help=feed.__doc__.splitlines()[0])
-    fed.add_argument("--records", type=int, default=4096, help="texts of each corpus a run")
+    fed.add_argument("--records", type=int, default=20_000, help="texts of each corpus a run")
     fed.add_argument("--repeats", type=int, default=3)
-    fed.add_argument("--card", default="h100", help="the simulated card's profile")
-    fed.add_argument("--card-cores", type=int, default=16,
-                     help="cores a real machine gives each GPU (the card is scaled to this "
-                          "machine's)")
     fed.add_argument("--batch-size", type=int, default=128)
-    fed.add_argument("--workunit-size", type=int, default=512)
+    fed.add_argument("--workunit-size", type=int, default=1024)
     fed.add_argument("--results-dir", default="data/results/cpu",
                      help="where feed_bench.csv goes ('' to save nothing)")
     one = commands.add_parser("scale-run", help="one run of `scale`, in this process")
@@ -171,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                                            args.units_per_message, args.backend)))
         return 0
     if args.command == "feed":
-        feed.main(args.records, args.repeats, args.card, args.card_cores, args.batch_size,
-                  args.workunit_size, args.results_dir)
+        feed.main(args.records, args.repeats, args.batch_size, args.workunit_size,
+                  args.results_dir)
         return 0
     if args.command == "runtimes":
         runtimes.main(args.records, args.repeats, args.batch_size, args.results_dir, args.only)

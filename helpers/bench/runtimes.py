@@ -37,7 +37,7 @@ def measure(records: int = 512, repeats: int = 5, batch_size: int = 16,
     """One tidy row per variant and round (a variant the guard refuses: one row, refused)."""
     from helpers.study.paths import sample_texts
     from helpers.workloads.embedding import EmbeddingWorkload
-    from helpers.workloads.runtimes import QualityRefused
+    from helpers.workloads.embedding.runtimes import QualityRefused
 
     threads = threads or os.cpu_count() or 1
     texts = sample_texts(records)
@@ -82,7 +82,7 @@ def _default_quantization(model: Any, threads: int, batch_size: int) -> dict[str
     gpufeed runs: onnx-int8 quantises only the matrix products, per channel)."""
     from onnxruntime.quantization import quantize_dynamic
 
-    from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, OnnxEncoder, cosines,
+    from helpers.workloads.embedding.runtimes import (GUARD_MEAN, GUARD_MIN, OnnxEncoder, cosines,
                                             exported, guard_texts)
 
     texts = guard_texts()
@@ -129,7 +129,7 @@ def encode_options(records: int = 512, repeats: int = 5, batch_size: int = 16,
     neighbours kept)."""
     from helpers.study.paths import sample_texts
     from helpers.workloads.embedding import EmbeddingWorkload
-    from helpers.workloads.runtimes import token_lengths
+    from helpers.workloads.embedding.runtimes import token_lengths
 
     threads = threads or os.cpu_count() or 1
     texts = sample_texts(records)
@@ -172,7 +172,7 @@ def _stored_row(stored: str, texts: list[str], reference: Any, batch_size: int
 
     from helpers.engine.pipeline import run_pipeline
     from helpers.workloads.embedding import EmbeddingWorkload
-    from helpers.workloads.stored import calibration_ranges
+    from helpers.workloads.embedding.stored import calibration_ranges
 
     ranges = calibration_ranges(reference) if stored in ("int8", "uint8") else None
     workload = EmbeddingWorkload(batch_size=batch_size, stored=stored, ranges=ranges)

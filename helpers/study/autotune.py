@@ -30,7 +30,7 @@ from helpers.engine.measure.stats import PipelineStats
 from helpers.engine.pipeline import WorkerPool, run_pipeline
 from helpers.study.experiments import layout_row, sample_records, span_row
 from helpers.study.results import load_sidecar, load_table
-from helpers.workloads.runtimes import variant_label
+from helpers.workloads.embedding.runtimes import variant_label
 from helpers.workloads.synthetic import SyntheticWorkload
 
 SELF_TUNING = "self-tuning"

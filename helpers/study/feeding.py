@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from helpers.engine.contract.devices import available_cores
-from helpers.workloads.cards import CARDS
+from helpers.workloads.embedding.cards.simulated import CARDS
 
 STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")
 LAYOUT = ("workers", "tokenize_threads", "workunit_size", "backend")  # what a run's row varies
@@ -30,22 +30,33 @@ def card_run(texts: list[str], workers: int, threads: int | None, card: str,
              card_cores: int | None, batch_size: int, workunit_size: int, folder: str,
              backend: str = "process", model: str | None = None) -> dict[str, Any]:
     """One run of ``texts`` on the simulated ``card`` (``workers`` on it, ``threads``
-    tokenizing in each, None: the workload's default, on ``backend``): its rate, the card's
-    busy share, and the CPU seconds of each stage (tokenize, collate and launch counted on the
-    workers' threads; the rest of the workers' CPU, from their Results; the driver's whole
-    process, which, on the thread backend, is the workers' too). ``card_busy_limit``: the busy
-    share this machine's every core would give the card at this run's CPU per token (what no
-    layout of it passes; over 1: the cores here could feed more than one such card).
+    tokenizing in each, None: the workload's default, on ``backend``): ``feed_run``'s figures.
     ``model``: whose tokenizer and configuration (None: the embedded MiniLM)."""
-    from helpers.engine.pipeline import run_pipeline
     from helpers.workloads.embedding import EmbeddingWorkload
 
     workload = EmbeddingWorkload(model=model, card=card, card_cores=card_cores,
                                  batch_size=batch_size, tokenize_threads=threads)
+    return feed_run(texts, workload, f"cuda:0*{workers}", workunit_size, folder, backend)
+
+
+def feed_run(texts: list[str], workload: Any, devices: str, workunit_size: int, folder: str,
+             backend: str = "process", **options: Any) -> dict[str, Any]:
+    """One run of ``texts`` by ``workload`` (the feeder's path: a simulated card, or a model on
+    its devices) on ``devices`` (``options``: run_pipeline's others): its rate, the card's busy
+    share where the card knows it, and the CPU seconds of each stage (tokenize, collate and
+    launch counted on the workers' threads: on a CPU, launching is the forward pass; the rest
+    of the workers' CPU, from their Results; the driver's whole process, which, on the thread
+    backend, is the workers' too). ``card_busy_limit``: the busy share this machine's every
+    core would give the card at this run's CPU per token (what no layout of it passes; over 1:
+    the cores here could feed more than one such card)."""
+    from helpers.engine.pipeline import run_pipeline
+
+    workers = int(devices.split("*")[1]) if "*" in devices else 1
+    threads = workload.tokenize_threads
     before = _cpu()
-    stats = run_pipeline(list(enumerate(texts)), workload, devices=f"cuda:0*{workers}",
+    stats = run_pipeline(list(enumerate(texts)), workload, devices=devices,
                          workunit_size=workunit_size, output=os.path.join(folder, "out.h5"),
-                         overwrite=True, backend=backend, progress=False)
+                         overwrite=True, backend=backend, progress=False, **options)
     driver = _cpu() - before
     counts = stats.counts
     stage = {name: counts.get(f"{name}_cpu_us", 0) / 1e6
@@ -57,7 +68,8 @@ def card_run(texts: list[str], workers: int, threads: int | None, card: str,
     tokens = int(counts.get("tokens_needed", 0))
     cpu = sum(stage.values())
     busy = stats.card_busy_share or 0.0
-    return {"workers": workers, "tokenize_threads": threads or available_cores(),
+    return {"workers": workers,
+            "tokenize_threads": threads or (available_cores() if workload.card else 1),
             "workunit_size": workunit_size,
             "backend": backend, "seconds": stats.wall_s,
             "spinup_s": stats.spinup_s, "records": stats.records, "tokens": tokens,
@@ -66,6 +78,7 @@ def card_run(texts: list[str], workers: int, threads: int | None, card: str,
             "padding": stats.padding, "card_busy_share": busy,
             "card_busy_limit": (busy * stats.wall_s * available_cores() / cpu
                                 if cpu else 0.0),
+            "texts_fast": int(counts.get("texts_fast", 0)),
             **{f"{name}_cpu_s": value for name, value in stage.items()},
             "cpu_s": cpu, "cpu_s_per_m_tokens": cpu / tokens * 1e6 if tokens else float("nan")}
 

@@ -16,7 +16,7 @@ from helpers.engine.contract.settings import BACKENDS, positive_int
 from helpers.study.paths import NOTEBOOKS
 from helpers.study.peers import SYSTEMS
 from helpers.workloads.binning.rule import Thresholds
-from helpers.workloads.cards import CARDS
+from helpers.workloads.embedding.cards.simulated import CARDS
 
 PARAMS = NOTEBOOKS / "params"
 

@@ -2,20 +2,22 @@
 
 Each precision (fp32, fp16, bf16), eager and compiled, is loaded as a worker loads it
 (``EmbeddingWorkload.load``: the cast, ``torch.compile``, the quality guard against float32 on the
-guard's texts, pinned memory, tokenize-ahead), then timed two ways on the same texts:
+guard's texts, pinned memory; the feeder and the torch card, or, with tokenize-ahead, ``encode``'s
+path: each row's ``path`` says which), then timed two ways on the same texts:
 
 - ``forward``: the forward passes alone. The texts are tokenized first (once for every variant),
   in batches of each size sorted by token count as ``encode`` sorts them, and put on the card;
   then REPEATS passes over all batches are timed with CUDA events after a warm-up, launched from
   one Python thread (the card waits for the host's launches where they are slower than its
-  kernels: eager PyTorch as it runs). Their FLOPs over the card's measured bf16 matrix rate are
+  kernels: eager PyTorch as it runs); ``cpu_s``: that thread's CPU for one pass (the launches:
+  what the simulated card's launch model stands for). Their FLOPs over the card's measured bf16 matrix rate are
   ``card_share``, the share of the card's limit the model reaches; over the ceiling of its own
   precision (fp32's without TF32), ``own_share``.
-- ``encode``: what a worker does per workunit (``workload.process``: sort by tokens, tokenize,
-  copy, forward, back to the host) on one thread, with its process CPU seconds and its phases;
-  for every variant at ENCODE_BATCH with tokenize-ahead and pinned memory on, for the feed
-  variant at every batch size and with each of those two options off. ROUNDS rounds, each in
-  another order.
+- ``encode``: what a worker does per workunit (``workload.process``: on the feeder's path,
+  tokenize, sort, collate into pinned staging, copy, forward, back to the host; on ``encode``'s,
+  its own loop) on one thread, with its process CPU seconds and its phases; for every variant at
+  ENCODE_BATCH on the feeder's path with pinned memory, for the feed variant at every batch size,
+  on ``encode``'s path and without pinned memory. ROUNDS rounds, each in another order.
 
 The gap between the two modes is what the CPU side costs a card: the question of the feed issue.
 The feed variant is compiled right after the eager loads; the other compiled variants come last,
@@ -35,8 +37,9 @@ from helpers.bench.gpu.card import timed
 PRECISIONS = ("fp32", "fp16", "bf16")
 COMPILED_ORDER = ("fp16", "bf16", "fp32")  # the likeliest to be used first
 ENCODE_BATCH = 256  # the batch size each variant is compared at (gpu.yaml's)
-FEEDS = ((True, True), (False, True), (True, False), (False, False))  # (tokenize_ahead,
-# pin_memory): the first is every variant's and the study's
+FEEDS = ((False, True), (True, True), (False, False), (True, False))  # (tokenize_ahead,
+# pin_memory): the first is every variant's and the study's (the feeder's path; tokenize_ahead
+# puts a model on encode's, the reference, as the first card measured it)
 COMPILE_GUESS = 60.0  # seconds a first torch.compile may take, before one is measured
 TIMING_RESERVE = 15.0  # seconds a compiled variant's timing needs once compiled
 
@@ -56,7 +59,13 @@ class Loaded:
 
     def key(self) -> dict[str, Any]:
         return {"precision": self.precision, "compile": self.compile,
-                "tokenize_ahead": self.tokenize_ahead, "pin_memory": self.pin_memory}
+                "tokenize_ahead": self.tokenize_ahead, "pin_memory": self.pin_memory,
+                "path": str(self.report.get("path", "")).split(" (")[0]}
+
+    @property
+    def modules(self) -> Any:
+        """The SentenceTransformer itself (a fed model holds it beside its feeder)."""
+        return getattr(self.model, "model", None) or self.model
 
 
 def feed_precision(device: str) -> str:
@@ -80,7 +89,7 @@ def measure(model_dir: str, device: str, texts: list[str], batch_sizes: tuple[in
                                 for p, ahead, pin in wanted) if item is not None]
     if not loaded:
         return rows
-    shapes = _Shapes(model_dir, loaded[0].model, texts)
+    shapes = _Shapes(model_dir, loaded[0].modules, texts)
     compiling = _Compiles(model_dir, device, rows, deadline, compiled)
     order = [p for p in COMPILED_ORDER if p in precisions]
     loaded += compiling.load(order[:1])  # (the likeliest to be used, while time is plenty)
@@ -147,7 +156,7 @@ def _load_row(model_dir: str, device: str, precision: str, compile: bool, ahead:
               pin: bool, rows: list[dict[str, Any]]) -> Loaded | None:
     """The variant loaded as a worker loads it, or None and a row saying why not (it cannot
     run on ``device``, or its load failed: a variant's failure never ends the check)."""
-    from helpers.workloads.runtimes import check_variant
+    from helpers.workloads.embedding.runtimes import check_variant
 
     key = {"mode": "load", "precision": precision, "compile": compile, "tokenize_ahead": ahead,
            "pin_memory": pin}
@@ -180,7 +189,7 @@ class _Shapes:
     def __init__(self, model_dir: str, model: Any, texts: list[str]) -> None:
         from transformers import AutoConfig
 
-        from helpers.workloads.runtimes import token_lengths
+        from helpers.workloads.embedding.runtimes import token_lengths
 
         self.config = AutoConfig.from_pretrained(model_dir)
         self.lengths = np.asarray(token_lengths(model, texts))
@@ -232,7 +241,7 @@ def _forward(item: Loaded, device: str, texts: list[str], size: int, shapes: _Sh
     """REPEATS timed passes of the forward alone over every batch of ``size``, on the card."""
     import torch
 
-    model = item.model
+    model = item.modules
     features = [{k: v.to(device) for k, v in one.items()} for one in shapes.features(size)]
 
     def work() -> None:
@@ -240,17 +249,22 @@ def _forward(item: Loaded, device: str, texts: list[str], size: int, shapes: _Sh
             model(dict(one))  # (the modules add their outputs to the dict they get)
 
     base = _base("forward", item, size)
-    clock = getattr(model, "gpufeed_phases", None)  # its hook waits for the card after each
-    waits, clock.cuda = clock.cuda, False  # forward pass: here the passes must queue up
+    clock = getattr(model, "gpufeed_phases", None)  # encode's path: its hook waits for the card
+    waits = getattr(clock, "cuda", False)  # after each forward pass: here they must queue up
+    if clock is not None:
+        clock.cuda = False
+    cpu = time.thread_time()
     try:
         with torch.inference_mode():
             seconds = timed(device, work, warmups=1, repeats=repeats)
     except Exception as exc:  # (out of memory at a large batch, say)
         return [{**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]}]
     finally:
-        clock.cuda = waits
+        if clock is not None:
+            clock.cuda = waits
+    per_pass = (time.thread_time() - cpu) / (1 + repeats)  # (the launching thread's)
     figures = shapes.figures(size)
-    return [{**_rates(base, len(texts), s, figures, ceilings), "repeat": r}
+    return [{**_rates(base, len(texts), s, figures, ceilings), "repeat": r, "cpu_s": per_pass}
             for r, s in enumerate(seconds)]
 
 

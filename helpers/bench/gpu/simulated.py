@@ -1,7 +1,7 @@
 """The GPU check's simulated card: does this machine's CPU feed the card it has?
 
-The card of the check's machine, simulated at full speed (helpers.workloads.cards: an H100's
-17.5 M tokens/s for MiniLM-L6), fed by every core of the machine: the question of issue 45 on
+The card of the check's machine, simulated at full speed
+(helpers.workloads.embedding.cards.simulated: an H100's 17.5 M tokens/s for MiniLM-L6), fed by every core of the machine: the question of issue 45 on
 the node it is about (16 cores for one GPU), where the study's own machine has 2. Each of
 LAYOUTS is one run of the sample's paragraphs, repeated, on the process backend (the model's
 configuration and tokenizer are the check's): the card's busy share, the CPU per token, and the
@@ -26,7 +26,7 @@ def layouts(cores: int) -> list[tuple[int, int]]:
 
 def card_for(gpu: str) -> str:
     """The simulated profile nearest the check's card (its name: 'NVIDIA H200' ...)."""
-    from helpers.workloads.cards import CARDS
+    from helpers.workloads.embedding.cards.simulated import CARDS
 
     name = gpu.lower()
     return next((card for card in CARDS if card in name), CARD)

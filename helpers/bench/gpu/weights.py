@@ -43,9 +43,18 @@ def prepare(target: Path = PREPARED, source: str | Path | None = None) -> Path:
     return target
 
 
-def build(prepared: Path, folder: Path, seed: int = SEED, layers: int | None = None) -> Path:
+TINY = {"num_hidden_layers": 1, "hidden_size": 8, "num_attention_heads": 2,
+        "intermediate_size": 16}  # a forward that costs next to nothing, behind the real
+# tokenizer: what the feeder's benches and tests measure the CPU side with
+
+
+def build(prepared: Path, folder: Path, seed: int = SEED, layers: int | None = None,
+          shape: dict[str, int] | None = None) -> Path:
     """A loadable sentence-transformers folder at ``folder``: ``prepared``'s files with weights
-    drawn from ``seed`` (``layers``: fewer transformer layers, for a dry run); return it."""
+    drawn from ``seed`` (``layers``: fewer transformer layers, for a dry run; ``shape``: other
+    sizes of the configuration, TINY say, the pooling's width following); return it."""
+    import json
+
     import torch
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
@@ -57,10 +66,17 @@ def build(prepared: Path, folder: Path, seed: int = SEED, layers: int | None = N
     config = AutoConfig.from_pretrained(prepared)
     if layers is not None:
         config.num_hidden_layers = layers
+    for name, value in (shape or {}).items():
+        setattr(config, name, value)
     torch.manual_seed(seed)
     model = AutoModel.from_config(config)
     _copy(prepared, folder)
     model.save_pretrained(folder)  # model.safetensors, and config.json anew (``layers``)
+    for pooling in folder.glob("*Pooling*/config.json"):
+        settings = json.loads(pooling.read_text())
+        if "word_embedding_dimension" in settings:  # (ST 5's name; 6 reads the model's)
+            settings["word_embedding_dimension"] = config.hidden_size
+        pooling.write_text(json.dumps(settings, indent=2))
     return folder
 
 

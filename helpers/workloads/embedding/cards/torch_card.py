@@ -1,0 +1,228 @@
+"""The torch card: a SentenceTransformer's own modules on its device, fed batches of ids.
+
+What ``encode`` runs after its tokenizer, and no more: the model's ``forward`` over the modules
+(transformer, pooling, dense, normalize), then ``truncate_dim`` and ``normalize`` as ``encode``
+applies them (cut, then normalized). The vectors are ``encode``'s (tests/test_torch_card.py:
+cosine >= 0.9999 in float32; the batches differ, so the padding does, not the rows).
+
+On CUDA the transfers overlap the forward pass (as ``DataLoader(pin_memory=True)`` with
+``non_blocking`` copies): the feeder collates each batch straight into a pinned host buffer of
+a small ring (``STAGING_SLOTS``; a slot is reused once its copy is done), the copy to the device
+runs on a stream of its own, which the forward's stream waits for by an event, so the copy of
+batch n+1 runs while batch n computes; the rows come back into pinned memory without blocking,
+and ``collect`` waits for their event only. Per calling thread (the thread backend's workers
+share one model): each has its own streams and ring. On a CPU the same path runs without
+streams or pinning, and ``submit`` computes the batch before it returns.
+
+The few CUDA calls are in ``CudaCalls`` so that tests can fake them (CI has no GPU).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from helpers.workloads.embedding.cards import host_staging
+
+STAGING_SLOTS = 4  # pinned buffers a thread collates into in turn: the copies in flight at most
+KNOWN_MODULES = ("Transformer", "Pooling", "Normalize", "Dense")  # what the card runs as encode
+# does (any other module: the model runs through encode, which knows it)
+
+
+def unsupported(model: Any, prompt: str | None, task: str | None) -> str | None:
+    """Why the torch card cannot run ``model`` as ``encode`` would (None: it can): a module it
+    does not know (a Router, an image or multimodal model's), a tokenizer with no Rust one, a
+    prompt its pooling leaves out (``include_prompt=False``), a task a router would route by."""
+    names = [type(module).__name__ for module in model]
+    unknown = [name for name in names if name not in KNOWN_MODULES]
+    if unknown:
+        return (f"its modules {names} include {unknown}, which the feeder does not run"
+                f"{' (it routes by task)' if 'Router' in unknown else ''}")
+    if names[0] != "Transformer":
+        return f"its first module is {names[0]}, not a Transformer"
+    modalities = set(getattr(model[0], "modality_config", None) or {"text"})
+    if modalities != {"text"}:
+        return f"its transformer reads {sorted(modalities)}, not text alone"
+    if getattr(getattr(model, "tokenizer", None), "backend_tokenizer", None) is None:
+        return "its tokenizer has no Rust tokenizer (not a 'fast' tokenizer)"
+    if prompt and any(getattr(module, "include_prompt", True) is False for module in model):
+        return "its pooling leaves the prompt's tokens out (include_prompt=False)"
+    if task is not None and "Router" in names:
+        return f"it routes each text by its task ({task!r})"
+    return None
+
+
+def input_names(model: Any) -> tuple[str, ...]:
+    """The features the model's tokenizer gives besides ids and mask (``token_type_ids``:
+    zeros for one text a row, as the tokenizer's own)."""
+    names = getattr(getattr(model, "tokenizer", None), "model_input_names", None) or ()
+    return tuple(name for name in names if name == "token_type_ids")
+
+
+class CudaCalls:
+    """The CUDA calls the card makes (streams, events, pinned buffers), in one place."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch, self.device = torch, device
+
+    def stream(self) -> Any:
+        return self.torch.cuda.Stream(self.device)
+
+    def current(self) -> Any:
+        return self.torch.cuda.current_stream(self.device)
+
+    def event(self) -> Any:
+        return self.torch.cuda.Event()
+
+    def pinned(self, size: int, dtype: Any) -> Any:
+        return self.torch.empty(size, dtype=dtype, pin_memory=True)
+
+    def use(self, stream: Any) -> Any:
+        return self.torch.cuda.stream(stream)
+
+
+@dataclass
+class _Slot:
+    """A pinned staging buffer (ids and mask, flat) and the event of its last copy."""
+
+    ids: Any
+    mask: Any
+    copied: Any = None
+
+
+@dataclass
+class TorchTicket:
+    """A submitted batch: its rows (on a CPU, already computed; on CUDA, a pinned buffer
+    filled without blocking) and the event ``collect`` waits for (CUDA)."""
+
+    rows: Any
+    done: Any = None
+    busy_s: None = None  # (the card's own time is not measured here)
+
+
+class TorchCard:
+    """The torch card (the module docstring). ``model``: a SentenceTransformer on ``device``,
+    its weights in the precision it runs in; ``normalize`` and ``truncate_dim``: as ``encode``'s;
+    ``pinned``: on CUDA, staging in pinned memory (False: pageable arrays, each copy blocking);
+    ``half_rows``: on CUDA, rows come back in float16 (the output stores float16: half the
+    bytes copied; the same values as casting on the host); ``cuda``: the CUDA calls (tests give
+    a fake)."""
+
+    def __init__(self, model: Any, device: str, normalize: bool = False,
+                 truncate_dim: int | None = None, label: str | None = None,
+                 pinned: bool = True, half_rows: bool = False, cuda: Any = None) -> None:
+        import torch
+
+        self.torch, self.model = torch, model
+        self.device = torch.device(device)
+        self.normalize, self.truncate_dim = normalize, truncate_dim
+        self.extra = input_names(model)
+        get_dim = getattr(model, "get_embedding_dimension", None) \
+            or model.get_sentence_embedding_dimension
+        self.dim = int(truncate_dim or get_dim())
+        self.asynchronous = self.device.type == "cuda"
+        self.cuda = (cuda or CudaCalls(self.device)) if self.asynchronous else None
+        self.pinned, self.half_rows = pinned, half_rows
+        self.label = label or f"torch on {device}"
+        self._local = threading.local()
+
+    def _thread(self) -> Any:
+        """This thread's streams and staging ring (CUDA)."""
+        local = self._local
+        if not hasattr(local, "ring"):
+            local.copies = self.cuda.stream()
+            local.ring, local.turn, local.staged = [], 0, None
+        return local
+
+    def staging(self, texts: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host arrays to collate a batch into: on CUDA, views of the next pinned slot of this
+        thread's ring (once the copy that last used it is done)."""
+        if self.cuda is None or not self.pinned:
+            return host_staging(texts, tokens)
+        local, size = self._thread(), texts * tokens
+        if len(local.ring) < STAGING_SLOTS:
+            local.ring.append(_Slot(None, None))
+        slot = local.ring[local.turn % len(local.ring)]
+        local.turn += 1
+        if slot.copied is not None:
+            slot.copied.synchronize()  # (its last batch is on the device by now, mostly)
+        if slot.ids is None or slot.ids.numel() < size:
+            grown = max(size, 2 * (slot.ids.numel() if slot.ids is not None else 0))
+            slot.ids = self.cuda.pinned(grown, self.torch.int64)
+            slot.mask = self.cuda.pinned(grown, self.torch.int64)
+        local.staged = (slot, texts, tokens)
+        return (slot.ids[:size].numpy().reshape(texts, tokens),
+                slot.mask[:size].numpy().reshape(texts, tokens))
+
+    def submit(self, ids: np.ndarray, mask: np.ndarray) -> TorchTicket:
+        """Launch the batch (on a CPU: compute it)."""
+        torch = self.torch
+        with torch.inference_mode():
+            if self.cuda is None:
+                features = self._features(torch.from_numpy(ids), torch.from_numpy(mask))
+                rows = self._forward(features)
+                return TorchTicket(rows.float().numpy() if rows.dtype != torch.float16
+                                   else rows.numpy())
+            return self._submit_cuda(ids, mask)
+
+    def _submit_cuda(self, ids: np.ndarray, mask: np.ndarray) -> TorchTicket:
+        torch, cuda, local = self.torch, self.cuda, self._thread()
+        staged, local.staged = local.staged, None
+        if staged is None or staged[0].ids[:ids.size].numpy().ctypes.data != ids.ctypes.data:
+            on_device = [torch.from_numpy(ids).to(self.device),  # (pageable: blocking)
+                         torch.from_numpy(mask).to(self.device)]
+        else:
+            slot, texts, tokens = staged
+            size, compute = texts * tokens, cuda.current()
+            with cuda.use(local.copies):
+                on_device = [slot.ids[:size].view(texts, tokens).to(self.device,
+                                                                    non_blocking=True),
+                             slot.mask[:size].view(texts, tokens).to(self.device,
+                                                                     non_blocking=True)]
+                slot.copied = cuda.event()
+                slot.copied.record(local.copies)
+            compute.wait_event(slot.copied)
+            for tensor in on_device:
+                tensor.record_stream(compute)  # (allocated on the copy stream, used here)
+        compute = cuda.current()
+        rows = self._forward(self._features(*on_device))
+        if rows.dtype not in (torch.float16, torch.float32):
+            rows = rows.float()  # (bfloat16: NumPy has none; float32 holds it exactly)
+        if self.half_rows:
+            rows = rows.half()  # (round to nearest even, as NumPy's cast on the host)
+        host = cuda.pinned(rows.numel(), rows.dtype).view(rows.shape)
+        host.copy_(rows, non_blocking=True)
+        done = cuda.event()
+        done.record(compute)
+        return TorchTicket(host, done)
+
+    def _features(self, ids: Any, mask: Any) -> dict[str, Any]:
+        features = {"input_ids": ids, "attention_mask": mask}
+        for name in self.extra:
+            features[name] = self.torch.zeros_like(ids)
+        return features
+
+    def _forward(self, features: dict[str, Any]) -> Any:
+        """The model's modules, then ``truncate_dim`` and ``normalize`` (as ``encode``)."""
+        rows = self.model(features)["sentence_embedding"]
+        if self.truncate_dim is not None:
+            rows = rows[..., :self.truncate_dim]
+        if self.normalize:
+            rows = self.torch.nn.functional.normalize(rows, p=2, dim=1)
+        return rows
+
+    def collect(self, tickets: list[TorchTicket]) -> list[np.ndarray]:
+        """Each batch's rows (float32, or float16 where the model computes in it), once the
+        card is done with it."""
+        rows = []
+        for ticket in tickets:
+            if ticket.done is not None:
+                ticket.done.synchronize()
+                rows.append(ticket.rows.numpy())
+            else:
+                rows.append(ticket.rows)
+        return rows

@@ -1,0 +1,68 @@
+"""What a worker loads to feed a card: the tokenizer (the word cache in front of the Rust
+tokenizer where it vouches for it), the feeder, and the card, put together as a ``FedModel``;
+and which path a model takes (the feeder, or ``encode`` and why)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from helpers.workloads.embedding.cards.simulated import (CardModel, CardQueue, SimulatedCard,
+                                                         parse_card, scale_for)
+from helpers.workloads.embedding.feeder import Feeder, FedModel, RustTokenizer, available_cores
+from helpers.workloads.embedding.model import ARCHITECTURE, read_model
+from helpers.workloads.embedding.word_cache import WordCache, why_not
+
+
+def tokenizer_for(rust: RustTokenizer, word_cache: bool) -> tuple[Any, str]:
+    """What the feeder tokenizes with, and in words: the word cache where it vouches for the
+    tokenizer's rules (``word_cache``), else the Rust tokenizer and why."""
+    if not word_cache:
+        return rust, "the Rust tokenizer (word_cache=False)"
+    reason = why_not(rust.rust)
+    if reason is None:
+        try:
+            return WordCache(rust), "the word cache, the Rust tokenizer on a miss"
+        except ValueError as exc:
+            reason = str(exc)
+    return rust, f"the Rust tokenizer (no word cache: {reason})"
+
+
+def default_threads(device: str, word_cache: bool) -> int:
+    """Tokenizing threads a worker runs where none are given: on a CPU, none beside the
+    worker's own (the forward pass has the cores); with the word cache, none either (it runs
+    in Python: threads would queue for the GIL; workers scale it); else one per core (the Rust
+    tokenizer releases the GIL)."""
+    if device == "cpu" or word_cache:
+        return 1
+    return available_cores()
+
+
+def fed(model: Any, card: Any, threads: int | None, device: str,
+        word_cache: bool) -> FedModel:
+    """A SentenceTransformer's tokenizer (as ``encode`` truncates it) feeding ``card``."""
+    rust = RustTokenizer.of(model.tokenizer, int(model.max_seq_length))
+    tokenizer, said = tokenizer_for(rust, word_cache)
+    feeder = Feeder(tokenizer, card,
+                    threads or default_threads(device, isinstance(tokenizer, WordCache)))
+    loaded = FedModel(feeder, model)
+    loaded.tokenizer_said = said
+    return loaded
+
+
+def load_simulated(path: str, card: str, card_cores: int | None, device: str,
+                   cards: str, threads: int | None, max_length: int | None = None,
+                   word_cache: bool = True) -> FedModel:
+    """The tokenizer and architecture of the model at ``path`` (a folder, or a name on the
+    hub), feeding the simulated ``card`` that every worker labelled ``device`` shares (its
+    queue in ``cards``); ``max_length``: tokens read of each text (None: the model's own)."""
+    config, rust = read_model(path, max_length)
+    here = available_cores()
+    cost = CardModel(parse_card(card), *(int(config[name]) for name in ARCHITECTURE),
+                     scale_for(card_cores, here))
+    queue = CardQueue(cost, os.path.join(cards, device.replace(":", "-").replace("/", "-")))
+    scaled = f", scaled to {here} of {card_cores} cores" if card_cores else ""
+    simulated = SimulatedCard(queue, int(config["hidden_size"]), f"simulated {card}{scaled}")
+    tokenizer, said = tokenizer_for(rust, word_cache)
+    loaded = FedModel(Feeder(tokenizer, simulated, threads or here))
+    loaded.tokenizer_said = said
+    return loaded

@@ -1,0 +1,302 @@
+"""The torch card (helpers.workloads.embedding.cards.torch_card): encode's vectors from the
+feeder's batches, with every option of encode's; the models it leaves to encode, and why; its
+CUDA transfers (faked: CI has no GPU)."""
+import contextlib
+
+import numpy as np
+import pytest
+
+from helpers.workloads.embedding import EmbeddingWorkload
+from helpers.workloads.embedding.cards.torch_card import STAGING_SLOTS, TorchCard, unsupported
+from helpers.workloads.embedding.feeder import FedModel
+from helpers.workloads.embedding.runtimes import cosines
+from helpers.workloads.embedding.stored import stored_form
+
+
+@pytest.fixture(scope="module")
+def texts():
+    from helpers.study.paths import sample_texts
+
+    chosen = sample_texts(2000)
+    longest = sorted(chosen, key=len)[-16:]  # (past max_seq_length: truncated)
+    return chosen[:150:3] + longest + ["Ünïcödé — ‘quotes’ 日本語", "a", "[MASK] me"]
+
+
+def linked_copy(folder, change=None):
+    """The embedded model's folder, its files linked, not copied; ``change(name, text)`` gives
+    a JSON file's new text (or None: linked as it is)."""
+    import os
+
+    from helpers.workloads.embedding import default_model_path
+
+    source = default_model_path()
+    for root, _, files in os.walk(source):
+        for name in files:
+            path = os.path.join(root, name)
+            target = folder / os.path.relpath(path, source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            text = change(name, open(path).read()) if change and name.endswith(".json") else None
+            if text is None:
+                target.symlink_to(path)
+            else:
+                target.write_text(text)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def unnormalized(tmp_path_factory):
+    """MiniLM without its Normalize module (so that ``normalize`` changes the vectors), and
+    sentence-transformers' own load of it."""
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    folder = linked_copy(tmp_path_factory.mktemp("minilm") / "unnormalized", lambda name, text: (
+        json.dumps(json.loads(text)[:2]) if name == "modules.json" else None))
+    return str(folder), SentenceTransformer(str(folder), device="cpu")
+
+
+@pytest.mark.parametrize("options, encode_options", [
+    ({}, {}),
+    ({"normalize": True, "batch_size": 7}, {"normalize_embeddings": True}),
+    ({"prompt": "query: "}, {"prompt": "query: "}),
+    ({"max_seq_length": 24}, {}),
+    ({"truncate_dim": 96, "normalize": True}, {"truncate_dim": 96, "normalize_embeddings": True}),
+    ({"stored": "float16", "word_cache": False}, {}),
+    ({"batch_tokens": 512, "tokenize_threads": 2}, {}),
+])
+def test_the_fed_path_gives_encode_s_vectors_with_the_same_options(unnormalized, texts, options,
+                                                                   encode_options):
+    folder, st_model = unnormalized
+    workload = EmbeddingWorkload(model=folder, **options)
+    model = workload.load("cpu", 2)
+    assert isinstance(model, FedModel) and workload.report(model)["path"] == \
+        "feeder -> torch on cpu"
+    got = workload.process(model, texts)["embeddings"]
+    length = st_model.max_seq_length
+    try:
+        st_model.max_seq_length = options.get("max_seq_length", length)
+        expected = st_model.encode(texts, batch_size=32, **encode_options)
+    finally:
+        st_model.max_seq_length = length
+    expected = stored_form(expected, workload.stored)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    found = cosines(expected.astype(np.float32), got.astype(np.float32))
+    assert found.min() >= 0.9999, found.min()
+    scale = np.abs(expected.astype(np.float32)).max()
+    np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), rtol=0,
+                               atol=scale * (1e-3 if workload.stored == "float16" else 1e-5))
+    norms = np.linalg.norm(got.astype(np.float32), axis=1)
+    assert np.allclose(norms, 1, atol=1e-3) == workload.normalize  # (the model's own: not 1)
+    counts = workload.counts(model)
+    assert counts["tokens_needed"] > len(texts) and "card_busy_us" not in counts
+    assert (counts["texts_fast"] > 0.9 * len(texts)) == options.get("word_cache", True)
+
+
+def test_a_prompt_the_model_names_is_the_one_fed(tmp_path, st_model, texts):
+    """``prompt_name`` and ``task`` resolve to the model's own prompts (its
+    config_sentence_transformers.json), put before every text by the feeder."""
+    import json
+
+    folder = linked_copy(tmp_path / "with-prompts", lambda name, text: json.dumps(
+        {**json.loads(text), "prompts": {"query": "query: ", "document": "passage: "}})
+        if name == "config_sentence_transformers.json" else None)
+    for options, prompt in (({"prompt_name": "query"}, "query: "),
+                            ({"task": "document"}, "passage: ")):
+        workload = EmbeddingWorkload(model=str(folder), **options)
+        model = workload.load("cpu", 2)
+        assert workload.report(model)["prompt"] == prompt
+        got = workload.process(model, texts[:20])["embeddings"]
+        assert cosines(st_model.encode(texts[:20], prompt=prompt), got).min() >= 0.9999
+        assert cosines(st_model.encode(texts[:20]), got).min() < 0.999  # (the prompt counts)
+
+
+class Pooling:
+    include_prompt = False
+
+
+class Router:
+    pass
+
+
+class Transformer:
+    modality_config = {"text": {}}
+
+
+class Normalize:
+    pass
+
+
+class Model(list):
+    tokenizer = type("Fast", (), {"backend_tokenizer": object()})()
+
+
+@pytest.mark.parametrize("modules, prompt, task, reason", [
+    ([Transformer(), Router()], None, "query", "include ['Router'], which the feeder does not run"
+                                               " (it routes by task)"),
+    ([Transformer(), Pooling()], "query: ", None, "leaves the prompt's tokens out"),
+    ([Normalize(), Transformer()], None, None, "its first module is Normalize"),
+])
+def test_a_model_the_card_does_not_know_is_left_to_encode_with_the_reason(modules, prompt, task,
+                                                                         reason):
+    assert reason in unsupported(Model(modules), prompt, task)
+
+
+def test_a_model_the_card_knows_is_not_left_to_encode():
+    assert unsupported(Model([Transformer(), Pooling(), Normalize()]), None, None) is None
+    images = Transformer()
+    images.modality_config = {"text": {}, "image": {}}
+    assert "not text alone" in unsupported(Model([images]), None, None)
+    slow = Model([Transformer()])
+    slow.tokenizer = object()
+    assert "no Rust tokenizer" in unsupported(slow, None, None)
+
+
+@pytest.mark.slow
+def test_a_real_model_with_a_module_the_card_does_not_know_runs_through_encode(tmp_path, texts,
+                                                                             st_model):
+    """MiniLM with a LayerNorm module at its end: encode runs it, and the worker says why."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import LayerNorm
+
+    folder = tmp_path / "with-layer-norm"
+    extended = SentenceTransformer(modules=[*st_model, LayerNorm(384)], device="cpu")
+    extended.save(str(folder))
+    workload = EmbeddingWorkload(model=str(folder))
+    model = workload.load("cpu", 2)
+    assert not isinstance(model, FedModel)
+    said = workload.report(model)["path"]
+    assert said.startswith("encode (") and "LayerNorm" in said
+    got = workload.process(model, texts[:30])["embeddings"]
+    assert cosines(extended.encode(texts[:30]), got).min() >= 0.9999
+
+
+class FakeEvent:
+    def __init__(self, calls):
+        self.calls, self.stream = calls, None
+
+    def record(self, stream=None):
+        self.stream = stream
+        self.calls.append(("record", stream))
+
+    def synchronize(self):
+        self.calls.append(("synchronize", self.stream))
+
+
+class FakeCuda:
+    """The CUDA calls the card makes (CudaCalls), recorded; streams are names."""
+
+    def __init__(self):
+        import torch
+
+        self.torch, self.calls, self.streams, self.entered = torch, [], 0, []
+
+    def stream(self):
+        self.streams += 1
+        return f"copies-{self.streams}"
+
+    def current(self):
+        return FakeStream(self.calls)
+
+    def event(self):
+        return FakeEvent(self.calls)
+
+    def pinned(self, size, dtype):
+        self.calls.append(("pinned", size, dtype))
+        return self.torch.empty(size, dtype=dtype)
+
+    @contextlib.contextmanager
+    def use(self, stream):
+        self.entered.append(stream)
+        self.calls.append(("enter", stream))
+        yield
+        self.calls.append(("leave", stream))
+        self.entered.pop()
+
+
+class FakeStream(str):
+    def __new__(cls, calls):
+        made = super().__new__(cls, "compute")
+        made.calls = calls
+        return made
+
+    def wait_event(self, event):
+        self.calls.append(("wait", event.stream))
+
+
+def test_on_cuda_each_batch_is_copied_on_its_own_stream_and_collected_by_its_event(
+        st_model, texts, monkeypatch):
+    """Faked CUDA (the model stays on the CPU): the ids and mask are collated into pinned
+    staging slots, copied without blocking inside the copy stream, the forward's stream waits
+    for the copy's event, a slot is reused only after its copy's event, the rows come back
+    into pinned memory and collect waits for their event; the rows are the CPU card's."""
+    import torch
+
+    cuda = FakeCuda()
+    copies = []
+    real_to = torch.Tensor.to
+
+    def fake_to(self, *args, **kwargs):
+        if args and str(args[0]).startswith("cuda"):
+            copies.append((tuple(self.shape), kwargs.get("non_blocking"), list(cuda.entered)))
+            return self
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", fake_to)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    on_cuda = TorchCard(st_model, "cuda:0", cuda=cuda)
+    on_cpu = TorchCard(st_model, "cpu")
+    assert on_cuda.asynchronous and not on_cpu.asynchronous
+    from helpers.workloads.embedding.feeder import Feeder, RustTokenizer
+
+    rust = RustTokenizer.of(st_model.tokenizer, st_model.max_seq_length)
+    batches = STAGING_SLOTS + 3  # (the ring turns over)
+    chosen = texts[:8 * batches]
+    rows, launched = Feeder(rust, on_cuda, 1).run(chosen, 8, None)
+    expected, _ = Feeder(rust, on_cpu, 1).run(chosen, 8, None)
+    np.testing.assert_allclose(rows, expected, atol=1e-6)
+    assert len(copies) == 2 * batches  # ids and mask, each batch
+    assert all(blocking is True and entered == ["copies-1"] for _, blocking, entered in copies)
+    waits = [call for call in cuda.calls if call[0] == "wait"]
+    assert waits == [("wait", "copies-1")] * batches  # the forward after its copy's event
+    reused = [call for call in cuda.calls if call == ("synchronize", "copies-1")]
+    assert len(reused) == batches - STAGING_SLOTS  # a slot waits for its last copy
+    collected = [call for call in cuda.calls if call[0] == "synchronize" and call[1] == "compute"]
+    assert len(collected) == batches  # collect waited for every batch's rows
+    staged = [call for call in cuda.calls if call[0] == "pinned"]
+    assert len(staged) >= 2 * STAGING_SLOTS + batches  # slots (ids, mask), rows back
+    assert {dtype for _, _, dtype in staged} == {torch.int64, torch.float32}
+    assert "card_busy_us" not in launched.counts.as_dict()
+    half = FakeCuda()
+    rows, _ = Feeder(rust, TorchCard(st_model, "cuda:0", cuda=half, half_rows=True), 1).run(
+        chosen[:16], 8, None)
+    assert rows.dtype == np.float16 and float16_back(half) == 2  # half the bytes, each batch
+    np.testing.assert_allclose(rows.astype(np.float32), expected[:16], atol=1e-3)
+
+
+def float16_back(cuda):
+    import torch
+
+    return sum(1 for call in cuda.calls if call[0] == "pinned" and call[2] == torch.float16)
+
+
+def test_on_cuda_without_pinned_memory_the_copies_block(st_model, texts, monkeypatch):
+    import torch
+
+    copies = []
+    real_to = torch.Tensor.to
+
+    def fake_to(self, *args, **kwargs):
+        if args and str(args[0]).startswith("cuda"):
+            copies.append(kwargs.get("non_blocking", False))
+            return self
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", fake_to)
+    cuda = FakeCuda()
+    card = TorchCard(st_model, "cuda:0", pinned=False, cuda=cuda)
+    ids, mask = card.staging(2, 5)
+    assert not any(call[0] == "pinned" for call in cuda.calls)
+    ids[:], mask[:] = 101, 1
+    card.collect([card.submit(ids, mask)])
+    assert copies == [False, False]
