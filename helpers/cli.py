@@ -190,8 +190,16 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                      help="texts per forward pass")
     emb.add_argument("--normalize", action="store_true", help="unit-length embeddings")
     emb.add_argument("--tokenize-ahead", action="store_true",
-                     help="tokenize the next batch in a helper thread while one runs (a GPU's "
-                          "host with a core to spare)")
+                     help="on encode's path (it puts the model there): tokenize the next batch "
+                          "in a helper thread while one runs")
+    emb.add_argument("--no-feeder", dest="feeder", action="store_false",
+                     help="run the model through its own encode (the reference path) instead "
+                          "of the feeder, which tokenizes each text once and feeds the model's "
+                          "modules; a model the feeder cannot run takes encode's path anyway, "
+                          "the run saying why")
+    emb.add_argument("--no-word-cache", dest="word_cache", action="store_false",
+                     help="the feeder tokenizes every text with the Rust tokenizer, not from "
+                          "its cache of words (BERT WordPiece models: the same ids either way)")
     emb.add_argument("--precision", choices=PRECISIONS, default=EmbeddingWorkload.precision,
                      help="the model's precision, its weights cast: bf16, fp16 (CUDA only); "
                           "checked against fp32 first")
@@ -232,10 +240,11 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                      help="the simulated card scaled to this machine's cores from this many "
                           "a GPU on a real machine (16: one GPU, 16 cores)")
     emb.add_argument("--tokenize-threads", type=int,
-                     help="a simulated card's threads tokenizing ahead in each worker "
-                          "(default: one per core)")
+                     help="the feeder's threads tokenizing ahead in each worker (default: one "
+                          "on a CPU or with the word cache, else one per core; a simulated "
+                          "card: one per core)")
     emb.add_argument("--batch-tokens", type=int,
-                     help="a simulated card's batches: as many texts as fit this many padded "
+                     help="the feeder's batches: as many texts as fit this many padded "
                           "tokens, at most --batch-size (default: --batch-size texts)")
     syn = shared.add_argument_group("synthetic workload (--workload synthetic: a model that "
                                     "costs a set time, for trying layouts)")
@@ -828,6 +837,7 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None, **variant
                              "tokenize_ahead": args.tokenize_ahead,
                              "precision": args.precision, "runtime": args.runtime,
                              "compile": args.compile, "pin_memory": args.pin_memory,
+                             "feeder": args.feeder, "word_cache": args.word_cache,
                              "card": args.card, "card_cores": args.card_cores,
                              "tokenize_threads": args.tokenize_threads,
                              "batch_tokens": args.batch_tokens,

@@ -110,14 +110,26 @@ def test_a_card_that_computes_as_it_is_fed_gets_the_workunit_sorted_whole(rust, 
     """A CPU computes each batch as it is submitted: nothing is gained by starting before the
     workunit is tokenized, so its batches pad as little as a sort of the whole workunit by
     tokens (encode's order); an asynchronous card starts after the first chunk."""
+    from helpers.workloads.embedding import feeder
+
     texts = sample[:6 * CHUNK_TEXTS]
     lengths = [len(t) for t in rust.encode(texts)]
     whole = sum(len(g) * lengths[g[0]] for g in batches(lengths, 32, None))
-    computed = {}
-    for asynchronous in (False, True):
-        card = FakeCard(asynchronous)
-        _, launched = Feeder(rust, card, 1).run(texts, 32, None)
-        computed[asynchronous] = launched.counts.tokens_computed
+    computed, cut = {}, []
+    real = feeder.batches
+    feeder.batches = lambda lengths, *args: cut.append(len(lengths)) or real(lengths, *args)
+    try:
+        for asynchronous in (False, True):
+            card = FakeCard(asynchronous)
+            cut.clear()
+            _, launched = Feeder(rust, card, 1).run(texts, 32, None)
+            computed[asynchronous] = launched.counts.tokens_computed
+            if not asynchronous:  # the workunit batched once, not again at every chunk (a
+                assert cut == [len(texts)]  # workunit of 20,000 texts cost 2x the tokenizer)
+            else:
+                assert len(cut) == 6 and max(cut) <= CHUNK_TEXTS + 32 * 3  # (a window)
+    finally:
+        feeder.batches = real
     assert computed[False] == whole <= computed[True]
 
 

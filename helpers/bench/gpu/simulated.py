@@ -1,9 +1,10 @@
 """The GPU check's simulated card: does this machine's CPU feed the card it has?
 
-The card of the check's machine, simulated at full speed
-(helpers.workloads.embedding.cards.simulated: an H100's 17.5 M tokens/s for MiniLM-L6), fed by every core of the machine: the question of issue 45 on
-the node it is about (16 cores for one GPU), where the study's own machine has 2. Each of
-LAYOUTS is one run of the sample's paragraphs, repeated, on the process backend (the model's
+The card of the check's machine, simulated at full speed (helpers.workloads.embedding.cards.simulated:
+the H200 as its first check measured it, 9.07 M tokens/s for MiniLM-L6 and its launches; an
+H100's 17.5 M on another card), fed by every core of the machine through the feeder real models
+take: the question of issue 45 on the node it is about (16 cores for one GPU), where the
+study's own machine has 2. Each of ``layouts`` is one run of the sample's paragraphs, repeated, on the process backend (the model's
 configuration and tokenizer are the check's): the card's busy share, the CPU per token, and the
 busy share every core would give at that CPU per token (helpers.study.feeding.card_run). The
 study beside it runs the real model on the real card, so the two stand side by side.
@@ -19,9 +20,10 @@ SPINUP_GUESS = 10.0  # seconds a run's pool may take to start, before one is mea
 
 
 def layouts(cores: int) -> list[tuple[int, int]]:
-    """(workers on the card, tokenizing threads each): one worker on every core (the default),
-    two on half each, and one on a single core (a worker that tokenizes on one, as before)."""
-    return list(dict.fromkeys([(1, cores), (2, max(1, cores // 2)), (1, 1)]))
+    """(workers on the card, tokenizing threads each): one worker on every core (threads: the
+    Rust tokenizer's way to use cores), two on half each, one on a single core, and a worker on
+    every core with one thread each (processes: the word cache's way, which runs in Python)."""
+    return list(dict.fromkeys([(1, cores), (2, max(1, cores // 2)), (1, 1), (cores, 1)]))
 
 
 def card_for(gpu: str) -> str:

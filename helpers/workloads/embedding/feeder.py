@@ -211,11 +211,12 @@ class Feeder:
             counts.texts_fast += fast
             waiting += ids
             positions += chunk
+            last = number == len(chunks) - 1
+            if not (last or self.card.asynchronous):
+                continue  # (a card that computes as it is fed gains nothing by starting early:
+                # the whole workunit is sorted once, as encode sorts it, and pads least)
             groups = batches([len(tokens) for tokens in waiting], batch_size, batch_tokens)
-            held = 0 if number == len(chunks) - 1 else \
-                SORT_WINDOW if self.card.asynchronous else len(groups)  # batches kept back
-            # (a card that computes as it is fed gains nothing by starting early: the whole
-            # workunit is sorted, as encode sorts it, and pads least)
+            held = 0 if last else SORT_WINDOW  # batches kept back for the next chunks
             for group in groups[:max(0, len(groups) - held)]:
                 self._submit([waiting[i] for i in group],
                              np.array([positions[i] for i in group], dtype=np.int64), launched)
