@@ -243,6 +243,9 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                      help="the feeder's threads tokenizing ahead in each worker (default: one "
                           "on a CPU or with the word cache, else one per core; a simulated "
                           "card: one per core)")
+    emb.add_argument("--tokenize-processes", type=int,
+                     help="the feeder's tokenizing processes in each worker, instead of "
+                          "threads (the word cache runs in Python: processes scale it)")
     emb.add_argument("--batch-tokens", type=int,
                      help="the feeder's batches: as many texts as fit this many padded "
                           "tokens, at most --batch-size (default: --batch-size texts)")
@@ -778,7 +781,8 @@ def _columns(args: argparse.Namespace) -> dict[str, Any]:
     named = {"text_column": args.text_column, "id_column": args.id_column,
              "keep_columns": list(args.keep_columns or []),
              **({"card": args.card, "card_cores": args.card_cores,
-                 "tokenize_threads": args.tokenize_threads, "batch_tokens": args.batch_tokens,
+                 "tokenize_threads": args.tokenize_threads,
+                 "tokenize_processes": args.tokenize_processes, "batch_tokens": args.batch_tokens,
                  "prompt": (args.prompts or [None])[0], "prompt_name": args.prompt_name,
                  "task": args.task, "max_seq_length": args.max_seq_length,
                  "truncate_dim": args.truncate_dim,
@@ -801,6 +805,7 @@ def _config_defaults(path: str) -> dict[str, Any]:
             "threads_per_worker": int, "precision": str, "runtime": str, "compile": _flag,
             "text_column": str, "id_column": str,
             "keep_columns": _names, "card": str, "card_cores": int, "tokenize_threads": int,
+            "tokenize_processes": int, "word_cache": _flag, "feeder": _flag,
             "batch_tokens": int, "prompt": str, "prompt_name": str, "task": str,
             "max_seq_length": int, "truncate_dim": int, "stored": str}
     defaults = {}
@@ -840,6 +845,7 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None, **variant
                              "feeder": args.feeder, "word_cache": args.word_cache,
                              "card": args.card, "card_cores": args.card_cores,
                              "tokenize_threads": args.tokenize_threads,
+                             "tokenize_processes": args.tokenize_processes,
                              "batch_tokens": args.batch_tokens,
                              **(_encoding(args) if args.workload == "embedding" else {})},
                "synthetic": {"mode": args.mode,

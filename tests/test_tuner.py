@@ -409,20 +409,24 @@ def test_the_tuner_chooses_a_simulated_card_s_tokenizing_threads_and_run_config_
     assert done.returncode == 0, done.stderr
     trials = pd.read_csv(tmp_path / "tune_trials.csv")
     variants = trials[trials["phase"].eq("variant")]["variant"].map(json.loads)
-    threads = sorted(v["tokenize_threads"] for v in variants)
-    assert threads[0] == 1 and threads[-1] == len(os.sched_getaffinity(0))  # one, every core
+    cores = len(os.sched_getaffinity(0))
+    threads = sorted(v["tokenize_threads"] for v in variants if "tokenize_threads" in v)
+    assert threads[0] == 1 and threads[-1] == cores  # one, every core
+    assert [v for v in variants if "tokenize_threads" not in v] == \
+        ([{"tokenize_processes": cores}] if cores > 1 else [])  # (a process on every core)
     ran = trials[trials["records_per_s"].notna()]
     assert ran["card_busy_share"].between(0, 1, inclusive="right").all()
     tuned = yaml.safe_load(config.read_text())
     assert tuned["card"] == "h100" and tuned["card_cores"] == 16 and tuned["batch_size"] == 64
-    assert tuned["tokenize_threads"] in threads
+    way = "tokenize_threads" if "tokenize_threads" in tuned else "tokenize_processes"
+    assert tuned[way] in (threads if way == "tokenize_threads" else [cores])
     out = tmp_path / "out.h5"
     done = cli("run", "--config", str(config), "--input", str(SAMPLE_TEXT), "--output", str(out),
                "--limit", "300", "--no-progress")
     assert done.returncode == 0, done.stderr
     attrs = read_output(out)["attrs"]
     assert attrs["card"] == "simulated h100" and attrs["batch_size"] == 64
-    assert f'"tokenize_threads": {tuned["tokenize_threads"]}' in attrs["loaded"]
+    assert f'"{way}": {tuned[way]}' in attrs["loaded"]
 
 
 def test_encode_options_round_trip_through_tuned_yaml(tmp_path):

@@ -63,7 +63,8 @@ def measure(records: int = 1024, block: int = 128, rounds: int = 24, batch_size:
     texts = sample_texts(records)
     blocks = [texts[i:i + block] for i in range(0, len(texts) - block + 1, block)] or [texts]
     workload = EmbeddingWorkload(batch_size=batch_size)
-    model = workload.load("cpu", threads)
+    model = workload.load("cpu", threads)  # (the feeder's, as a worker holds it)
+    bare = getattr(model, "model", None) or model  # (the SentenceTransformer beside it)
     context = multiprocessing.get_context("spawn")
     here, there = context.Pipe()
     child = context.Process(target=_spawned, args=(there, workload, threads), daemon=True)
@@ -85,7 +86,7 @@ def measure(records: int = 1024, block: int = 128, rounds: int = 24, batch_size:
                 for method in interleaved(METHODS, round_):
                     started = time.perf_counter()
                     if method == "bare":
-                        model.encode(texts_, batch_size=batch_size, show_progress_bar=False)
+                        bare.encode(texts_, batch_size=batch_size, show_progress_bar=False)
                         seconds = time.perf_counter() - started
                     elif method == "chunked":
                         for chunk in _chunks(ordered, workunit_size):

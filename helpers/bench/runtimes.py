@@ -54,7 +54,9 @@ def measure(records: int = 512, repeats: int = 5, batch_size: int = 16,
                          "refused": str(exc)})
             continue
         loaded[precision, runtime, compile] = workload, model, time.perf_counter() - started
-    rows.append(_default_quantization(loaded["fp32", "torch", False][1], threads, batch_size))
+    fp32 = loaded["fp32", "torch", False][1]
+    rows.append(_default_quantization(getattr(fp32, "model", None) or fp32, threads, batch_size))
+    # (the SentenceTransformer itself: a fed model holds it beside its feeder)
     keys = list(loaded)
     for replicate in range(repeats):
         for key in keys[replicate % len(keys):] + keys[:replicate % len(keys)]:
@@ -144,12 +146,13 @@ def encode_options(records: int = 512, repeats: int = 5, batch_size: int = 16,
             started = time.perf_counter()
             workload.process(model, texts)
             seconds = time.perf_counter() - started
+            st = getattr(model, "model", None) or model  # (a fed model holds it beside)
             rows.append({"option": "max_seq_length", "replicate": replicate,
-                         "max_seq_length": int(model.max_seq_length),
+                         "max_seq_length": int(st.max_seq_length),
                          "length": f"{length}" if length is not None
-                         else f"own ({model.max_seq_length})", "own_length": length is None,
+                         else f"own ({st.max_seq_length})", "own_length": length is None,
                          "seconds": seconds, "texts_per_s": len(texts) / seconds,
-                         "tokens_per_text": float(sum(token_lengths(model, texts))) / len(texts)})
+                         "tokens_per_text": float(sum(token_lengths(st, texts))) / len(texts)})
     table = pd.DataFrame(rows)
     own = table[table.own_length].set_index("replicate")["texts_per_s"]
     table["speedup"] = table["texts_per_s"] / table["replicate"].map(own)

@@ -27,6 +27,11 @@ the card, then ``finish()`` waiting for their arrays. Where ``launches`` says so
 its next workunit before it finishes the last (helpers.engine.workers.worker.serve), so the card has
 work while the worker writes and answers; ``phases`` and ``counts`` are asked after ``finish``.
 
+A workload whose model holds what its references alone do not end (the embedding workload's
+tokenizing processes) may define ``close(model)``: the thread backend, whose threads share one
+model per device, calls it once for each model when the pool shuts down (a worker process's
+children end with it).
+
 And it may define ``fingerprint() -> dict``: what decides its values (model, options), which a
 resumed run must keep; without it, ``attrs()`` is used, every field of it. A field an older
 output did not record is not compared, unless the fingerprint's UNRECORDED field gives the value

@@ -328,6 +328,7 @@ class ThreadBackend:
         deadline = time.monotonic() + JOIN_SECONDS
         for thread, _, _ in self._workers.values():
             thread.join(None if clean else max(0.0, deadline - time.monotonic()))
+        self._models.close(self._workload)
         self._workers.clear()
         close_inputs()  # (the files its workers read are open in this process)
 

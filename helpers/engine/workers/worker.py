@@ -455,3 +455,13 @@ class SharedModels:
             if info.device not in self._loaded:
                 self._loaded[info.device] = load(info, workload)
             return self._loaded[info.device]
+
+    def close(self, workload: Any) -> None:
+        """Each model's ``workload.close(model)``, where the workload has one (the protocol):
+        once, when the pool's threads are done with them."""
+        close = getattr(workload, "close", None)
+        with self._lock:
+            loaded, self._loaded = list(self._loaded.values()), {}
+        for model, _, _ in loaded:
+            if close is not None:
+                close(model)

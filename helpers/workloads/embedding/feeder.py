@@ -151,16 +151,29 @@ class Launched:
 
 class Feeder:
     """One worker's feeding side for a card (the module docstring). ``threads``: tokenizing
-    threads (1: the worker's own thread). ``tokenizer``: what gives ids (``encode``) and
-    ``pad_id``: a RustTokenizer, or a WordCache in front of one."""
+    threads (1: the worker's own thread); ``processes``: tokenizing processes instead
+    (helpers.workloads.embedding.tokenizing; 0: none). ``tokenizer``: what gives ids
+    (``encode``) and ``pad_id``: a RustTokenizer, or a WordCache in front of one."""
 
-    def __init__(self, tokenizer: Any, card: Any, threads: int) -> None:
-        self.tokenizer, self.card, self.threads = tokenizer, card, threads
+    def __init__(self, tokenizer: Any, card: Any, threads: int, processes: int = 0) -> None:
+        self.tokenizer, self.card = tokenizer, card
+        self.threads, self.processes = (1 if processes else threads), processes
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the threads are the parallelism
         # (Rust's own would oversubscribe the cores, and its CPU would go uncounted)
-        if threads > 1:
+        self._pool: Any = None
+        if processes:
+            from helpers.workloads.embedding.tokenizing import TokenizerProcesses
+
+            self._pool = TokenizerProcesses(tokenizer, processes)
+        elif threads > 1:
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpufeed-tokenize")
             weakref.finalize(self, self._pool.shutdown, wait=False)
+
+    def close(self) -> None:
+        """End the tokenizing threads or processes (also when the feeder is collected)."""
+        if self._pool is not None:
+            closing = getattr(self._pool, "close", None)
+            closing() if closing is not None else self._pool.shutdown(wait=False)
 
     def _tokenize(self, texts: list[str]) -> tuple[list[list[int]], float, int]:
         started = time.thread_time()
@@ -191,11 +204,14 @@ class Feeder:
         launched = Launched(len(texts), [], counts,
                             {"tokenize": 0.0, "forward": 0.0, "copy_out": 0.0})
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        size = max(1, min(CHUNK_TEXTS, -(-len(texts) // self.threads)))  # (every thread a
-        # chunk: a workunit of 64 texts in chunks of 64 kept one thread of 2 busy, 19 % of the
-        # card where workunits of 256 got 31 %: notebook 03)
+        size = max(1, min(CHUNK_TEXTS, -(-len(texts) // max(self.threads, self.processes))))
+        # (every thread a chunk: a workunit of 64 texts in chunks of 64 kept one thread of 2
+        # busy, 19 % of the card where workunits of 256 got 31 %: notebook 03)
         chunks = [order[start:start + size] for start in range(0, len(order), size)]
-        if self.threads > 1:
+        if self.processes:
+            futures = [self._pool.submit([texts[i] for i in chunk]) for chunk in chunks]
+            results = (future.result() for future in futures)
+        elif self.threads > 1:
             futures = [self._pool.submit(self._tokenize, [texts[i] for i in chunk])
                        for chunk in chunks]
             results = (future.result() for future in futures)
@@ -271,7 +287,10 @@ class FedModel:
         self.feeder, self.card, self.model = feeder, feeder.card, model
         self.label = self.card.label
         self._local = threading.local()
-        self.gpufeed_phases = self  # what EmbeddingWorkload.phases and counts read
+
+    def close(self) -> None:
+        """End the feeder's tokenizing threads or processes."""
+        self.feeder.close()
 
     def get_embedding_dimension(self) -> int:
         return self.card.dim

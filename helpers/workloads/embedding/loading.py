@@ -38,12 +38,14 @@ def default_threads(device: str, word_cache: bool) -> int:
 
 
 def fed(model: Any, card: Any, threads: int | None, device: str,
-        word_cache: bool) -> FedModel:
-    """A SentenceTransformer's tokenizer (as ``encode`` truncates it) feeding ``card``."""
+        word_cache: bool, processes: int | None = None) -> FedModel:
+    """A SentenceTransformer's tokenizer (as ``encode`` truncates it) feeding ``card``
+    (``processes``: tokenizing processes instead of threads)."""
     rust = RustTokenizer.of(model.tokenizer, int(model.max_seq_length))
     tokenizer, said = tokenizer_for(rust, word_cache)
     feeder = Feeder(tokenizer, card,
-                    threads or default_threads(device, isinstance(tokenizer, WordCache)))
+                    threads or default_threads(device, isinstance(tokenizer, WordCache)),
+                    processes or 0)
     loaded = FedModel(feeder, model)
     loaded.tokenizer_said = said
     return loaded
@@ -51,7 +53,7 @@ def fed(model: Any, card: Any, threads: int | None, device: str,
 
 def load_simulated(path: str, card: str, card_cores: int | None, device: str,
                    cards: str, threads: int | None, max_length: int | None = None,
-                   word_cache: bool = True) -> FedModel:
+                   word_cache: bool = True, processes: int | None = None) -> FedModel:
     """The tokenizer and architecture of the model at ``path`` (a folder, or a name on the
     hub), feeding the simulated ``card`` that every worker labelled ``device`` shares (its
     queue in ``cards``); ``max_length``: tokens read of each text (None: the model's own)."""
@@ -63,6 +65,6 @@ def load_simulated(path: str, card: str, card_cores: int | None, device: str,
     scaled = f", scaled to {here} of {card_cores} cores" if card_cores else ""
     simulated = SimulatedCard(queue, int(config["hidden_size"]), f"simulated {card}{scaled}")
     tokenizer, said = tokenizer_for(rust, word_cache)
-    loaded = FedModel(Feeder(tokenizer, simulated, threads or here))
+    loaded = FedModel(Feeder(tokenizer, simulated, threads or here, processes or 0))
     loaded.tokenizer_said = said
     return loaded

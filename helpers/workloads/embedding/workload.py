@@ -65,8 +65,10 @@ class EmbeddingWorkload:
     The feeder (helpers.workloads.embedding.feeder; the package's docstring draws both paths):
     ``feeder`` (default True) feeds the model's modules with batches the feeder tokenizes once,
     on ``tokenize_threads`` threads per worker (None: ``loading.default_threads``; a simulated
-    card: one per core); False runs every model through ``encode``, the reference path, as a
-    model the feeder cannot run does. ``batch_tokens``: batches hold as many texts as fit that
+    card: one per core), or in ``tokenize_processes`` processes of the worker's own
+    (helpers.workloads.embedding.tokenizing: what scales the word cache, which runs in Python);
+    False runs every model through ``encode``, the reference path, as a model the feeder cannot
+    run does. ``batch_tokens``: batches hold as many texts as fit that
     many padded tokens, at most ``batch_size`` (None: ``batch_size`` texts). ``word_cache``:
     texts the rules of a BERT WordPiece tokenizer vouch for are tokenized from a cache of words
     (helpers.workloads.embedding.word_cache: the tokenizer's own ids, about a fifth of its CPU);
@@ -111,6 +113,7 @@ class EmbeddingWorkload:
     card: str | None = None
     card_cores: int | None = None
     tokenize_threads: int | None = None
+    tokenize_processes: int | None = None
     batch_tokens: int | None = None
     prompt: str | None = None
     prompt_name: str | None = None
@@ -152,17 +155,21 @@ class EmbeddingWorkload:
             raise ValueError(f"guard: expected (mean, min) cosines in (0, 1], got {self.guard!r}")
         object.__setattr__(self, "guard", (float(guard[0]), float(guard[1])))
         self._check_encode_options()
-        for option in ("card_cores", "tokenize_threads", "batch_tokens"):
+        for option in ("card_cores", "tokenize_threads", "tokenize_processes", "batch_tokens"):
             value = getattr(self, option)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{option}: expected a positive integer or None, got {value!r}")
+        if self.tokenize_processes is not None and (self.tokenize_threads or 1) > 1:
+            raise ValueError(f"tokenize_threads={self.tokenize_threads} and tokenize_processes="
+                             f"{self.tokenize_processes}: tokenize in threads or in processes, "
+                             f"not both")
         object.__setattr__(self, "requires_hardware", self.card is None)  # (a card: labels)
         if self.card is None:
             if self.card_cores is not None:
                 raise ValueError("card_cores: an option of a simulated card (card=h100, say)")
             if not self.feeder:
-                for option in ("tokenize_threads", "batch_tokens"):
+                for option in ("tokenize_threads", "tokenize_processes", "batch_tokens"):
                     if getattr(self, option) is not None:
                         raise ValueError(f"{option}: an option of the feeder; with "
                                          f"feeder=False the model runs through its own encode")
@@ -230,7 +237,8 @@ class EmbeddingWorkload:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
             return load_simulated(self.model or default_model_path(), self.card,
                                   self.card_cores, device, self.cards, self.tokenize_threads,
-                                  self.max_seq_length, self.word_cache)
+                                  self.max_seq_length, self.word_cache,
+                                  self.tokenize_processes)
         check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
         if self.max_seq_length is not None:
@@ -303,7 +311,8 @@ class EmbeddingWorkload:
         allocations, as ``encode``'s did)."""
         from helpers.workloads.embedding.loading import fed
 
-        loaded = fed(model, card, self.tokenize_threads, device, self.word_cache)
+        loaded = fed(model, card, self.tokenize_threads, device, self.word_cache,
+                     self.tokenize_processes)
         loaded.gpufeed_prompt = model.gpufeed_prompt
         loaded.encode([WARMUP_TEXT], batch_size=1)
         return loaded
@@ -352,14 +361,16 @@ class EmbeddingWorkload:
         precision and runtime, the torch ones also compiled (only those when this workload
         compiles; only torch ones when it tokenizes ahead); whether the guard passes each is
         found when its workers load it. On a simulated card: tokenizing threads, one, half the
-        cores and every core (unless the workload names its own)."""
+        cores and every core, and a tokenizing process on every core (unless the workload names
+        its own way)."""
         if self.card is not None:  # a simulated card's speed is its profile's: what varies
-            if self.tokenize_threads is not None:  # is the CPU side feeding it
-                return []
+            if self.tokenize_threads is not None or self.tokenize_processes is not None:
+                return []  # (is the CPU side feeding it)
             from helpers.workloads.embedding.feeder import available_cores
 
             cores = available_cores()
-            return [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})]
+            return [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})] + \
+                ([{"tokenize_processes": cores}] if cores > 1 else [])
         return [{"precision": precision, "runtime": runtime, "compile": compiled}
                 for compiled, precision, runtime in product(
                     (True,) if self.compile else (False, True), PRECISIONS, RUNTIMES)
@@ -370,6 +381,8 @@ class EmbeddingWorkload:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""
         fed = isinstance(model, FedModel)
         path = {"path": f"feeder -> {model.label}", "tokenize_threads": model.feeder.threads,
+                **({"tokenize_processes": model.feeder.processes}
+                   if model.feeder.processes else {}),
                 "tokenizer": model.tokenizer_said} if fed else \
             {"path": f"encode ({getattr(model, 'gpufeed_encode', None) or 'loaded elsewhere'})"}
         if self.card is not None:
@@ -469,17 +482,24 @@ class EmbeddingWorkload:
                                   **({"task": self.task} if self.task is not None else {}))
         return np.asarray(embeddings, dtype=np.float32)
 
+    def close(self, model: Any) -> None:
+        """End what the model's load started beside it (the feeder's tokenizing threads or
+        processes): the thread backend's call when its pool shuts down."""
+        if isinstance(model, FedModel):
+            model.close()
+
     def phases(self, model: Any) -> dict[str, float] | None:
         """The seconds this thread's last ``process`` spent tokenizing, in the forward pass and
         copying out (see PhaseClock); None for a model loaded elsewhere."""
-        clock = getattr(model, "gpufeed_phases", None)
+        clock = model if isinstance(model, FedModel) else getattr(model, "gpufeed_phases", None)
         return None if clock is None else clock.take()
 
     def counts(self, model: Any) -> dict[str, int] | None:
         """The tokens this thread's last ``process`` computed and needed (padding: their
         ratio); None for a model loaded elsewhere."""
-        clock = getattr(model, "gpufeed_phases", None)  # (an OnnxEncoder counts itself)
-        clock = clock if clock is not None or not hasattr(model, "take_counts") else model
+        clock = model if isinstance(model, FedModel) else getattr(model, "gpufeed_phases", None)
+        clock = clock if clock is not None or not hasattr(model, "take_counts") else model  # (an
+        # OnnxEncoder counts itself)
         return None if clock is None else clock.take_counts()
 
     def fingerprint(self) -> dict[str, Any]:
@@ -526,4 +546,5 @@ class EmbeddingWorkload:
                 **{k: v for k, v in (("card", f"simulated {self.card}" if self.card else None),
                                      ("card_cores", self.card_cores),
                                      ("tokenize_threads", self.tokenize_threads),
+                                     ("tokenize_processes", self.tokenize_processes),
                                      ("batch_tokens", self.batch_tokens)) if v is not None}}

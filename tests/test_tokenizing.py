@@ -1,0 +1,110 @@
+"""Tokenizing processes (helpers.workloads.embedding.tokenizing): the tokenizer's ids from
+children of the worker's own, which end with it; a child that dies fails its chunks, naming how."""
+import os
+import signal
+import time
+
+import pytest
+
+from helpers.workloads.embedding.feeder import Feeder
+from helpers.workloads.embedding.tokenizing import TokenizerProcesses, TokenizingError, spec_of
+from helpers.workloads.embedding.word_cache import WordCache
+
+
+@pytest.fixture(scope="module")
+def rust():
+    from helpers.workloads.embedding import default_model_path
+    from helpers.workloads.embedding.model import read_model
+
+    return read_model(default_model_path(), 64)[1]
+
+
+@pytest.fixture(scope="module")
+def texts():
+    from helpers.study.paths import sample_texts
+
+    return sample_texts(600) + ["Ünïcödé — 日本語", "a [MASK] b"]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_children_give_the_tokenizer_s_ids_with_its_truncation(rust, texts, cached):
+    tokenizer = WordCache(rust) if cached else rust
+    assert spec_of(tokenizer)["word_cache"] is cached and spec_of(tokenizer)["max_length"] == 64
+    pool = TokenizerProcesses(tokenizer, 2)
+    try:
+        futures = [pool.submit(texts[i:i + 50]) for i in range(0, len(texts), 50)]
+        got = [ids for future in futures for ids in future.result(timeout=60)[0]]
+        assert got == rust.encode(texts)
+        _, cpu, fast = futures[0].result()
+        assert cpu > 0 and (fast > 40) is cached
+    finally:
+        pool.close()
+    assert all(_gone(pid) for pid in pool.pids())
+
+
+def test_the_feeder_on_processes_feeds_the_card_as_on_threads(rust, texts):
+    from tests.test_feeder import FakeCard
+
+    on_threads, _ = Feeder(rust, FakeCard(), 1).run(texts, 32, None)
+    feeder = Feeder(WordCache(rust), FakeCard(), 4, processes=2)
+    try:
+        assert feeder.threads == 1 and feeder.processes == 2
+        rows, launched = feeder.run(texts, 32, None)
+        assert (rows == on_threads).all()  # each row its text's first id and token count
+        assert launched.counts.tokenize_cpu_us > 0
+        assert launched.counts.texts_fast > 0.9 * len(texts)
+    finally:
+        feeder.close()
+
+
+def test_a_child_that_dies_fails_its_chunks_naming_how(rust, texts):
+    pool = TokenizerProcesses(rust, 1)
+    try:
+        victim = pool.pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(TokenizingError, match=f"pid {victim}.*SIGKILL"):
+            pool.submit(texts[:10]).result(timeout=30)
+    finally:
+        pool.close()
+
+
+def test_a_pool_no_one_holds_ends_its_children(rust):
+    import gc
+
+    pool = TokenizerProcesses(rust, 2)
+    pids = pool.pids()
+    del pool
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_a_run_on_tokenizing_processes_writes_every_row_and_leaves_no_process(tmp_path, texts):
+    """Whole runs, process and thread backends: the workers' children end with the pool (the
+    conftest's check finds none left)."""
+    from helpers.engine.outputs.hdf5_sink import read_output
+    from helpers.engine.pipeline import run_pipeline
+    from helpers.workloads.embedding import EmbeddingWorkload
+
+    workload = EmbeddingWorkload(card="h200", card_cores=16, tokenize_processes=2)
+    for backend in ("process", "thread"):
+        stats = run_pipeline(list(enumerate(texts)), workload, devices="cuda:0",
+                             workunit_size=128, output=tmp_path / f"{backend}.h5",
+                             backend=backend, progress=False)
+        assert read_output(tmp_path / f"{backend}.h5")["ids"].tolist() == list(range(len(texts)))
+        assert stats.counts["texts_fast"] > 0.9 * len(texts)
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # (a zombie not yet reaped by its parent counts as gone)
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
