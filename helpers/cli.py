@@ -783,6 +783,8 @@ def _columns(args: argparse.Namespace) -> dict[str, Any]:
              **({"card": args.card, "card_cores": args.card_cores,
                  "tokenize_threads": args.tokenize_threads,
                  "tokenize_processes": args.tokenize_processes, "batch_tokens": args.batch_tokens,
+                 "feeder": None if args.feeder else False,
+                 "word_cache": None if args.word_cache else False,
                  "prompt": (args.prompts or [None])[0], "prompt_name": args.prompt_name,
                  "task": args.task, "max_seq_length": args.max_seq_length,
                  "truncate_dim": args.truncate_dim,

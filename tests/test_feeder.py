@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from helpers.workloads.embedding import tokenizer_name
-from helpers.workloads.embedding.feeder import CHUNK_TEXTS, Feeder, RustTokenizer, batches, collate
+from helpers.workloads.embedding.feeder import CHUNK_TEXTS, Feeder, batches, collate
+from helpers.workloads.embedding.rust_tokenizer import RustTokenizer
 
 
 @pytest.fixture(scope="module", params=["files", "wrapper"])

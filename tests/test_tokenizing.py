@@ -108,3 +108,35 @@ def _gone(pid):
             return stat.read().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_dead_child_s_siblings_take_the_rest_and_none_left_is_said(rust, texts):
+    """One child killed: the chunks it held fail, the next go to the living one; both killed:
+    a submit says every child's end."""
+    pool = TokenizerProcesses(rust, 2)
+    try:
+        first, second = pool.pids()
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not pool._children[0].dead and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for _ in range(4):
+            assert pool.submit(texts[:20]).result(timeout=30)[0] == rust.encode(texts[:20])
+        os.kill(second, signal.SIGKILL)
+        with pytest.raises(TokenizingError):
+            for _ in range(50):  # (the second's end is seen by its reader, then by submit)
+                pool.submit(texts[:5]).result(timeout=30)
+                time.sleep(0.05)
+        with pytest.raises(TokenizingError, match=f"every tokenizing process has ended: pid "
+                                                  f"{first} \\(killed by SIGKILL\\)"):
+            pool.submit(texts[:5])
+    finally:
+        pool.close()
+
+
+def test_a_child_that_cannot_start_says_why(rust, monkeypatch):
+    """A child whose imports fail (no helpers on its path, say) is named with how it ended,
+    not a bare EOFError."""
+    monkeypatch.setattr("sys.executable", "/bin/false")
+    with pytest.raises(TokenizingError, match="could not start: exit code 1"):
+        TokenizerProcesses(rust, 1)

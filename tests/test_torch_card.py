@@ -131,6 +131,17 @@ class Model(list):
     tokenizer = type("Fast", (), {"backend_tokenizer": object()})()
 
 
+@pytest.fixture
+def fake_types(monkeypatch):
+    """The fake modules below stand for sentence-transformers' own classes (unsupported() asks
+    for those exactly); the tests that load real models keep the real classes."""
+    from helpers.workloads.embedding.cards import torch_card
+
+    monkeypatch.setattr(torch_card, "known_types", lambda: {
+        "Transformer": Transformer, "Pooling": Pooling, "Normalize": Normalize})
+
+
+@pytest.mark.usefixtures("fake_types")
 @pytest.mark.parametrize("modules, prompt, task, reason", [
     ([Transformer(), Router()], None, "query", "include ['Router'], which the feeder does not run"
                                                " (it routes by task)"),
@@ -142,6 +153,7 @@ def test_a_model_the_card_does_not_know_is_left_to_encode_with_the_reason(module
     assert reason in unsupported(Model(modules), prompt, task)
 
 
+@pytest.mark.usefixtures("fake_types")
 def test_a_model_the_card_knows_is_not_left_to_encode():
     assert unsupported(Model([Transformer(), Pooling(), Normalize()]), None, None) is None
     images = Transformer()
@@ -150,6 +162,57 @@ def test_a_model_the_card_knows_is_not_left_to_encode():
     slow = Model([Transformer()])
     slow.tokenizer = object()
     assert "no Rust tokenizer" in unsupported(slow, None, None)
+
+
+@pytest.mark.usefixtures("fake_types")
+@pytest.mark.parametrize("setting, task, reason", [
+    ({"processing_kwargs": {"text": {"max_length": 128}}}, None, "sets its tokenizer's"),
+    ({"query_length": 32}, "query", "tokenizes by task ('query'"),
+    ({"transformer_task": "text-generation"}, None, "'text-generation', not feature"),
+])
+def test_a_transformer_whose_tokenizing_sentence_transformers_changes_is_left_to_encode(
+        setting, task, reason):
+    """Settings sentence-transformers 6 applies in its own preprocess, which the feeder does
+    not: encode runs such a model (a query_length without a task changes nothing)."""
+    first = Transformer()
+    for name, value in setting.items():
+        setattr(first, name, value)
+    assert reason in unsupported(Model([first, Pooling()]), None, task)
+    if task is not None:
+        assert unsupported(Model([first, Pooling()]), None, None) is None
+
+
+def test_a_subclass_of_a_known_module_is_not_known(st_model):
+    """A module that only shares a known module's name or class may compute otherwise: only
+    sentence-transformers' own classes are run by the card."""
+    from sentence_transformers import models
+
+    class Pooling(models.Pooling):  # (its forward may differ)
+        pass
+
+    custom = Pooling(384)
+    assert "include ['Pooling']" in unsupported(Model([st_model[0], custom]), None, None)
+    assert unsupported(Model([st_model[0], st_model[1]]), None, None) is None
+
+
+def test_sentence_transformers_before_6_strips_and_lowers_the_texts_fed(st_model):
+    """sentence-transformers 5 stripped each text (prompt first), and lower-cased it where its
+    transformer said do_lower_case, in Python; the fed path does the same for it."""
+    workload = EmbeddingWorkload(prompt=" Query: ")
+    fed = type("Fed", (FedModel,), {"__init__": lambda self: None})()
+    fed.gpufeed_prompt, fed.strip_texts, fed.lower_texts = " Query: ", True, True
+    assert workload._prompted(fed, ["  Hello World  "]) == ["query:   hello world"]
+    fed.strip_texts = False  # (6: as given)
+    assert workload._prompted(fed, ["  Hello World  "]) == [" Query:   Hello World  "]
+
+
+def test_a_length_transformers_calls_very_large_is_no_length(st_model):
+    """A tokenizer that says no length (transformers' 10**30) is not cut, not a crash."""
+    from helpers.workloads.embedding.rust_tokenizer import UNBOUNDED, RustTokenizer
+
+    rust = RustTokenizer.of(st_model.tokenizer, int(1e30))
+    assert rust.max_length == UNBOUNDED
+    assert len(rust.encode(["word " * 600])[0]) == 602
 
 
 @pytest.mark.slow
@@ -247,7 +310,8 @@ def test_on_cuda_each_batch_is_copied_on_its_own_stream_and_collected_by_its_eve
     on_cuda = TorchCard(st_model, "cuda:0", cuda=cuda)
     on_cpu = TorchCard(st_model, "cpu")
     assert on_cuda.asynchronous and not on_cpu.asynchronous
-    from helpers.workloads.embedding.feeder import Feeder, RustTokenizer
+    from helpers.workloads.embedding.feeder import Feeder
+    from helpers.workloads.embedding.rust_tokenizer import RustTokenizer
 
     rust = RustTokenizer.of(st_model.tokenizer, st_model.max_seq_length)
     batches = STAGING_SLOTS + 3  # (the ring turns over)

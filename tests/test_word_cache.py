@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers.workloads.embedding.feeder import RustTokenizer
+from helpers.workloads.embedding.rust_tokenizer import RustTokenizer
 from helpers.workloads.embedding.word_cache import WordCache, why_not
 
 HOSTILE = [
@@ -135,3 +135,16 @@ def test_the_cache_costs_a_fraction_of_the_tokenizer_s_cpu(rust, texts):
             encode(texts)
             spent.setdefault(name, []).append(time.process_time() - started)
     assert min(spent["cache"]) < 0.7 * min(spent["rust"]), spent
+
+
+def test_an_added_token_with_a_space_is_matched_after_whitespace_is_normalized(rust):
+    """A normalized added token "foo bar": the tokenizer finds it in "foo\tbar" too (its tab
+    becomes a space first); the cache stands aside for such a text."""
+    from tokenizers import AddedToken, Tokenizer
+
+    with_added = RustTokenizer(Tokenizer.from_str(rust.rust.to_str()), rust.pad_id, 128)
+    with_added.rust.add_tokens([AddedToken("foo bar", normalized=True)])
+    cache = WordCache(with_added)
+    chosen = ["foo\tbar baz", "foo bar", "foo\nbar", "food bar"]
+    assert not cache.vouches("foo\tbar baz") and cache.vouches("food bar")
+    assert cache.encode(chosen) == with_added.encode(chosen)

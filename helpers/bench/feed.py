@@ -16,7 +16,12 @@ on every method alike), CPU seconds per 1,000 texts:
   forward's CPU (on a CPU card: the submit; on encode's path: its forward's time) taken off;
 - ``pipeline``: whole runs (reading, dispatch, the worker, writing, the driver) on the process
   backend, one CPU thread a worker, for each of LAYOUTS (workers × tokenizer): the workers'
-  CPU by stage, the driver's, and the rate.
+  CPU by stage, the driver's, and the rate;
+- ``card`` (paragraphs): whole runs feeding the simulated H200 (calibrated from the measured
+  card, scaled to CARD_CORES cores a GPU) for each of CARD_LAYOUTS (workers × tokenizing threads
+  or processes × tokenizer): the card's busy share, and its busy seconds per CPU-second spent
+  (every process's: the workers', their tokenizing children's, the driver's), which says
+  which way of tokenizing keeps a card busiest for the CPU it takes.
 
 From the medians, against the goals of issue 58: a worker's CPU around its forward pass against
 the bare tokenizer's (``worker_over_bare``: <= 1.3 through the tokenizer, <= 0.5 with the word
@@ -39,6 +44,9 @@ from helpers.study.feeding import STAGES, feed_run
 
 CORPORA = ("paragraphs", "tokens128")
 LAYOUTS = ((1, False), (1, True), (2, False), (2, True))  # (workers, word cache)
+CARD, CARD_CORES = "h200", 16
+CARD_LAYOUTS = ((1, 1, 0, True), (1, 2, 0, True), (1, 0, 2, True), (2, 1, 0, True),
+                (1, 2, 0, False))  # (workers, tokenizing threads, processes, word cache)
 GOALS = {"worker_over_bare": 1.3, "worker_over_bare_cached": 0.5, "cache_over_bare": 0.3,
          "rate_over_bare": 0.7}
 
@@ -144,6 +152,8 @@ def measure(records: int = 20_000, repeats: int = 3, batch_size: int = 128,
                                  "forward_cpu_s": 0.0})
                 for method, found in in_process(chosen, models, workloads).items():
                     rows.append({**base, "kind": "in_process", "method": method, **found})
+                if corpus == "paragraphs":
+                    rows += card_rows(chosen, base, replicate, batch_size, workunit_size, folder)
                 turn = replicate % len(LAYOUTS)
                 for workers, cached in LAYOUTS[turn:] + LAYOUTS[:turn]:
                     workload = workloads["feeder_cached" if cached else "feeder"]
@@ -169,6 +179,36 @@ def measure(records: int = 20_000, repeats: int = 3, batch_size: int = 128,
     bare_rate = cores * table["texts"] / keys.map(rust_cost).to_numpy()  # every core, bare
     table["rate_over_bare"] = table.get("records_per_s", np.nan) / bare_rate
     return table
+
+
+def card_layout(workers: int, threads: int, processes: int, cached: bool) -> str:
+    way = (f"{processes} process{'es' * (processes > 1)}" if processes
+           else f"{threads} thread{'s' * (threads > 1)}")
+    return f"{workers} worker{'s' * (workers > 1)} x {way}, " \
+           f"{'word cache' if cached else 'Rust tokenizer'}"
+
+
+def card_rows(texts: list[str], base: dict[str, Any], replicate: int, batch_size: int,
+              workunit_size: int, folder: str) -> list[dict[str, Any]]:
+    """Each of CARD_LAYOUTS feeding the simulated card (a round each in another order)."""
+    from helpers.workloads.embedding import EmbeddingWorkload
+
+    rows = []
+    turn = replicate % len(CARD_LAYOUTS)
+    for workers, threads, processes, cached in CARD_LAYOUTS[turn:] + CARD_LAYOUTS[:turn]:
+        workload = EmbeddingWorkload(card=CARD, card_cores=CARD_CORES, batch_size=batch_size,
+                                     word_cache=cached, tokenize_threads=threads or None,
+                                     tokenize_processes=processes or None)
+        run = feed_run(texts, workload, f"cuda:0*{workers}", workunit_size, folder)
+        busy_s = run["card_busy_share"] * run["seconds"]
+        rows.append({**base, "kind": "card",
+                     "method": card_layout(workers, threads, processes, cached),
+                     **{k: run[k] for k in ("workers", "records_per_s", "seconds", "spinup_s",
+                                            "texts_fast", "padding", "card_busy_share")},
+                     **{f"{s}_cpu_s": run[f"{s}_cpu_s"] for s in STAGES},
+                     "cpu_s": run["cpu_s"], "forward_cpu_s": run["launch_cpu_s"],
+                     "card_busy_per_cpu_s": busy_s / run["cpu_s"] if run["cpu_s"] else np.nan})
+    return rows
 
 
 def report(table: pd.DataFrame) -> dict[str, float]:
@@ -206,6 +246,19 @@ def report(table: pd.DataFrame) -> dict[str, float]:
               f"{goal}: {'met' if met else 'NOT met'})")
     print(f"paragraphs: model.encode in process around its forward: "
           f"{figures['encode_over_bare']:.2f}x bare")
+    cards = table[table.kind.eq("card")]
+    if len(cards):
+        fed = cards.groupby("method", sort=False).agg(
+            card_busy_share=("card_busy_share", "median"),
+            card_busy_per_cpu_s=("card_busy_per_cpu_s", "median"),
+            records_per_s=("records_per_s", "median"), rounds=("cpu_s", "size"))
+        print(f"the simulated {CARD} (scaled to {CARD_CORES} cores a GPU), paragraphs:")
+        print(fed.to_string(float_format=lambda v: f"{v:.3f}"))
+        figures["card_busiest"] = float(fed["card_busy_share"].max())
+        figures["card_busiest_layout"] = str(fed["card_busy_share"].idxmax())
+        figures["card_thriftiest_layout"] = str(fed["card_busy_per_cpu_s"].idxmax())
+        print(f"busiest: {figures['card_busiest_layout']}; most card per CPU-second: "
+              f"{figures['card_thriftiest_layout']}")
     return figures
 
 

@@ -61,15 +61,19 @@ def feed_run(texts: list[str], workload: Any, devices: str, workunit_size: int, 
     counts = stats.counts
     stage = {name: counts.get(f"{name}_cpu_us", 0) / 1e6
              for name in ("tokenize", "collate", "launch")}
+    outside = counts.get("tokenize_outside_us", 0) / 1e6  # (tokenizing processes' CPU: in
+    inside = sum(stage.values()) - outside  # no worker's or driver's own figure)
     if stats.worker_cpu_s is None:  # threads: their CPU is the driver's process's
-        driver = max(0.0, driver - sum(stage.values()))
-    stage["worker_other"] = max(0.0, (stats.worker_cpu_s or 0.0) - sum(stage.values()))
+        driver = max(0.0, driver - inside)
+    stage["worker_other"] = max(0.0, (stats.worker_cpu_s or 0.0) - inside)
     stage["driver"] = driver
     tokens = int(counts.get("tokens_needed", 0))
     cpu = sum(stage.values())
     busy = stats.card_busy_share or 0.0
     return {"workers": workers,
             "tokenize_threads": threads or (available_cores() if workload.card else 1),
+            "tokenize_processes": workload.tokenize_processes or 0,
+            "word_cache": workload.word_cache,
             "workunit_size": workunit_size,
             "backend": backend, "seconds": stats.wall_s,
             "spinup_s": stats.spinup_s, "records": stats.records, "tokens": tokens,

@@ -5,7 +5,9 @@ model (the embedded default: all-MiniLM-L6-v2, no network). Its rooms::
                      takes; what the output holds and records
     model.py         the model: where it is, how it loads, what its files say, encode's options
     feeder.py        the feeding path: tokenize -> sort -> batch -> collate -> a card
+    rust_tokenizer.py  the model's tokenizer as sentence-transformers calls it, without Python
     word_cache.py    below the bare tokenizer: words to ids for BERT's WordPiece
+    tokenizing.py    tokenizing processes of a worker's own
     loading.py       what a worker loads: the tokenizer, the feeder and its card (FedModel)
     cards/           the last stage, behind one protocol: torch, onnx, simulated
     encode_path.py   sentence-transformers' own encode: the reference, and the path of a

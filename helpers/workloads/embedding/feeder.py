@@ -8,9 +8,9 @@ One path for every card (STYLE.md, habit 23: torch's DataLoader, text-embeddings
                                                                                       │
     rows in the texts' order <── card.collect (the wait) <────────── card.submit(ids, mask)
 
-``RustTokenizer`` is the model's tokenizer called as sentence-transformers calls it (truncated
-to the model's ``max_seq_length``, special tokens added) but in Rust, without the Python
-wrapper's per-call work (its padding into tensors, its checks): the same ids, about half the CPU.
+The tokenizer (helpers.workloads.embedding.rust_tokenizer, or the word cache in front of it) gives
+sentence-transformers' ids without the wrapper's Python; the tokenizing runs on the worker's
+thread, a pool of threads, or processes of the worker's own (helpers.workloads.embedding.tokenizing).
 
 ``Feeder`` runs one workunit through it the way torch's DataLoader workers feed a model: the
 texts are cut into chunks that a pool of tokenizing threads encodes ahead (Rust releases the GIL,
@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 
+
 def available_cores() -> int:
     """Cores this process may run on (as the engine's ``available_cores``: a workload sees
     only the engine's protocol)."""
@@ -55,35 +56,6 @@ CHUNK_TEXTS = 64  # most texts a tokenizing thread encodes at a time (fewer wher
 # holds too few for every thread to get a chunk)
 SORT_WINDOW = 3  # batches kept back to sort by tokens with the next chunks (texts arrive
 # sorted by characters, which put batches of the sample at 1.17x the padding of a sort by tokens)
-
-
-class RustTokenizer:
-    """``tokenizer(texts, truncation=True, max_length=...)``'s ids, from the Rust tokenizer
-    ``rust`` (truncation and padding set here on it: give it a copy); ``pad_id``: the id that
-    pads a batch; ``side``: the end a long text loses (transformers' ``truncation_side``)."""
-
-    def __init__(self, rust: Any, pad_id: int, max_length: int, side: str = "right") -> None:
-        self.rust, self.pad_id, self.max_length = rust, pad_id, max_length
-        self.rust.enable_truncation(max_length=max_length, direction=side)
-        self.rust.no_padding()
-        self._encode = getattr(self.rust, "encode_batch_fast", self.rust.encode_batch)  # (no
-        # character offsets: 5-10 % less CPU, the same ids; tokenizers >= 0.21)
-
-    @classmethod
-    def of(cls, tokenizer: Any, max_length: int) -> RustTokenizer:
-        """From a transformers tokenizer (a copy of its Rust one: its own is left as it was)."""
-        from tokenizers import Tokenizer
-
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise ValueError(f"{type(tokenizer).__name__} has no Rust tokenizer (a 'fast' "
-                             f"tokenizer): the feeder needs one")
-        return cls(Tokenizer.from_str(backend.to_str()), int(tokenizer.pad_token_id or 0),
-                   max_length, getattr(tokenizer, "truncation_side", "right") or "right")
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Each text's token ids, special tokens included."""
-        return [encoding.ids for encoding in self._encode(texts)]
 
 
 def collate(ids: list[list[int]], pad_id: int,
@@ -126,6 +98,8 @@ class FeedCounts:
     cost model); None otherwise, and then left out of ``as_dict``."""
 
     tokenize_cpu_us: int = 0
+    tokenize_outside_us: int = 0  # the part of tokenize_cpu_us spent in tokenizing processes
+    # (outside the worker's own process: its CPU figures do not hold it)
     collate_cpu_us: int = 0
     launch_cpu_us: int = 0  # submitting: a GPU's kernel launches; a CPU's whole forward pass
     card_busy_us: int | None = None
@@ -224,6 +198,8 @@ class Feeder:
             ids, tokenize_cpu, fast = next(results)
             launched.phases["tokenize"] += time.perf_counter() - started
             counts.tokenize_cpu_us += int(tokenize_cpu * 1e6)
+            if self.processes:
+                counts.tokenize_outside_us += int(tokenize_cpu * 1e6)
             counts.texts_fast += fast
             waiting += ids
             positions += chunk

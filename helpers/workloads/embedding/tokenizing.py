@@ -55,7 +55,7 @@ def build(spec: dict[str, Any]) -> Any:
     """The tokenizer ``spec_of`` described."""
     from tokenizers import Tokenizer
 
-    from helpers.workloads.embedding.feeder import RustTokenizer
+    from helpers.workloads.embedding.rust_tokenizer import RustTokenizer
     from helpers.workloads.embedding.word_cache import WordCache
 
     rust = RustTokenizer(Tokenizer.from_str(spec["json"]), spec["pad_id"], spec["max_length"],
@@ -64,32 +64,50 @@ def build(spec: dict[str, Any]) -> Any:
 
 
 class _Child:
-    """One tokenizing process, its pipes, and the chunks it holds (by number)."""
+    """One tokenizing process, its pipes, the chunks it holds (by number), and whether it has
+    ended (``dead``: set, under ``state``, by its reader when its answers end)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
+        path = os.pathsep.join(p for p in sys.path if p)  # (``helpers`` where the worker
+        # found it, whatever the child's working folder)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "helpers.workloads.embedding.tokenizing",
              "--read", str(to_child), "--write", str(from_child)],
             pass_fds=(to_child, from_child), stdin=subprocess.DEVNULL,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})  # (one core each)
-        os.close(to_child)
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path})
+        os.close(to_child)  # (one core each: the children are the parallelism)
         os.close(from_child)
         self.send, self.receive = Connection(from_parent, readable=False), \
             Connection(to_parent, writable=False)
         self.held: dict[int, Future] = {}
-        self.lock = threading.Lock()
-        self.send.send(spec)
-        if not self.receive.poll(START_TIMEOUT):
+        self.lock, self.state, self.dead = threading.Lock(), threading.Lock(), False
+        try:
+            self._expect("listening")  # (its imports done: it reads what is sent)
+            self.send.send(spec)
+            self._expect("ready")
+        except BaseException:
             self.process.kill()
-            raise TokenizingError(f"a tokenizing process (pid {self.process.pid}) did not start "
-                                  f"within {START_TIMEOUT:.0f} s")
-        ready = self.receive.recv()
-        if ready != "ready":
             self.process.wait()
-            raise TokenizingError(f"a tokenizing process (pid {self.process.pid}) could not "
-                                  f"build the tokenizer: {ready}")
+            self.send.close()
+            self.receive.close()
+            raise
+
+    def _expect(self, word: str) -> None:
+        """Wait for the child to say ``word``; TokenizingError naming its pid and how it ended
+        (or what it said) where it does not, within START_TIMEOUT."""
+        try:
+            said = self.receive.recv() if self.receive.poll(START_TIMEOUT) else None
+        except (EOFError, OSError):
+            said = None
+        if said == word:
+            return
+        if said is None and self.process.poll() is None:
+            raise TokenizingError(f"a tokenizing process (pid {self.process.pid}) did not say "
+                                  f"{word} within {START_TIMEOUT:.0f} s")
+        raise TokenizingError(f"a tokenizing process (pid {self.process.pid}) could not start: "
+                              f"{said if said is not None else self.ended()}")
 
     def ended(self) -> str:
         """How the process ended, in words (it has, or is ending)."""
@@ -125,20 +143,30 @@ class TokenizerProcesses:
         self._finalize = weakref.finalize(self, _close, self._children)
 
     def submit(self, texts: list[str]) -> Future:
-        """The ids of ``texts`` from the child holding the fewest chunks."""
+        """The ids of ``texts`` from the living child holding the fewest chunks;
+        TokenizingError where none is left (each one's end named)."""
         future: Future = Future()
-        with self._lock:
-            number = next(self._numbers)
-            child = min(self._children, key=lambda c: len(c.held))
-            child.held[number] = future
-        try:
-            with child.lock:
-                child.send.send((number, texts))
-        except OSError as exc:
-            child.held.pop(number, None)
-            raise TokenizingError(f"the tokenizing process (pid {child.process.pid}) is gone "
-                                  f"({child.ended()})") from exc
-        return future
+        while True:
+            with self._lock:
+                number = next(self._numbers)
+                living = [c for c in self._children if not c.dead]
+                if not living:
+                    raise TokenizingError("every tokenizing process has ended: " + "; ".join(
+                        f"pid {c.process.pid} ({c.ended()})" for c in self._children))
+                child = min(living, key=lambda c: len(c.held))
+            with child.state:
+                if child.dead:
+                    continue  # (it ended while chosen: another)
+                child.held[number] = future
+            try:
+                with child.lock:
+                    child.send.send((number, texts))
+            except OSError:
+                with child.state:
+                    child.dead = True
+                    child.held.pop(number, None)
+                continue
+            return future
 
     def pids(self) -> list[int]:
         return [child.process.pid for child in self._children]
@@ -149,14 +177,16 @@ class TokenizerProcesses:
 
 
 def _read(child: _Child) -> None:
-    """Hand each answer of ``child`` to its chunk's future; at the child's end, fail the chunks
-    it still held, naming how it ended."""
+    """Hand each answer of ``child`` to its chunk's future; at the child's end (or an answer
+    that cannot be read), mark it dead and fail the chunks it still held, naming how it
+    ended: the pool sends its siblings the rest."""
     while True:
         try:
             number, lengths, flat, cpu, fast, error = child.receive.recv()
-        except (EOFError, OSError):
+        except Exception:  # noqa: BLE001 (EOF, a closed pipe, a broken answer: it is done)
             break
-        future = child.held.pop(number, None)
+        with child.state:
+            future = child.held.pop(number, None)
         if future is None:
             continue
         if error is not None:
@@ -165,10 +195,13 @@ def _read(child: _Child) -> None:
             continue
         ids, edges = flat.tolist(), np.concatenate(([0], np.cumsum(lengths))).tolist()
         future.set_result(([ids[a:b] for a, b in zip(edges, edges[1:])], cpu, fast))
-    if child.held:
+    with child.state:
+        child.dead = True
+        held, child.held = list(child.held.values()), {}
+    if held:
         how = child.ended()
-        for number in list(child.held):
-            child.held.pop(number).set_exception(TokenizingError(
+        for future in held:
+            future.set_exception(TokenizingError(
                 f"the tokenizing process (pid {child.process.pid}) ended ({how}) holding a "
                 f"chunk of texts"))
 
@@ -198,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the worker's to handle: the
     # child ends when its input does)
     receive, send = Connection(args.read, writable=False), Connection(args.write, readable=False)
+    send.send("listening")
     try:
         tokenizer = build(receive.recv())
     except Exception as exc:  # noqa: BLE001 (said to the parent, which raises it)

@@ -31,6 +31,7 @@ _VOUCHED = re.compile(r"[^\x20-\x7e\t\n\r]")  # a character the rules do not vou
 _WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9 \t\n\r]")  # letters and digits, or one
 # punctuation character (BERT's: every printable ASCII character that is neither)
 _WORDS_UNCASED = re.compile(r"[a-z0-9]+|[^a-z0-9 \t\n\r]")
+_SPACES = str.maketrans("\t\n\r", "   ")
 
 
 def _normalizers(config: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -86,6 +87,7 @@ class WordCache:
         self._lower = self._words is _WORDS_UNCASED
         self._added = tuple({token["content"].lower() for token in config.get("added_tokens", [])
                              if token.get("content")})
+        self._spaced = any(" " in added for added in self._added)
         model = rust.model
 
         class Words(dict):  # (a miss: the model's own WordPiece on the word)
@@ -122,8 +124,11 @@ class WordCache:
         if _VOUCHED.search(text) is not None:
             return None
         lowered = text.lower()
-        if self._added and any(added in lowered for added in self._added):
-            return None
+        if self._added and (any(added in lowered for added in self._added) or (
+                self._spaced and any(added in lowered.translate(_SPACES)
+                                     for added in self._added))):
+            return None  # (the tokenizer matches added tokens before it normalizes, or, for a
+            # normalized one, after \t \n \r became spaces)
         return lowered if self._lower else text
 
     def encode(self, texts: list[str]) -> list[list[int]]:

@@ -168,11 +168,12 @@ class EmbeddingWorkload:
         if self.card is None:
             if self.card_cores is not None:
                 raise ValueError("card_cores: an option of a simulated card (card=h100, say)")
-            if not self.feeder:
+            if not self.feeder or self.tokenize_ahead:
+                said = "feeder=False" if not self.feeder else "tokenize_ahead=True"
                 for option in ("tokenize_threads", "tokenize_processes", "batch_tokens"):
                     if getattr(self, option) is not None:
-                        raise ValueError(f"{option}: an option of the feeder; with "
-                                         f"feeder=False the model runs through its own encode")
+                        raise ValueError(f"{option}: an option of the feeder; with {said} the "
+                                         f"model runs through its own encode")
             return
         from helpers.workloads.embedding.cards.simulated import parse_card
 
@@ -303,8 +304,16 @@ class EmbeddingWorkload:
         if self.tokenize_ahead:
             return "tokenize_ahead=True (an option of the encode path)"
         from helpers.workloads.embedding.cards.torch_card import unsupported
+        from helpers.workloads.embedding.rust_tokenizer import RustTokenizer
 
-        return unsupported(model, model.gpufeed_prompt, self.task)
+        why = unsupported(model, model.gpufeed_prompt, self.task)
+        if why is None:
+            try:
+                RustTokenizer.of(model.tokenizer, model.max_seq_length)
+            except Exception as exc:  # noqa: BLE001 (a custom pre-tokenizer, say: encode's)
+                why = f"its tokenizer cannot be copied for the feeder ({type(exc).__name__}: " \
+                      f"{exc})"
+        return why
 
     def _fed(self, model: Any, card: Any, device: str) -> FedModel:
         """``model``'s tokenizer feeding ``card``, warmed (its first batch pays for
@@ -314,6 +323,10 @@ class EmbeddingWorkload:
         loaded = fed(model, card, self.tokenize_threads, device, self.word_cache,
                      self.tokenize_processes)
         loaded.gpufeed_prompt = model.gpufeed_prompt
+        loaded.strip_texts = not hasattr(model, "preprocess")  # (sentence-transformers before 6
+        # strips each text, and lower-cases it where its transformer says do_lower_case, in
+        # Python; 6 does neither, and moves do_lower_case into the Rust tokenizer)
+        loaded.lower_texts = loaded.strip_texts and bool(getattr(model[0], "do_lower_case", False))
         loaded.encode([WARMUP_TEXT], batch_size=1)
         return loaded
 
@@ -441,9 +454,15 @@ class EmbeddingWorkload:
 
     def _prompted(self, model: Any, records: list[str]) -> list[str]:
         """The texts as the model tokenizes them: its prompt first (``resolve_prompt``'s; a
-        simulated card's: ``prompt``)."""
+        simulated card's: ``prompt``); stripped, and lower-cased where the transformer says so,
+        for sentence-transformers before 6, which did that in Python before tokenizing."""
         prompt = getattr(model, "gpufeed_prompt", None) if self.card is None else self.prompt
-        return records if not prompt else [prompt + record for record in records]
+        texts = records if not prompt else [prompt + record for record in records]
+        if getattr(model, "strip_texts", False):
+            texts = [text.strip() for text in texts]
+            if getattr(model, "lower_texts", False):
+                texts = [text.lower() for text in texts]
+        return texts
 
     def process(self, model: Any, records: list[Any]) -> dict[str, np.ndarray]:
         if isinstance(model, FedModel):

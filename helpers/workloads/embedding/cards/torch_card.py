@@ -28,29 +28,50 @@ from helpers.workloads.embedding.cards import host_staging
 
 STAGING_SLOTS = 4  # pinned buffers a thread collates into in turn: the copies in flight at most
 KNOWN_MODULES = ("Transformer", "Pooling", "Normalize", "Dense")  # what the card runs as encode
-# does (any other module: the model runs through encode, which knows it)
+# does, sentence-transformers' own classes, not subclasses (any other module: the model runs
+# through encode, which knows it)
+TASK_SETTINGS = ("query_length", "document_length", "query_expansion")  # a transformer's
+# settings that encode applies by task, which the feeder does not
+
+
+def known_types() -> dict[str, type]:
+    """sentence-transformers' classes of KNOWN_MODULES, by name."""
+    from sentence_transformers import models
+
+    return {name: getattr(models, name) for name in KNOWN_MODULES}
 
 
 def unsupported(model: Any, prompt: str | None, task: str | None) -> str | None:
     """Why the torch card cannot run ``model`` as ``encode`` would (None: it can): a module it
-    does not know (a Router, an image or multimodal model's), a tokenizer with no Rust one, a
-    prompt its pooling leaves out (``include_prompt=False``), a task a router would route by."""
+    does not know (a Router, an image or multimodal model's, a subclass of a known one), a
+    transformer whose tokenizing sentence-transformers changes (its own processing settings,
+    lengths or expansion by task, a generative task's padding), a tokenizer with no Rust one,
+    a prompt its pooling leaves out (``include_prompt=False``)."""
+    known = known_types()
     names = [type(module).__name__ for module in model]
-    unknown = [name for name in names if name not in KNOWN_MODULES]
+    unknown = [name for module, name in zip(model, names)
+               if type(module) is not known.get(name)]
     if unknown:
         return (f"its modules {names} include {unknown}, which the feeder does not run"
                 f"{' (it routes by task)' if 'Router' in unknown else ''}")
     if names[0] != "Transformer":
         return f"its first module is {names[0]}, not a Transformer"
-    modalities = set(getattr(model[0], "modality_config", None) or {"text"})
+    first = model[0]
+    modalities = set(getattr(first, "modality_config", None) or {"text"})
     if modalities != {"text"}:
         return f"its transformer reads {sorted(modalities)}, not text alone"
+    if getattr(first, "processing_kwargs", None):
+        return (f"its transformer sets its tokenizer's arguments itself "
+                f"({first.processing_kwargs!r})")
+    if task is not None and any(getattr(first, name, None) is not None
+                                for name in TASK_SETTINGS):
+        return f"its transformer tokenizes by task ({task!r}: {', '.join(TASK_SETTINGS)})"
+    if getattr(first, "transformer_task", "feature-extraction") != "feature-extraction":
+        return f"its transformer's task is {first.transformer_task!r}, not feature-extraction"
     if getattr(getattr(model, "tokenizer", None), "backend_tokenizer", None) is None:
         return "its tokenizer has no Rust tokenizer (not a 'fast' tokenizer)"
     if prompt and any(getattr(module, "include_prompt", True) is False for module in model):
         return "its pooling leaves the prompt's tokens out (include_prompt=False)"
-    if task is not None and "Router" in names:
-        return f"it routes each text by its task ({task!r})"
     return None
 
 
@@ -117,7 +138,7 @@ class TorchCard:
                  pinned: bool = True, half_rows: bool = False, cuda: Any = None) -> None:
         import torch
 
-        self.torch, self.model = torch, model
+        self.torch, self.model = torch, model.eval()  # (dropout off, as encode's own call)
         self.device = torch.device(device)
         self.normalize, self.truncate_dim = normalize, truncate_dim
         self.extra = input_names(model)
