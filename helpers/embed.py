@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from helpers.engine.contract.settings import PoolSettings
 from helpers.engine.outputs.hdf5_sink import read_output
 from helpers.engine.pipeline import run_pipeline
 from helpers.workloads.embedding import EmbeddingWorkload
@@ -33,9 +34,10 @@ ENCODE_OPTIONS = ("prompt", "prompt_name", "task", "max_seq_length", "truncate_d
 
 
 def embed(texts: str | Sequence[str] | Iterable[str], model: str | None = None,
-          devices: Iterable[str] | str = ("cpu",), batch_size: int = 32, normalize: bool = False,
-          backend: str = "process", **options: Any) -> np.ndarray:
-    """``texts`` embedded on ``devices`` (one entry per worker, as in run_pipeline): an array of
+          devices: Iterable[str] | str = PoolSettings.devices, batch_size: int = 32,
+          normalize: bool = False, backend: str = "process", **options: Any) -> np.ndarray:
+    """``texts`` embedded on ``devices`` (one entry per worker, as in run_pipeline; "auto": every
+    GPU here, else MPS, else the CPU, as encode picks its device): an array of
     ``(len(texts), dim)`` in the order given, of ``stored``'s dtype (float32 by default); one
     text gives one vector, no texts a ``(0, dim)`` array. ``model``: a sentence-transformers
     name or path (None: the embedded all-MiniLM-L6-v2). ``options``: EmbeddingWorkload's
@@ -59,7 +61,7 @@ def embed(texts: str | Sequence[str] | Iterable[str], model: str | None = None,
 
 
 def calibration_ranges(texts: Sequence[str], model: str | None = None,
-                       devices: Iterable[str] | str = ("cpu",), batch_size: int = 32,
+                       devices: Iterable[str] | str = PoolSettings.devices, batch_size: int = 32,
                        normalize: bool = False, backend: str = "process",
                        **options: Any) -> np.ndarray:
     """The ``(2, dim)`` ranges stored int8 and uint8 are cut with (``EmbeddingWorkload(

@@ -52,3 +52,21 @@ def test_missing_cuda_device_is_reported():
     (["cuda:0", "cpu"], 8, 8)])
 def test_cpu_workers_share_the_cores(devices, cores, expected):
     assert cpu_threads_per_worker(devices, cores) == expected
+
+
+def test_devices_default_to_every_gpu_here(monkeypatch):
+    """Issue 59: run's --devices and embed() defaulted to the CPU on a machine with GPUs,
+    where encode picks CUDA by itself: the default is 'auto' everywhere."""
+    import inspect
+
+    import helpers.engine.contract.devices as devices
+    from helpers import embed, run_pipeline
+    from helpers.cli import build_parser
+    from helpers.engine.contract.settings import PoolSettings
+
+    monkeypatch.setattr(devices, "visible_devices", lambda: ("cuda:0", "cuda:1"))
+    assert PoolSettings().devices == ("cuda:0", "cuda:1")
+    for function in (embed, run_pipeline):
+        assert inspect.signature(function).parameters["devices"].default == ("auto",)
+    args = build_parser().parse_args(["run", "--input", "a.jsonl", "--output", "b.h5"])
+    assert args.devices == "auto"

@@ -1,12 +1,14 @@
 """What an output records of its input and workload (helpers.engine.contract.fingerprint), and how a
 resume compares it: a changed file is caught, a change is named field by field."""
 import os
+import time
 
 import pytest
 
-from helpers.engine.contract.fingerprint import (InputChanged, check_unchanged, decode, describe,
-                                                 differences, encode, file_identity, file_stats,
-                                                 input_paths, listing_identity, unchanged)
+from helpers.engine.contract.fingerprint import (InputChanged, check_path, check_unchanged, decode,
+                                                 describe, differences, encode, file_identity,
+                                                 file_stats, input_paths, listing_identity,
+                                                 unchanged)
 from helpers.engine.contract.protocol import UNRECORDED
 
 
@@ -101,3 +103,61 @@ def test_a_file_a_reader_opens_by_its_path_is_checked_the_same_way(tmp_path):
     with pytest.raises(InputChanged, match=r"in\.h5: changed since the run started "
                                            r"\(9 bytes then, 13 now"):
         check_path(stat)
+
+
+def _rewritten_in_place(path, data: bytes) -> None:
+    """``path`` rewritten in place with ``data`` (its size), its times put back as ``touch -d``,
+    ``cp -p`` and ``rsync -a`` leave them."""
+    stat = os.stat(path)
+    assert len(data) == stat.st_size
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_file_rewritten_at_its_size_with_its_time_put_back_is_caught_by_its_change_time(
+        tmp_path):
+    """Issue 59: size and modification time alone let such a rewrite mix two files in one
+    output on every format; the change time, which every write moves, does not."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"a" * 5000)
+    stat, = file_stats([str(path)])
+    time.sleep(0.01)  # (a change time apart on any filesystem's clock)
+    _rewritten_in_place(path, b"b" * 5000)
+    with pytest.raises(InputChanged, match=r"in\.jsonl: changed since the run started \(same "
+                                           r"size and modification time, but its change time "
+                                           r"moved"):
+        check_path(stat)
+    now, = file_stats([str(path)])
+    assert (now.size, now.modified_ns, now.inode) == (stat.size, stat.modified_ns, stat.inode)
+
+
+def test_a_file_replaced_by_a_rename_is_named_as_another_file(tmp_path):
+    path, other = tmp_path / "in.csv", tmp_path / "next.csv"
+    path.write_text("text\none\n")
+    other.write_text("text\ntwo\n")
+    stat, = file_stats([str(path)])
+    os.utime(other, ns=(stat.modified_ns, stat.modified_ns))
+    os.replace(other, path)
+    with pytest.raises(InputChanged, match=r"in\.csv: changed since the run started \(another "
+                                           r"file now \(inode \d+ then, \d+ now: replaced\)"):
+        check_path(stat)
+
+
+def test_content_is_every_byte_where_the_samples_miss_a_change(tmp_path):
+    """Issue 59: a 9.7 MB JSONL whose bytes between 1.5 MiB and its middle were rewritten, its
+    time put back, was resumed over (the samples hold the start, middle and end MiB): the
+    whole file's ``content`` tells them apart; a folder's too."""
+    path = tmp_path / "in.jsonl"
+    size = 8 << 20
+    path.write_bytes(b"a" * size)
+    before = file_identity(path)
+    folder_before = listing_identity(tmp_path, [path])
+    data = bytearray(b"a" * size)
+    data[(3 << 19): (3 << 19) + 10] = b"b" * 10  # at 1.5 MiB: outside every sample
+    _rewritten_in_place(path, bytes(data))
+    after = file_identity(path)
+    assert {k for k in before if before[k] != after[k]} == {"content"}
+    folder_after = listing_identity(tmp_path, [path])
+    assert {k for k in folder_before if folder_before[k] != folder_after[k]} == {"content"}
+    assert differences(before, after) == {"content": (before["content"], after["content"])}

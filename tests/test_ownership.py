@@ -322,6 +322,17 @@ def test_check_output_names_the_changed_field_and_accepts_a_moved_input(tmp_path
                         fingerprints={"input_fingerprint": moved}) == "resume"
     assert "the input moved" in caplog.text
     older = {**recorded["input_fingerprint"], "modified": "2001-01-01T00:00:00.000000000+0000"}
+    assert check_output(out, resume=True, overwrite=False,  # (the same bytes: a copy, cp
+                        fingerprints={"input_fingerprint": older}) == "resume"  # without -p)
+    assert "times differ (modified" in caplog.text and "its bytes are those" in caplog.text
+    rewritten = {**older, "content": "0" * 32}
+    with pytest.raises(OutputError, match=r"another input: content '.*' -> '0000.*', modified "
+                                          r"'.*' -> '2001-01-01"):
+        check_output(out, resume=True, overwrite=False,
+                     fingerprints={"input_fingerprint": rewritten})
+    with h5py.File(out, "r+") as f:  # (an output made before it recorded its input's content)
+        f.attrs["input_fingerprint"] = json.dumps({k: v for k, v in recorded[
+            "input_fingerprint"].items() if k != "content"})
     with pytest.raises(OutputError, match="modified '.*' -> '2001-01-01.*touch -d"):
         check_output(out, resume=True, overwrite=False, fingerprints={"input_fingerprint": older})
 

@@ -116,7 +116,8 @@ def test_writing_in_place_is_deprecated_saying_why_and_still_runs_with_resume_or
 def test_the_command_line_takes_its_defaults_from_the_settings():
     args = build_parser().parse_args(["run", "--input", "in.h5", "--output", "out.h5"])
     pool, job = PoolSettings(), JobSettings()
-    assert args.devices == ",".join(pool.devices) and args.backend == pool.backend
+    assert args.devices == ",".join(PoolSettings.devices) == "auto"  # (as given, not resolved)
+    assert args.backend == pool.backend
     assert (args.retries, args.max_restarts, args.max_workers_per_device) == \
         (pool.retries, pool.max_restarts, pool.max_workers_per_device)
     assert (args.workunit_timeout, args.queue_depth, args.threads_per_worker) == \

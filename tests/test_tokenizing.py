@@ -140,3 +140,37 @@ def test_a_child_that_cannot_start_says_why(rust, monkeypatch):
     monkeypatch.setattr("sys.executable", "/bin/false")
     with pytest.raises(TokenizingError, match="could not start: exit code 1"):
         TokenizerProcesses(rust, 1)
+
+
+@pytest.mark.parametrize("device, cores, expected", [
+    ("cuda:0", 16, 8), ("cuda:0", 6, 5), ("cuda:0", 2, 1), ("cuda:0", 1, 0), ("mps", 8, 7),
+    ("cpu", 16, 0)])
+def test_a_worker_on_a_card_tokenizes_in_processes_on_the_node_s_cores_by_default(device, cores,
+                                                                                   expected):
+    from helpers.workloads.embedding.loading import default_processes
+
+    assert default_processes(device, cores) == expected
+
+
+def test_fed_takes_the_default_processes_only_where_no_layout_is_given(monkeypatch):
+    """A worker on an accelerator with no tokenizing option gets the node's cores less one as
+    tokenizing processes (8 at most); tokenize_threads or tokenize_processes given: those."""
+    import helpers.workloads.embedding.loading as loading
+
+    monkeypatch.setattr(loading, "available_cores", lambda: 8)
+    made = []
+
+    class Recorded:
+        def __init__(self, tokenizer, card, threads, processes):
+            made.append((threads, processes))
+
+    monkeypatch.setattr(loading, "Feeder", Recorded)
+    monkeypatch.setattr(loading, "FedModel", lambda feeder, model: type("M", (), {})())
+    monkeypatch.setattr(loading.RustTokenizer, "of", classmethod(lambda cls, t, n: object()))
+    monkeypatch.setattr(loading, "tokenizer_for", lambda rust, cache: (rust, ""))
+    model = type("Model", (), {"tokenizer": None, "max_seq_length": 256})()
+    loading.fed(model, None, None, "cuda:0", True, None)
+    loading.fed(model, None, None, "cpu", True, None)
+    loading.fed(model, None, 4, "cuda:0", True, None)
+    loading.fed(model, None, None, "cuda:0", True, 2)
+    assert made == [(1, 7), (1, 0), (4, 0), (1, 2)]

@@ -173,7 +173,7 @@ class WorkerPool:
     worker's workunits are sized from its measured rate (helpers.engine.measure.sizing).
     """
 
-    def __init__(self, workload: Workload, devices: Iterable[str] | str = ("cpu",),
+    def __init__(self, workload: Workload, devices: Iterable[str] | str = PoolSettings.devices,
                  backend: str = "process", **options: Any) -> None:
         pool, job = split_options(options)
         self._configure(workload, pool_settings(devices, backend, **pool), JobSettings(**job))
@@ -722,7 +722,8 @@ def check_accounted(source: Any, expected: int | None, sink: HDF5Sink,
                         f"is left unfinished (a bug: please report it with the input's shape)")
 
 
-def run_pipeline(source: Any, workload: Workload, devices: Iterable[str] | str = ("cpu",),
+def run_pipeline(source: Any, workload: Workload,
+                 devices: Iterable[str] | str = PoolSettings.devices,
                  workunit_size: int = JobSettings.workunit_size,
                  output: str | os.PathLike | Claim = "out.h5",
                  backend: str = PoolSettings.backend,

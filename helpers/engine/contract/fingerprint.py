@@ -1,19 +1,27 @@
 """What an output was made from, so that ``resume`` carries on only the same job.
 
 An output records two fingerprints in its attributes (and in every part, so that a run killed
-before its first index still has them): its input's (a file's path, size, modification time and a
-digest of its first, middle and last MiB; a folder's listing and a digest of each listed file's
-size, time and first, middle and last bytes, FOLDER_SAMPLE_BYTES of each; the source's options that
+before its first index still has them): its input's (a file's path, size, modification time, a
+digest of its first, middle and last MiB and ``content``, the SHA-256 of all its bytes; a folder's
+listing, a digest of each listed file's size, time and first, middle and last bytes,
+FOLDER_SAMPLE_BYTES of each, and ``content`` over every file's bytes; the source's options that
 decide what a record is) and its workload's (name, model, the options that change the values, and
-each output's shape and dtype). A resumed run computes both again; any field that differs is named,
+each output's shape and dtype). ``content`` reads the whole input once as a run starts, at about
+1.8 GB/s of one core here (sha256 on the CPU's SHA extensions; 100 GB: about a minute, where
+embedding it takes hours), so that a resume knows the input is the same bytes, however it was
+rewritten (an output made before it recorded ``content`` is checked on the samples alone). A
+resumed run computes both again; any field that differs is named,
 and the resume refused, before anything is written or moved.
 
 While a run reads its input, every reader (the driver's, each worker's) checks each file against
-what the run found when it opened it (``file_stats``: its path, size and modification time): on
-the open file when it opens it, and again after each read (``checked_open``, ``check_unchanged``,
-``unchanged``; by its path where h5py opens it: ``check_path``). A file replaced, rewritten, cut
-short or appended to stops the run (OSError naming the file) rather than mix two inputs' rows in
-one output.
+what the run found when it opened it (``file_stats``: its path, size, modification time, inode and
+change time): on the open file when it opens it, and again after each read (``checked_open``,
+``check_unchanged``, ``unchanged``; by its path where h5py opens it: ``check_path``). A file
+replaced, rewritten, cut short or appended to stops the run (OSError naming the file) rather than
+mix two inputs' rows in one output; one rewritten in place at the same size with its modification
+time put back (``touch -d``, ``os.utime``, what ``cp -p`` and ``rsync -a`` leave) is caught by its
+change time, which the kernel sets on every write and no user can put back, and one replaced by a
+rename by its inode.
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from helpers.engine.contract.protocol import UNRECORDED
 from helpers.engine.contract.renamed import renamed
@@ -34,31 +42,51 @@ WORKLOAD_ATTR = "workload_fingerprint"
 SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle and end: cheap at
 # any size, and any rewrite that changes the size, the time or those bytes is caught
 FOLDER_SAMPLE_BYTES = 64 << 10  # of each file of a folder (a thousand Parquet files: 192 MB read)
-MOVABLE = ("path",)  # fields that may differ on resume when every other one is equal: a moved input
+MOVABLE = ("path", "model_path")  # fields that may differ on resume when every other one is
+# equal: a moved input, a model's folder moved (its files' digest the same)
+TIMES = ("modified", "digest")  # fields that may differ where both record ``content`` and it is
+# the same: the same bytes, copied without their times (a folder's digest holds its files' times)
 
 
 def file_identity(path: str | os.PathLike) -> dict[str, Any]:
-    """A file's path, size, modification time and a digest of three samples of its bytes."""
+    """A file's path, size, modification time, a digest of three samples of its bytes and
+    ``content``, the digest of them all."""
     path = Path(path)
     stat = path.stat()
     digest = hashlib.sha256(str(stat.st_size).encode())
     _sample(path, stat.st_size, SAMPLE_BYTES, digest)
     return {"path": str(path.resolve()), "size": stat.st_size,
-            "modified": _when(stat.st_mtime_ns), "digest": digest.hexdigest()[:16]}
+            "modified": _when(stat.st_mtime_ns), "digest": digest.hexdigest()[:16],
+            "content": _whole(path, hashlib.sha256()).hexdigest()[:32]}
 
 
 def listing_identity(folder: str | os.PathLike, files: list[Path],
                      sample: int = FOLDER_SAMPLE_BYTES) -> dict[str, Any]:
     """A folder's path and a digest of its listed files' relative paths, sizes, times and
-    contents (``sample`` bytes at each file's start, middle and end): a file replaced by another
-    of the same size, its time put back (``cp -p``, ``rsync -a``), changes it."""
+    contents (``sample`` bytes at each file's start, middle and end), and ``content``: every
+    file's name and bytes. A file replaced by another of the same size, its time put back (``cp
+    -p``, ``rsync -a``), changes both; bytes changed between the samples, ``content``."""
     folder = Path(folder)
-    digest = hashlib.sha256()
+    digest, content = hashlib.sha256(), hashlib.sha256()
     for file in files:
         stat = file.stat()
         digest.update(f"{file.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
         _sample(file, stat.st_size, sample, digest)
-    return {"path": str(folder.resolve()), "files": len(files), "digest": digest.hexdigest()[:16]}
+        content.update(f"{file.relative_to(folder)}\0{stat.st_size}\n".encode())
+        _whole(file, content)
+    return {"path": str(folder.resolve()), "files": len(files), "digest": digest.hexdigest()[:16],
+            "content": content.hexdigest()[:32]}
+
+
+WHOLE_READ = 8 << 20  # bytes a read while digesting a whole file (hashlib lets go of the GIL)
+
+
+def _whole(path: Path, digest: Any) -> Any:
+    """Every byte of the file at ``path``, into ``digest``; ``digest``."""
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(WHOLE_READ):
+            digest.update(chunk)
+    return digest
 
 
 def _sample(path: Path, size: int, sample: int, digest: Any) -> None:
@@ -74,16 +102,27 @@ class InputChanged(OSError):
     """A file of the input is not the one the run found when it opened it (exit 1)."""
 
 
-def file_stats(files: list[str]) -> list[tuple[str, int, int]]:
-    """Each file as a run checks it while reading: ``(absolute path, size, mtime_ns)``."""
-    stats = []
-    for f in files:
-        stat = os.stat(f)
-        stats.append((os.path.abspath(f), stat.st_size, stat.st_mtime_ns))
-    return stats
+class FileStat(NamedTuple):
+    """A file as a run checks it while reading (the driver's, sent to each worker that reads it:
+    an input is on storage they share, where a file keeps its inode and times)."""
+
+    path: str  # absolute
+    size: int
+    modified_ns: int  # st_mtime_ns: what a user can put back
+    inode: int  # st_ino: another file renamed over this one has another
+    changed_ns: int  # st_ctime_ns: moved by every write, rename or chmod; nobody can put it back
 
 
-def checked_open(stat: tuple[str, int, int]) -> Any:
+def file_stats(files: list[str]) -> list[FileStat]:
+    """Each file as a run checks it while reading."""
+    return [_file_stat(os.path.abspath(f), os.stat(f)) for f in files]
+
+
+def _file_stat(path: str, stat: os.stat_result) -> FileStat:
+    return FileStat(path, stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
+
+
+def checked_open(stat: FileStat) -> Any:
     """The file ``stat`` names, open, if it is still the one the run found."""
     file = open(stat[0], "rb")
     try:
@@ -94,27 +133,40 @@ def checked_open(stat: tuple[str, int, int]) -> Any:
     return file
 
 
-def check_unchanged(file: Any, stat: tuple[str, int, int]) -> None:
+def check_unchanged(file: Any, stat: FileStat) -> None:
     """OSError naming the file if the open ``file`` is no longer the one ``stat`` describes."""
     _compare(stat, os.fstat(file.fileno()))
 
 
-def check_path(stat: tuple[str, int, int]) -> None:
+def check_path(stat: FileStat) -> None:
     """OSError naming the file if the file at ``stat``'s path is no longer the one it describes
     (a reader that opens a file by its path: h5py)."""
     _compare(stat, os.stat(stat[0]))
 
 
-def _compare(stat: tuple[str, int, int], now: os.stat_result) -> None:
-    if (now.st_size, now.st_mtime_ns) != stat[1:]:
-        raise InputChanged(f"{stat[0]}: changed since the run started ({stat[1]:,} bytes then, "
-                      f"{now.st_size:,} now; modified {_when(stat[2])} then, "
-                      f"{_when(now.st_mtime_ns)} now): a run reads one input from start to "
-                      f"end, never a mix of two; run it again on a file that stays as it is")
+def _compare(stat: FileStat, now: os.stat_result) -> None:
+    found = _file_stat(stat.path, now)
+    if found == stat:
+        return
+    if now.st_nlink == 0 and found._replace(changed_ns=stat.changed_ns) == stat:
+        return  # an open file another was renamed over: unlinking moved its change time, and
+        # it reads on as it was (a reader by its path meets the other file's inode)
+    if found.inode != stat.inode:
+        how = f"another file now (inode {stat.inode} then, {found.inode} now: replaced)"
+    elif (found.size, found.modified_ns) != (stat.size, stat.modified_ns):
+        how = (f"{stat.size:,} bytes then, {found.size:,} now; modified {_when(stat.modified_ns)} "
+               f"then, {_when(found.modified_ns)} now")
+    else:
+        how = (f"same size and modification time, but its change time moved from "
+               f"{_when(stat.changed_ns)} to {_when(found.changed_ns)}: written to, its time "
+               f"put back, or its permissions changed")
+    raise InputChanged(f"{stat.path}: changed since the run started ({how}): a run reads one "
+                       f"input from start to end, never a mix of two; run it again on a file "
+                       f"that stays as it is")
 
 
 @contextlib.contextmanager
-def unchanged(stat: tuple[str, int, int]) -> Iterator[Any]:
+def unchanged(stat: FileStat) -> Iterator[Any]:
     """The file ``stat`` names, open (``checked_open``); whatever reading it raises is checked
     against a change first (a file cut short reads as a broken one: the change is what to say)."""
     file = checked_open(stat)

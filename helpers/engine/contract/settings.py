@@ -70,7 +70,9 @@ WORKUNIT_SECONDS = 1.0  # workunit_size="auto": a workunit takes about this long
 class PoolSettings:
     """Fixed when the workers start: to change one, start another pool."""
 
-    devices: tuple[str, ...] = ("cpu",)  # one entry per worker, e.g. ("cuda:0", "cuda:0", "cpu")
+    devices: tuple[str, ...] = ("auto",)  # one entry per worker, e.g. ("cuda:0", "cuda:0", "cpu");
+    # "auto": every GPU here (CUDA_VISIBLE_DEVICES applies), else MPS, else the CPU, as encode
+    # picks its device by itself
     backend: str = "process"  # one of BACKENDS
     workers_per_device: int | str = 1  # workers on each entry of devices; "auto": grow while the
     # device's measured rate rises (and its memory allows); "fit": as many as fit in its memory,

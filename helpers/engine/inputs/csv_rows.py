@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import check_unchanged, checked_open
+from helpers.engine.contract.fingerprint import FileStat, check_unchanged, checked_open
 from helpers.engine.contract.protocol import null_texts
 from helpers.engine.inputs.csv_scan import ROW_STEP, without
 from helpers.engine.inputs.open_files import OpenFiles
@@ -35,7 +35,7 @@ class CSVFile:
     """One file of a CSV input as its Rows' opener knows it."""
 
     path: str  # as the user named it, absolute (how messages name it)
-    stat: tuple[str, int, int]  # (its real path, size, mtime_ns) as the driver found it
+    stat: FileStat  # as the driver found it
     columns: tuple[str, ...]  # its header
     first: int  # its first row's id in the input
     rows: int
@@ -165,7 +165,7 @@ def _parsed(file: CSVFile, fmt: str, columns: list[str], data: bytes) -> Any:
 _OPEN: OpenFiles[tuple[Any, threading.Lock]] = OpenFiles(FILES, lambda held: held[0].close())
 
 
-def read_bytes(stat: tuple[str, int, int], start: int, stop: int) -> bytes:
+def read_bytes(stat: FileStat, start: int, stop: int) -> bytes:
     """Bytes ``start:stop`` of the file ``stat`` names, checked to be the driver's before and
     after (the FILES latest kept open in this process)."""
     opened = _OPEN.get(stat, lambda: (checked_open(stat), threading.Lock()))
@@ -177,7 +177,7 @@ def read_bytes(stat: tuple[str, int, int], start: int, stop: int) -> bytes:
     return data
 
 
-def row_text(stat: tuple[str, int, int], start: int, stop: int) -> str:
+def row_text(stat: FileStat, start: int, stop: int) -> str:
     """A row's text as pyarrow hands a row of another width to a handler: no line break at the
     end (bytes ``start:stop`` of the file ``stat`` names, checked as ``read_bytes`` checks)."""
     text = read_bytes(stat, start, stop).decode("utf-8", "replace")

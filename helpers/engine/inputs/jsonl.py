@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import (check_unchanged, file_identity, listing_identity,
-                                                 unchanged)
+from helpers.engine.contract.fingerprint import (FileStat, check_unchanged, file_identity,
+                                                 listing_identity, unchanged)
 from helpers.engine.contract.id_ranges import IdRanges, SeenIds, SeenValues
 from helpers.engine.contract.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows,
                                               SourceError, null_texts, positions as row_slices)
@@ -59,7 +59,7 @@ class JSONLSource:
         self.ids = self._id_kind(heads)
         self.keyed = self.ids == "keys"
         self.kept = kept_kinds(heads, self.keep_columns, {text_column, id_column}, self.path)
-        self._index: tuple[tuple[str, int, int], LineIndex] | None = None  # (``_scanned``)
+        self._index: tuple[FileStat, LineIndex] | None = None  # (``_scanned``)
 
     def _first_objects(self) -> list[dict]:
         """The objects of the file's first ID_LINES lines (what decides its ids and the kinds of
@@ -88,7 +88,7 @@ class JSONLSource:
             return count_lines([str(self.path)], header=False)
         return self._scanned()[1].lines
 
-    def _scanned(self) -> tuple[tuple[str, int, int], LineIndex]:
+    def _scanned(self) -> tuple[FileStat, LineIndex]:
         """The file as it was opened (``file_stat``) and its lines (``line_index``): one pass,
         parsing nothing, which ``rows`` and ``__len__`` share; SourceError if the file has
         changed since it was opened."""
@@ -408,7 +408,7 @@ def kept_column(values: Any, dtype: str) -> np.ndarray:
 
 
 def blocks(path: Any, limit_lines: int | None = None,
-           stat: tuple[str, int, int] | None = None) -> Iterator[tuple[int, bytes]]:
+           stat: FileStat | None = None) -> Iterator[tuple[int, bytes]]:
     """``(first line number, bytes of whole lines)`` through the file; the last line may lack
     its newline. The file is checked against ``stat`` (as the run found it; by default as it is
     now) when opened and after each read: one changed stops the reading (OSError)."""

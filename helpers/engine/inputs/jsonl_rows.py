@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import check_unchanged, checked_open, file_stats
+from helpers.engine.contract.fingerprint import FileStat, check_unchanged, checked_open, file_stats
 from helpers.engine.inputs.open_files import OpenFiles
 
 LINE_STEP = 256  # a line start kept every LINE_STEP lines
@@ -92,7 +92,7 @@ class JSONLRows:
     path: str  # as the user named it, absolute (how messages name it)
     text_column: str
     id_column: str
-    stat: tuple[str, int, int]  # (its real path, size, mtime_ns) as the driver found it
+    stat: FileStat  # as the driver found it
     parser: Callable  # (path, text_column, id_column) -> what parses lines as the driver does,
     # with ``numbered(first line, block)``: helpers.engine.inputs.jsonl's JSONLSource
     starts: np.ndarray = field(compare=False, repr=False)  # LineIndex.starts from ``step``
@@ -133,7 +133,7 @@ class _Opened:
     driver's own rules (``JSONLRows.parser``)."""
 
     def __init__(self, parser: Callable, path: str, text_column: str, id_column: str,
-                 stat: tuple[str, int, int]) -> None:
+                 stat: FileStat) -> None:
         self.file = checked_open(stat)
         self.stat, self.lock = stat, threading.Lock()
         try:
@@ -166,6 +166,6 @@ def close_all() -> None:
     _OPEN.close_all()
 
 
-def file_stat(path: str) -> tuple[str, int, int]:
-    """What a worker checks the file against: ``(path, size, mtime_ns)``."""
+def file_stat(path: str) -> FileStat:
+    """What a worker checks the file against (FileStat)."""
     return file_stats([path])[0]

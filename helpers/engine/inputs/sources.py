@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import (check_path, file_identity, file_stats,
+from helpers.engine.contract.fingerprint import (FileStat, check_path, file_identity, file_stats,
                                                  listing_identity)
 from helpers.engine.contract.id_ranges import IdRanges, SeenIds
 from helpers.engine.contract.protocol import (BadRecord, OutputSpec, Rows, Source, SourceError,
@@ -139,7 +139,7 @@ class HDF5Rows:
     again after each read (a file rewritten since: the run stops)."""
 
     group: str
-    stat: tuple[str, int, int]
+    stat: FileStat
 
     @property
     def path(self) -> str:
@@ -169,7 +169,7 @@ def close_opened() -> None:
     _OPEN.close_all()
 
 
-def _opened(group: str, stat: tuple[str, int, int]) -> tuple[Any, list[str], np.ndarray]:
+def _opened(group: str, stat: FileStat) -> tuple[Any, list[str], np.ndarray]:
     """An input opened for reading by position, if it is still the driver's (``stat``: its path,
     size and time)."""
     def opened() -> tuple[Any, list[str], np.ndarray]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import check_unchanged, file_stats, unchanged
+from helpers.engine.contract.fingerprint import FileStat, check_unchanged, file_stats, unchanged
 from helpers.engine.contract.protocol import TEXT, BadRecord, SourceError, decoded
 from helpers.engine.inputs.csv_scan import head
 
@@ -61,7 +61,7 @@ def table_files(path: str | os.PathLike) -> tuple[list[str], str]:
     return files, kinds.pop()
 
 
-def layout(path: str, fmt: str, stat: tuple[str, int, int] | None = None
+def layout(path: str, fmt: str, stat: FileStat | None = None
            ) -> tuple[Any, list[tuple[str, int | None, Callable]]]:
     """A file's schema and its pieces, ``(file, rows, read(columns) -> batches)``, from one
     look at it: a Parquet footer, an Arrow file's batches; a CSV's first block (its types
@@ -254,7 +254,7 @@ def kept_dtypes(schemas: list, files: list[str], names: Sequence[str], taken: se
     return kept
 
 
-def _parquet_reader(stat: tuple[str, int, int], group: int) -> Callable:
+def _parquet_reader(stat: FileStat, group: int) -> Callable:
     def read(columns: list[str]) -> Iterator[Any]:
         import pyarrow.parquet as pq
 
@@ -265,7 +265,7 @@ def _parquet_reader(stat: tuple[str, int, int], group: int) -> Callable:
     return read
 
 
-def _arrow_reader(stat: tuple[str, int, int], index: int) -> Callable:
+def _arrow_reader(stat: FileStat, index: int) -> Callable:
     def read(columns: list[str]) -> Iterator[Any]:
         import pyarrow as pa
 
@@ -276,7 +276,7 @@ def _arrow_reader(stat: tuple[str, int, int], index: int) -> Callable:
     return read
 
 
-def _stream_reader(stat: tuple[str, int, int]) -> Callable:
+def _stream_reader(stat: FileStat) -> Callable:
     def read(columns: list[str]) -> Iterator[Any]:
         import pyarrow as pa
 

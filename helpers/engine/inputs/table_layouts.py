@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import file_stats
+from helpers.engine.contract.fingerprint import FileStat, file_stats
 from helpers.engine.contract.id_ranges import IdRanges
 from helpers.engine.contract.protocol import NO_ID, TEXT, BadRecord, OutputSpec, SourceError
 from helpers.engine.inputs.csv_rows import CSVFile, CSVRows, read_rows, row_text
@@ -121,7 +121,7 @@ class CSVLayout:
 
     by_row = True
 
-    def __init__(self, path: str, fmt: str, files: list[str], stats: list[tuple[str, int, int]],
+    def __init__(self, path: str, fmt: str, files: list[str], stats: list[FileStat],
                  columns: list[tuple[str, ...]]) -> None:
         self.path, self.format, self.files = path, fmt, files
         self._stats, self.columns = stats, columns  # as the files were when opened

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import (InputChanged, check_unchanged, checked_open,
-                                                 file_stats)
+from helpers.engine.contract.fingerprint import (FileStat, InputChanged, check_unchanged,
+                                                 checked_open, file_stats)
 from helpers.engine.contract.protocol import null_texts
 from helpers.engine.inputs.open_files import OpenFiles
 from helpers.engine.inputs.table_files import (column_texts, layout, open_arrow, row_name,
@@ -45,7 +45,7 @@ def digest(files: list[str]) -> str:
     return _digest(file_stats(files))
 
 
-def _digest(stats: list[tuple[str, int, int]]) -> str:
+def _digest(stats: list[FileStat]) -> str:
     return hashlib.sha1(repr(stats).encode()).hexdigest()
 
 
@@ -92,8 +92,8 @@ class _Table:
     checked to be the one the driver found (its size and time, on the open file), and checked
     again after each read (a file rewritten in place)."""
 
-    def __init__(self, stats: list[tuple[str, int, int]], fmt: str) -> None:
-        self.files = [path for path, _, _ in stats]
+    def __init__(self, stats: list[FileStat], fmt: str) -> None:
+        self.files = [stat.path for stat in stats]
         self.format, self._stats = fmt, stats
         self.pieces: list[tuple[int, int]] = []  # (file, row group or record batch)
         counts: list[int] = []
@@ -163,7 +163,7 @@ class _Cursor:
     """Reads one Parquet row group's column forward, ROWS_BATCH rows at a time, holding only the
     batch it is in."""
 
-    def __init__(self, stat: tuple[str, int, int], group: int, column: str) -> None:
+    def __init__(self, stat: FileStat, group: int, column: str) -> None:
         import pyarrow.parquet as pq
 
         self._stat = stat

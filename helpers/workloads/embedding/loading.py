@@ -29,22 +29,43 @@ def tokenizer_for(rust: RustTokenizer, word_cache: bool) -> tuple[Any, str]:
 
 
 def default_threads(device: str, word_cache: bool) -> int:
-    """Tokenizing threads a worker runs where none are given: on a CPU, none beside the
-    worker's own (the forward pass has the cores); with the word cache, none either (it runs
-    in Python: threads would queue for the GIL; workers scale it); else one per core (the Rust
-    tokenizer releases the GIL)."""
+    """Tokenizing threads a worker runs where none are given and it tokenizes in process: on a
+    CPU, none beside the worker's own (the forward pass has the cores); with the word cache,
+    none either (it runs in Python: threads would queue for the GIL; workers scale it); else one
+    per core (the Rust tokenizer releases the GIL)."""
     if device == "cpu" or word_cache:
         return 1
     return available_cores()
 
 
+PROCESSES_PER_CARD = 8  # tokenizing processes a worker on a card starts at most by default: the
+# word cache tokenizes about 35,000 texts/s on a core here, the Rust tokenizer about 9,000; MiniLM
+# runs at 78,000 eager on the H200, 99,000 compiled, and with graphs should pass 150,000
+
+
+def default_processes(device: str, cores: int) -> int:
+    """Tokenizing processes a worker on an accelerator runs where no tokenizing layout is given:
+    the node's ``cores`` less the one its own thread collates and launches on, PROCESSES_PER_CARD
+    at most; none on a CPU (the forward pass has the cores) or with one core. Processes, not
+    threads: on the H200's 16 cores, threads in one process fed the simulated card 16 %,
+    processes 44 % (issue 58); bench feed's card section: the simulated H200 fed 93 % busy by
+    any layout tokenizing with the word cache, processes at 1.2 card seconds per CPU second
+    against 1.5 for one thread, but only processes scale past the one core a thread of Python
+    holds. (Several workers on a node's cards each start theirs: idle ones cost a process's
+    memory, about 80 MB, not CPU.)"""
+    return 0 if device == "cpu" or cores < 2 else min(cores - 1, PROCESSES_PER_CARD)
+
+
 def fed(model: Any, card: Any, threads: int | None, device: str,
         word_cache: bool, processes: int | None = None) -> FedModel:
     """A SentenceTransformer's tokenizer (as ``encode`` truncates it) feeding ``card``
-    (``processes``: tokenizing processes instead of threads)."""
+    (``threads``, ``processes``: tokenizing threads or processes, None: the defaults for
+    ``device`` on this node's cores)."""
     rust = RustTokenizer.of(model.tokenizer, int(model.max_seq_length))
     tokenizer, said = tokenizer_for(rust, word_cache)
-    feeder = Feeder(tokenizer, card,
+    if threads is None and processes is None:
+        processes = default_processes(device, available_cores())
+    feeder = Feeder(tokenizer, card, 1 if processes else
                     threads or default_threads(device, isinstance(tokenizer, WordCache)),
                     processes or 0)
     loaded = FedModel(feeder, model)

@@ -1,8 +1,10 @@
 """The model: where it is (the embedded default, a folder, a hub name), how a worker loads it, what
 its files say without loading it (its architecture and tokenizer, for the simulated card), and
-the ``encode`` options it resolves (its prompts, the tokens it reads)."""
+the ``encode`` options it resolves (its prompts, the tokens it reads), and what it is
+(``model_identity``: its folder, revision and a digest of its files, which a resume compares)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -36,6 +38,78 @@ def load_sentence_transformer(model: str | None, device: str, threads: int) -> A
     if device == "cpu":
         torch.set_num_threads(threads)
     return SentenceTransformer(model or default_model_path(), device=device)
+
+
+IDENTITY_SKIPS = (".md", ".gitattributes", ".txt.lock")  # files of a model's folder that decide
+# nothing it computes (vocab.txt does: it ends in .txt)
+_IDENTITIES: dict[tuple, dict[str, Any]] = {}  # (folder, its files' sizes and times): identity
+
+
+def model_identity(model: str | None) -> dict[str, Any]:
+    """What the model is, for an output's fingerprint: ``model_path`` (its folder, resolved),
+    ``model_revision`` (a hub model's commit, from the cache's snapshot) and ``model_digest``
+    (SHA-256 over the name and bytes of every file sentence-transformers reads: the folder's own
+    and those of each module modules.json lists: configuration, tokenizer and weights). Two
+    folders of one name, a hub name whose revision moved, a weight file rewritten: each another
+    digest. A hub model not in this machine's cache yet (a first run, whose workers fetch it)
+    gives None for all three, which a resume does not compare; once its workers have loaded it,
+    the output records it. Taken once per folder while its files stay as they are (MiniLM's 90
+    MB: about 50 ms)."""
+    folder = _model_folder(model)
+    if folder is None:
+        return {"model_path": None, "model_revision": None, "model_digest": None}
+    files = _model_files(folder)
+    key = (str(folder), tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if key not in _IDENTITIES:
+        digest = hashlib.sha256()
+        for file in files:
+            digest.update(f"{file.relative_to(folder).as_posix()}\0".encode())
+            with open(file, "rb") as f:
+                while chunk := f.read(8 << 20):
+                    digest.update(chunk)
+        revision = folder.name if folder.parent.name == "snapshots" else None
+        _IDENTITIES[key] = {"model_path": str(folder), "model_revision": revision,
+                            "model_digest": digest.hexdigest()[:16]}
+    return dict(_IDENTITIES[key])
+
+
+def _model_folder(model: str | None) -> Path | None:
+    """The folder the model loads from: the embedded default's, a local folder, else a hub
+    name's snapshot in this machine's cache (None if not there)."""
+    if model is None:
+        return Path(default_model_path()).resolve()
+    if Path(model).is_dir():
+        return Path(model).resolve()
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    for name in (model, f"sentence-transformers/{model}") if "/" not in model else (model,):
+        try:  # (sentence-transformers reads a bare name as one of its own)
+            return Path(snapshot_download(name, local_files_only=True)).resolve()
+        except Exception:  # noqa: BLE001 (not cached, not a repository name)
+            continue
+    return None
+
+
+def _model_files(folder: Path) -> list[Path]:
+    """The files of ``folder`` that sentence-transformers reads: its own, and those of each
+    module folder modules.json names (not onnx/ or openvino/ exports, which it reads only when
+    asked for that backend, nor a README)."""
+    modules = folder / "modules.json"
+    subfolders = []
+    if modules.is_file():
+        try:
+            subfolders = [m.get("path") for m in json.loads(modules.read_text())
+                          if isinstance(m, dict) and m.get("path")]
+        except ValueError:
+            subfolders = []
+    found = [f for f in folder.iterdir() if f.is_file()]
+    for sub in subfolders:
+        if (folder / sub).is_dir():
+            found.extend(f for f in (folder / sub).rglob("*") if f.is_file())
+    return sorted(f for f in found if not f.name.startswith(".") and not f.name.endswith(
+        IDENTITY_SKIPS))
 
 
 def resolve_prompt(model: Any, prompt: str | None, prompt_name: str | None,

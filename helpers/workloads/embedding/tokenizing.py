@@ -97,13 +97,14 @@ class _Child:
     def _expect(self, word: str) -> None:
         """Wait for the child to say ``word``; TokenizingError naming its pid and how it ended
         (or what it said) where it does not, within START_TIMEOUT."""
+        heard = self.receive.poll(START_TIMEOUT)
         try:
-            said = self.receive.recv() if self.receive.poll(START_TIMEOUT) else None
-        except (EOFError, OSError):
+            said = self.receive.recv() if heard else None
+        except (EOFError, OSError):  # (it ended: ``ended`` waits for its exit status)
             said = None
         if said == word:
             return
-        if said is None and self.process.poll() is None:
+        if not heard:
             raise TokenizingError(f"a tokenizing process (pid {self.process.pid}) did not say "
                                   f"{word} within {START_TIMEOUT:.0f} s")
         raise TokenizingError(f"a tokenizing process (pid {self.process.pid}) could not start: "

@@ -26,9 +26,8 @@ from helpers.workloads.embedding.encode_path import (PhaseClock, TokenizeAhead, 
                                                      encode_order, tokenizer_name)
 from helpers.workloads.embedding.feeder import FedModel
 from helpers.workloads.embedding.model import (DEFAULT_MODEL, TASKS, WARMUP_TEXT,
-                                               default_model_path,
-                                               load_sentence_transformer, longest_input,
-                                               resolve_prompt)
+                                               default_model_path, load_sentence_transformer,
+                                               longest_input, model_identity, resolve_prompt)
 from helpers.workloads.embedding.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES,
                                                   OnnxEncoder, Quality, QualityRefused,
                                                   check_variant, compile_transformer, cosines,
@@ -523,9 +522,11 @@ class EmbeddingWorkload:
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the embeddings (and which texts are rejected): a resumed run must keep
-        these; batch size, tokenize_ahead and the guard may change."""
+        these, the model's files included (model_identity); batch size, tokenize_ahead and the
+        guard may change."""
         workload = self.name if self.card is None else f"{self.name} on a simulated {self.card}"
         return {"workload": workload, "model": self.model or DEFAULT_MODEL,
+                **model_identity(self.model),  # (two folders of one name, a moved revision)
                 "normalize": self.normalize, "max_chars": self.max_chars,
                 "precision": self.precision, "runtime": self.runtime,  # (variants never mix)
                 "card": f"simulated {self.card}" if self.card else "none",  # (a simulated
