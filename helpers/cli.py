@@ -511,7 +511,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signum, handler)
     print(stats.summary(), file=sys.stderr)
     if stats.partial:
-        print(f"partial: {stats.failed_records} records failed; their ids, error types and "
+        print(f"partial: {stats.failed_records + stats.failed_before} records failed"
+              f"{f' ({stats.failed_before} in an earlier run)' if stats.failed_before else ''}"
+              f"; their ids, error types and "
               f"messages are in {args.output} under errors/", file=sys.stderr)
     print(json.dumps(stats.to_dict()))
     return EXIT_PARTIAL if stats.partial else 0

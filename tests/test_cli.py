@@ -376,3 +376,23 @@ def test_an_option_the_model_turns_down_is_a_bad_argument(tmp_path):
     assert "prompt_name='passage': the model has no prompt of that name (its prompts: " \
            "['document', 'query'])" in done.stderr
     assert "remote traceback" not in done.stderr
+
+
+def test_a_resume_over_an_output_holding_error_rows_exits_partial(tmp_path):
+    """Issue 59: the first run exited 3 (some records in errors/), its --resume exited 0 over
+    the same output: the exit status says what the output holds, an earlier run's error rows
+    included."""
+    lines = [json.dumps({"text": t}) for t in ["one", "two", "three", "four", "five", "six"]]
+    lines[1] = "{broken"
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    common = ("--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.h5"),
+              "--workload", "synthetic", "--devices", "cpu", "--backend", "thread",
+              "--workunit-size", "2", "--no-progress")
+    first = cli(*common, "--limit", "3")
+    assert first.returncode == 3, first.stderr
+    then = cli(*common, "--resume")
+    assert then.returncode == 3, then.stderr
+    assert "partial: 1 records failed (1 in an earlier run)" in then.stderr
+    assert json.loads(then.stdout.splitlines()[-1])["failed_before"] == 1
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == [0, 2, 3, 4, 5] and [e["id"] for e in data["errors"]] == [1]

@@ -510,3 +510,19 @@ def test_an_input_rewritten_in_place_with_its_time_put_back_stops_the_run_unmixe
     assert len(data["ids"]) < 30_000
     np.testing.assert_array_equal(data["values"], np.stack(
         [record_vector(f"old{i} " + "x" * 100, 8) for i in data["ids"].tolist()]).reshape(-1, 8))
+
+
+def test_a_text_that_is_not_valid_utf8_is_refused_once_at_its_record(tmp_path):
+    """Issue 59: a text holding a lone surrogate ("\\ud800", what a JSON "\\\\ud800" escape
+    reads as) was filed after two retries and three splits under the tokenizer's "TextEncodeInput
+    must be Union...": it is refused at its record, saying what is wrong, and its workunit's
+    other texts, accented ones included, are embedded."""
+    records = [(0, "good"), (1, "half \ud800 a pair"), (2, "café naïve"), (3, "also good")]
+    stats = run(records, EmbeddingWorkload(), tmp_path, devices=["cpu"], workunit_size=4,
+                backend="thread")
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == [0, 2, 3]
+    error, = data["errors"]
+    assert (error["id"], error["type"]) == (1, "ValueError")
+    assert "not valid UTF-8: surrogates not allowed '\\ud800' at character 5" in error["message"]
+    assert not stats.recovery.get("retries") and not stats.recovery.get("splits")

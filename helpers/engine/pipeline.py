@@ -652,7 +652,8 @@ class _Job:
             workunit_size=self.settings.workunit_size, backend=pool.backend,
             output=str(output), config=config, timeline=self.timeline.spans,
             peak_rss_mib=_peak_rss(workers), recovery=recovery,
-            resumed_after=sink.resumed_after, parent_rss_mib=peak_memory("cpu")[0],
+            resumed_after=sink.resumed_after, failed_before=sink.failed_before,
+            parent_rss_mib=peak_memory("cpu")[0],
             first_dispatch_s=(dispatches.first - self.started)
             if dispatches.first is not None else 0.0,
             longest_dispatch_gap_s=dispatches.longest_gap,

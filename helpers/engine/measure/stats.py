@@ -172,6 +172,7 @@ class PipelineStats:
     peak_rss_mib: float = 0.0  # the driver's high-water mark plus each worker process's
     recovery: dict[str, Any] = field(default_factory=dict)  # deaths, timeouts, retries, splits...
     resumed_after: int = 0  # records an earlier run handled (written, failed, rejected): skipped
+    failed_before: int = 0  # of those, the records an earlier run filed in the errors table
     parent_rss_mib: float = 0.0  # the parent process's own high-water mark
     first_dispatch_s: float = 0.0  # from the job's start (output opened, resume scanned)
     longest_dispatch_gap_s: float = 0.0  # no workunit sent for this long (messages of
@@ -249,8 +250,9 @@ class PipelineStats:
 
     @property
     def partial(self) -> bool:
-        """True when some records failed and are in the errors table instead of the output."""
-        return self.failed_records > 0
+        """True when some records failed and are in the errors table instead of the output (this
+        run's or, on a resume, an earlier one's: the exit status says what the output holds)."""
+        return self.failed_records + self.failed_before > 0
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the timeline and the telemetry (too long for a summary line)."""
@@ -272,7 +274,8 @@ class PipelineStats:
                  f"{self.records_per_s:.1f} records/s after {self.spinup_s:.2f} s spin-up"
                  f" ({self.backend}, workunit {self.workunit_size}"
                  f"{f', {self.failed_records} failed' if self.failed_records else ''}"
-                 f"{f', {self.resumed_after} done before' if self.resumed_after else ''}; "
+                 f"{f', {self.resumed_after} done before' if self.resumed_after else ''}"
+                 f"{f' ({self.failed_before} of them failed)' if self.failed_before else ''}; "
                  f"peak RSS {self.peak_rss_mib:.0f} MiB)"]
         for w in self.workers:
             lines.append(f"  worker {w.worker} {w.device:>7}: {w.records:>7} records "

@@ -80,6 +80,7 @@ class HDF5Sink:
         self.done = IdRanges()  # resume: ids a previous run wrote or gave up on
         self.done_positions = IdRanges()  # ... and positions of records its reader rejected
         self.resumed_after = 0  # records a previous run handled: both of those
+        self.failed_before = 0  # of those, the records in its errors table
         self.record: Callable[[], Any] | None = None  # the run's stats once every row is
         # written, recorded in the output as it is finished (helpers.engine.outputs.run_log)
         self._closed = True
@@ -113,6 +114,7 @@ class HDF5Sink:
         self.done, self.done_positions = parts.done(), parts.done_positions()
         if mode == "resume":
             self.resumed_after = len(self.done) + len(self.done_positions)
+            self.failed_before = sum(part.errors for part in parts.parts)
             self.attrs["resumed_after"] = self.resumed_after
             log.info("resume: %s holds %d ids (written or failed, in %d ranges) and %d records "
                      "the reader rejected; they are skipped", self.path, len(self.done),

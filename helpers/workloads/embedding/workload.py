@@ -430,6 +430,13 @@ class EmbeddingWorkload:
             raise TypeError(f"expected a text string, got {type(record).__name__}")
         if not record.strip():
             raise ValueError("empty text: nothing to embed")
+        if not record.isascii():  # (O(1) for a str: only the others are walked)
+            try:
+                record.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate, as "\ud800" or a JSON
+                # "\\ud800" escape reads: no tokenizer takes it, and retrying cannot help
+                raise ValueError(f"the text is not valid UTF-8: {exc.reason} "
+                                 f"{record[exc.start]!r} at character {exc.start:,}") from None
         if len(record) > self.max_chars:
             raise ValueError(f"text of {len(record):,} characters is longer than max_chars="
                              f"{self.max_chars:,}: split it into chunks first")
