@@ -1,8 +1,9 @@
 # Two commands do all the set-up: `make run` (the main job: the notebook suite) and `make test`.
-# Each creates .venv if missing and installs the project with its test and ray extras (so that CI
-# tests the ray backend), torch first; every install is constrained by constraints.txt (torch
-# 2.13.0's CPU build), so a CPU-only machine never pulls a CUDA build. pyproject.toml asks only for
-# torch >= 2.11: `pip install -e .` into an environment that has a torch keeps it.
+# Each creates .venv if missing and installs the project with every extra (test, ray and peers, so
+# that CI tests the ray backend; notebooks, report, onnx, binning), torch first; every install is
+# constrained by constraints.txt (torch 2.13.0's CPU build), so a CPU-only machine never pulls a
+# CUDA build. pyproject.toml asks only for torch >= 2.11: `pip install -e .` into an environment
+# that has a torch keeps it; it installs what running and exporting need, the rest are its extras.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +17,7 @@ export HF_HUB_OFFLINE ?= 1
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) torch
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,ray,peers]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,ray,peers,notebooks,report,onnx,binning]"
 	touch $@
 
 # The notebook suite, headless (papermill), with the parameter set notebooks/params/$(PARAMS).yaml:

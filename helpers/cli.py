@@ -34,6 +34,7 @@ from typing import Any
 
 from helpers import tuner
 from helpers.engine.contract.fingerprint import InputChanged
+from helpers.engine.contract.protocol import ExtraMissing, needs
 from helpers.engine.contract.settings import (AUTO, BACKENDS, FIT, MAX_UNITS_PER_MESSAGE,
                                               MESSAGE_SECONDS, RAY_UNITS_PER_MESSAGE, WRITES,
                                               JobSettings, PoolSettings, or_words)
@@ -427,6 +428,11 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
 
 
 def notebooks(args: argparse.Namespace) -> int:
+    try:
+        needs("papermill", "notebooks", "the notebook suite")
+    except ExtraMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     from papermill.exceptions import PapermillExecutionError
 
     from helpers.study.notebooks import run_notebooks
@@ -448,7 +454,7 @@ def report(args: argparse.Namespace) -> int:
 
     try:
         path = draw(args.output, args.to, args.run)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ExtraMissing) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(path)

@@ -18,11 +18,14 @@ def _name(requirement: str) -> str:
 def test_environment_yml_lists_the_same_dependencies_as_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    declared = project["dependencies"] + extras["test"] + extras["ray"] + extras["peers"]
+    declared = project["dependencies"] + [r for extra in extras.values() for r in extra]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = [r for r in pip if not r.startswith("-")]
-    assert sorted(listed) == sorted(declared)  # same names and the same version specifiers
+    assert sorted(listed) == sorted(set(declared))  # same names and the same version specifiers
+    make = (ROOT / "Makefile").read_text()
+    assert f'-e ".[{",".join(extras)}]"' in make or all(  # make installs every extra
+        re.search(rf'-e "\.\[[^]]*\b{name}\b', make) for name in extras)
 
 
 def test_torch_is_pinned_where_we_install_and_only_bounded_where_users_do():
@@ -101,3 +104,54 @@ def test_make_test_runs_every_case_and_make_quick_all_but_the_slow_ones():
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "--strict-markers" in settings["addopts"]
     assert any(m.startswith("slow:") for m in settings["markers"])
+
+
+EXTRAS_ONLY = ("matplotlib", "seaborn", "papermill", "jupyterlab", "ipykernel", "ipywidgets",
+               "PIL", "onnxruntime", "onnx", "rapidocr_onnxruntime", "ray")  # what a library
+# install lacks (measured: 57 packages, 1.8 GB with torch's CPU build, against 195 and 2.8 GB)
+
+
+def test_a_library_install_runs_and_exports_and_names_the_extra_it_lacks(tmp_path):
+    """Issue 59: `pip install -e .` pulled 195 packages (JupyterLab, papermill, seaborn,
+    rapidocr, onnx) to embed texts. Without any extra's packages (each made unimportable), a
+    run on the embedded model and its export work; report, the notebooks and runtime='onnx'
+    say which `pip install` adds what they need."""
+    import json
+    import subprocess
+    import sys
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_name(r) for r in project["dependencies"]}
+    for extra in ("notebooks", "report", "onnx", "binning", "ray", "peers"):
+        assert project["optional-dependencies"][extra]
+    assert not core & {"matplotlib", "seaborn", "papermill", "jupyterlab", "onnx",
+                       "onnxruntime", "rapidocr-onnxruntime", "ray"}
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                               for t in ["one", "two", "three"]))
+    script = ("import sys\n"
+              f"for name in {EXTRAS_ONLY!r}:\n"
+              "    sys.modules[name] = None\n"
+              "from helpers.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+
+    def command(*args):
+        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=300,
+                              env={**__import__("os").environ, "PYTHONPATH": str(ROOT),
+                                   "HF_HUB_OFFLINE": "1"})
+
+    ran = command("run", "--input", "in.jsonl", "--output", "out.h5", "--backend", "thread",
+                  "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    exported = command("export", "out.h5", "--to", "parquet", "--output", "out.parquet")
+    assert exported.returncode == 0, exported.stderr
+    report = command("report", "out.h5")
+    assert report.returncode == 2
+    assert "needs matplotlib, which gpufeed's [report] extra installs: pip install " \
+           "'gpufeed[report]'" in report.stderr
+    notebooks = command("notebooks", "--params", "smoke")
+    assert notebooks.returncode == 2 and "pip install 'gpufeed[notebooks]'" in notebooks.stderr
+    onnx = command("run", "--input", "in.jsonl", "--output", "onnx.h5", "--backend", "thread",
+                   "--no-progress", "--runtime", "onnx")
+    assert onnx.returncode == 1 and "pip install 'gpufeed[onnx]'" in onnx.stderr

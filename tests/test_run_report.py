@@ -47,6 +47,26 @@ def test_a_cpu_run_is_drawn_and_an_output_without_runs_is_refused(tmp_path):
         run_report.draw(tmp_path / "old.h5")
 
 
+def test_report_on_what_gpufeed_did_not_write_says_so_in_one_line(tmp_path):
+    """Issue 59: report on a file gpufeed did not write, an empty file or a folder gave an
+    h5py errno dump: one line names the file and why, exit 2."""
+    import h5py
+
+    (tmp_path / "empty.h5").write_bytes(b"")
+    (tmp_path / "text.h5").write_text("not hdf5")
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["x"] = np.arange(3)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name, why in [("empty.h5", "an empty file, not a gpufeed output"),
+                      ("text.h5", "not a gpufeed output (not an HDF5 file)"),
+                      ("other.h5", "an HDF5 file gpufeed did not write (no ids)"),
+                      (".", "a folder, not an output (name the .h5 file a run wrote)"), ("none.h5", "no such file")]:
+        done = subprocess.run([sys.executable, "-m", "helpers", "report", name], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, (name, done.stderr)
+        assert done.stderr == f"error: {name}: {why}\n", done.stderr
+
+
 def test_a_span_s_rows_are_spread_over_the_bins_it_covers():
     spans = pd.DataFrame({"start_s": [0.0, 1.0], "end_s": [2.0, 1.5], "records": [100, 10]})
     edges = np.array([0.0, 1.0, 2.0, 3.0])

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from helpers.engine.contract.protocol import needs
 from helpers.engine.outputs import run_log
 from helpers.study.figures import use_style
 
@@ -55,14 +56,32 @@ def _spread(spans: pd.DataFrame, column: str, edges: np.ndarray) -> np.ndarray:
     return totals
 
 
+def _check_output(output: Path) -> None:
+    """ValueError, one line naming ``output`` and why it is not a gpufeed output to draw."""
+    import h5py
+
+    if output.is_dir():
+        raise ValueError(f"{output}: a folder, not an output (name the .h5 file a run wrote)")
+    if not output.is_file():
+        raise ValueError(f"{output}: no such file")
+    if output.stat().st_size == 0:
+        raise ValueError(f"{output}: an empty file, not a gpufeed output")
+    if not h5py.is_hdf5(output):
+        raise ValueError(f"{output}: not a gpufeed output (not an HDF5 file)")
+    with h5py.File(output, "r") as f:
+        if "ids" not in f:
+            raise ValueError(f"{output}: an HDF5 file gpufeed did not write (no ids)")
+
+
 def draw(output: str | Path, path: str | Path | None = None, run: int = -1) -> Path:
     """Draw run ``run`` (default: the last) of ``output`` into ``path`` (default:
     ``default_path``); ValueError if the output records no run."""
-    import matplotlib
-
+    matplotlib = needs("matplotlib", "report", "the run's figure (python -m helpers report)")
+    needs("seaborn", "report", "the run's figure (python -m helpers report)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    _check_output(Path(output))
     runs = run_log.read(output)
     if not runs:
         raise ValueError(f"{output}: records no finished run (an output written before gpufeed "

@@ -102,6 +102,26 @@ class OptionRefused(ValueError):
     dimensions than it has): the user's argument, not a failed run (the command line exits 2)."""
 
 
+class ExtraMissing(ImportError):
+    """A package one of gpufeed's extras installs is not here (``needs``)."""
+
+
+def needs(module: str, extra: str, purpose: str) -> Any:
+    """``module``, imported; where it is not installed, ExtraMissing naming ``purpose``, the
+    module and the ``pip install`` of gpufeed's ``extra`` that brings it (a library install has
+    what running and exporting need; notebooks, reports, onnx, binning and Ray are extras)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name is None or exc.name.split(".")[0] != module.split(".")[0]:
+            raise  # (installed, but one of its own imports failed: that is the message)
+        raise ExtraMissing(f"{purpose} needs {module.split('.')[0]}, which gpufeed's "
+                           f"[{extra}] extra installs: pip install 'gpufeed[{extra}]' (in a "
+                           f"checkout: pip install -e '.[{extra}]')", name=exc.name) from None
+
+
 @dataclass(frozen=True)
 class BadRecord:
     """Stands in for a record the reader could not decode (or whose id is unusable or taken): it

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from helpers.engine.contract.protocol import needs
+
 # shipped in the checkout, not the wheel: <checkout>/data/models/ (this file is helpers/workloads/binning/)
 DEFAULT_WEIGHTS = (Path(__file__).resolve().parents[3] / "data" / "models"
                    / "nanodet-m-416-coco80.onnx")
@@ -61,7 +63,7 @@ class Detections:
 def session(weights: str | Path | None = None, threads: int = 1,
             providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> Any:
     """An onnxruntime session for the detector, with ``threads`` intra-op threads."""
-    import onnxruntime as ort
+    ort = needs("onnxruntime", "binning", "the binning workload's detector")
 
     path = Path(weights) if weights else DEFAULT_WEIGHTS
     if not path.is_file():

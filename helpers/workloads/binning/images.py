@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from helpers.engine.contract.protocol import needs
+
 MAX_PIXELS = 250_000_000  # refuse to decode beyond this (a 12,000 × 12,000 image is 144 M)
 MAX_SIDE = 2048  # longer sides are shrunk to this before any model sees them
 
@@ -19,7 +21,8 @@ MAX_SIDE = 2048  # longer sides are shrunk to this before any model sees them
 def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS,
                max_side: int = MAX_SIDE) -> np.ndarray:
     """Decode ``path`` to an RGB uint8 array ``[h, w, 3]`` no larger than ``max_side``."""
-    from PIL import Image, UnidentifiedImageError
+    pil = needs("PIL.Image", "binning", "reading images (the binning workload)")
+    Image, UnidentifiedImageError = pil, pil.UnidentifiedImageError
 
     # our max_pixels replaces PIL's own limit, before the first open as before every other one:
     # whether an image decodes must not depend on which image came first

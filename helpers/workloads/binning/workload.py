@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from helpers.engine.contract.protocol import TEXT, OutputSpec
+from helpers.engine.contract.protocol import TEXT, OutputSpec, needs
 from helpers.workloads.binning.detector import detect, session
 from helpers.workloads.binning.rule import (Thresholds, assign_bin, caption, description,
                                             dispersion, text_area)
@@ -187,7 +187,7 @@ class BinningWorkload:
 def _providers(device: str) -> tuple:
     if not device.startswith("cuda"):
         return ("CPUExecutionProvider",)
-    import onnxruntime as ort
+    ort = needs("onnxruntime", "binning", "the binning workload")
 
     index = int(device.partition(":")[2] or 0)
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -196,7 +196,7 @@ def _providers(device: str) -> tuple:
 
 
 def _load_ocr(threads: int, cuda: bool) -> Any:
-    from rapidocr_onnxruntime import RapidOCR
+    RapidOCR = needs("rapidocr_onnxruntime", "binning", "the binning workload's OCR").RapidOCR
 
     options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
     if cuda:

@@ -38,6 +38,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from helpers.engine.contract.protocol import needs
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 RUNTIMES = ("torch", "onnx", "onnx-int8")
 GUARD_MEAN, GUARD_MIN = 0.99, 0.98
@@ -196,6 +198,7 @@ def model_inputs(model: Any, texts: list[str]) -> dict[str, Any]:
 def _export(model: Any, path: Path) -> None:
     import torch
 
+    needs("onnx", "onnx", "exporting the model to ONNX (runtime='onnx')")
     sample = model_inputs(model, ["a short text", "and a somewhat longer one to export with"])
     names = list(sample)
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
@@ -281,7 +284,7 @@ class OnnxEncoder:
     exported modules, texts batched by token count, longest first."""
 
     def __init__(self, model: Any, path: Path, threads: int) -> None:
-        import onnxruntime as ort
+        ort = needs("onnxruntime", "onnx", "runtime='onnx'")
 
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1

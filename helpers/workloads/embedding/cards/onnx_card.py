@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from helpers.engine.contract.protocol import needs
 from helpers.workloads.embedding.cards import host_staging
 
 
@@ -19,7 +20,7 @@ class OnnxCard:
 
     def __init__(self, path: Path, threads: int, dim: int, normalize: bool = False,
                  truncate_dim: int | None = None, label: str | None = None) -> None:
-        import onnxruntime as ort
+        ort = needs("onnxruntime", "onnx", "runtime='onnx'")
 
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
