@@ -102,6 +102,8 @@ def test_scale_bench_on_a_file_the_workers_read_it_and_write_every_row_once(tmp_
             "csv": lambda t: len(t.encode()) + t.count('"') + 3, "parquet": lambda t: 0}[source]
     scanned = sum(line(t) for t in texts) / len(texts) / (384 * 4 + 8)
     assert full["driver_read_fraction"] < scanned + 0.05
+    assert 0 < full["fingerprint_read_fraction"] < max(scanned, 0.2) + 0.05  # (the file once,
+    # as the run starts, for its content digest: issue 59)
 
 
 @pytest.mark.slow

@@ -43,7 +43,8 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
     assert sorted(forward["batch_size"]) == sorted(sizes.batch_sizes)  # fp32 alone: a CPU
     assert (timed["texts_per_s"] > 0).all() and (timed["card_share"] > 0).all()
     for share, ceiling in (("card_share", "matmul_bf16"), ("own_share", "matmul_fp32")):
-        assert np.allclose(timed[share] * ceilings.loc[ceiling, "value"], timed["tflop_per_s"])
+        assert np.allclose(timed[share] * ceilings.loc[ceiling, "value"], timed["tflop_per_s"],
+                           rtol=1e-4)  # (each of the three kept to 6 significant digits)
     assert (timed["tokens_computed"] >= timed["tokens_needed"]).all()
     encode = timed[timed["mode"] == "encode"]
     feeds = set(zip(encode["tokenize_ahead"], encode["pin_memory"]))

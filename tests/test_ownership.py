@@ -357,7 +357,7 @@ def test_duplicate_broken_and_extreme_ids_cost_only_their_own_records(tmp_path):
     errors = sorted((e["position"], e["id"], e["type"]) for e in data["errors"])
     assert errors == [(2, None, "JSONDecodeError"), (3, 1, "DuplicateId"), (4, None, "ValueError")]
     again = cli("--input", source, "--output", out, "--resume")  # nothing left, nothing twice
-    assert again.returncode == 0 and len(read_output(out)["errors"]) == 3
+    assert again.returncode == 3 and len(read_output(out)["errors"]) == 3  # (what it holds)
 
 
 # -- what a hostile pass found ------------------------------------------------------------------

@@ -50,9 +50,10 @@ import numpy as np
 import pandas as pd
 import psutil
 
+from helpers.engine.contract.fingerprint import source_fingerprint
 from helpers.engine.contract.id_ranges import IdRanges
 from helpers.engine.contract.protocol import positions
-from helpers.engine.inputs.sources import READ_SLICE
+from helpers.engine.inputs.sources import READ_SLICE, open_source
 from helpers.engine.outputs.checkpoint import WORKER_LEVEL
 from helpers.engine.outputs.hdf5_sink import rows_written
 from helpers.study.peers import tree_rss_mib
@@ -175,14 +176,20 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
     job = JobSettings(workunit_size, progress=False, resume=resume, writes=writes)
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=dim, values="zeros"), settings,
                                   job) as pool, _PeakPrivate() as private:
+        source = open_source(corpus) if corpus else CycledTexts(records, sample_texts())
+        started, read = time.perf_counter(), _read_bytes()  # the input's fingerprint: its
+        source_fingerprint(source)  # content read once as the run starts (kept on the source)
+        fingerprint_s, fingerprint_read = time.perf_counter() - started, _read_bytes() - read
         cpu, read = time.process_time() - private.cpu_s(), _read_bytes()
-        stats = pool.run(corpus, output, limit=records) if corpus else \
-            pool.run(CycledTexts(records, sample_texts()), output)
+        stats = pool.run(source, output, limit=records if corpus else None)
         cpu, read = time.process_time() - private.cpu_s() - cpu, _read_bytes() - read
     new = stats.records  # (this run's: a resumed run's skipped ones are not)
     return {"records": stats.records,
             "driver_cpu_s_per_million": cpu / new * 1e6 if new > 0 else None,
             "driver_read_fraction": read / (new * (dim * 4 + 8)) if new > 0 else None,
+            "fingerprint_s": fingerprint_s,  # (before the run: its whole input's digest)
+            "fingerprint_read_fraction": fingerprint_read / (new * (dim * 4 + 8))
+            if new > 0 else None,
             "wall_s": stats.wall_s,
             "records_per_s": stats.records_per_s, "parent_rss_mib": stats.parent_rss_mib,
             "parent_uss_mib": private.peak_mib,
