@@ -40,6 +40,16 @@ def multiprocessing_own(process: psutil.Process) -> bool:
 
 
 @pytest.fixture(autouse=True)
+def cpu_unless_named(monkeypatch):
+    """devices="auto" (the default) is the CPU in the tests, as in CI, even on a machine with a
+    GPU: the tests compare with references computed on the CPU. A test that wants "auto" to be
+    something else patches visible_devices itself."""
+    import helpers.engine.contract.devices as devices
+
+    monkeypatch.setattr(devices, "visible_devices", lambda: ("cpu",))
+
+
+@pytest.fixture(autouse=True)
 def no_leftover_processes():
     """Every test must leave no worker process behind, and shut down quickly."""
     before = {p.pid for p in live_children()}

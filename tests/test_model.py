@@ -86,3 +86,31 @@ def test_a_resume_with_another_model_under_the_same_name_is_refused(tmp_path, mo
     monkeypatch.chdir(tmp_path / "c")  # the same files, another folder: a moved model
     run_pipeline(texts, EmbeddingWorkload(model="minilm"), ["cpu"], resume=True, **options)
     assert read_output(out)["ids"].tolist() == list(range(40))
+
+
+def test_weights_in_a_format_that_does_not_load_change_nothing(tmp_path):
+    """A later download of the same revision may add pytorch_model.bin beside
+    model.safetensors: transformers still loads the safetensors, and the digest is the same."""
+    folder = _linked_copy(tmp_path / "m")
+    before = model_identity(str(folder))
+    (folder / "pytorch_model.bin").write_bytes(b"other weights")
+    assert model_identity(str(folder)) == before
+
+
+def test_a_resume_names_the_model_otherwise_but_with_the_same_files(tmp_path, caplog):
+    """An absolute path to a moved folder, a hub commit that touched no file the model loads:
+    the model's name and revision differ, its digest does not: the resume goes on, saying so."""
+    from helpers.engine.outputs.ownership import _check_same_job
+    import h5py
+
+    recorded = EmbeddingWorkload(model=str(_linked_copy(tmp_path / "a" / "m"))).fingerprint()
+    moved = EmbeddingWorkload(model=str(_linked_copy(tmp_path / "b" / "m"))).fingerprint()
+    other = EmbeddingWorkload(model=str(_linked_copy(tmp_path / "c" / "m", cls=True)))
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "w") as f:
+        f.attrs["input_fingerprint"] = encode({"source": "x"})
+        f.attrs["workload_fingerprint"] = encode(recorded)
+    _check_same_job(out, tmp_path, {"workload_fingerprint": moved})
+    assert "named otherwise" in caplog.text
+    with pytest.raises(OutputError, match="model_digest"):
+        _check_same_job(out, tmp_path, {"workload_fingerprint": other.fingerprint()})

@@ -100,3 +100,21 @@ def test_the_protocols_recognise_a_workload_and_a_source(tmp_path):
     assert isinstance(SyntheticWorkload(0.0), Workload)
     assert isinstance(JSONLSource(tmp_path / "in.jsonl"), Source)
     assert not isinstance(object(), Workload) and not isinstance(object(), Source)
+
+
+def test_needs_names_the_extra_only_where_the_package_is_missing(monkeypatch):
+    """A missing package: ExtraMissing naming the pip install of its extra; an installed one
+    whose own import fails (a missing CUDA library, say): that error, as it is."""
+    import sys
+
+    from helpers.engine.contract.protocol import ExtraMissing, needs
+
+    with pytest.raises(ExtraMissing, match=r"the thing needs no_such_package_here, which "
+                                           r"gpufeed's \[onnx\] extra installs: pip install "
+                                           r"'gpufeed\[onnx\]'"):
+        needs("no_such_package_here", "onnx", "the thing")
+    monkeypatch.setitem(sys.modules, "json.broken_part", None)  # (json is there; a part of
+    with pytest.raises(ImportError) as raised:                   # it fails to import)
+        needs("json.broken_part", "onnx", "the thing")
+    assert not isinstance(raised.value, ExtraMissing)
+    assert needs("json", "onnx", "the thing") is sys.modules["json"]

@@ -44,6 +44,9 @@ SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle a
 FOLDER_SAMPLE_BYTES = 64 << 10  # of each file of a folder (a thousand Parquet files: 192 MB read)
 MOVABLE = ("path", "model_path")  # fields that may differ on resume when every other one is
 # equal: a moved input, a model's folder moved (its files' digest the same)
+NAMES_OF_A_MODEL = ("model", "model_revision")  # fields that may differ where both record
+# model_digest and it is the same: a folder given by another path, a hub commit that touched
+# no file the model loads
 TIMES = ("modified", "digest")  # fields that may differ where both record ``content`` and it is
 # the same: the same bytes, copied without their times (a folder's digest holds its files' times)
 
@@ -57,36 +60,44 @@ def file_identity(path: str | os.PathLike) -> dict[str, Any]:
     _sample(path, stat.st_size, SAMPLE_BYTES, digest)
     return {"path": str(path.resolve()), "size": stat.st_size,
             "modified": _when(stat.st_mtime_ns), "digest": digest.hexdigest()[:16],
-            "content": _whole(path, hashlib.sha256()).hexdigest()[:32]}
+            "content": _content(path)}
 
 
 def listing_identity(folder: str | os.PathLike, files: list[Path],
-                     sample: int = FOLDER_SAMPLE_BYTES) -> dict[str, Any]:
+                     sample: int = FOLDER_SAMPLE_BYTES, content: bool = True) -> dict[str, Any]:
     """A folder's path and a digest of its listed files' relative paths, sizes, times and
     contents (``sample`` bytes at each file's start, middle and end), and ``content``: every
     file's name and bytes. A file replaced by another of the same size, its time put back (``cp
     -p``, ``rsync -a``), changes both; bytes changed between the samples, ``content``."""
     folder = Path(folder)
-    digest, content = hashlib.sha256(), hashlib.sha256()
+    digest, whole = hashlib.sha256(), hashlib.sha256()
     for file in files:
         stat = file.stat()
         digest.update(f"{file.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
         _sample(file, stat.st_size, sample, digest)
-        content.update(f"{file.relative_to(folder)}\0{stat.st_size}\n".encode())
-        _whole(file, content)
+        if content:
+            whole.update(f"{file.relative_to(folder)}\0{_content(file)}\n".encode())
     return {"path": str(folder.resolve()), "files": len(files), "digest": digest.hexdigest()[:16],
-            "content": content.hexdigest()[:32]}
+            **({"content": whole.hexdigest()[:32]} if content else {})}
 
 
 WHOLE_READ = 8 << 20  # bytes a read while digesting a whole file (hashlib lets go of the GIL)
 
 
-def _whole(path: Path, digest: Any) -> Any:
-    """Every byte of the file at ``path``, into ``digest``; ``digest``."""
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(WHOLE_READ):
-            digest.update(chunk)
-    return digest
+_CONTENTS: dict[FileStat, str] = {}  # a file's content digest, while it stays as it was: a
+# process that opens one input many times (the tuner's trials, a pool's jobs) reads it once
+
+
+def _content(path: Path) -> str:
+    """The SHA-256 of every byte of the file at ``path`` (32 hex digits)."""
+    stat, = file_stats([str(path)])
+    if stat not in _CONTENTS:
+        digest = hashlib.sha256()
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(WHOLE_READ):
+                digest.update(chunk)
+        _CONTENTS[stat] = digest.hexdigest()[:32]
+    return _CONTENTS[stat]
 
 
 def _sample(path: Path, size: int, sample: int, digest: Any) -> None:

@@ -45,6 +45,7 @@ keeps the first pool's).
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -112,11 +113,14 @@ def needs(module: str, extra: str, purpose: str) -> Any:
     what running and exporting need; notebooks, reports, onnx, binning and Ray are extras)."""
     import importlib
 
+    import importlib.util
+
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        if exc.name is None or exc.name.split(".")[0] != module.split(".")[0]:
-            raise  # (installed, but one of its own imports failed: that is the message)
+        top = module.split(".")[0]
+        if sys.modules.get(top, False) is not None and importlib.util.find_spec(top) is not None:
+            raise  # (installed, but broken: a missing CUDA library, say; that is the message)
         raise ExtraMissing(f"{purpose} needs {module.split('.')[0]}, which gpufeed's "
                            f"[{extra}] extra installs: pip install 'gpufeed[{extra}]' (in a "
                            f"checkout: pip install -e '.[{extra}]')", name=exc.name) from None

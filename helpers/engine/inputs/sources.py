@@ -292,7 +292,8 @@ class ImageFolderSource:
 
     def fingerprint(self) -> dict[str, Any]:
         return {"format": "images", "follow_symlinks": self.follow_symlinks,
-                **listing_identity(self.folder, self._paths, IMAGE_SAMPLE_BYTES)}
+                **listing_identity(self.folder, self._paths, IMAGE_SAMPLE_BYTES,
+                                   content=False)}
 
 
 def _image_files(folder: Path, suffixes: tuple[str, ...], follow: bool) -> tuple[list[Path], int]:

@@ -41,8 +41,8 @@ from typing import Any
 
 import h5py
 
-from helpers.engine.contract.fingerprint import (INPUT_ATTR, MOVABLE, TIMES, WORKLOAD_ATTR,
-                                                 decode, describe, differences)
+from helpers.engine.contract.fingerprint import (INPUT_ATTR, MOVABLE, NAMES_OF_A_MODEL, TIMES,
+                                                 WORKLOAD_ATTR, decode, describe, differences)
 from helpers.engine.outputs.atomic import TEMPORARY_SUFFIX
 from helpers.engine.outputs.checkpoint import OUTPUT_MARK, foreign_files, parts_folder
 
@@ -443,6 +443,11 @@ def _check_same_job(path: Path, folder: Path, now: Mapping[str, Mapping]) -> Non
         if set(changes) <= set(MOVABLE):
             log.warning("resume: the %s moved (%s); everything else about it is the same",
                         what, describe(changes))
+            continue
+        if set(changes) <= {*NAMES_OF_A_MODEL, *MOVABLE} and recorded[key].get("model_digest"):
+            log.warning("resume: the model is named otherwise (%s), its files are those the "
+                        "output was made with (model_digest %s)", describe(changes),
+                        recorded[key]["model_digest"])
             continue
         if set(changes) <= {*TIMES, *MOVABLE} and recorded[key].get("content"):
             log.warning("resume: the %s's times differ (%s), its bytes are those the output "

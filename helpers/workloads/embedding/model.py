@@ -42,6 +42,10 @@ def load_sentence_transformer(model: str | None, device: str, threads: int) -> A
 
 IDENTITY_SKIPS = (".md", ".gitattributes", ".txt.lock")  # files of a model's folder that decide
 # nothing it computes (vocab.txt does: it ends in .txt)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack",
+                "rust_model.ot")  # the formats a folder may hold, in the order transformers
+# prefers them: the first there is what loads
 _IDENTITIES: dict[tuple, dict[str, Any]] = {}  # (folder, its files' sizes and times): identity
 
 
@@ -59,7 +63,7 @@ def model_identity(model: str | None) -> dict[str, Any]:
     if folder is None:
         return {"model_path": None, "model_revision": None, "model_digest": None}
     files = _model_files(folder)
-    key = (str(folder), tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    key = (str(folder), tuple((str(f), *_stat_of(f)) for f in files))
     if key not in _IDENTITIES:
         digest = hashlib.sha256()
         for file in files:
@@ -71,6 +75,11 @@ def model_identity(model: str | None) -> dict[str, Any]:
         _IDENTITIES[key] = {"model_path": str(folder), "model_revision": revision,
                             "model_digest": digest.hexdigest()[:16]}
     return dict(_IDENTITIES[key])
+
+
+def _stat_of(file: Path) -> tuple[int, ...]:
+    stat = file.stat()
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns
 
 
 def _model_folder(model: str | None) -> Path | None:
@@ -108,8 +117,12 @@ def _model_files(folder: Path) -> list[Path]:
     for sub in subfolders:
         if (folder / sub).is_dir():
             found.extend(f for f in (folder / sub).rglob("*") if f.is_file())
-    return sorted(f for f in found if not f.name.startswith(".") and not f.name.endswith(
-        IDENTITY_SKIPS))
+    found = [f for f in found if not f.name.startswith(".") and not f.name.endswith(IDENTITY_SKIPS)]
+    for index, weights in enumerate(WEIGHT_FILES):  # (the first format there is the one loaded:
+        if any(f.name == weights for f in found):  # another format added later changes nothing)
+            found = [f for f in found if f.name not in WEIGHT_FILES[index + 1:]]
+            break
+    return sorted(found)
 
 
 def resolve_prompt(model: Any, prompt: str | None, prompt_name: str | None,
