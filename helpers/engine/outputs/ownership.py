@@ -51,6 +51,11 @@ LOCK_SUFFIX = ".lock"
 LOCK_MARK = "gpufeed_lock"  # a field of every lock's text: a file without it is not ours
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # flock not supported
 MODES = ("new", "resume", "overwrite")
+VOUCHED_BY = (  # a field that, recorded and the same, vouches for others that differ on resume
+    ("content", TIMES, "the %s's times differ (%s), its bytes are those the output was made "
+                       "from"),
+    ("model_digest", NAMES_OF_A_MODEL, "the %s's model is named otherwise (%s), its files are "
+                                       "those the output was made with"))
 
 log = logging.getLogger("gpufeed")
 
@@ -444,15 +449,12 @@ def _check_same_job(path: Path, folder: Path, now: Mapping[str, Mapping]) -> Non
             log.warning("resume: the %s moved (%s); everything else about it is the same",
                         what, describe(changes))
             continue
-        if set(changes) <= {*NAMES_OF_A_MODEL, *MOVABLE} and recorded[key].get("model_digest"):
-            log.warning("resume: the model is named otherwise (%s), its files are those the "
-                        "output was made with (model_digest %s)", describe(changes),
-                        recorded[key]["model_digest"])
-            continue
-        if set(changes) <= {*TIMES, *MOVABLE} and recorded[key].get("content"):
-            log.warning("resume: the %s's times differ (%s), its bytes are those the output "
-                        "was made from (content %s)", what, describe(changes),
-                        recorded[key]["content"])
+        vouched = [(field, said) for field, fields, said in VOUCHED_BY
+                   if recorded[key].get(field) and set(changes) <= {*fields, *MOVABLE}]
+        if vouched:  # (the voucher is not among the changes: the same there and here)
+            field, said = vouched[0]
+            log.warning("resume: " + said + " (%s %s)", what, describe(changes), field,
+                        recorded[key][field])
             continue
         hint = ""
         if key == INPUT_ATTR and set(changes) <= {"modified", *MOVABLE}:
