@@ -173,7 +173,7 @@ def _common_arguments(shared: argparse.ArgumentParser, devices: str
                         help="the column (JSONL: field) holding the text")
     inputs.add_argument("--id-column", "--id-field", dest="id_column",
                         help="the column holding each record's id: integers are the ids; "
-                             "strings are kept as the output's 'keys' (ids: row numbers). "
+                             "strings come back under the column's name (ids: row numbers). "
                              "Default: row numbers (JSONL: its 'id' field if there)")
     inputs.add_argument("--keep-columns", type=_names,
                         default=[], metavar="A,B",
@@ -340,9 +340,10 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                               "(the least and greatest value of each dimension; default: from "
                               "the input's first --calibration-rows texts, or on --resume the "
                               "output's own)")
-    written.add_argument("--calibration-rows", type=int, default=CALIBRATION_ROWS,
-                         help="--stored int8 or uint8 without --ranges: texts to calibrate on, "
-                              "the input's first")
+    written.add_argument("--calibration-rows", type=int,
+                         help=f"--stored int8 or uint8 without --ranges: texts to calibrate on, "
+                              f"the input's first (default {CALIBRATION_ROWS:,}; a --resume "
+                              f"keeps the output's own ranges)")
     safe.add_argument("--workunit-timeout", type=float,
                       help="seconds a workunit may run before its worker is killed and replaced")
     safe.add_argument("--retries", type=int, default=PoolSettings.retries,
@@ -412,6 +413,8 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                      help="id (default): rows in id order, the input's order where ids are row "
                           "numbers (keys too), so row k of every array is one record; stored: as "
                           "the run wrote them (arrival order), a little faster")
+    out.add_argument("--row-numbers", action="store_true",
+                     help="with a string id column, the input's row numbers too (as ids)")
     look = commands.add_parser("report", help="a finished run's picture, from its output (PNG)",
                                epilog=EXIT_STATUS)
     look.add_argument("output", help="a run's output (.h5)")
@@ -581,21 +584,25 @@ def _calibration(args: argparse.Namespace) -> Any:
             if args.truncate_dim is not None and np.shape(kept)[1] != args.truncate_dim:
                 raise ValueError(f"--resume: {args.output} stores {np.shape(kept)[1]} "
                                  f"dimensions, not --truncate-dim {args.truncate_dim}")
-            print(f"{args.stored}: the calibration ranges {args.output} keeps", file=sys.stderr)
+            unused = f"; --calibration-rows {args.calibration_rows} is not used: its rows " \
+                f"were cut with these" if args.calibration_rows is not None else ""
+            print(f"{args.stored}: the calibration ranges {args.output} keeps{unused}",
+                  file=sys.stderr)
             return np.asarray(kept)
     from helpers.embed import calibration_ranges
     from helpers.engine.contract.id_ranges import IdRanges
     from helpers.engine.inputs.sources import read_slices
 
-    if args.calibration_rows < 2:
-        raise ValueError(f"--calibration-rows: at least 2 texts, got {args.calibration_rows}")
+    rows = args.calibration_rows if args.calibration_rows is not None else CALIBRATION_ROWS
+    if rows < 2:
+        raise ValueError(f"--calibration-rows: at least 2 texts, got {rows}")
     texts: list[str] = []
     check = EmbeddingWorkload().check_record  # (a text the run refuses calibrates nothing)
     for _, records in read_slices(_source(args), IdRanges(), reject=lambda rows: None):
         texts += [r for r in records if _fit(check, r)]
-        if len(texts) >= args.calibration_rows:
+        if len(texts) >= rows:
             break
-    texts = texts[:args.calibration_rows]
+    texts = texts[:rows]
     print(f"{args.stored}: calibrating on the input's first {len(texts):,} texts "
           f"(--ranges or --calibration-rows to choose)", file=sys.stderr)
     options = {k: v for k, v in _encoding(args).items() if k not in ("stored", "ranges")}
@@ -718,7 +725,8 @@ def export_output(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         rows = export(args.source, args.to, args.output, overwrite=args.overwrite,
-                      partial=args.partial, order=args.order)  # (refused while a run writes
+                      partial=args.partial, order=args.order,
+                      row_numbers=args.row_numbers)  # (refused while a run writes
         # it: its lock)
     except ValueError as exc:  # ExportError, OutputError
         print(f"error: {exc}", file=sys.stderr)

@@ -23,8 +23,10 @@ Phases, in the order our users tune by hand, each reusing what it can::
                      more each (a pool per layout), in the budget's last REPEAT_SHARE
 
 The budget holds (within about a trial's error): before each trial the tuner estimates how long
-it will take (its records at the last job's rate, a pool's start where it needs one) and skips a
-trial that would end past the budget. Every value the user named and every step of a phase is
+it will take (its records at the last job's rate, a pool's start where it needs one, a compiled
+variant's compile) and skips a trial that would end past the budget. Phases 0 and 1 end by a
+share of it (PHASE_ENDS: variants are cut first), so that a short budget still measures the
+layout; a pick that no layout trial was measured against says so first in its reason. Every value the user named and every step of a phase is
 tried, or is a row saying why not (refused by the workers, or out of time). Every trial is a row
 of a tidy table (phase, batch_size, workers_per_device, devices, threads_per_worker,
 workunit_size, records, wall_s, records_per_s, refused, skipped, repeat_of, spinup_s: the
@@ -74,6 +76,12 @@ SIZE_FACTORS = (0.5, 2.0)  # phase 3 also tries fixed sizes of these × the size
 REPEAT_SHARE = 0.15  # of the budget kept to measure the leading configurations again (once
 # two are measured)
 BUDGET_SLACK = 0.05  # of the budget a trial may be expected to end past it (the tune: ±10 %)
+PHASE_ENDS = {"variant": 0.35, "batch size": 0.55}  # a phase's trials end by this share of the
+# budget: the layout's phases (workers, workunits) keep the rest, so a short budget measures the
+# layout too (issue 59: a 150 s tune spent it all on variants, a compile trial alone took 70 s)
+COMPILE_SECONDS = 60.0  # a compiled variant's start beyond its pool's: torch.compile took 36-70 s
+# on this CPU (notebook 07, issue 59); tried only where the budget holds it
+LAYOUT_PHASES = ("batch size", "workers", "workunit size")
 LEADERS = 3  # configurations measured again before the pick
 CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
     "workload": "a workload name", "model": "a model name or path", "devices": "a device list",
@@ -208,7 +216,7 @@ def _batch_size(make: Callable[..., Workload], batch_sizes: Sequence[int], devic
             log.info("phase 1, batch size %s: measured already (trial %d)", size,
                      own[0]["trial"])
             continue
-        late = job.late(job.sample, new_pool=True, rate=_best_rate(job.rows))
+        late = job.late(job.sample, new_pool=True, rate=_best_rate(job.rows), phase="batch size")
         if late:
             job.skipped("batch size", late, batch_size=size, devices=",".join(devices))
             continue
@@ -230,7 +238,8 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
     Every variant is tried, or a row says why not (refused, or out of time)."""
     for variant in variants:
         rates = [t["records_per_s"] for t in job.rows if t["phase"] == "variant" and _ran(t)]
-        late = job.late(job.sample, new_pool=True, rate=float(np.median(rates))) \
+        late = job.late(job.sample, new_pool=True, rate=float(np.median(rates)),
+                        phase="variant", extra=COMPILE_SECONDS * bool(variant.get("compile"))) \
             if rates else ""
         if late:
             job.skipped("variant", late, variant=variant, devices=",".join(devices))
@@ -327,7 +336,8 @@ def _pick(trials: list[dict], own_batch: int | None) -> tuple[dict, str]:
     """The configuration to run, and one line saying why: the fastest by the median of its runs;
     a lead smaller than a repeat's spread (the largest of the configurations measured twice) is
     a tie, which the simpler configuration wins (fewer workers, the workload as given, its own
-    batch size, workunits sized automatically)."""
+    batch size, workunits sized automatically). A pick no layout trial was measured against
+    says so first (``_unmeasured``)."""
     fixed = _fixed(trials) or [t for t in trials if _ran(t)]
     runs: dict[tuple, list[dict]] = {}
     for trial in fixed:
@@ -348,23 +358,38 @@ def _pick(trials: list[dict], own_batch: int | None) -> tuple[dict, str]:
            f"records/s, " + (f"the median of {len(runs[chosen])} runs" if len(runs[chosen]) > 1
                              else "one run")
     if len(ranked) == 1:
-        return best, f"{said}: the only configuration measured"
-    if spread is None:
+        why = "the only configuration measured"
+    elif spread is None:
         second = ranked[1]
-        return best, (f"{said}: the fastest; the next, trial {runs[second][0]['trial']}, at "
-                      f"{medians[second] / medians[chosen]:.2f}x (no configuration was measured "
-                      f"twice, so how far a repeat moves is not known)")
-    if chosen != leader:
-        return best, (f"{said}: within a repeat's spread ({spread:.0%}) of the fastest, trial "
-                      f"{runs[leader][0]['trial']} at {medians[leader]:.1f}: a tie, which the "
-                      f"simpler configuration wins")
-    if len(tied) > 1:
-        return best, (f"{said}: the fastest, and also the simplest of the {len(tied)} within a "
-                      f"repeat's spread ({spread:.0%}) of it")
-    second = ranked[1]
-    return best, (f"{said}: the fastest, ahead of trial {runs[second][0]['trial']} "
-                  f"({medians[second] / medians[chosen]:.2f}x) by more than a repeat's spread "
-                  f"({spread:.0%})")
+        why = (f"the fastest; the next, trial {runs[second][0]['trial']}, at "
+               f"{medians[second] / medians[chosen]:.2f}x (no configuration was measured twice, "
+               f"so how far a repeat moves is not known)")
+    elif chosen != leader:
+        why = (f"within a repeat's spread ({spread:.0%}) of the fastest, trial "
+               f"{runs[leader][0]['trial']} at {medians[leader]:.1f}: a tie, which the simpler "
+               f"configuration wins")
+    elif len(tied) > 1:
+        why = (f"the fastest, and also the simplest of the {len(tied)} within a repeat's spread "
+               f"({spread:.0%}) of it")
+    else:
+        second = ranked[1]
+        why = (f"the fastest, ahead of trial {runs[second][0]['trial']} "
+               f"({medians[second] / medians[chosen]:.2f}x) by more than a repeat's spread "
+               f"({spread:.0%})")
+    return best, f"{_unmeasured(trials)}{said}: {why}"
+
+
+def _unmeasured(trials: list[dict]) -> str:
+    """The start of the pick's reason where it was not measured against a layout: "not tuned"
+    for each layout phase (LAYOUT_PHASES) that asked for trials and ran none (out of time)."""
+    skipped = [phase for phase in LAYOUT_PHASES
+               if any(t["phase"] == phase for t in trials)
+               and not any(t["phase"] == phase and _ran(t) for t in trials)]
+    if not skipped:
+        return ""
+    return (f"not tuned for {', '.join(skipped)}: every trial of "
+            f"{'it' if len(skipped) == 1 else 'them'} was out of time (a longer --budget-seconds "
+            f"measures them); so far, ")
 
 
 def _simplicity(trial: dict, own_batch: int | None) -> tuple:
@@ -393,7 +418,7 @@ class _Trials:
         self.source, self.sample, self.folder, self.rows = source, sample, folder, rows
         self.order = order  # the devices as given: a trial's worker devices in that order
         self.variant: dict[str, Any] = {}  # the phases after 0: the variant they run
-        self.deadline = started + budget
+        self.started, self.budget, self.deadline = started, budget, started + budget
         self.slack = budget * BUDGET_SLACK  # a trial may end this far past it (a trial's error)
         self.reserve = budget * REPEAT_SHARE  # kept for the repeats once there are two
         # configurations to repeat
@@ -405,23 +430,35 @@ class _Trials:
     def opened(self, pool: WorkerPool) -> None:
         self._spinups.append(pool.spinup_s)
 
-    def late(self, records: int, new_pool: bool = False, rate: float | None = None) -> str:
-        """Why a job of ``records`` (on a new pool: its start too, the median of those so far)
-        at ``rate`` (default: the last job's, on the pool it ran on) would end past the deadline,
-        or "" if it should not (or nothing has been measured to tell)."""
+    def end(self, phase: str) -> float:
+        """When ``phase``'s trials must end: its share of the budget (PHASE_ENDS), else the
+        budget's end."""
+        return self.started + self.budget * PHASE_ENDS[phase] if phase in PHASE_ENDS \
+            else self.deadline
+
+    def late(self, records: int, new_pool: bool = False, rate: float | None = None,
+             phase: str = "", extra: float = 0.0) -> str:
+        """Why a job of ``records`` (on a new pool: its start too, the median of those so far;
+        ``extra`` seconds more: a compile) at ``rate`` (default: the last job's, on the pool it
+        ran on) would end past ``phase``'s end, or "" if it should not (or nothing has been
+        measured to tell)."""
         reserve = self.reserve if len({configuration(t) for t in _fixed(self.rows)}) >= 2 else 0.0
-        left = self.deadline - reserve - time.monotonic()
+        end = min(self.deadline - reserve, self.end(phase))
+        left = end - time.monotonic()
         rate = rate or self._rate
         if not rate:
             return "" if left > 0 else "out of time before it"
         spinup = float(np.median(self._spinups)) if new_pool and self._spinups else 0.0
-        expected = records / rate + self._overhead + spinup
+        expected = records / rate + self._overhead + spinup + extra
         if expected <= left + self.slack:
             return ""
         kept = f", {reserve:.0f} s more kept to measure the leaders again" if reserve else ""
+        share = f" (phase {phase!r} ends at {PHASE_ENDS[phase]:.0%} of the budget, the layout " \
+            f"keeps the rest)" if phase in PHASE_ENDS and end < self.deadline - reserve else ""
         return (f"out of time: it would take about {expected:.0f} s ("
-                f"{'a pool started, then ' if new_pool else ''}{records:,} records at "
-                f"{rate:.1f}/s), {max(0.0, left):.0f} s of the budget left{kept}")
+                f"{'a pool started, then ' if new_pool else ''}"
+                f"{f'a {extra:.0f} s compile, then ' if extra else ''}{records:,} records at "
+                f"{rate:.1f}/s), {max(0.0, left):.0f} s of the budget left{share}{kept}")
 
     def run(self, pool: WorkerPool, phase: str, batch: int | None, size: int | str,
             records: int | None = None, variant: dict[str, Any] | None = None,
@@ -431,8 +468,8 @@ class _Trials:
         returns the records written."""
         output = self.folder / f"trial-{len(self.rows)}.h5"
         wanted = records or self.sample
-        end = self.deadline + self.slack if _fixed(self.rows) else float("inf")  # (the first
-        # trial runs whole: a tune measures something)
+        end = self.end(phase) + self.slack if _fixed(self.rows) else float("inf")  # (the
+        # first trial runs whole: a tune measures something)
         stats = pool.run(self.source, output, limit=wanted, workunit_size=size, stop_at=end)
         output.unlink(missing_ok=True)
         spinup, self._pool = (pool.spinup_s if pool is not self._pool else 0.0), pool

@@ -447,15 +447,16 @@ def test_the_index_reads_each_column_of_every_part_in_turn_errors_and_strings_in
             bad = np.arange(100 + start, 100 + start + errors)
             block |= {"errors/ids": bad, "errors/type": np.array(["E"] * errors, dtype=object),
                       "errors/message": np.array([f"bad {i}" for i in bad], dtype=object),
-                      "errors/time": np.zeros(errors), "errors/position": bad - 100}
+                      "errors/time": np.zeros(errors), "errors/position": bad - 100,
+                      "errors/key": np.array([f"k{i}" for i in bad], dtype=object)}
         parts.write([block])
     parts.write_index({"run": "indexed"})
     data, expected = read_output(tmp_path / "out.h5"), [0, 1, 2, 3, 4, 7, 8, 9, 10]
     assert data["ids"].tolist() == expected and data["attrs"]["run"] == "indexed"
     np.testing.assert_array_equal(data["values"][:, 7], np.array(expected, dtype=np.float32))
     assert data["label"].tolist() == [f"r{i}" for i in expected]
-    assert [(e["id"], e["message"], e["position"]) for e in data["errors"]] == \
-        [(105, "bad 105", 5), (106, "bad 106", 6), (107, "bad 107", 7)]
+    assert [(e["id"], e["message"], e["position"], e["key"]) for e in data["errors"]] == \
+        [(105, "bad 105", 5, "k105"), (106, "bad 106", 6, "k106"), (107, "bad 107", 7, "k107")]
     with h5py.File(tmp_path / "out.h5") as f:
         assert f["values"].is_virtual and len(f["values"].virtual_sources()) == 3
         assert len(f["errors/ids"].virtual_sources()) == 2

@@ -355,6 +355,7 @@ def test_encode_options_reach_the_output_and_a_resume_that_changes_one_is_refuse
     again = cli(*given, "--prompt", "query: ", "--resume")
     assert again.returncode == 0, again.stderr
     assert "int8: the calibration ranges" in again.stderr and "calibrating" not in again.stderr
+    assert "--calibration-rows 40 is not used: its rows were cut with these" in again.stderr
     refused = cli(*given, "--prompt", "passage: ", "--resume")
     assert refused.returncode == 2
     assert "prompt 'query: ' -> 'passage: '" in refused.stderr

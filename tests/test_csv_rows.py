@@ -188,7 +188,7 @@ def test_keys_and_kept_columns_are_read_by_the_driver_and_the_texts_by_the_worke
     for name in ["driver", "workers"]:
         data = read_output(tmp_path / f"{name}.h5")
         line = [i + (i >= 299) for i in data["ids"].tolist()]  # (the row of another width:
-        assert data["keys"].tolist() == [f"d{k:05d}" for k in line]  # no row, no id)
+        assert data["doc"].tolist() == [f"d{k:05d}" for k in line]  # no row, no id)
         assert data["m"].tolist() == line
 
 

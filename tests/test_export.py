@@ -36,31 +36,55 @@ def by_id(ids: np.ndarray, *columns):
 
 
 def test_parquet_export_reads_back_with_vectors_as_fixed_size_lists(output, tmp_path):
+    """Issue 59: a string id column comes back under its own name (it was ``keys``, beside row
+    numbers as ``ids``), first; the row numbers only where asked for."""
     assert export(output, "parquet", tmp_path / "e.parquet") == 1000
     table = pq.read_table(tmp_path / "e.parquet")
-    assert table.column_names == ["ids", "keys", "score", "values"]
+    assert table.column_names == ["doc", "score", "values"]
     assert pa.types.is_fixed_size_list(table.schema.field("values").type)
     data = read_output(output)
-    ids, keys, score = by_id(table["ids"].to_numpy(), table["keys"].to_pylist(),
-                             table["score"].to_numpy())
-    values = np.stack(table["values"].to_numpy(zero_copy_only=False))[np.argsort(table["ids"])]
-    assert ids.tolist() == data["ids"].tolist() and keys.tolist() == data["keys"].tolist()
+    assert table["doc"].to_pylist() == data["doc"].tolist() == [f"doc-{i}" for i in range(1000)]
+    values = np.stack(table["values"].to_numpy(zero_copy_only=False))
     np.testing.assert_array_equal(values, data["values"])
-    np.testing.assert_array_equal(score, ids / 4)
+    np.testing.assert_array_equal(table["score"].to_numpy(), np.arange(1000) / 4)
+    export(output, "parquet", tmp_path / "n.parquet", row_numbers=True)
+    numbered = pq.read_table(tmp_path / "n.parquet")
+    assert numbered.column_names == ["doc", "ids", "score", "values"]
+    assert numbered["ids"].to_pylist() == list(range(1000))
 
 
 def test_npy_export_is_memory_mappable_and_equal(output, tmp_path):
     export(output, "npy", tmp_path / "e")
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == [
-        ".gpufeed-export", "attrs.json", "ids.npy", "keys.offsets.npy", "keys.utf8.npy",
-        "score.npy", "values.npy"]
+        ".gpufeed-export", "attrs.json", "doc.offsets.npy", "doc.utf8.npy", "score.npy",
+        "values.npy"]
     values = np.load(tmp_path / "e" / "values.npy", mmap_mode="r")
-    ids, keys = np.load(tmp_path / "e" / "ids.npy"), load_strings(tmp_path / "e", "keys")
     data = read_output(output)
-    order = np.argsort(ids)
     assert isinstance(values, np.memmap) and values.shape == (1000, 16)
-    np.testing.assert_array_equal(np.asarray(values)[order], data["values"])
-    assert keys[order].tolist() == data["keys"].tolist()
+    np.testing.assert_array_equal(np.asarray(values), data["values"])
+    assert load_strings(tmp_path / "e", "doc").tolist() == data["doc"].tolist()
+
+
+@pytest.mark.parametrize("to", ["parquet", "npy"])
+def test_an_integer_id_column_comes_back_under_its_name_and_line_numbers_as_ids(tmp_path, to):
+    """Issue 59: the input's integer ``doc_id`` is the output's ``ids``; an export names it
+    ``doc_id``. A JSON-lines input without ids (line numbers) keeps ``ids``."""
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "doc_id": [30, 10, 20]}),
+                   tmp_path / "in.parquet")
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in "abc"))
+    for name, source in (("given", "in.parquet"), ("lines", "in.jsonl")):
+        run_pipeline(tmp_path / source, SyntheticWorkload(0.0, dim=2), devices="cpu",
+                     output=tmp_path / f"{name}.h5", progress=False,
+                     id_column="doc_id" if name == "given" else None)
+        target = tmp_path / f"{name}.{to}"
+        export(tmp_path / f"{name}.h5", to, target)
+        if to == "parquet":
+            got = pq.read_table(target).to_pydict()
+        else:
+            got = {p.name[:-4]: np.load(p).tolist() for p in target.glob("*.npy")}
+        column = "doc_id" if name == "given" else "ids"
+        assert got[column] == ([10, 20, 30] if name == "given" else [0, 1, 2])
+        assert {"ids", "doc_id"} - {column} <= {"ids", "doc_id"} - set(got)
 
 
 def test_an_existing_target_is_refused_and_only_an_export_is_overwritten(output, tmp_path):
@@ -74,7 +98,7 @@ def test_an_existing_target_is_refused_and_only_an_export_is_overwritten(output,
     assert (tmp_path / "mine.parquet").read_text() == "my notes"
     export(output, "npy", tmp_path / "e")
     export(output, "npy", tmp_path / "e", overwrite=True)
-    assert len(np.load(tmp_path / "e" / "ids.npy")) == 1000
+    assert len(np.load(tmp_path / "e" / "values.npy")) == 1000
     assert not [p for p in tmp_path.iterdir() if "gpufeed-tmp" in p.name]
 
 

@@ -104,11 +104,16 @@ def test_errors_table(tmp_path):
     with HDF5Sink(tmp_path / "out.h5", SPEC) as sink:
         sink.append_errors([(3, "TypeError", "expected a text string, got NoneType", 1.0e9)])
         sink.append_errors([(NO_ID, "JSONDecodeError", "in.jsonl line 8: not JSON", 2.0e9, 7)])
+        sink.append_errors([(4, "ValueError", "empty (key 'doc-4')", 3.0e9, -1, "doc-4")])
     errors = read_output(tmp_path / "out.h5")["errors"]
-    assert errors == [{"id": 3, "type": "TypeError", "position": None,
+    assert errors == [{"id": 3, "type": "TypeError", "position": None, "key": None,
                        "message": "expected a text string, got NoneType", "time": 1.0e9},
-                      {"id": None, "type": "JSONDecodeError", "position": 7,
-                       "message": "in.jsonl line 8: not JSON", "time": 2.0e9}]
+                      {"id": None, "type": "JSONDecodeError", "position": 7, "key": None,
+                       "message": "in.jsonl line 8: not JSON", "time": 2.0e9},
+                      {"id": 4, "type": "ValueError", "position": None, "key": "doc-4",
+                       "message": "empty (key 'doc-4')", "time": 3.0e9}]
+    with h5py.File(tmp_path / "out.h5") as f:  # (a column of its own, issue 59)
+        assert f["errors/key"].asstr()[...].tolist() == ["", "", "doc-4"]
 
 
 def test_an_interrupted_durable_run_leaves_an_index_that_reads_like_the_file(tmp_path):

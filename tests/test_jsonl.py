@@ -68,7 +68,7 @@ def test_jsonl_blocks_parsed_by_pyarrow_or_line_by_line_give_the_same_slices(tmp
     def read(**limits):
         got = list(read_slices(JSONLSource(tmp_path / "in.jsonl"), IdRanges.from_ids(
             np.arange(1010, 1020) if not keyed else np.arange(10, 20)), **limits,
-            carry=lambda ids, c: keys.extend(c["keys"].tolist())))
+            carry=lambda ids, c: keys.extend(c["id"].tolist())))
         return [(i, r if not isinstance(r, BadRecord) else (r.error_type, r.position))
                 for ids, records in got for i, r in zip(ids.tolist(), records)]
 
@@ -173,7 +173,7 @@ def test_a_folder_or_glob_of_jsonl_shards_is_one_input_keeping_its_fields(tmp_pa
                  "thread", progress=False, text_column="body", id_column="doc",
                  keep_columns=["lang", "score", "n", "ok"])
     data = read_output(tmp_path / "out.h5")
-    assert data["keys"].tolist() == [f"d{k}-{i}" for k in range(3) for i in range(400)]
+    assert data["doc"].tolist() == [f"d{k}-{i}" for k in range(3) for i in range(400)]
     assert data["lang"].tolist() == ["en", "de"] * 600
     assert data["score"].tolist() == [i / 4 for i in range(400)] * 3
     assert data["n"].dtype == np.int64 and data["n"].tolist() == list(range(400)) * 3

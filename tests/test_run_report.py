@@ -37,7 +37,7 @@ def test_a_cpu_run_is_drawn_and_an_output_without_runs_is_refused(tmp_path):
     run_pipeline([(i, i) for i in range(100)], SyntheticWorkload(0.001), devices="cpu",
                  workunit_size=10, output=out, resume=True, progress=False)  # nothing left
     assert run_report.draw(out, tmp_path / "empty.png").is_file()  # its run: no workunits
-    with pytest.raises(ValueError, match="records runs 0 to 1, not 3"):
+    with pytest.raises(ValueError, match="records runs 0 to 1, not 3"):  # (--run counts from 0)
         run_report.draw(out, run=3)
     import h5py
 
@@ -65,6 +65,70 @@ def test_report_on_what_gpufeed_did_not_write_says_so_in_one_line(tmp_path):
                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, (name, done.stderr)
         assert done.stderr == f"error: {name}: {why}\n", done.stderr
+
+
+def test_a_cpu_run_without_errors_draws_only_what_it_has_and_says_the_rest(tmp_path, monkeypatch):
+    """Issue 59: half of a plain CPU run's picture was two empty panels (no card, no errors),
+    and its title said "run 0 of 1". It draws two panels, says the rest under the title, and
+    names the run as a reader counts it."""
+    out = tmp_path / "out.h5"
+    run_pipeline([(i, i) for i in range(60)], SyntheticWorkload(0.001), devices="cpu",
+                 workunit_size=10, output=out, progress=False, backend="thread")
+    drawn = {}
+    import matplotlib.figure
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: drawn.setdefault("fig", fig))
+    run_report.draw(out, tmp_path / "x.png")
+    fig = drawn["fig"]
+    assert len([ax for ax in fig.axes if ax.get_visible()]) == 2
+    texts = [t.get_text() for t in fig.texts]
+    assert any("no card: a CPU run" in t and "no error rows" in t for t in texts)
+    assert "its one recorded run: 60 rows" in fig._suptitle.get_text()
+    assert "run 0 of 1" not in fig._suptitle.get_text()
+
+
+def test_a_resumed_output_s_title_counts_every_run_s_rows(tmp_path):
+    """Issue 59: report on a resumed output said "180 rows" for an output of 400: the title
+    counts what the output holds, and how much of it earlier runs wrote (a run killed before it
+    finished is not recorded, yet its rows are there)."""
+    out = tmp_path / "out.h5"
+    records = [(i, i) for i in range(100)]
+    run_pipeline(records, SyntheticWorkload(0.0), devices="cpu", workunit_size=10, output=out,
+                 progress=False, backend="thread", limit=40)
+    run_pipeline(records, SyntheticWorkload(0.0), devices="cpu", workunit_size=10, output=out,
+                 progress=False, backend="thread", resume=True)
+    from helpers.engine.outputs import run_log
+
+    runs = run_log.read(out)
+    title = run_report._title(out, runs, runs[-1], runs[-1].stats)
+    assert "run 2 of 2 recorded (--run 1): 60 rows" in title
+    assert "the output holds 100 rows and 0 error rows: 40 of them from earlier runs" in title
+
+
+def test_the_rate_is_drawn_in_tokens_where_the_workload_counts_them():
+    """Issue 59: a CPU run's rows/s fell from 120 to 16 as its texts grew longer, under "a dip
+    is a stall": tokens/s is what stays flat, rows/s beside it on an axis of its own."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spans = pd.DataFrame({"start_s": [0.0, 1.0, 2.0], "end_s": [1.0, 2.0, 3.0],
+                          "records": [120, 40, 16], "device": ["cpu"] * 3, "worker": [0] * 3,
+                          run_report.TOKENS: [1200.0, 1200.0, np.nan]})
+    fig, ax = plt.subplots()
+    run_report._rate(ax, spans, np.linspace(0, 3, 4))
+    assert ax.get_ylabel() == "tokens per second" and "tokens/s is flat" in ax.get_title()
+    (twin,) = [other for other in fig.axes if other is not ax]
+    assert twin.get_ylabel() == "rows per second"
+    assert ax.lines[-1].get_ydata().tolist() == [1200.0, 1200.0, 0.0]
+    assert twin.lines[0].get_ydata().tolist() == [120.0, 40.0, 16.0]
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    run_report._rate(ax, spans.drop(columns=[run_report.TOKENS]), np.linspace(0, 3, 4))
+    assert ax.get_ylabel() == "rows per second" and len(fig.axes) == 1
+    plt.close(fig)
 
 
 def test_a_span_s_rows_are_spread_over_the_bins_it_covers():

@@ -195,7 +195,7 @@ def test_workers_read_the_texts_of_a_keyed_corpus_the_driver_its_keys(tmp_path, 
     data = read_output(tmp_path / "out.h5")
     good = [i for i in range(3000) if i not in (77, 90, NULL, BROKEN)]
     assert data["ids"].tolist() == good
-    assert data["keys"].tolist() == [f"doc-{i:05d}" for i in good]
+    assert data["doc"].tolist() == [f"doc-{i:05d}" for i in good]
     assert data["n"].tolist() == [3 * i for i in good]
     np.testing.assert_array_equal(data["values"][::101],
                                   np.stack([record_vector(f"r{i}", 8) for i in good[::101]]))

@@ -70,7 +70,7 @@ def synthetic() -> SyntheticWorkload:
 def check_rows(data: dict, n: int = N, missing: set = frozenset({NULL_TEXT})) -> None:
     expected = [i for i in range(n) if i not in missing]
     assert data["ids"].tolist() == expected
-    assert data["keys"].tolist() == [f"doc-{i:06d}" for i in expected]
+    assert data["doc"].tolist() == [f"doc-{i:06d}" for i in expected]
     for k in range(0, len(expected), 97):
         assert data["values"][k].tolist() == record_vector(f"r{expected[k]}", 8).tolist()
 
@@ -87,6 +87,7 @@ def test_each_format_keeps_its_string_keys_and_files_a_null_text_alone(tmp_path,
     error = data["errors"][0]  # filed by the reader, naming the row and its key; known by its
     assert error["position"] is None and f"row {NULL_TEXT}" in error["message"]  # id (its own)
     assert error["message"].endswith(f"the text is null (key 'doc-00{NULL_TEXT}')")
+    assert error["key"] == f"doc-00{NULL_TEXT}"  # (issue 59: errors/key, a column of its own)
     assert data["attrs"]["source"].endswith("#body")
 
 
@@ -98,6 +99,7 @@ def test_a_record_failing_in_a_keyed_run_is_named_by_its_key(tmp_path):
                  id_column="doc", progress=False)
     (error,) = read_output(tmp_path / "o.h5")["errors"]
     assert error["id"] == 17 and error["message"].endswith("(key 'doc-000017')")
+    assert error["key"] == "doc-000017" and error["message"].count("doc-000017") == 1
 
 
 def test_an_integer_id_column_is_the_ids_and_a_repeated_or_null_one_costs_its_row(tmp_path):
@@ -151,10 +153,10 @@ def test_a_resume_reads_no_row_group_the_first_run_finished(tmp_path):
 
 def test_slices_cut_row_groups_and_honour_limit_and_skip(tmp_path):
     source = TableSource(write(corpus(), tmp_path / "c", "parquet"), "body", "doc")
-    assert len(source) == N and source.carried() == {"keys": source.carried()["keys"]}
+    assert len(source) == N and source.carried() == {"doc": source.carried()["doc"]}
     got = []
     list(read_slices(source, IdRanges.from_ids(np.arange(500, 1600)), limit=1800,
-                     carry=lambda ids, columns: got.append((ids, columns["keys"]))))
+                     carry=lambda ids, columns: got.append((ids, columns["doc"]))))
     ids = np.concatenate([i for i, _ in got])
     assert ids.tolist() == [i for i in range(1800) if not 500 <= i < 1600 and i != NULL_TEXT]
     assert np.concatenate([k for _, k in got]).tolist() == [f"doc-{i:06d}" for i in ids]
@@ -207,7 +209,7 @@ def test_jsonl_with_string_ids_keeps_them_as_keys(tmp_path):
                  progress=False)
     data = read_output(tmp_path / "o.h5")
     assert data["ids"].tolist() == [i for i in range(30) if i not in (7, 9)]
-    assert data["keys"].tolist() == [f"doc-{i:06d}" for i in data["ids"]]
+    assert data["id"].tolist() == [f"doc-{i:06d}" for i in data["ids"]]
     assert sorted((e["position"], e["type"]) for e in data["errors"]) == [
         (7, "DuplicateId"), (9, "ValueError")]
 
@@ -224,7 +226,7 @@ def test_the_cli_reads_a_parquet_corpus_and_refuses_a_missing_column_with_exit_2
     done = subprocess.run(command + ["--text-column", "body", "--id-column", "doc"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert read_output(tmp_path / "o.h5")["keys"][:2].tolist() == ["doc-000000", "doc-000001"]
+    assert read_output(tmp_path / "o.h5")["doc"][:2].tolist() == ["doc-000000", "doc-000001"]
 
 
 def test_kept_columns_ride_with_their_rows_nulls_marked(tmp_path):
@@ -284,7 +286,7 @@ def test_a_resume_still_finds_a_key_repeated_in_the_rows_it_skips(tmp_path):
                  progress=False)
     assert source.reads == 4  # the first two row groups: their keys only
     data = read_output(tmp_path / "o.h5")
-    assert len(data["ids"]) == 2999 and data["keys"].tolist().count("k5") == 1
+    assert len(data["ids"]) == 2999 and data["k"].tolist().count("k5") == 1
     (error,) = data["errors"]
     assert error["position"] == 2500 and error["type"] == "DuplicateId"
     assert "c.parquet row 2500: 'k' 'k5' appeared earlier" in error["message"]
@@ -303,7 +305,7 @@ def test_a_resume_that_drops_or_changes_the_id_or_kept_columns_is_refused(tmp_pa
         with pytest.raises(OutputError, match=named):
             run_pipeline(tmp_path / "c.parquet", synthetic(), resume=True, **change, **common)
     data = read_output(tmp_path / "o.h5")  # untouched by the refusals
-    assert len(data["ids"]) == 200 and data["keys"][:2].tolist() == ["k0", "k1"]
+    assert len(data["ids"]) == 200 and data["k"][:2].tolist() == ["k0", "k1"]
 
 
 def test_a_csv_quote_left_open_and_a_ragged_row_cost_their_rows_and_say_why(tmp_path):
@@ -319,7 +321,7 @@ def test_a_csv_quote_left_open_and_a_ragged_row_cost_their_rows_and_say_why(tmp_
     # were lost into its text until issue 44)
     assert "a row with the wrong number of fields: 'k40,a,ragged row'" in messages[0]
     assert "a quote opened in this row never closes" in messages[1]
-    assert data["keys"][-1] == "k3999" and data["keys"][40] == "k41"
+    assert data["k"][-1] == "k3999" and data["k"][40] == "k41"
 
 
 def test_odd_ids_keys_and_kept_values_cost_only_their_rows(tmp_path):
@@ -337,7 +339,7 @@ def test_odd_ids_keys_and_kept_values_cost_only_their_rows(tmp_path):
     run_pipeline(tmp_path / "c.parquet", synthetic(), devices="cpu", output=tmp_path / "k.h5",
                  id_column="k", keep_columns=["note", "u"], progress=False)
     data = read_output(tmp_path / "k.h5")
-    assert data["keys"].tolist() == ["x", "w"] and data["u"].tolist() == [big, 2]
+    assert data["k"].tolist() == ["x", "w"] and data["u"].tolist() == [big, 2]
     assert sorted(e["position"] for e in data["errors"]) == [1, 2]
     assert any("NUL" in e["message"] for e in data["errors"])
 
@@ -362,7 +364,7 @@ def test_column_names_and_encodings_users_have(tmp_path):
     run_pipeline(folder, synthetic(), devices="cpu", output=tmp_path / "o.h5", id_column="k",
                  progress=False)
     data = read_output(tmp_path / "o.h5")
-    assert data["keys"].tolist() == ["x", "y", "z"]
+    assert data["k"].tolist() == ["x", "y", "z"]
     assert data["values"][2].tolist() == record_vector("c", 8).tolist()
 
 
@@ -384,7 +386,7 @@ def test_zero_padded_csv_ids_are_keys_kept_as_written(tmp_path):
     run_pipeline(tmp_path / "c.csv", synthetic(), devices="cpu", id_column="id",
                  output=tmp_path / "o.h5", progress=False)
     data = read_output(tmp_path / "o.h5")
-    assert data["keys"].tolist() == ["000123", "123", "7"] and not data["errors"]
+    assert data["id"].tolist() == ["000123", "123", "7"] and not data["errors"]
     (tmp_path / "n.csv").write_text("id,text\n-5,a\n123,b\n")
     run_pipeline(tmp_path / "n.csv", synthetic(), devices="cpu", id_column="id",
                  output=tmp_path / "n.h5", progress=False)
@@ -407,10 +409,11 @@ def test_carried_values_of_failed_records_are_all_let_go():
     from helpers.engine.contract.protocol import OutputSpec
     from helpers.engine.inputs.carried import Carried
 
-    held = Carried({"keys": OutputSpec((), "str"), "n": OutputSpec((), "int64")})
+    held = Carried({"keys": OutputSpec((), "str"), "n": OutputSpec((), "int64")}, "keys")
     held.add(np.arange(4), {"keys": np.array(list("abcd"), dtype=object), "n": np.arange(4)})
     named = held.drop([(1, "E", "failed", 0.0), (3, "E", "failed", 0.0), (9, "E", "x", 0.0)])
-    assert named == [(1, "E", "failed (key 'b')", 0.0), (3, "E", "failed (key 'd')", 0.0),
+    assert named == [(1, "E", "failed (key 'b')", 0.0, -1, "b"),
+                     (3, "E", "failed (key 'd')", 0.0, -1, "d"),
                      (9, "E", "x", 0.0)]  # (9: none held, the row as it was)
     taken = held.take(np.array([2, 0]))
     assert taken["keys"].tolist() == ["c", "a"] and taken["n"].tolist() == [2, 0]
@@ -491,13 +494,13 @@ def test_the_drivers_reading_stops_at_a_file_changed_half_way_naming_it(tmp_path
     source = TableSource(path, "body", "doc")
     slices = source.slices(IdRanges(), None)
     first = next(slices)
-    assert first[2]["keys"][0] == "doc-000000"
+    assert first[2]["doc"][0] == "doc-000000"
     newer = corpus(4000).set_column(1, "doc", pa.array([f"new-{i}" for i in range(4000)]))
     change(path, newer)
     with pytest.raises(OSError, match=rf"in\.{fmt}: changed since the run started .*never a "
                                       rf"mix of two") as raised:
         for _, _, carried in slices:
-            assert not any(k.startswith("new-") for k in carried["keys"])
+            assert not any(k.startswith("new-") for k in carried["doc"])
     assert not isinstance(raised.value, ValueError)  # (exit 1, a failed run: not a bad argument)
 
 
@@ -514,13 +517,13 @@ def test_a_csv_quote_left_open_costs_its_row_alone(tmp_path, writes, opened):
     run_pipeline(str(path), synthetic(), ["cpu"] * 2, 256, tmp_path / "out.h5", "thread",
                  progress=False, writes=writes, id_column="key")
     data = read_output(tmp_path / "out.h5")
-    assert data["keys"].tolist() == [f"key{i}" for i in range(3000) if i != opened]
+    assert data["key"].tolist() == [f"key{i}" for i in range(3000) if i != opened]
     assert [e["message"] for e in data["errors"]] == [
         f"in.csv row {opened} (every row counted): a quote opened in this row never closes (it "
         f"would swallow every row after "
         f"it; the rows after it are read from its next line on): 'key{opened},\"row {opened} "
         f"open'"]
-    k = data["keys"].tolist().index("key2999")
+    k = data["key"].tolist().index("key2999")
     assert data["values"][k].tolist() == record_vector("row 2999", 8).tolist()
 
 
@@ -562,5 +565,27 @@ def test_an_empty_key_is_no_key_in_every_format(tmp_path, fmt):
     run_pipeline(given, synthetic(), "cpu", 64, tmp_path / "out.h5", "thread", progress=False,
                  id_column="key")
     data = read_output(tmp_path / "out.h5")
-    assert data["keys"].tolist() == ["a", "b"]
+    assert data["key"].tolist() == ["a", "b"]
     assert [e["message"].split(": ", 1)[1] for e in data["errors"]] == ["'key' is empty"] * 2
+
+
+def test_a_string_id_column_comes_back_under_its_name_or_as_keys_where_the_output_uses_it(
+        tmp_path):
+    """Issue 59: a user's ``doc_id`` came back as ``keys``; it is ``doc_id`` now. A name the
+    output uses for itself (``ids``, ``errors``) or that cannot name a dataset keeps ``keys``,
+    and an export still names it as the input did."""
+    from helpers.engine.contract.protocol import key_column
+    from helpers.engine.outputs.export import export
+
+    assert [key_column(n) for n in ("doc_id", "ids", "errors", "a/b", ".x", "keys")] == \
+        ["doc_id", "keys", "keys", "keys", "keys", "keys"]
+    for name in ("doc_id", "ids"):
+        pq.write_table(pa.table({"text": ["a", "b"], name: ["x", "y"]}), tmp_path / "in.parquet")
+        run_pipeline(tmp_path / "in.parquet", synthetic(), "cpu", output=tmp_path / f"{name}.h5",
+                     id_column=name, progress=False, overwrite=True)
+        data = read_output(tmp_path / f"{name}.h5")
+        assert data[key_column(name)].tolist() == ["x", "y"] and data["ids"].tolist() == [0, 1]
+        export(tmp_path / f"{name}.h5", "parquet", tmp_path / f"{name}.parquet", row_numbers=True)
+        table = pq.read_table(tmp_path / f"{name}.parquet")
+        assert table.column_names[:2] == [name, "ids" if name != "ids" else "row_numbers"]
+        assert table[name].to_pylist() == ["x", "y"]

@@ -157,8 +157,9 @@ def test_a_budget_spent_in_phase_0_keeps_the_workload_s_own_batch_size():
     workers, = [t for t in tuned.trials if t["phase"] == "workers"]
     assert workers["skipped"] and workers["batch_size"] == 16
     assert (tuned.trial, tuned.batch_size) == (0, 16)
-    assert tuned.reason.startswith("trial 0 (") and "the only configuration measured" in \
-        tuned.reason
+    assert tuned.reason.startswith("not tuned for batch size, workers, workunit size: every "
+                                   "trial of them was out of time") and "trial 0 (" in tuned.reason
+    assert "the only configuration measured" in tuned.reason
 
 
 def test_a_variant_the_workload_cannot_combine_is_a_refused_row_and_the_tune_goes_on():
@@ -305,7 +306,7 @@ def test_tuned_yaml_carries_the_inputs_columns_so_the_printed_command_runs(tmp_p
     done = cli(*command, "--no-progress")
     assert done.returncode == 0, done.stderr
     data = read_output(tmp_path / "out.h5")
-    assert data["keys"].tolist() == [f"d{i:04d}" for i in range(500)]
+    assert data["doc_id"].tolist() == [f"d{i:04d}" for i in range(500)]
     assert data["lang"].tolist() == ["en"] * 500
 
 
@@ -376,6 +377,36 @@ def test_a_slow_variant_last_does_not_make_the_later_phases_look_too_long(tmp_pa
     job._rate, job._spinups = 4.4, [5.0]
     assert job.late(256, new_pool=True).startswith("out of time: it would take about 63 s")
     assert job.late(256, new_pool=True, rate=_best_rate(job.rows)) == ""
+
+
+def test_a_short_budget_measures_the_layout_and_compiles_only_where_it_holds_one(tmp_path):
+    """Issue 59: with --budget-seconds 150 the variants (a torch.compile trial alone took 70 s)
+    ate the budget and every batch-size, workers and workunit trial was skipped, the pick
+    printed as if tuned. Phase 0 ends by its share of the budget, a compiled variant counts its
+    compile, and the layout is measured."""
+    import time
+
+    from helpers.tuner import COMPILE_SECONDS, PHASE_ENDS, _Trials
+
+    def make(batch_size=None, name="fast", compile=False):
+        return SyntheticWorkload(0.002 if name == "fast" else 0.0025, values="zeros")
+
+    names = [{"name": "fast"}, {"name": "slower"}, {"name": "fast", "compile": True},
+             {"name": "slower", "compile": True}]
+    tuned = tune(make, [(i, i) for i in range(4000)], ["cpu"], backend="thread", sample=300,
+                 budget_seconds=8, variants=names)
+    rows = pd.DataFrame(tuned.trials)
+    compiled = rows[rows["variant"].str.contains("compile")]
+    assert len(compiled) == 2 and compiled["skipped"].str.contains(
+        f"a {COMPILE_SECONDS:.0f} s compile, then").all()
+    assert (rows[rows["phase"] == "workunit size"]["records_per_s"] > 0).any()
+    assert not tuned.reason.startswith("not tuned")
+    job = _Trials(None, 256, tmp_path, [_trial(0, 20.0, phase="variant")], ["cpu"],
+                  time.monotonic(), 100.0)
+    job._rate, job._spinups = 20.0, [1.0]  # a trial of ~14 s: in the budget, not in phase 0's
+    job.started -= 100.0 * PHASE_ENDS["variant"] - 2
+    assert "phase 'variant' ends at 35% of the budget" in job.late(256, True, phase="variant")
+    assert job.late(256, True, phase="workers") == ""
 
 
 @pytest.mark.slow

@@ -310,7 +310,8 @@ class WorkerPool:
                               self.settings.growing_messages,
                               self._sizing if settings.auto_size else None, fixed)
             self._sizing.start_job(settings.workunit_seconds)
-            job = _Job(scheduler, settings, sink, started, self._growth, opened.carried)
+            job = _Job(scheduler, settings, sink, started, self._growth, opened.carried,
+                       getattr(records, "key_column", None))
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.resumed_after)
             by_workers = settings.writes == "workers" and reads_by_position(records)
@@ -351,7 +352,8 @@ class WorkerPool:
             scheduler = self._scheduler
             scheduler.new_job(per_message=1)  # a slice a worker, whole: one workunit each, not
             # cut to the sizes an earlier workunit_size="auto" job left
-            job = _Job(scheduler, settings, sink, started, carried=opened.carried)
+            job = _Job(scheduler, settings, sink, started, carried=opened.carried,
+                       key=getattr(opened.records, "key_column", None))
             job.start_clock()
             read = list(read_slices(opened.records, sink.done, settings.limit,
                                     job.rejected.extend, sink.done_positions, job.carried.add))
@@ -469,7 +471,7 @@ class _Job:
 
     def __init__(self, scheduler: Scheduler, settings: JobSettings, sink: HDF5Sink,
                  started: float, growth: Growth | None = None,
-                 carried: dict[str, Any] | None = None) -> None:
+                 carried: dict[str, Any] | None = None, key: str | None = None) -> None:
         self.scheduler, self.settings, self.sink, self.started = scheduler, settings, sink, started
         self.growth = growth
         self._taken: PipelineStats | None = None
@@ -482,7 +484,8 @@ class _Job:
         self.longest_idle = 0.0  # the longest a worker waited between two of its workunits
         self._ended: dict[int, tuple[Any, float]] = {}  # per slot: its worker, its last one's end
         self.rejected: deque[tuple] = deque()  # the reader's rejects, for errors/ (thread-safe)
-        self.carried = Carried(carried or {})  # the source's columns of the records in flight
+        self.carried = Carried(carried or {}, key)  # the source's columns of the records in
+        # flight, ``key`` the one of its keys (errors/key)
         self.clock = self.wall = self.read_s = self.reader_blocked_s = 0.0
         self._token, self._sends = secrets.token_hex(4), itertools.count()
         scheduler.stamp = self._stamp if settings.writes == "workers" else None
@@ -560,7 +563,7 @@ class _Job:
         rows = []
         while self.rejected:
             rows.append(self.rejected.popleft())
-        for record_id, error_type, message, _, position in rows:
+        for record_id, error_type, message, _, position, *_ in rows:
             log.warning("record %s failed: %s: %s", f"at position {position}" if position >= 0
                         else record_id, error_type, message)
         self.sink.append_errors(rows)

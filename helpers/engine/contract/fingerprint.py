@@ -39,6 +39,7 @@ from helpers.engine.contract.renamed import renamed
 
 INPUT_ATTR = "input_fingerprint"  # attribute names in an output file and its parts (JSON text)
 WORKLOAD_ATTR = "workload_fingerprint"
+NO_ID_COLUMN = "(row numbers)"  # a table's id_column in its fingerprint where it has none
 SAMPLE_BYTES = 1 << 20  # a file's digest reads this much at its start, middle and end: cheap at
 # any size, and any rewrite that changes the size, the time or those bytes is caught
 FOLDER_SAMPLE_BYTES = 64 << 10  # of each file of a folder (a thousand Parquet files: 192 MB read)

@@ -141,7 +141,17 @@ class BadRecord:
 
 UNRECORDED = "unrecorded"  # a fingerprint's field: {field: the value an output that did not
 # record that field was made with}
-KEYS = "keys"  # the carried column of a string id column: the output's ``keys`` dataset
+KEYS = "keys"  # a string id column's dataset where its own name cannot be one (key_column)
+OWN_NAMES = frozenset({"ids", "errors", "resume", "attrs"})  # datasets and keys an output uses
+
+
+def key_column(id_column: str) -> str:
+    """The output dataset holding a string id column's keys: the column's own name (a user's
+    ``doc_id`` comes back as ``doc_id``), or KEYS where that name is one the output uses itself
+    or cannot name an HDF5 dataset (a '/' in it, a leading '.')."""
+    if id_column in OWN_NAMES or "/" in id_column or id_column.startswith(".") or not id_column:
+        return KEYS
+    return id_column
 
 
 def null_texts(records: list, where: Callable[[int], str], positions: Any = None) -> None:

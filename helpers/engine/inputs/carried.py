@@ -12,13 +12,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from helpers.engine.contract.protocol import KEYS, TEXT, OutputSpec
+from helpers.engine.contract.protocol import TEXT, OutputSpec
 
 
 class Carried:
-    """``{column: {id: value}}`` for the records in flight; the reader adds, the writer takes."""
+    """``{column: {id: value}}`` for the records in flight; the reader adds, the writer takes.
+    ``key``: the column holding the records' keys (the source's ``key_column``), if any."""
 
-    def __init__(self, columns: Mapping[str, OutputSpec] | None = None) -> None:
+    def __init__(self, columns: Mapping[str, OutputSpec] | None = None,
+                 key: str | None = None) -> None:
+        self.key = key
         self._dtypes = {name: object if spec.dtype == TEXT else np.dtype(spec.dtype)
                         for name, spec in (columns or {}).items()}
         self._values: dict[str, dict[int, object]] = {name: {} for name in self._dtypes}
@@ -53,14 +56,24 @@ class Carried:
                     for name, held in self._values.items()}
 
     def drop(self, rows: list[tuple]) -> list[tuple]:
-        """Forget the values of the records of error ``rows`` (``(id, type, message, ...)``:
-        they will not be written); returns the rows, each message naming its record's key
-        where the source has keys (the user's name for it: the id is a row number)."""
+        """Forget the values of the records of error ``rows`` (``(id, type, message, time[,
+        position])``: they will not be written); returns the rows, where the source has keys
+        each with its record's key (the user's name for it: the id is a row number) after its
+        position and in its message."""
         with self._lock:
             for name, held in self._values.items():
                 values = [held.pop(row[0], None) for row in rows]
-                if name == KEYS:
-                    rows = [(i, kind, f"{message} (key {key!r})", *rest) if key else
-                            (i, kind, message, *rest)
-                            for (i, kind, message, *rest), key in zip(rows, values)]
+                if name == self.key:
+                    rows = [with_key(row, key) for row, key in zip(rows, values)]
         return rows
+
+
+def with_key(row: tuple, key: str | None) -> tuple:
+    """An error row ``(id, type, message, time[, position])`` with its record's ``key``: named
+    in its message (unless it is there already) and its sixth field (errors/key)."""
+    record_id, kind, message, when, *rest = row
+    if not key:
+        return row
+    if f"(key {key!r})" not in message:
+        message = f"{message} (key {key!r})"
+    return (record_id, kind, message, when, rest[0] if rest else -1, key)

@@ -29,8 +29,9 @@ import numpy as np
 from helpers.engine.contract.fingerprint import (FileStat, check_unchanged, file_identity,
                                                  listing_identity, unchanged)
 from helpers.engine.contract.id_ranges import IdRanges, SeenIds, SeenValues
-from helpers.engine.contract.protocol import (KEYS, NO_ID, TEXT, BadRecord, OutputSpec, Rows,
-                                              SourceError, null_texts, positions as row_slices)
+from helpers.engine.contract.protocol import (NO_ID, TEXT, BadRecord, OutputSpec, Rows,
+                                              SourceError, key_column, null_texts,
+                                              positions as row_slices)
 from helpers.engine.inputs.id_checks import checked_ids, id_record, key_problems, screen
 from helpers.engine.inputs.jsonl_rows import JSONLRows, LineIndex, file_stat, line_index
 from helpers.engine.inputs.table_files import check_kept_names, count_lines
@@ -58,6 +59,7 @@ class JSONLSource:
         heads = self._first_objects()
         self.ids = self._id_kind(heads)
         self.keyed = self.ids == "keys"
+        self.key_column = key_column(id_column) if self.keyed else None  # (its dataset)
         self.kept = kept_kinds(heads, self.keep_columns, {text_column, id_column}, self.path)
         self._index: tuple[FileStat, LineIndex] | None = None  # (``_scanned``)
 
@@ -109,7 +111,7 @@ class JSONLSource:
         return end - int(np.count_nonzero(index.blank < end))
 
     def carried(self) -> dict[str, OutputSpec]:
-        specs = {KEYS: OutputSpec((), TEXT)} if self.keyed else {}
+        specs = {self.key_column: OutputSpec((), TEXT)} if self.keyed else {}
         return specs | {name: OutputSpec((), dtype) for name, dtype in self.kept.items()}
 
     def slices(self, skip: IdRanges, limit: int | None, seen: Any = None) -> Iterator[tuple]:
@@ -132,7 +134,7 @@ class JSONLSource:
             columns: dict[str, np.ndarray] = {
                 name: kept_column(kept[name], dtype) for name, dtype in self.kept.items()}
             if self.ids == "keys":
-                columns[KEYS] = as_text(raw)
+                columns[self.key_column] = as_text(raw)
                 done = skip.contains(positions) if skip.runs else np.zeros(len(raw), dtype=bool)
                 self._file(records, positions, [(k, p) for k, p in key_problems(list(raw), seen)
                                                 if not done[k]])  # (judged when written)
@@ -300,6 +302,7 @@ class JSONLFiles:
         for f in self.files:
             f.kept = kept
         self.ids, self.keyed, self.kept = self.files[0].ids, self.files[0].keyed, kept
+        self.key_column = self.files[0].key_column
         first = 0
         for f in self.files:
             f.first = first

@@ -41,6 +41,7 @@ from helpers.engine.contract.fingerprint import (FileStat, check_path, file_iden
 from helpers.engine.contract.id_ranges import IdRanges, SeenIds
 from helpers.engine.contract.protocol import (BadRecord, OutputSpec, Rows, Source, SourceError,
                                               decoded, positions)
+from helpers.engine.inputs.carried import with_key
 from helpers.engine.inputs.id_checks import checked_ids, screen
 from helpers.engine.inputs.jsonl import JSONLFiles, JSONLSource, jsonl_files
 from helpers.engine.inputs.open_files import OpenFiles
@@ -447,7 +448,8 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
     done ones dropped with one vectorised look-up per slice.
 
     With ``reject``, bad records leave the slices: ``reject`` gets them as ``(id, error type,
-    message, unix time, position)`` rows, but for those whose position is in ``skip_positions``
+    message, unix time, position[, key])`` rows (key: where the source has keys, the record's,
+    if it has one), but for those whose position is in ``skip_positions``
     (a resumed run filed them already). Without it they stay in the slices, as BadRecords.
 
     A source's carried columns (Source protocol) leave the slices too: ``carry(ids, columns)``
@@ -463,6 +465,7 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
         own = getattr(source, "slices", None)
         pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
     declared = set(carried(source))
+    key = getattr(source, "key_column", None)
     for ids, records, *more in pieces:
         columns = more[0] if more else {}
         if set(columns) != declared:
@@ -475,6 +478,8 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
             now = time.time()
             rows = [(int(ids[k]), records[k].error_type, records[k].message, now,
                      records[k].position) for k in bad]
+            if key is not None:  # (the record's key: errors/key)
+                rows = [with_key(row, columns[key][k]) for row, k in zip(rows, bad)]
             positions = np.array([row[4] for row in rows], dtype=np.int64)
             fresh = ~(skip_positions.contains(positions) & (positions >= 0))
             if fresh.any():

@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import file_identity, file_stats, listing_identity
+from helpers.engine.contract.fingerprint import (NO_ID_COLUMN, file_identity, file_stats,
+                                                 listing_identity)
 from helpers.engine.contract.id_ranges import IdRanges, SeenIds, SeenValues
-from helpers.engine.contract.protocol import (KEYS, TEXT, BadRecord, OutputSpec, Rows,
+from helpers.engine.contract.protocol import (TEXT, BadRecord, OutputSpec, Rows, key_column,
                                               SourceError, decoded, null_texts, positions)
 from helpers.engine.inputs.id_checks import id_record, integer_ids, key_problems
 from helpers.engine.inputs.table_files import column_texts, layout, row_name, table_files
@@ -85,6 +86,11 @@ class TableSource:
     def keyed(self) -> bool:
         return self.schema.keyed
 
+    @property
+    def key_column(self) -> str | None:
+        """The output dataset of the keys (protocol.key_column), None without keys."""
+        return key_column(self.id_column) if self.keyed else None
+
     def __len__(self) -> int:
         if self._length is None:  # (a CSV input's: its rows, as its one pass finds them)
             self._length = len(self.layout)
@@ -97,7 +103,7 @@ class TableSource:
 
     def carried(self) -> dict[str, OutputSpec]:
         """The columns this source carries to the output beside the workload's."""
-        specs = {KEYS: OutputSpec((), TEXT)} if self.keyed else {}
+        specs = {self.key_column: OutputSpec((), TEXT)} if self.keyed else {}
         return specs | {name: OutputSpec((), dtype) for name, dtype in self.schema.kept.items()}
 
     def slices(self, skip: IdRanges, limit: int | None
@@ -184,7 +190,7 @@ class TableSource:
             if self.keyed:
                 keys = _strings(values)
                 problems = key_problems(keys, seen)
-                carried[KEYS] = as_text(keys)
+                carried[self.key_column] = as_text(keys)
             else:
                 ids, problems = integer_ids(values, seen)
         keep = ~skip.contains(ids) if skip.runs else np.ones(len(ids), dtype=bool)
@@ -223,9 +229,9 @@ class TableSource:
         self.layout.check_texts(records, batch.column(self.text_column), rows, where)
         if self.keyed:  # named as a worker's reading names it (carried.Carried.drop)
             for k, record in enumerate(records):
-                if isinstance(record, BadRecord) and carried[KEYS][k]:
+                if isinstance(record, BadRecord) and carried[self.key_column][k]:
                     records[k] = replace(record, message=f"{record.message} (key "
-                                                         f"{carried[KEYS][k]!r})")
+                                                         f"{carried[self.key_column][k]!r})")
         for k, record in bad.items():  # (the driver files them, whoever reads the texts)
             records[k] = record
         if not keep.all():
@@ -255,7 +261,7 @@ class TableSource:
         where = file_identity(files[0]) if len(files) == 1 else \
             listing_identity(Path(os.path.commonpath(files)), files)
         return {"format": self.format, "text_column": self.text_column,
-                "id_column": self.id_column or "(row numbers)",
+                "id_column": self.id_column or NO_ID_COLUMN,
                 "keep_columns": list(self.keep_columns), **where}
 
 

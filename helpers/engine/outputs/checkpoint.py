@@ -77,7 +77,8 @@ BOUNDS = "resume/id_spans"  # a part's [n, 2] closed (first, last) of its ids' r
 # workers' errors (the dataset's name as outputs store it)
 RANGES = "resume/id_ranges"  # the same as half-open (start, stop), in outputs of FORMAT 1
 ERRORS = {"ids": ((), "int64"), "type": ((), STR), "message": ((), STR), "time": ((), "float64"),
-          "position": ((), "int64")}
+          "position": ((), "int64"), "key": ((), STR)}
+LATER = ("errors/position", "errors/key")  # errors' columns an older output may lack (no errors)
 _NAME = re.compile(r"part-L(\d)-(\d{8})-(\d{8})\.h5$")
 _WORKER_NAME = re.compile(r"wpart-[0-9a-f]+-\d+\.h5$")  # a worker's, not (yet) committed
 
@@ -550,7 +551,7 @@ def check_columns(f: h5py.File, cols: Mapping[str, tuple], path: Path
     found = {name: _shape_and_dtype(f, name) for name in cols}
     for name, (shape, dtype) in cols.items():
         there = found[name]
-        if name == "errors/position" and there is None and not found["errors/ids"][0][0]:
+        if name in LATER and there is None and not found["errors/ids"][0][0]:
             continue
         if there is None or there[0][1:] != shape or \
                 (dtype is not STR and there[1] != np.dtype(dtype)):

@@ -1,7 +1,13 @@
 """An output as the files other tools read: Parquet, or NumPy arrays.
 
-``export(output, to, path)`` streams the output EXPORT_ROWS rows at a time, each with its id:
-``ids`` and, if the run kept them, ``keys`` and the kept columns, then every workload dataset.
+``export(output, to, path)`` streams the output EXPORT_ROWS rows at a time, each with its id
+named as the input named it, then the kept columns and every workload dataset (``columns``):
+
+- a string id column (``doc_id``) comes back as ``doc_id``, the row numbers beside it
+  (``ids``) only with ``row_numbers``;
+- an integer id column comes back under its name (the output's ``ids`` renamed);
+- without an id column (row numbers, an HDF5 input's positions), as ``ids``.
+
 Errors are not rows: they stay in the output's ``errors/``.
 
 Rows come in id order (``order="id"``, the default): the input's order where ids are row
@@ -14,8 +20,8 @@ them as stored, a little faster.
 
 - ``parquet``: one file; a row per record; a vector (embeddings) is a fixed-size list column, so
   pyarrow, polars, DuckDB and LanceDB read it as it is; strings are strings.
-- ``npy``: a folder of ``<dataset>.npy`` files (``ids.npy``, ``embeddings.npy``, ...), each
-  memory-mappable (``np.load(path, mmap_mode="r")``); a string column (``keys``, a kept one) as
+- ``npy``: a folder of ``<column>.npy`` files (``ids.npy``, ``embeddings.npy``, ...), each
+  memory-mappable (``np.load(path, mmap_mode="r")``); a string column (``doc_id``, a kept one) as
   ``<name>.utf8.npy`` and ``<name>.offsets.npy``, Arrow's layout, no string padded to the
   longest (a fixed-width ``<U`` array of 20 M keys of up to 100 characters took 8 GB):
   ``load_strings(folder, name)`` reads it.
@@ -43,6 +49,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from helpers.engine.contract.fingerprint import INPUT_ATTR, NO_ID_COLUMN, decode
+from helpers.engine.contract.protocol import key_column
 from helpers.engine.outputs.atomic import temporary
 from helpers.engine.outputs.hdf5_sink import check_parts, plain
 from helpers.engine.outputs.ownership import owning
@@ -53,7 +61,6 @@ EXPORT_ROWS = 65536
 MARK = ".gpufeed-export"  # in an npy export's folder; in a Parquet export's metadata (a key)
 ATTRS = "gpufeed.attrs"  # the output's attributes: a Parquet metadata key; an npy's ATTRS_FILE
 ATTRS_FILE = "attrs.json"
-FIRST = ("ids", "keys")  # these columns first, then the rest in the file's order
 
 
 class ExportError(ValueError):
@@ -61,9 +68,11 @@ class ExportError(ValueError):
 
 
 def export(output: str | os.PathLike, to: str, path: str | os.PathLike,
-           overwrite: bool = False, partial: bool = False, order: str = "id") -> int:
+           overwrite: bool = False, partial: bool = False, order: str = "id",
+           row_numbers: bool = False) -> int:
     """Write ``output`` (a gpufeed output: a finished file or, with ``partial``, a run's index)
-    as ``to`` at ``path``, its rows in ``order`` (module docstring); returns the rows written."""
+    as ``to`` at ``path``, its rows in ``order``, the row numbers of a keyed input with
+    ``row_numbers`` (module docstring); returns the rows written."""
     if to not in TARGETS:
         raise ExportError(f"to: expected one of {TARGETS}, got {to!r}")
     if order not in ORDERS:
@@ -89,8 +98,7 @@ def export(output: str | os.PathLike, to: str, path: str | os.PathLike,
                               f"({len(f['ids']):,} rows so far); --resume it first, or export "
                               f"what is there with partial=True (--partial)")
         check_parts(f, output)
-        names = [n for n in FIRST if n in f] + [
-            n for n in f if n not in FIRST and isinstance(f[n], h5py.Dataset)]
+        names = columns(f, row_numbers)
         stored = _id_order(f) if order == "id" else None
         tmp = temporary(path)
         _remove(tmp)  # one a killed export left
@@ -154,6 +162,30 @@ def _id_order(f: h5py.File) -> np.ndarray | None:
     return np.argsort(ids, kind="stable")
 
 
+def columns(f: h5py.File, row_numbers: bool = False) -> dict[str, str]:
+    """An output's columns as an export names them, in its order: ``{column: dataset}``, the id
+    first under the input's name for it (module docstring), then the rest in the file's order."""
+    given = (decode(f.attrs.get(INPUT_ATTR, "")) or {}).get("id_column")
+    named = isinstance(given, str) and given != NO_ID_COLUMN
+    key = key_column(given) if named else None
+    own = [n for n in f if isinstance(f[n], h5py.Dataset) and n not in ("ids", key)]
+    if key is not None and key in f and h5py.check_string_dtype(f[key].dtype) is not None:
+        first = {given: key}
+        if row_numbers:  # (an id column named ids: the row numbers under another name)
+            first["ids" if given != "ids" else "row_numbers"] = "ids"
+    elif named and _integer_ids(f) and given not in own:
+        first = {given: "ids"}
+    else:
+        first = {"ids": "ids"}
+    return first | {n: n for n in own}
+
+
+def _integer_ids(f: h5py.File) -> bool:
+    """Whether an output's ids are the input's integer id column (not row or line numbers)."""
+    made = decode(f.attrs.get(INPUT_ATTR, "")) or {}
+    return made.get("ids", "given") == "given"  # (a JSONL input says; a table's are given)
+
+
 def _chunks(f: h5py.File, names: list[str], stored: np.ndarray | None):
     """The rows EXPORT_ROWS at a time: as stored, or those at ``stored``'s positions, in its
     order."""
@@ -185,18 +217,19 @@ def _read(dataset: h5py.Dataset, start: int, stop: int) -> np.ndarray:
     return dataset[start:stop]
 
 
-def _parquet(f: h5py.File, names: list[str], path: Path, stored: np.ndarray | None) -> int:
+def _parquet(f: h5py.File, names: dict[str, str], path: Path, stored: np.ndarray | None
+             ) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([(n, _arrow_type(f[n])) for n in names],
+    schema = pa.schema([(n, _arrow_type(f[d])) for n, d in names.items()],
                        metadata={MARK: "1", ATTRS: _attrs_text(f)})
     rows = 0
     with pq.ParquetWriter(path, schema) as writer:
-        for chunk in _chunks(f, names, stored):
-            writer.write_batch(pa.record_batch([_arrow_array(chunk[n], schema.field(n).type)
-                                                for n in names], schema=schema))
-            rows += len(chunk["ids"])
+        for chunk in _chunks(f, list(names.values()), stored):
+            writer.write_batch(pa.record_batch([_arrow_array(chunk[d], schema.field(n).type)
+                                                for n, d in names.items()], schema=schema))
+            rows += len(chunk[next(iter(names.values()))])
     return rows
 
 
@@ -220,34 +253,36 @@ def _arrow_array(values: np.ndarray, arrow_type: Any) -> Any:
     return pa.array(values.tolist() if values.dtype == object else values, arrow_type)
 
 
-def _npy(f: h5py.File, names: list[str], folder: Path, stored: np.ndarray | None) -> int:
+def _npy(f: h5py.File, names: dict[str, str], folder: Path, stored: np.ndarray | None) -> int:
     total = len(f["ids"])
     folder.mkdir()
     (folder / MARK).write_text("written by python -m helpers export\n")
     (folder / ATTRS_FILE).write_text(_attrs_text(f), encoding="utf-8")
-    for name in names:
-        dataset = f[name]
+    for name, source in names.items():
+        dataset = f[source]
         if h5py.check_string_dtype(dataset.dtype) is not None:
-            _npy_strings(f, name, folder, stored, total)
+            _npy_strings(f, source, folder / name, stored, total)
             continue
         target = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+",
                                            dtype=dataset.dtype, shape=(total, *dataset.shape[1:]))
-        for start, chunk in zip(range(0, total, EXPORT_ROWS), _chunks(f, [name], stored)):
-            target[start:start + len(chunk[name])] = chunk[name]
+        for start, chunk in zip(range(0, total, EXPORT_ROWS), _chunks(f, [source], stored)):
+            target[start:start + len(chunk[source])] = chunk[source]
         target.flush()
         del target
     return total
 
 
-def _npy_strings(f: h5py.File, name: str, folder: Path, stored: np.ndarray | None,
+def _npy_strings(f: h5py.File, name: str, named: Path, stored: np.ndarray | None,
                  total: int) -> None:
-    """A string column as ``<name>.utf8.npy`` (its strings' UTF-8 bytes, one after another) and
-    ``<name>.offsets.npy`` (int64, rows + 1: string k is bytes ``offsets[k]:offsets[k + 1]``), as
-    Arrow holds strings: no string padded to the longest (``load_strings`` reads them back)."""
+    """The string dataset ``name`` as ``<named>.utf8.npy`` (its strings' UTF-8 bytes, one after
+    another) and ``<named>.offsets.npy`` (int64, rows + 1: string k is bytes
+    ``offsets[k]:offsets[k + 1]``), as Arrow holds strings: no string padded to the longest
+    (``load_strings`` reads them back)."""
+    folder, column = named.parent, named.name
     size = sum(len(s.encode()) for chunk in _chunks(f, [name], None) for s in chunk[name])
-    offsets = np.lib.format.open_memmap(folder / f"{name}.offsets.npy", mode="w+",
+    offsets = np.lib.format.open_memmap(folder / f"{column}.offsets.npy", mode="w+",
                                         dtype=np.int64, shape=(total + 1,))
-    data = np.lib.format.open_memmap(folder / f"{name}.utf8.npy", mode="w+", dtype=np.uint8,
+    data = np.lib.format.open_memmap(folder / f"{column}.utf8.npy", mode="w+", dtype=np.uint8,
                                      shape=(size,))
     offsets[0], at = 0, 0
     for start, chunk in zip(range(0, total, EXPORT_ROWS), _chunks(f, [name], stored)):
@@ -263,7 +298,8 @@ def _npy_strings(f: h5py.File, name: str, folder: Path, stored: np.ndarray | Non
 
 
 def load_strings(folder: str | os.PathLike, name: str, mmap: bool = True) -> np.ndarray:
-    """An npy export's string column ``name`` (``keys``, a kept column) as an array of str."""
+    """An npy export's string column ``name`` (a string id column, a kept one) as an array of
+    str."""
     folder = Path(folder)
     offsets = np.load(folder / f"{name}.offsets.npy", mmap_mode="r" if mmap else None)
     data = np.load(folder / f"{name}.utf8.npy", mmap_mode="r" if mmap else None)

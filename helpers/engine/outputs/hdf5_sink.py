@@ -11,6 +11,8 @@ Layout::
     errors/position     int64   [m]            where a record the reader rejected is in its source
                                                (a JSONL file's 0-based line), else -1; its id is
                                                NO_ID (-2**63) if it had no usable one
+    errors/key          str     [m]            its key, where the input's ids are strings ("" if
+                                               none, or not known)
 
 Rows are buffered in the caller's thread and handed, a part at a time (PART_ROWS rows, PART_BYTES
 bytes, or a buffer FLUSH_SECONDS old, whichever comes first), to a writer thread behind a queue of
@@ -154,17 +156,20 @@ class HDF5Sink:
         self._add(block, len(ids))
 
     def append_errors(self, records: list[tuple]) -> None:
-        """Queue ``(record id, error type, message, unix time[, position])`` rows for
-        ``errors/`` (position: the reader's rejects only; -1 when not given)."""
+        """Queue ``(record id, error type, message, unix time[, position[, key]])`` rows for
+        ``errors/`` (position: the reader's rejects only; -1 when not given; key: the record's
+        string id, "" when not given)."""
         if not records:
             return
         ids, types, messages, times = zip(*(r[:4] for r in records))
         positions = [r[4] if len(r) > 4 else -1 for r in records]
+        keys = [_storable(r[5]) if len(r) > 5 else "" for r in records]
         self._add({"errors/ids": np.asarray(ids, dtype=np.int64),
                    "errors/type": np.asarray(types, dtype=object),
                    "errors/message": np.asarray(messages, dtype=object),
                    "errors/time": np.asarray(times, dtype=np.float64),
-                   "errors/position": np.asarray(positions, dtype=np.int64)}, len(records))
+                   "errors/position": np.asarray(positions, dtype=np.int64),
+                   "errors/key": np.asarray(keys, dtype=object)}, len(records))
 
     def _add(self, block: dict[str, np.ndarray], rows: int) -> None:
         self._writer.check()
@@ -371,16 +376,31 @@ def _memory(array: np.ndarray) -> int:
     return array.nbytes + sum(map(len, array.tolist())) + STR_OVERHEAD * len(array)
 
 
+def _storable(key: Any) -> str:
+    """An error row's key as errors/key holds it: "" where an HDF5 string cannot hold it (a NUL
+    in it, bytes that are not UTF-8: what made it an error; its message names it, escaped)."""
+    if not isinstance(key, str) or "\0" in key:
+        return ""
+    try:
+        key.encode()
+    except UnicodeEncodeError:  # (a lone surrogate)
+        return ""
+    return key
+
+
 def read_output(path: str | os.PathLike) -> dict[str, Any]:
-    """Load an output file sorted by id: ``{"ids", <outputs>..., "errors", "attrs"}``; each error
-    is ``{"id", "type", "message", "time", "position"}`` (id None: the record had no usable id;
-    position None: not a record the reader rejected).
+    """Load an output file sorted by id: ``{"ids", <outputs>..., "errors", "attrs"}`` (outputs:
+    the workload's, and the input's string id column and kept columns under their own names);
+    each error is ``{"id", "type", "message", "time", "position", "key"}`` (id None: the record
+    had no usable id; position None: not a record the reader rejected; key None: the input has
+    no string ids, or the record had none).
 
     Reads a finished file and the index of a run still writing alike: the parts the index names
     are checked to be there after the read too, and a read that a merge of small parts raced
     (its old parts deleted while they were read: HDF5 reads them as zeros) is read again from the
     new index (``consistent``). For inspection and tests; a 20-million-row file is better read in
-    slices with h5py.
+    slices with h5py: stored in arrival order, they come in id order through the sorted ids
+    (docs/data.md shows how), or export it (``export``: in id order).
     """
     return consistent(Path(path), _read_all)
 
@@ -391,12 +411,13 @@ def _read_all(f: h5py.File) -> dict[str, Any]:
     errors = f["errors"]
     positions = errors["position"][...] if "position" in errors else \
         np.full(len(errors["ids"]), -1, np.int64)
+    keys = errors["key"].asstr()[...] if "key" in errors else [""] * len(positions)
     data["errors"] = [
         {"id": None if i == NO_ID else int(i), "type": t, "message": m, "time": float(s),
-         "position": None if p < 0 else int(p)}
-        for i, t, m, s, p in zip(errors["ids"][...], errors["type"].asstr()[...],
-                                 errors["message"].asstr()[...], errors["time"][...],
-                                 positions)]
+         "position": None if p < 0 else int(p), "key": k or None}
+        for i, t, m, s, p, k in zip(errors["ids"][...], errors["type"].asstr()[...],
+                                    errors["message"].asstr()[...], errors["time"][...],
+                                    positions, keys)]
     data["attrs"] = {k: plain(v) for k, v in f.attrs.items()}
     return data
 
