@@ -179,7 +179,12 @@ class PoolSettings:
 class JobSettings:
     """May change from one job to the next on the same pool."""
 
-    workunit_size: int | str = 100  # records per workunit; "auto": sized per worker from its rate
+    workunit_size: int | str = AUTO  # records per workunit, or "auto" (the default): sized per
+    # worker from its rate, at least as fast as the best fixed size wherever both were measured
+    # (tune_trials.csv 154 vs 134 records/s on the CPU; card_tune_trials.csv 8,359 vs 8,174 on a
+    # simulated H200; autotune_bench.csv 15.2-16.0 k vs 16.1 k at 4,000 and 11.9 k at 250);
+    # small fixed ones starve a card (card_workunit_sizes.csv: 64 records fed a simulated H200
+    # 79-84 %, 256-1,024 91 %); the older default was 100
     workunit_seconds: float = WORKUNIT_SECONDS  # workunit_size="auto": seconds a workunit should take
     limit: int | None = None  # stop after this many records
     sort_window: int | None = None  # records ordered by cost before cutting; None = 8 workunits
