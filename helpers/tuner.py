@@ -26,8 +26,9 @@ The budget holds (within about a trial's error): before each trial the tuner est
 it will take (its records at the last job's rate, a pool's start where it needs one, a compiled
 variant's compile) and skips a trial that would end past the budget. Phases 0 and 1 end by a
 share of it (PHASE_ENDS: variants are cut first), so that a short budget still measures the
-layout; a pick that no layout trial was measured against says so first in its reason. Every value the user named and every step of a phase is
-tried, or is a row saying why not (refused by the workers, or out of time). Every trial is a row
+layout; a pick that no layout trial was measured against says so first in its reason. Every
+value the user named and every step of a phase is tried, or is a row saying why not (refused by
+the workers, or out of time). Every trial is a row
 of a tidy table (phase, batch_size, workers_per_device, devices, threads_per_worker,
 workunit_size, records, wall_s, records_per_s, refused, skipped, repeat_of, spinup_s: the
 pool's start on its first trial, cut: read no further than the budget's end). A trial's reading

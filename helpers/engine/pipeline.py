@@ -121,8 +121,9 @@ from helpers.engine.dispatch.scheduler import (Dispatches, Feed, PipelineError, 
                                                RemoteTraceback, Scheduler)
 from helpers.engine.dispatch.slots import Slot, State
 from helpers.engine.inputs.carried import Carried
-from helpers.engine.inputs.sources import (accounted, carried, open_source, peek, read_slices,
-                                           reads_by_position, records_left, source_length)
+from helpers.engine.inputs.sources import (accounted, carried, key_of, open_source, peek,
+                                           read_slices, reads_by_position, records_left,
+                                           source_length)
 from helpers.engine.measure.sizing import Sizing
 from helpers.engine.measure.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
                                           add_phases)
@@ -311,7 +312,7 @@ class WorkerPool:
                               self._sizing if settings.auto_size else None, fixed)
             self._sizing.start_job(settings.workunit_seconds)
             job = _Job(scheduler, settings, sink, started, self._growth, opened.carried,
-                       getattr(records, "key_column", None))
+                       key_of(records))
             cost = getattr(self.workload, "record_cost", None) if settings.window else None
             total = records_left(source_length(records), settings.limit, sink.resumed_after)
             by_workers = settings.writes == "workers" and reads_by_position(records)
@@ -353,7 +354,7 @@ class WorkerPool:
             scheduler.new_job(per_message=1)  # a slice a worker, whole: one workunit each, not
             # cut to the sizes an earlier workunit_size="auto" job left
             job = _Job(scheduler, settings, sink, started, carried=opened.carried,
-                       key=getattr(opened.records, "key_column", None))
+                       key=key_of(opened.records))
             job.start_clock()
             read = list(read_slices(opened.records, sink.done, settings.limit,
                                     job.rejected.extend, sink.done_positions, job.carried.add))

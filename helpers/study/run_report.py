@@ -126,7 +126,7 @@ def draw(output: str | Path, path: str | Path | None = None, run: int = -1) -> P
     fig, axes = plt.subplots(*shape, figsize={2: (14, 5.2), 3: (19, 5.4), 4: (14, 9)}[len(panels)])
     for panel, ax in zip(panels, np.ravel(axes)):
         panel(ax)
-    fig.suptitle(_title(output, runs, chosen, stats), fontsize=12)
+    fig.suptitle(_title(output, runs, chosen, stats, errors), fontsize=12)
     if said:
         fig.text(0.5, 0.9, "; ".join(said), ha="center", fontsize=10, color="0.35")
     fig.tight_layout(rect=(0, 0, 1, 0.89 if said else 0.93))
@@ -136,15 +136,18 @@ def draw(output: str | Path, path: str | Path | None = None, run: int = -1) -> P
     return target
 
 
-def _title(output: str | Path, runs: list, chosen: Any, stats: dict[str, Any]) -> str:
-    """Which run, what it did, and what the output holds (every run's rows)."""
+def _title(output: str | Path, runs: list, chosen: Any, stats: dict[str, Any],
+           errors: pd.Series | None = None) -> str:
+    """Which run, what it did, and what the output holds (every run's rows; ``errors``: its
+    error rows by type, read here if not given)."""
     card = f" on a {_card_name(output)}" if "card_busy_us" in stats.get("counts", {}) else ""
     which = "its one recorded run" if len(runs) == 1 else \
         f"run {chosen.number + 1} of {len(runs)} recorded (--run {chosen.number})"
     line = (f"{Path(output).name}, {which}{card}: {stats['records']:,} rows in "
             f"{float(stats['wall_s']):.1f} s ({stats['records_per_s']:,.0f} rows/s), "
             f"{stats['failed_records']:,} failed")
-    held, errors = _held(output), int(_errors(output).sum())
+    held = _held(output)
+    errors = int((errors if errors is not None else _errors(output)).sum())
     earlier = held + errors - int(stats["records"]) - int(stats["failed_records"])
     if earlier > 0:
         line += (f"\nthe output holds {held:,} rows and {errors:,} error rows: {earlier:,} of "

@@ -70,10 +70,8 @@ class Carried:
 
 def with_key(row: tuple, key: str | None) -> tuple:
     """An error row ``(id, type, message, time[, position])`` with its record's ``key``: named
-    in its message (unless it is there already) and its sixth field (errors/key)."""
+    in its message and its sixth field (errors/key)."""
     record_id, kind, message, when, *rest = row
     if not key:
         return row
-    if f"(key {key!r})" not in message:
-        message = f"{message} (key {key!r})"
-    return (record_id, kind, message, when, rest[0] if rest else -1, key)
+    return (record_id, kind, f"{message} (key {key!r})", when, rest[0] if rest else -1, key)

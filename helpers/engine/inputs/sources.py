@@ -408,6 +408,11 @@ def carried(source: Any) -> dict[str, OutputSpec]:
     return own() if own is not None else {}
 
 
+def key_of(source: Any) -> str | None:
+    """The carried column holding ``source``'s keys (Source protocol: ``key_column``), if any."""
+    return getattr(source, "key_column", None)
+
+
 def reads_by_position(source: Any) -> bool:
     """Whether workers can read ``source``'s records themselves (its ``rows``: Source protocol;
     ``positional`` False where this source's options need the driver to read it)."""
@@ -465,7 +470,7 @@ def read_slices(source: Any, skip: IdRanges, limit: int | None = None,
         own = getattr(source, "slices", None)
         pieces = own(skip, limit) if own is not None else _checked(source, skip, limit)
     declared = set(carried(source))
-    key = getattr(source, "key_column", None)
+    key = key_of(source)
     for ids, records, *more in pieces:
         columns = more[0] if more else {}
         if set(columns) != declared:

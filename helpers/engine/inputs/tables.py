@@ -29,7 +29,6 @@ import functools
 import itertools
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -227,11 +226,6 @@ class TableSource:
         records = column_texts(batch.column(self.text_column), rows, where)
         null_texts(records, where)
         self.layout.check_texts(records, batch.column(self.text_column), rows, where)
-        if self.keyed:  # named as a worker's reading names it (carried.Carried.drop)
-            for k, record in enumerate(records):
-                if isinstance(record, BadRecord) and carried[self.key_column][k]:
-                    records[k] = replace(record, message=f"{record.message} (key "
-                                                         f"{carried[self.key_column][k]!r})")
         for k, record in bad.items():  # (the driver files them, whoever reads the texts)
             records[k] = record
         if not keep.all():

@@ -165,7 +165,8 @@ def _id_order(f: h5py.File) -> np.ndarray | None:
 def columns(f: h5py.File, row_numbers: bool = False) -> dict[str, str]:
     """An output's columns as an export names them, in its order: ``{column: dataset}``, the id
     first under the input's name for it (module docstring), then the rest in the file's order."""
-    given = (decode(f.attrs.get(INPUT_ATTR, "")) or {}).get("id_column")
+    made = decode(f.attrs.get(INPUT_ATTR, "")) or {}
+    given = made.get("id_column")
     named = isinstance(given, str) and given != NO_ID_COLUMN
     key = key_column(given) if named else None
     own = [n for n in f if isinstance(f[n], h5py.Dataset) and n not in ("ids", key)]
@@ -173,17 +174,11 @@ def columns(f: h5py.File, row_numbers: bool = False) -> dict[str, str]:
         first = {given: key}
         if row_numbers:  # (an id column named ids: the row numbers under another name)
             first["ids" if given != "ids" else "row_numbers"] = "ids"
-    elif named and _integer_ids(f) and given not in own:
-        first = {given: "ids"}
+    elif named and made.get("ids", "given") == "given" and given not in own:  # (integer ids:
+        first = {given: "ids"}  # a JSONL input says "given", a table's are, line numbers not)
     else:
         first = {"ids": "ids"}
     return first | {n: n for n in own}
-
-
-def _integer_ids(f: h5py.File) -> bool:
-    """Whether an output's ids are the input's integer id column (not row or line numbers)."""
-    made = decode(f.attrs.get(INPUT_ATTR, "")) or {}
-    return made.get("ids", "given") == "given"  # (a JSONL input says; a table's are given)
 
 
 def _chunks(f: h5py.File, names: list[str], stored: np.ndarray | None):
