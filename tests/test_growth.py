@@ -86,7 +86,8 @@ def test_only_the_workers_of_devices_still_deciding_get_short_workunits():
     from helpers.engine.dispatch.growth import Growth
     from helpers.engine.measure.sizing import Sizing
 
-    growth = Growth([WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)], 4, 1)
+    growth = Growth([WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)], 4,
+                    lambda index, device, copy: WorkerInfo.on(index, device, 1, copy))
     assert growth.deciding() == {0, 1}
     growth.devices["cuda:0"].done = True  # cuda:0's count decided
     assert growth.deciding() == {1}

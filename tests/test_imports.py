@@ -10,6 +10,7 @@ from pathlib import Path
 from helpers.study.paths import ROOT
 
 PARENT_ONLY = ["h5py", "pandas", "helpers.engine.dispatch.scheduler", "helpers.engine.pipeline",
+               "helpers.engine.pool", "helpers.engine.job", "helpers.engine.dispatch.taker",
                "helpers.engine.outputs.hdf5_sink", "helpers.engine.outputs.checkpoint",
                "helpers.engine.dispatch.reader", "helpers.cli"]
 FLOORS = ("helpers.engine", "helpers.workloads", "helpers.study")  # bottom to top
@@ -19,7 +20,8 @@ WORKLOAD_SEES = {"helpers.engine.contract.protocol"}  # all of the engine a work
 # the engine's rooms, each with the rooms it may import besides itself (as its __init__ says)
 ROOMS = {"contract": set(), "measure": {"contract"}, "inputs": {"contract"}, "outputs": {"contract"},
          "workers": {"contract", "outputs"}, "dispatch": {"contract", "measure", "workers"}}
-ENGINE_TOP = {"helpers.engine", "helpers.engine.pipeline"}  # may import any room
+ENGINE_TOP = {"helpers.engine", "helpers.engine.pipeline", "helpers.engine.pool",
+              "helpers.engine.job"}  # may import any room
 
 
 def module_name(path):
@@ -205,3 +207,52 @@ def test_the_engine_s_docstring_names_every_one_of_its_rooms():
     assert rooms == set(ROOMS)
     modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
     assert {m for m in rooms | modules if f"``{m}``" not in helpers.engine.__doc__} == set()
+
+
+def scheduler_reach_ins(sources):
+    """``module:line expression`` for each use, in ``sources`` (module -> text), of a
+    scheduler's attribute that is not one of its public methods or properties (its fields, its
+    taker, anything private), and each assignment to one."""
+    from helpers.engine.dispatch.scheduler import Scheduler
+
+    allowed = {name for name, value in vars(Scheduler).items()
+               if not name.startswith("_") and (callable(value) or isinstance(value, property))}
+
+    def a_scheduler(node):
+        name = node.id if isinstance(node, ast.Name) else \
+            node.attr if isinstance(node, ast.Attribute) else ""
+        return name.endswith("scheduler")
+
+    return sorted(f"{module}:{node.lineno} {ast.unparse(node)}"
+                  for module, text in sources.items() for node in ast.walk(ast.parse(text))
+                  if isinstance(node, ast.Attribute) and a_scheduler(node.value)
+                  and (node.attr not in allowed or not isinstance(node.ctx, ast.Load)))
+
+
+def test_nothing_outside_dispatch_touches_the_scheduler_but_through_its_methods():
+    sources = {module_name(p): p.read_text() for p in (ROOT / "helpers").rglob("*.py")
+               if not module_name(p).startswith("helpers.engine.dispatch")}
+    found = scheduler_reach_ins(sources)
+    assert not found, "reaching into the scheduler:\n" + "\n".join(found)
+
+
+def test_the_reach_in_rule_catches_what_it_is_about():
+    found = scheduler_reach_ins({"m": "scheduler.dispatch(feed)\n"
+                                      "self._scheduler.slots[0].ready\n"
+                                      "scheduler.pending.append(unit)\n"
+                                      "self._scheduler.dispatches = None\n"
+                                      "job.scheduler._kill(slot)\n"
+                                      "scheduler.taker.cap(0, 1)\n"
+                                      "schedule.pending\n"})
+    assert found == ["m:3 scheduler.pending", "m:4 self._scheduler.dispatches",
+                     "m:5 job.scheduler._kill", "m:6 scheduler.taker"]
+
+
+def test_no_class_of_the_engine_is_over_250_lines():
+    """A class a newcomer can read whole: the engine's split where one grew past it (the
+    scheduler into its taker and its failures, the pool and its job each in a module)."""
+    long = sorted(f"{module_name(p)}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+                  for p in (ROOT / "helpers" / "engine").rglob("*.py")
+                  for node in ast.walk(ast.parse(p.read_text()))
+                  if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno >= 250)
+    assert not long, "\n".join(long)

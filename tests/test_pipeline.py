@@ -195,82 +195,6 @@ def test_bad_settings_fail_before_any_worker_starts(tmp_path, bad, message):
         run([(0, "x")], SyntheticWorkload(), tmp_path, **kwargs)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_pool_runs_many_jobs_on_models_loaded_once(tmp_path, backend):
-    records = [(i, f"record {i}") for i in range(60)]
-    with WorkerPool(SyntheticWorkload(0.0), ["cpu"] * 3, backend, progress=False) as pool:
-        runs = [pool.run(records, tmp_path / f"out-{size}.h5", workunit_size=size)
-                for size in (1, 10, 100)]
-        for size, stats in zip((1, 10, 100), runs):
-            assert read_output(tmp_path / f"out-{size}.h5")["ids"].tolist() == list(range(60))
-            assert sum(w.workunits for w in stats.workers) == -(-60 // size)
-            assert stats.spinup_s == pool.spinup_s
-        assert len({tuple(w.pid for w in stats.workers) for stats in runs}) == 1  # same workers
-        with pytest.raises(ValueError, match="devices: fixed when the pool starts"):
-            pool.run(records, tmp_path / "x.h5", devices=["cpu"])
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_timeline_has_one_span_per_workunit_inside_the_run(tmp_path, backend):
-    stats = run([(i, i) for i in range(40)], SyntheticWorkload(0.002), tmp_path,
-                devices=["cpu", "cpu"], workunit_size=4, backend=backend)
-    assert len(stats.timeline) == 10 and sum(s.records for s in stats.timeline) == 40
-    assert sorted(s.workunit for s in stats.timeline) == list(range(10))
-    for span in stats.timeline:
-        assert 0 <= span.start_s <= span.end_s <= stats.wall_s
-        assert span.end_s - span.start_s >= span.records * 0.002 * 0.9  # the sleep happened inside
-    busy = {w.worker: w.busy_s for w in stats.workers}
-    for worker, seconds in busy.items():
-        spans = [s.end_s - s.start_s for s in stats.timeline if s.worker == worker]
-        assert sum(spans) == pytest.approx(seconds)
-    assert stats.peak_rss_mib > 0 and all(w.peak_rss_mib > 0 for w in stats.workers)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_static_split_gives_each_worker_exactly_its_slice(tmp_path, backend):
-    # one instant worker and two slow ones: unpinned, the instant one would take others' slices
-    workload = SyntheticWorkload(0.02, {"cuda:0": 1000.0})
-    pairs = [(w * 100 + i, f"r{w}-{i}") for w in range(3) for i in range(3)]
-    with WorkerPool(workload, ["cuda:0", "cuda:1", "cuda:1"], backend, progress=False) as pool:
-        rounds = [pool.run_static(pairs, tmp_path / f"out-{n}.h5") for n in range(10)]
-    for n, stats in enumerate(rounds):
-        assert sorted(span.worker for span in stats.timeline) == [0, 1, 2]
-        assert [span.records for span in stats.timeline] == [3, 3, 3]
-        assert stats.records == 9 and 0 < stats.efficiency < 0.8  # the fast worker idles
-        assert max(span.end_s for span in stats.timeline) <= stats.wall_s
-        assert read_output(tmp_path / f"out-{n}.h5")["ids"].tolist() == [i for i, _ in pairs]
-
-
-def test_a_static_split_after_a_self_sizing_job_on_the_same_pool_keeps_its_slices_whole(
-        tmp_path):
-    """The auto job's per-worker sizes (about 5 records here) must not cut the static slices."""
-    pairs = [(i, f"r{i}") for i in range(60)]
-    with WorkerPool(SyntheticWorkload(0.01), ["cpu", "cpu"], "thread", progress=False) as pool:
-        pool.run(pairs, tmp_path / "auto.h5", workunit_size="auto", workunit_seconds=0.05)
-        static = pool.run_static(pairs, tmp_path / "static.h5")
-    assert sorted((span.worker, span.records) for span in static.timeline) == [(0, 30), (1, 30)]
-    assert read_output(tmp_path / "static.h5")["ids"].tolist() == list(range(60))
-
-
-def test_static_split_deals_every_record_once_in_even_contiguous_slices():
-    from helpers.engine.pipeline import static_split
-
-    for records, workers in [(9, 3), (10, 3), (2, 3), (0, 2), (1_000_003, 7)]:
-        bounds = static_split(records, workers)
-        sizes = np.diff(bounds)
-        assert bounds[0] == 0 and bounds[-1] == records and len(sizes) == workers
-        assert (sizes >= 0).all() and sizes.max() - sizes.min() <= 1
-
-
-def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
-    broken = [(0, "a"), (1, "b"), "not a pair", (3, "d")]
-    with WorkerPool(SyntheticWorkload(0.0), ["cpu"], "thread", progress=False) as pool:
-        with pytest.raises(ValueError, match="source item 2 is not an"):
-            pool.run(broken, tmp_path / "a.h5", workunit_size=2)
-        with pytest.raises(PipelineError, match="stopped after a failed job"):
-            pool.run([(0, 0)], tmp_path / "b.h5")
-
-
 @pytest.mark.slow
 def test_static_and_queue_fed_give_identical_binning_results(tmp_path):
     """The study's static split and the queue-fed pipeline on the same images and workers."""
@@ -303,24 +227,6 @@ def test_static_strategy_falls_back_to_one_worker_for_tiny_inputs(tmp_path):
     assert stats.devices == ("cpu", "cpu") and stats.workunit_size == 4
     with pytest.raises(ValueError, match="strategy"):
         run_pipeline(pairs, SyntheticWorkload(), "cpu", 2, tmp_path / "q.h5", strategy="round")
-
-
-def test_the_worst_stall_is_the_longest_a_worker_waited_for_its_next_workunit(tmp_path):
-    """A source that stalls for a second halfway: each worker waits about that long between two
-    of its workunits (longest_idle_s), and no workunit goes out meanwhile."""
-    from helpers.engine.inputs.sources import READ_SLICE
-
-    def stalling():  # (read a slice at a time: the stall comes after the first slice's workunits)
-        for i in range(2 * READ_SLICE):
-            if i == READ_SLICE + 1:
-                time.sleep(1.0)
-            yield i, f"r{i}"
-
-    stats = run(stalling(), SyntheticWorkload(0.0), tmp_path, devices=["cpu", "cpu"],
-                workunit_size=64, backend="thread", sort_window=0)  # (no window read ahead)
-    assert stats.records == 2 * READ_SLICE
-    assert 0.8 < stats.longest_idle_s < 3, stats.longest_idle_s
-    assert stats.longest_dispatch_gap_s > 0.8
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -378,18 +284,6 @@ def test_resume_skips_written_ranges_without_decoding_them(tmp_path, monkeypatch
     np.testing.assert_array_equal(data["values"][2500], record_vector("r2500", 8))
 
 
-def test_a_refused_output_leaves_the_pool_and_its_loaded_workers_usable(tmp_path):
-    from helpers.engine.outputs.ownership import OutputError
-
-    pairs = [(i, f"r{i}") for i in range(20)]
-    with WorkerPool(SyntheticWorkload(0.0), ["cpu"], "thread", progress=False) as pool:
-        pool.run(pairs, tmp_path / "a.h5", workunit_size=5)
-        with pytest.raises(OutputError, match="already holds a finished output"):
-            pool.run(pairs, tmp_path / "a.h5", workunit_size=5)  # nothing dispatched
-        stats = pool.run(pairs, tmp_path / "b.h5", workunit_size=5)
-    assert stats.records == 20
-
-
 def test_an_input_rewritten_while_the_driver_reads_it_stops_the_run_unmixed(tmp_path):
     """Issue 44: with --writes driver, a Parquet input rewritten 3.5 s into a run gave 18,000
     old and 22,000 new rows, exit 0. The run now stops naming the file (an OSError: exit 1),
@@ -423,37 +317,6 @@ def test_an_input_rewritten_while_the_driver_reads_it_stops_the_run_unmixed(tmp_
     assert len(done["ids"]) < 20_000  # (what was written before the stop: the old rows)
     assert all(np.array_equal(v, record_vector(f"old{i}", 8))
                for i, v in zip(done["ids"].tolist()[::50], done["values"][::50]))
-
-
-@pytest.mark.parametrize("strategy", ["queue", "static"])
-def test_a_run_that_loses_rows_fails_naming_the_count_and_is_not_finished(tmp_path, strategy):
-    """Issue 44: rows lost (a CSV quote that swallowed rows, a JSONL cut short) ended in exit 0
-    or 3 with the rows in neither the output nor errors/. Whatever loses them, a run whose
-    output holds fewer rows (written or failed) than the input is a failed run, and its output
-    is left unfinished."""
-    import h5py
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from helpers.engine.inputs.sources import open_source
-
-    path = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"text": [f"r{i}" for i in range(5000)]}), path, row_group_size=1000)
-    source = open_source(path)
-    real = source.slices
-    source.slices = lambda skip, limit: (s for n, s in enumerate(real(skip, limit)) if n != 2)
-    with pytest.raises(PipelineError, match=r"the input holds 5,000 rows and the output 4,000 "
-                                            r"\(written or in errors/\): 1,000 rows unaccounted"):
-        run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 256,
-                     tmp_path / "out.h5", "thread", strategy=strategy, progress=False,
-                     writes="driver")
-    with h5py.File(tmp_path / "out.h5") as f:
-        assert not f.attrs["complete"]
-    source.slices = real
-    stats = run_pipeline(source, SyntheticWorkload(0.0, dim=8), ["cpu"] * 2, 256,
-                         tmp_path / "out.h5", "thread", strategy=strategy, progress=False,
-                         writes="driver", resume=True)
-    assert stats.records == 1000 and len(read_output(tmp_path / "out.h5")["ids"]) == 5000
 
 
 def _corpus(path, fmt: str, word: str, n: int) -> None:

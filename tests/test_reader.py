@@ -65,7 +65,7 @@ def test_workunits_are_taken_across_slices_in_order_and_only_the_last_is_short()
     assert [len(u) for u in units] == [4, 4, 4, 4, 1]
     assert np.concatenate([u.ids for u in units]).tolist() == list(range(17))
     assert all(u.records == [f"r{i}" for i in u.ids.tolist()] for u in units)
-    assert [u.index for u in units] == [0, 1, 2, 3, 4]
+    assert {u.index for u in units} == {0}  # (numbered by the taker, once: not here)
     assert woken  # (when: the next test)
 
 

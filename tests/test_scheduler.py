@@ -160,7 +160,7 @@ def test_a_worker_killed_while_loading_is_replaced(tmp_path):
 
 
 def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monkeypatch, caplog):
-    import helpers.engine.pipeline
+    import helpers.engine.dispatch.growth
 
     # 350 MiB devices, 100 MiB copies: after 3 copies 50 MiB are left, less than one copy
     workload = SyntheticWorkload(0.0, device_memory_mib={"cuda:0": 350, "cuda:1": 150},
@@ -171,7 +171,7 @@ def test_adaptive_spawn_adds_workers_while_the_device_has_memory(tmp_path, monke
     assert len(stats.workers) == 4
     assert_exactly_once(tmp_path / "out.h5", 60)
     # with no headroom asked, it adds copies until one fails to load: the 4th on cuda:0
-    monkeypatch.setattr(helpers.engine.pipeline, "FIT_HEADROOM", 0.0)
+    monkeypatch.setattr(helpers.engine.dispatch.growth, "MEMORY_HEADROOM", 0.0)
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
         with WorkerPool(workload, ["cuda:0"], workers_per_device="fit",  # (adaptive's new name)
                         max_workers_per_device=6) as pool:
@@ -234,7 +234,7 @@ def ready_scheduler(backend, workers, **settings):
     from helpers.engine.dispatch.slots import State
 
     scheduler = Scheduler(backend, workers, PoolSettings(**settings))
-    scheduler.workunit_size = 1  # (a job of fixed sizes, as the pool's new_job sets it)
+    scheduler.taker.new_job(size=1)  # (a job of fixed sizes, as the pool sets it)
     for slot in scheduler.slots.values():
         slot.state = State.READY
     return scheduler
@@ -252,7 +252,8 @@ def test_with_auto_sizes_the_scheduler_asks_the_feed_for_each_workers_size():
     sizing = Sizing(1.0)
     sizing.observe(0, 100, 0.1)  # 1,000 records/s: 400 at most (four times the last)
     sizing.observe(1, 100, 1.0)  # 100 records/s: 100
-    scheduler.new_job(1, sizing=sizing)
+    scheduler.taker.new_job(sizing)
+    scheduler.new_job(1)
     queued = Queued([Workunit(0, np.arange(n, n + 50), [f"r{i}" for i in range(n, n + 50)])
                      for n in reversed(range(0, 5000, 50))])  # windows of 50
     scheduler.dispatch(queued)
@@ -262,14 +263,14 @@ def test_with_auto_sizes_the_scheduler_asks_the_feed_for_each_workers_size():
     assert queued.asked[:3] == [400, 350, 300]  # (joined up to the target)
     sent = sorted(np.concatenate([u.ids for s in (fast, slow) for u in s.in_flight]).tolist())
     assert sent == list(range(1000))  # each once
-    retried = scheduler.number(Workunit(0, np.arange(9000, 9300), ["x"] * 300, attempts=1))
-    scheduler.pending.append(retried)
+    retried = scheduler.taker.number(Workunit(0, np.arange(9000, 9300), ["x"] * 300, attempts=1))
+    scheduler.taker.waiting.append(retried)
     slow.in_flight.clear()
     slow.messages.clear()
     scheduler.dispatch(queued)
     assert [u.ids[0] for u in slow.in_flight] == [9000, 9100]
     assert [len(u) for u in slow.in_flight] == [100, 100]
-    assert [len(unit) for unit in scheduler.pending] == [100]  # the rest of the retried one
+    assert [len(unit) for unit in scheduler.taker.waiting] == [100]  # the rest of the retried one
 
 
 def test_a_static_split_s_slice_goes_whole_unless_its_worker_is_capped():
@@ -279,15 +280,16 @@ def test_a_static_split_s_slice_goes_whole_unless_its_worker_is_capped():
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
+    scheduler.taker.new_job()
     scheduler.new_job(per_message=1)
     for i in (0, 1):
-        scheduler.pending.append(scheduler.number(
+        scheduler.taker.waiting.append(scheduler.taker.number(
             Workunit(0, np.arange(i * 100, i * 100 + 100), ["r"] * 100, pinned=i)))
-    scheduler.slots[1].cap = 30  # (an out-of-memory in an earlier job)
+    scheduler.taker.cap(1, 30)  # (an out-of-memory in an earlier job)
     scheduler.dispatch(Queued())
     assert [len(u) for u in scheduler.slots[0].in_flight] == [100]
     assert [len(u) for u in scheduler.slots[1].in_flight] == [30]
-    assert [(len(u), u.pinned) for u in scheduler.pending] == [(70, 1)]
+    assert [(len(u), u.pinned) for u in scheduler.taker.waiting] == [(70, 1)]
 
 
 def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
@@ -296,20 +298,20 @@ def test_the_last_workunits_go_one_per_idle_worker_not_two_to_one():
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)])
     for n in range(3):
-        scheduler.pending.append(scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])))
+        scheduler.taker.waiting.append(scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])))
     scheduler.dispatch(Queued())
     assert [slot for slot, _ in backend.sent] == [0, 1]  # one each; the third waits for the first
-    assert len(scheduler.pending) == 1                      # worker free, not behind a busy one
+    assert len(scheduler.taker.waiting) == 1                      # worker free, not behind a busy one
     for n in range(4):
-        scheduler.pending.append(scheduler.number(Workunit(0, np.arange(n, n + 1), [f"s{n}"])))
+        scheduler.taker.waiting.append(scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"s{n}"])))
     scheduler.dispatch(Queued())  # five left for two workers: enough to queue behind each
     assert [slot for slot, _ in backend.sent] == [0, 1, 0, 1]
     backend.sent.clear()
     for slot in scheduler.slots.values():
         slot.in_flight.clear()
         slot.messages.clear()
-    scheduler.pending.clear()
-    queued = Queued(scheduler.number(Workunit(0, np.arange(1), ["y"])) for _ in range(3))
+    scheduler.taker.waiting.clear()
+    queued = Queued(scheduler.taker.number(Workunit(0, np.arange(1), ["y"])) for _ in range(3))
     scheduler.dispatch(queued)
     assert [slot for slot, _ in backend.sent] == [0, 1] and len(queued.units) == 1
 
@@ -334,8 +336,8 @@ def test_a_message_holds_several_workunits_and_the_last_go_one_per_idle_worker()
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1), WorkerInfo(1, "cuda:1", 1)])
-    scheduler.per_message = 4
-    queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+    scheduler.new_job(4)
+    queued = Queued([scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                      for n in reversed(range(24))])
     scheduler.dispatch(queued)
     assert [(slot, len(units)) for slot, units in backend.sent] == [(0, 4), (1, 4), (0, 4), (1, 4)]
@@ -365,8 +367,8 @@ def test_a_worker_holds_two_messages_however_small_they_are_at_the_end_of_a_job(
 
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
-    scheduler.per_message = 4
-    queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+    scheduler.new_job(4)
+    queued = Queued([scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                      for n in reversed(range(10))])
     for _ in range(5):  # (each pass as after an event that answers nothing)
         scheduler.dispatch(queued)
@@ -382,8 +384,8 @@ def test_a_message_never_holds_more_than_units_per_message():
 
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
-    scheduler.per_message = 4
-    units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(20)]
+    scheduler.new_job(4)
+    units = [scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(20)]
     scheduler.dispatch(Queued(units[:1]))
     scheduler.dispatch(Queued(list(reversed(units[1:]))))
     assert [len(message) for _, message in backend.sent] == [1, 4]
@@ -399,12 +401,14 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
     of a job still cuts messages to one; auto sizes and a new job start from per_message."""
     from helpers.engine.contract.messages import Result, WorkerInfo, Workunit
     from helpers.engine.contract.settings import MAX_UNITS_PER_MESSAGE, MESSAGE_SECONDS
+    from helpers.engine.measure.sizing import Sizing
 
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)],
                                 workunit_timeout=1.0)
-    scheduler.new_job(2, growing_messages=True, workunit_size=1)
-    queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+    scheduler.taker.new_job(size=1)
+    scheduler.new_job(2, growing_messages=True)
+    queued = Queued([scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                      for n in reversed(range(400))])
     scheduler.dispatch(queued)
     assert [len(units) for _, units in backend.sent] == [2, 2, 2, 2]  # nothing measured yet
@@ -439,12 +443,12 @@ def test_where_messages_grow_a_worker_with_short_workunits_gets_more_a_message()
     assert sent_to_0() == [2, 2]
     answer(0, MESSAGE_SECONDS / 100)  # then down slowly: a moving average (0.2 of the new)
     assert scheduler.message_size(slot) == 2 and slot.unit_s > MESSAGE_SECONDS / 2
-    scheduler.sizing = object()  # workunit_size="auto": each workunit about a second already
+    scheduler.taker.new_job(Sizing(1.0))  # workunit_size="auto": each about a second already
     assert scheduler.message_size(slot) == 2
-    scheduler.sizing = None
+    scheduler.taker.new_job(size=1)
     queued.units = queued.units[-3:]  # the end of the job: one workunit, not three
     assert sent_to_0() == [1] and len(queued.units) == 2
-    scheduler.new_job(2, growing_messages=True, workunit_size=1)  # the next job's workunits may be long
+    scheduler.new_job(2, growing_messages=True)  # the next job's workunits may be long
     assert scheduler.message_size(slot) == 2
 
 
@@ -461,8 +465,9 @@ def test_grown_messages_hold_no_more_records_than_message_records_the_driver_rea
     def sizes(records):
         backend = FakeBackend()
         scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
-        scheduler.new_job(1, growing_messages=True, workunit_size=size)
-        queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + size), records(n)))
+        scheduler.taker.new_job(size=size)
+        scheduler.new_job(1, growing_messages=True)
+        queued = Queued([scheduler.taker.number(Workunit(0, np.arange(n, n + size), records(n)))
                          for n in reversed(range(0, 200 * size, size))])
         sent = []
         for _ in range(6):
@@ -488,8 +493,8 @@ def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_al
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)], retries=1,
                                 workunit_timeout=10.0)
-    scheduler.per_message = 3
-    queued = Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+    scheduler.new_job(3)
+    queued = Queued([scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                      for n in reversed(range(8))])  # (two left for later)
     scheduler.dispatch(queued)
     slot = scheduler.slots[0]
@@ -501,7 +506,7 @@ def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_al
     scheduler.check_timeouts()
     assert backend.killed == [0] and scheduler.recovery.timeouts == 1
     assert scheduler.handle(0, Died(0, None, "killed by the pool (ray.kill)")) == ([], [])
-    assert [(int(u.ids[0]), u.attempts, u.alone) for u in scheduler.pending] == [
+    assert [(int(u.ids[0]), u.attempts, u.alone) for u in scheduler.taker.waiting] == [
         (n, 0, True) for n in range(6)]
     assert scheduler.recovery.failed_workunits == 0 and scheduler.recovery.restarts == 1
     backend.sent.clear()
@@ -512,7 +517,7 @@ def test_a_death_or_hang_where_answers_come_back_together_sends_each_workunit_al
     scheduler.dispatch(Queued())
     assert len(backend.sent) == 2 and len(slot.in_flight) == 1
     assert scheduler.handle(0, Died(0, None, "Ray actor died: segfault")) == ([], [])
-    assert [(int(u.ids[0]), u.attempts) for u in scheduler.pending][:2] == [(1, 1), (2, 0)]
+    assert [(int(u.ids[0]), u.attempts) for u in scheduler.taker.waiting][:2] == [(1, 1), (2, 0)]
     assert scheduler.recovery.failed_workunits == 1  # the one it held alone: charged
 
 
@@ -524,14 +529,14 @@ def test_a_workunit_to_be_sent_alone_waits_uncut_for_a_worker_holding_nothing():
     backend = FakeBackend(answers_together=True)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
     busy, idle = scheduler.slots[0], scheduler.slots[1]
-    busy.cap = 1
-    busy.in_flight.append(scheduler.number(Workunit(0, np.arange(1), ["a"])))
-    alone = scheduler.number(Workunit(0, np.arange(1, 101), [f"r{n}" for n in range(100)],
+    scheduler.taker.cap(busy.info.index, 1)
+    busy.in_flight.append(scheduler.taker.number(Workunit(0, np.arange(1), ["a"])))
+    alone = scheduler.taker.number(Workunit(0, np.arange(1, 101), [f"r{n}" for n in range(100)],
                                       alone=True))
-    scheduler.pending.append(alone)
+    scheduler.taker.waiting.append(alone)
     idle.state = idle.state.LOADING
     scheduler.dispatch(Queued())
-    assert backend.sent == [] and list(scheduler.pending) == [alone]
+    assert backend.sent == [] and list(scheduler.taker.waiting) == [alone]
     idle.state = idle.state.READY
     scheduler.dispatch(Queued())
     assert backend.sent == [(1, [alone.index])] and len(idle.in_flight[0]) == 100
@@ -549,12 +554,12 @@ def test_a_death_holding_two_calls_charges_the_first_only_where_its_answer_canno
     backend = FakeBackend(answers_together=together)
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
     scheduler.slots[0].ready = Ready(0, 1, 0.0, {}, overlaps=overlaps)
-    scheduler.dispatch(Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+    scheduler.dispatch(Queued([scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                                for n in reversed(range(2))]))
     assert [len(units) for _, units in backend.sent] == [1, 1]
     scheduler.handle(0, Died(0, -11))
     unknown = together or overlaps
-    assert [(u.attempts, u.alone) for u in scheduler.pending] == (
+    assert [(u.attempts, u.alone) for u in scheduler.taker.waiting] == (
         [(0, True), (0, True)] if unknown else [(1, False), (0, False)])
     assert scheduler.recovery.failed_workunits == (0 if unknown else 1)
 
@@ -567,12 +572,12 @@ def test_an_overlapping_worker_s_death_suspects_the_two_workunits_it_had_started
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1)])
     scheduler.slots[0].ready = Ready(0, 1, 0.0, {}, overlaps=True)
-    scheduler.per_message = 2
-    scheduler.dispatch(Queued([scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
+    scheduler.new_job(2)
+    scheduler.dispatch(Queued([scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"]))
                                for n in reversed(range(8))]))
     assert [len(units) for _, units in backend.sent] == [2, 2]
     scheduler.handle(0, Died(0, -11))
-    assert [(int(u.ids[0]), u.attempts, u.alone) for u in scheduler.pending] == [
+    assert [(int(u.ids[0]), u.attempts, u.alone) for u in scheduler.taker.waiting] == [
         (0, 0, True), (1, 0, True), (2, 0, False), (3, 0, False)]
     assert scheduler.recovery.failed_workunits == 0
 
@@ -585,7 +590,7 @@ def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1)], retries=0)
     slot = scheduler.slots[0]
-    units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(3)]
+    units = [scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(3)]
     slot.in_flight.extend(units)
 
     def fail(unit):
@@ -596,7 +601,7 @@ def test_a_workunit_failing_on_a_worker_already_being_recycled_is_not_charged():
                                     pytest.approx(time.time(), abs=60))])
     assert fail(units[1]) == ([], []) and backend.killed == [0]  # second in a row: recycled
     assert fail(units[2]) == ([], []) and backend.killed == [0]  # behind it: not charged
-    assert [(list(u.ids), u.attempts) for u in scheduler.pending] == [([2], 0), ([1], 0)]
+    assert [(list(u.ids), u.attempts) for u in scheduler.taker.waiting] == [([2], 0), ([1], 0)]
 
 
 def test_a_workunit_that_finishes_before_its_timeout_kill_lands_leaves_the_next_uncharged():
@@ -608,14 +613,14 @@ def test_a_workunit_that_finishes_before_its_timeout_kill_lands_leaves_the_next_
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cuda:0", 1)], retries=0,
                                 workunit_timeout=0.001)
     slot = scheduler.slots[0]
-    units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(2)]
+    units = [scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(2)]
     slot.in_flight.extend(units)
     scheduler.check_timeouts()
     assert backend.killed == [0] and scheduler.recovery.timeouts == 1
     results, _ = scheduler.handle(0, Result(0, units[0].index, units[0].ids, {}, [], 0.0, 0.0))
     assert len(results) == 1
     assert scheduler.handle(0, Died(0, -9)) == ([], [])
-    assert [(list(u.ids), u.attempts) for u in scheduler.pending] == [([1], 0)]
+    assert [(list(u.ids), u.attempts) for u in scheduler.taker.waiting] == [([1], 0)]
     assert scheduler.recovery.failed_workunits == 0 and scheduler.recovery.restarts == 1
 
 
@@ -628,11 +633,11 @@ def test_a_worker_whose_machine_is_lost_leaves_its_workunits_uncharged(lost):
     backend = FakeBackend()
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)],
                                 retries=1)
-    units = [scheduler.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(2)]
+    units = [scheduler.taker.number(Workunit(0, np.arange(n, n + 1), [f"r{n}"])) for n in range(2)]
     scheduler.slots[0].in_flight.extend(units)
     died = Died(0, None, "its Ray node was lost", lost) if lost else Died(0, -11)
     assert scheduler.handle(0, died) == ([], [])
-    assert [u.attempts for u in scheduler.pending] == [0 if lost else 1, 0]
+    assert [u.attempts for u in scheduler.taker.waiting] == [0 if lost else 1, 0]
     assert scheduler.recovery.failed_workunits == (0 if lost else 1)
     assert scheduler.recovery.deaths == 1 and scheduler.recovery.restarts == 1
 

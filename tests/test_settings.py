@@ -130,7 +130,7 @@ def test_the_command_line_takes_its_defaults_from_the_settings():
 
 
 def test_auto_writes_are_the_workers_only_on_ray_with_a_source_they_can_read():
-    from helpers.engine.pipeline import who_writes
+    from helpers.engine.pool import who_writes
 
     class Openable:
         def rows(self, skip, limit):

@@ -39,13 +39,13 @@ def run_once(units: int, writes: str, output: str, per_message: int | str = 1,
              backend: str = "process") -> dict[str, Any]:
     """One run in this process (``python -m helpers.bench dispatch-run``): its measurements."""
     from helpers.bench.scale import CycledTexts, _sample_texts
-    from helpers.engine import pipeline
+    from helpers.engine import job as jobs
     from helpers.engine.contract.settings import JobSettings, PoolSettings
     from helpers.engine.pipeline import WorkerPool
     from helpers.workloads.synthetic import SyntheticWorkload
 
     loop: dict[str, float] = {}
-    drive = pipeline._Job.drive
+    drive = jobs.Job.drive
 
     def timed(job: Any, *args: Any) -> None:  # the dispatch loop alone, its wall and CPU
         cpu, wall = time.process_time(), time.monotonic()
@@ -55,7 +55,7 @@ def run_once(units: int, writes: str, output: str, per_message: int | str = 1,
             loop["cpu_s"], loop["wall_s"] = time.process_time() - cpu, time.monotonic() - wall
             loop["messages"] = job.scheduler.dispatches.messages
 
-    pipeline._Job.drive = timed
+    jobs.Job.drive = timed
     settings = PoolSettings(("cpu",) * 2, backend, units_per_message=per_message)
     job = JobSettings(WORKUNIT_ROWS, progress=False, writes=writes)
     with WorkerPool.from_settings(SyntheticWorkload(0.0, dim=1, values="zeros"), settings,

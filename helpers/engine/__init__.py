@@ -7,6 +7,7 @@ each imports only itself and the rooms its ``__init__`` names:
 - ``inputs``: sources and the readers a worker runs on its own rows;
 - ``outputs``: parts, their index, ownership, exports;
 - ``workers``: the worker loop and the backends that run it (process, thread, Ray);
-- ``dispatch``: the driver's decisions (reader, scheduler, growth, probe);
-- ``pipeline`` on top, drawing the data flow.
+- ``dispatch``: the driver's decisions (reader, taker, scheduler, failures, growth, probe);
+- on top: ``pool`` (workers started once, running jobs), ``job`` (one job's loop and its
+  stats), and ``pipeline``, drawing the data flow and running a job on a pool of its own.
 """

@@ -132,7 +132,7 @@ def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
     """How many workers "fit" started, what each read of the device's free memory, whether
     the last one's reading is the device's (read here now), and what a copy really takes."""
     from helpers.engine.measure.telemetry import memory_in_use
-    from helpers.engine.pipeline import FIT_HEADROOM
+    from helpers.engine.dispatch.growth import MEMORY_HEADROOM
     from helpers.engine.workers.worker import device_memory
 
     after = memory_in_use(device)
@@ -146,7 +146,7 @@ def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
     real = (after - before) / started if after is not None and before is not None and started \
         else None
     free_before = free_now + (real or 0.0) * started
-    leaves = FIT_HEADROOM * counted if counted else None  # free, once "fit" stops
+    leaves = MEMORY_HEADROOM * counted if counted else None  # free, once "fit" stops
     return {"check": "fit", "passed": started >= 1 and reads_real, "workers": started,
             "worker_free_mib": " ".join(f"{r.free_mib:.0f}" for r in ready if r.free_mib),
             "free_now_mib": free_now, "copy_mib": counted, "copy_real_mib": real,

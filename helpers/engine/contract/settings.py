@@ -169,10 +169,17 @@ class PoolSettings:
     def workers(self) -> list[WorkerInfo]:
         """One WorkerInfo per worker to start; ``copy`` counts the earlier ones on its device."""
         devices = self.worker_devices
-        cpu_threads = self.threads_per_worker or \
-            (1 if self.growing else cpu_threads_per_worker(devices))
-        return [WorkerInfo.on(i, device, cpu_threads, devices[:i].count(device))
+        return [self.worker(i, device, devices[:i].count(device))
                 for i, device in enumerate(devices)]
+
+    def worker(self, index: int, device: str, copy: int = 0) -> WorkerInfo:
+        """Worker ``index``, the ``copy``-th on ``device`` (the only place a WorkerInfo is made:
+        the pool's first workers, "fit"'s and growth's added ones): ``threads_per_worker`` CPU
+        threads, else one where workers are added one at a time, else the CPU's cores shared
+        among the CPU workers the pool starts with."""
+        cpu_threads = self.threads_per_worker or (1 if self.growing or self.filling else
+                                                  cpu_threads_per_worker(self.worker_devices))
+        return WorkerInfo.on(index, device, cpu_threads, copy)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A self-tuning worker count per device (``workers_per_device="auto"``).
+"""A self-tuning worker count per device (``workers_per_device="auto"``), and ``"fit"``'s count
+before any work (``fit``).
 
 Each device starts with one worker. Once every worker on it has run GROWTH_RESULTS workunits at
 their settled size since the last change, the device's rate is measured by counting completions:
@@ -24,11 +25,13 @@ Devices are judged independently, so a fast card and a slow one settle on their 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from helpers.engine.contract.messages import Ready, WorkerInfo
-from helpers.engine.dispatch.scheduler import Scheduler
+from helpers.engine.contract.settings import PoolSettings
+from helpers.engine.dispatch.scheduler import PipelineError, Scheduler
 from helpers.engine.dispatch.slots import State
 
 log = logging.getLogger("gpufeed")
@@ -111,9 +114,11 @@ class Growth:
     ``retire(slot)``).
     """
 
-    def __init__(self, workers: list[WorkerInfo], max_workers: int, threads: int,
+    def __init__(self, workers: list[WorkerInfo], max_workers: int,
+                 new_worker: Callable[[int, str, int], WorkerInfo],
                  margin: float = GROWTH_MARGIN) -> None:
-        self.max_workers, self.threads, self.margin = max_workers, threads, margin
+        self.max_workers, self.margin = max_workers, margin
+        self._new_worker = new_worker  # (index, device, copy): PoolSettings.worker
         self.devices: dict[str, _Device] = {}
         for info in workers:
             self.devices.setdefault(info.device, _Device(info.device, [])).slots.append(info.index)
@@ -207,7 +212,7 @@ class Growth:
             device.done = True
         else:
             index = max(scheduler.slots) + 1
-            scheduler.spawn(WorkerInfo.on(index, device.name, self.threads, k), optional=True)
+            scheduler.spawn(self._new_worker(index, device.name, k), optional=True)
             device.loading = index
             self._decide(device, seconds, "add", k + 1, before, rate, why)
 
@@ -218,3 +223,30 @@ class Growth:
                             None if after is None else round(after, 2), reason)
         self.decisions.append(decision)
         log.info("growth: %s %s -> %d workers (%s)", device.name, action, workers, reason)
+
+
+def fit(scheduler: Scheduler, settings: PoolSettings) -> list[WorkerInfo]:
+    """workers_per_device="fit" (or adaptive=True), before any work: per device, add one worker
+    at a time until one fails to load or the device lacks memory for another copy
+    (MEMORY_HEADROOM), or max_workers_per_device; the workers that stayed."""
+    workers: list[WorkerInfo] = []
+    for device in dict.fromkeys(settings.devices):
+        for copy in range(settings.max_workers_per_device):
+            info = settings.worker(len(workers), device, copy)
+            scheduler.spawn(info)
+            try:
+                ready = scheduler.await_ready([info.index])
+            except PipelineError as exc:
+                if copy == 0:
+                    raise
+                scheduler.discard(info.index)
+                log.warning("fit: worker %d on %s failed to start (%s); keeping %d",
+                            copy + 1, device, exc, copy)
+                break
+            workers.append(info)
+            if short_of_memory(ready[info.index], MEMORY_HEADROOM):
+                log.info("fit: %s has %.0f MiB free after %d copies of %.0f MiB; "
+                         "stopping there", device, ready[info.index].free_mib, copy + 1,
+                         ready[info.index].model_mib)
+                break
+    return workers

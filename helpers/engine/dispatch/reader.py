@@ -1,8 +1,8 @@
 """The reader: a thread that reads a source ahead of the scheduler and queues its records, a
-bounded number of them; the scheduler takes them in workunits of the sizes it decides."""
+bounded number of them; the taker (helpers.engine.dispatch.taker) takes them in workunits of the
+sizes it decides."""
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import deque
@@ -15,9 +15,9 @@ from helpers.engine.contract.messages import POLL_SECONDS, Workunit
 
 
 class Reader(threading.Thread):
-    """Reads the source in a thread and queues its records for the scheduler, which takes them
-    ``take(n)`` at a time: a workunit's size is the scheduler's alone (helpers.engine.measure
-    .sizing), never told to the reader.
+    """Reads the source in a thread and queues its records for the taker, which takes them
+    ``take(n)`` at a time: a workunit's size is the taker's alone (helpers.engine.dispatch.taker),
+    never told to the reader, and so is its number (a workunit taken here is not numbered).
 
     ``slices``: ``(ids, records)`` pairs of an int64 array and a list
     (helpers.engine.inputs.sources.read_slices), or Rows (a source's ``rows``). ``wake`` ends the
@@ -33,7 +33,7 @@ class Reader(threading.Thread):
     whatever made it so); with ``ahead_s`` 0 (a ``queue_depth`` the user set) ``depth``
     workunits at most. A window is queued whole once there is room.
 
-    The scheduler's side (helpers.engine.dispatch.scheduler.Feed): ``take(n)`` a workunit of up to
+    The taker's side (helpers.engine.dispatch.taker.Feed): ``take(n)`` a workunit of up to
     ``n`` records or None, ``backlog(n)``, ``remaining()`` records (known once the source is
     read, or from ``total``), and ``exhausted()``, which re-raises in the scheduler's thread
     whatever stopped the reader (an unreadable input). ``stop()`` ends the thread early and
@@ -67,7 +67,6 @@ class Reader(threading.Thread):
         self._stop_at = stop_at  # (time.monotonic()) after it, no workunit is given out
         self.cut = False  # whether ``stop_at`` ended the feed before the source did
         self._records_put = self._records_taken = 0  # each written by one thread only
-        self._numbers = itertools.count()
         self.error: BaseException | None = None
         self.read_s = self.blocked_s = 0.0
         self._wanted = True  # the scheduler found too little here: wake it at the next records
@@ -123,7 +122,7 @@ class Reader(threading.Thread):
             self._room.notify()
         self._wanted = self._owed
         self._records_taken += len(ids)
-        return Workunit(next(self._numbers), ids, records)
+        return Workunit(0, ids, records)  # (numbered by the taker)
 
     def _cut(self, n: int) -> tuple[np.ndarray, list]:
         """Up to ``n`` records from the head of the queue: from its first window only, or across

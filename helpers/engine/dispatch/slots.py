@@ -4,10 +4,11 @@ growth and the start's check read its ``state``."""
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from helpers.engine.contract.messages import Ready, WorkerInfo
+from helpers.engine.contract.messages import Ready, WorkerInfo, Workunit
 
 
 class State(enum.Enum):
@@ -35,7 +36,6 @@ class Slot:
     head_since: float = 0.0  # when the first in-flight workunit started (as near as we know)
     since: float = 0.0  # when the current worker was spawned
     restarts: int = 0
-    cap: int | None = None  # most records per workunit, after an out-of-memory backoff
     killed: Kill | None = None  # set when we killed the current worker, until its Died arrives
     kill_message: str = ""
     kill_unit: int | None = None  # the workunit a timeout kill was about
@@ -47,3 +47,20 @@ class Slot:
     held: int = 0  # records a workunit of it holds in the driver's memory (0: its worker reads
     # them itself), the largest of the last message's
     optional: bool = False  # an added worker (growth): if it cannot start, the pool goes on
+
+
+def answered(slot: Slot, index: int) -> Workunit | None:
+    """Remove workunit ``index`` from the slot's in-flight list, or None if it is not there (a
+    result from a worker we have already given up on)."""
+    for unit in slot.in_flight:
+        if unit.index == index:
+            slot.in_flight.remove(unit)
+            for message in slot.messages:
+                if index in message:
+                    message.discard(index)
+                    if not message:
+                        slot.messages.remove(message)
+                    break
+            slot.head_since = time.monotonic()
+            return unit
+    return None

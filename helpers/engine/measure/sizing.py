@@ -30,13 +30,13 @@ at about the same time: guided self-scheduling, weighted by speed. A workunit is
 MIN_SECONDS of its worker's work, nor below the work of its fixed cost (half a workunit fixed
 cost at worst), so that the tail does not turn into single records that are all fixed cost.
 
-The out-of-memory cap (helpers.engine.dispatch.scheduler) still applies on top of the target.
+The out-of-memory cap (helpers.engine.dispatch.taker) still applies on top of the target.
 
-Who changes a Sizing, only through its methods: the pool starts each job (``start_job``); the
-scheduler feeds it each result (``observe``), forgets a retired worker, asks it at each dispatch
-(``size``) and takes that many records from the reader; the pool starts the reader's bound at
-the ``largest`` target; growth's loop shortens the workunits of the devices whose worker count it
-is deciding (``explore``).
+Who changes a Sizing, only through its methods: the pool starts each job (``start_job``) and
+hands it to its taker (helpers.engine.dispatch.taker), which alone uses it from then on: it feeds
+it each result (``observe``), forgets a retired worker, asks it for each workunit (``size``) and
+takes that many records from the reader, starts the reader's bound at the ``largest`` target,
+and shortens the workunits of the devices whose worker count growth is deciding (``explore``).
 """
 from __future__ import annotations
 

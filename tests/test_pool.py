@@ -1,0 +1,82 @@
+"""The pool: workers started once run many jobs, queue-fed or statically split, and a pool whose
+job failed refuses more, while one refused before it began stays usable."""
+import numpy as np
+import pytest
+
+from helpers import PipelineError, SyntheticWorkload, WorkerPool, read_output
+
+pytestmark = pytest.mark.timeout(180)  # reached only on deadlock: every run here ends in seconds
+
+BACKENDS = ["process", "thread"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pool_runs_many_jobs_on_models_loaded_once(tmp_path, backend):
+    records = [(i, f"record {i}") for i in range(60)]
+    with WorkerPool(SyntheticWorkload(0.0), ["cpu"] * 3, backend, progress=False) as pool:
+        runs = [pool.run(records, tmp_path / f"out-{size}.h5", workunit_size=size)
+                for size in (1, 10, 100)]
+        for size, stats in zip((1, 10, 100), runs):
+            assert read_output(tmp_path / f"out-{size}.h5")["ids"].tolist() == list(range(60))
+            assert sum(w.workunits for w in stats.workers) == -(-60 // size)
+            assert stats.spinup_s == pool.spinup_s
+        assert len({tuple(w.pid for w in stats.workers) for stats in runs}) == 1  # same workers
+        with pytest.raises(ValueError, match="devices: fixed when the pool starts"):
+            pool.run(records, tmp_path / "x.h5", devices=["cpu"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_static_split_gives_each_worker_exactly_its_slice(tmp_path, backend):
+    # one instant worker and two slow ones: unpinned, the instant one would take others' slices
+    workload = SyntheticWorkload(0.02, {"cuda:0": 1000.0})
+    pairs = [(w * 100 + i, f"r{w}-{i}") for w in range(3) for i in range(3)]
+    with WorkerPool(workload, ["cuda:0", "cuda:1", "cuda:1"], backend, progress=False) as pool:
+        rounds = [pool.run_static(pairs, tmp_path / f"out-{n}.h5") for n in range(10)]
+    for n, stats in enumerate(rounds):
+        assert sorted(span.worker for span in stats.timeline) == [0, 1, 2]
+        assert [span.records for span in stats.timeline] == [3, 3, 3]
+        assert stats.records == 9 and 0 < stats.efficiency < 0.8  # the fast worker idles
+        assert max(span.end_s for span in stats.timeline) <= stats.wall_s
+        assert read_output(tmp_path / f"out-{n}.h5")["ids"].tolist() == [i for i, _ in pairs]
+
+
+def test_a_static_split_after_a_self_sizing_job_on_the_same_pool_keeps_its_slices_whole(
+        tmp_path):
+    """The auto job's per-worker sizes (about 5 records here) must not cut the static slices."""
+    pairs = [(i, f"r{i}") for i in range(60)]
+    with WorkerPool(SyntheticWorkload(0.01), ["cpu", "cpu"], "thread", progress=False) as pool:
+        pool.run(pairs, tmp_path / "auto.h5", workunit_size="auto", workunit_seconds=0.05)
+        static = pool.run_static(pairs, tmp_path / "static.h5")
+    assert sorted((span.worker, span.records) for span in static.timeline) == [(0, 30), (1, 30)]
+    assert read_output(tmp_path / "static.h5")["ids"].tolist() == list(range(60))
+
+
+def test_static_split_deals_every_record_once_in_even_contiguous_slices():
+    from helpers.engine.pool import static_split
+
+    for records, workers in [(9, 3), (10, 3), (2, 3), (0, 2), (1_000_003, 7)]:
+        bounds = static_split(records, workers)
+        sizes = np.diff(bounds)
+        assert bounds[0] == 0 and bounds[-1] == records and len(sizes) == workers
+        assert (sizes >= 0).all() and sizes.max() - sizes.min() <= 1
+
+
+def test_a_pool_refuses_work_after_a_failed_job(tmp_path):
+    broken = [(0, "a"), (1, "b"), "not a pair", (3, "d")]
+    with WorkerPool(SyntheticWorkload(0.0), ["cpu"], "thread", progress=False) as pool:
+        with pytest.raises(ValueError, match="source item 2 is not an"):
+            pool.run(broken, tmp_path / "a.h5", workunit_size=2)
+        with pytest.raises(PipelineError, match="stopped after a failed job"):
+            pool.run([(0, 0)], tmp_path / "b.h5")
+
+
+def test_a_refused_output_leaves_the_pool_and_its_loaded_workers_usable(tmp_path):
+    from helpers.engine.outputs.ownership import OutputError
+
+    pairs = [(i, f"r{i}") for i in range(20)]
+    with WorkerPool(SyntheticWorkload(0.0), ["cpu"], "thread", progress=False) as pool:
+        pool.run(pairs, tmp_path / "a.h5", workunit_size=5)
+        with pytest.raises(OutputError, match="already holds a finished output"):
+            pool.run(pairs, tmp_path / "a.h5", workunit_size=5)  # nothing dispatched
+        stats = pool.run(pairs, tmp_path / "b.h5", workunit_size=5)
+    assert stats.records == 20
