@@ -353,9 +353,10 @@ def test_the_tuner_measures_its_leaders_again_and_keeps_its_budget(tmp_path):
 
     started = time.monotonic()
     tuned = tune(cards, [(i, i) for i in range(40000)], ["cuda:0", "cuda:1"], backend="thread",
-                 sample=2000, budget_seconds=12)
+                 sample=2000, budget_seconds=20)  # (12 s left no repeat when the
+    # suite's other files ran beside it)
     took = time.monotonic() - started
-    assert took < 12 * 1.1 + 2, took  # (a trial's error, and the table's end)
+    assert took < 20 * 1.1 + 2, took  # (a trial's error, and the table's end)
     repeats = [t for t in tuned.trials if t["phase"] == "repeat"]
     assert repeats and all(t["repeat_of"] < t["trial"] for t in repeats)
     assert tuned.reason and "records/s" in tuned.reason
