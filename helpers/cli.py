@@ -362,7 +362,7 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
                            "Parquet, Arrow, CSV/TSV, JSONL with line-number ids), else the "
                            "driver")
     layout.add_argument("--adaptive", action="store_true",
-                      help="the same as --workers-per-device fit (its older name)")
+                      help="deprecated: the older name of --workers-per-device fit")
     layout.add_argument("--max-workers-per-device", type=int,
                       default=PoolSettings.max_workers_per_device,
                       help="the most workers --workers-per-device auto or fit puts on a "

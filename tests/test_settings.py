@@ -143,3 +143,13 @@ def test_auto_writes_are_the_workers_only_on_ray_with_a_source_they_can_read():
     assert who_writes(auto, "process", Openable()) == "driver"  # one machine: measured faster
     assert who_writes(JobSettings(writes="driver"), "ray", Openable()) == "driver"
     assert who_writes(JobSettings(writes="workers"), "process", [(0, "x")]) == "workers"
+
+
+def test_adaptive_is_folded_into_fit_with_a_warning_naming_it():
+    """Issue 60: worker counts came in three modes and an alias; the alias says what it is."""
+    with pytest.warns(FutureWarning, match="older name of workers_per_device='fit'"):
+        settings = PoolSettings(("cpu",), adaptive=True)
+    assert settings.workers_per_device == "fit" and not settings.adaptive
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PoolSettings(("cpu",), workers_per_device="fit")  # (the mode itself: no warning)

@@ -33,6 +33,9 @@ IN_PLACE_GONE = ("durable=False (--in-place) is deprecated and will be removed: 
                  "failure_costs.csv, docs/benchmarks.md), so the run writes parts as any run "
                  "does; an output over 256 MiB stays an index over them, which `python -m "
                  "helpers compact OUTPUT` makes one file")  # JobSettings.durable
+ADAPTIVE_GONE = ("adaptive=True (--adaptive) is deprecated and will be removed: it is the older "
+                 "name of workers_per_device='fit' (--workers-per-device fit), which does the "
+                 "same")  # PoolSettings.adaptive
 QUEUE_DEPTH_PER_WORKER = 2  # workunits waiting per worker: enough to hide the reader's latency
 AHEAD_SECONDS = 0.1  # and the reader queues the most records the scheduler took within this
 # long, if more: a dispatch's takes (a grown message, or one for every worker added) fall within
@@ -81,7 +84,7 @@ class PoolSettings:
     queue_depth: int | None = None  # workunits the reader queues (of the largest size taken),
     # at most; None = 2 per worker, times the workunits a message (units_per_message), or the
     # most taken within AHEAD_SECONDS if more
-    adaptive: bool = False  # the same as workers_per_device="fit" (its older name)
+    adaptive: bool = False  # deprecated: the same as workers_per_device="fit" (its older name)
     max_workers_per_device: int = 8  # "auto", "fit": the most workers tried on one device
     retries: int = 1  # times a failed workunit is retried whole before it is split
     max_restarts: int = 10  # replacements per worker slot after deaths and timeouts
@@ -106,6 +109,7 @@ class PoolSettings:
             if self.workers_per_device not in (1, FIT):
                 raise ValueError(f"adaptive: the same as workers_per_device='fit'; it cannot go "
                                  f"with workers_per_device={self.workers_per_device!r}")
+            warnings.warn(ADAPTIVE_GONE, FutureWarning, stacklevel=3)
             object.__setattr__(self, "workers_per_device", FIT)
             object.__setattr__(self, "adaptive", False)  # said once: a replace() may change it
         if self.workers_per_device not in (AUTO, FIT):
