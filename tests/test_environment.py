@@ -98,8 +98,11 @@ def test_make_test_runs_every_case_and_make_quick_all_but_the_slow_ones():
     makefile = (ROOT / "Makefile").read_text()
     recipe = {target: makefile.split(f"\n{target}: ", 1)[1].split("\n\n", 1)[0]
               for target in ("test", "quick")}
-    assert "-m pytest;" in recipe["test"] and " -m " not in recipe["test"].split("pytest", 1)[1]
-    assert '-m pytest -m "not slow"' in recipe["quick"]
+    pytest = makefile.split("\nPYTEST := ", 1)[1].split("\n", 1)[0]
+    assert pytest.startswith("$(PY) -m pytest ") and " -m " not in pytest.split("pytest", 1)[1]
+    assert "-n $(TEST_WORKERS) --dist loadfile" in pytest  # (a file's fixtures made once)
+    assert "$(PYTEST);" in recipe["test"] and " -m " not in recipe["test"]
+    assert '$(PYTEST) -m "not slow"' in recipe["quick"]
     assert all("the tests took" in r for r in recipe.values())
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "--strict-markers" in settings["addopts"]

@@ -249,14 +249,24 @@ def test_a_record_that_kills_its_actor_in_a_call_of_four_costs_that_record_alone
     assert stats.failed_records == 1
 
 
+def _lose_once_at_work(cluster, node, pool):
+    """Lose ``node`` 1 s after every worker was sent its first two messages (workunits of 0.1 s:
+    each has finished several). A set time from the job's call was too early on a loaded
+    machine: the start's check and the first dispatch came after the node was gone."""
+    deadline = time.monotonic() + 30
+    while pool._scheduler.dispatches.messages < 12 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(1.0)
+    cluster.remove_node(node, allow_graceful=False)
+
+
 @pytest.mark.parametrize("writes", ["driver", "workers"])
 def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp_path, writes):
     lost = cluster.add_node(num_cpus=NODE_CPUS)  # a third node, to lose
     cluster.wait_for_nodes()
-    n = 3600  # (6 s of work on 6 workers: a loaded machine's first dispatch, reading and the
-    # output's opening, came after the node was lost at 1 s of 2)
+    n = 3600  # (6 s of work on 6 workers)
     with WorkerPool(SyntheticWorkload(0.01), ["cpu"] * 6, backend="ray", progress=False) as pool:
-        remover = threading.Timer(2.0, cluster.remove_node, (lost,), {"allow_graceful": False})
+        remover = threading.Thread(target=_lose_once_at_work, args=(cluster, lost, pool))
         remover.start()
         started = time.monotonic()
         stats = pool.run(_records(n), tmp_path / "out.h5", workunit_size=10, writes=writes)
