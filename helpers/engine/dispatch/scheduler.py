@@ -106,9 +106,9 @@ class Scheduler:
     (``start``, ``spawn``, ``await_ready``, ``discard``, ``retire``; ``slots``, ``live``, read
     only), a job (``new_job``, then ``dispatch``, ``next_messages``, ``handle``,
     ``check_timeouts`` until ``idle``; ``wake`` from the reader's thread), the start's check
-    (``ask_each``), and what it measured (``dispatches``, ``take_recovery``). A workunit's size
-    and the workunits waiting are the ``taker``'s (helpers.engine.dispatch.taker), which the
-    pool holds too.
+    (``ask_each``), and what it measured (``dispatches``, ``recovery``, ``take_recovery``). A
+    workunit's size and the workunits waiting are the ``taker``'s
+    (helpers.engine.dispatch.taker), which the pool holds too.
     """
 
     def __init__(self, backend: Backend, workers: list[WorkerInfo], settings: PoolSettings,

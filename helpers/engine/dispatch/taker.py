@@ -176,7 +176,7 @@ class Taker:
         never more than its cap."""
         size = self._size
         if self._sizing is not None:
-            size = self._sizing.size(slot, remaining, None if remaining is None else list(ready))
+            size = self._sizing.size(slot, remaining, None if remaining is None else ready)
         cap = self._caps.get(slot)
         if cap is not None:
             size = cap if size is None else min(size, cap)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 FIRST_SIZE = 16  # records in a worker's workunits until its rate is known
 GROWTH = 4.0  # a target grows at most this factor per result
@@ -113,7 +113,8 @@ class Sizing:
         for known in (self.rates, self.targets, self.fixed, self._costs, self._last, self._fixes):
             known.pop(slot, None)
 
-    def size(self, slot: int, remaining: int | None = None, slots: list[int] | None = None) -> int:
+    def size(self, slot: int, remaining: int | None = None,
+             slots: Sequence[int] | None = None) -> int:
         """Records for the next workunit of the worker in ``slot``; ``remaining``: records not yet
         dispatched (None: not known yet), shared among the workers in ``slots``."""
         target = self.targets.get(slot, FIRST_SIZE)
