@@ -8,7 +8,7 @@ import pytest
 from helpers.engine.contract.fingerprint import (InputChanged, check_path, check_unchanged, decode,
                                                  describe, differences, encode, file_identity,
                                                  file_stats, input_paths, listing_identity,
-                                                 unchanged)
+                                                 sampled_only, source_fingerprint, unchanged)
 from helpers.engine.contract.protocol import UNRECORDED
 
 
@@ -161,3 +161,29 @@ def test_content_is_every_byte_where_the_samples_miss_a_change(tmp_path):
     folder_after = listing_identity(tmp_path, [path])
     assert {k for k in folder_before if folder_before[k] != folder_after[k]} == {"content"}
     assert differences(before, after) == {"content": (before["content"], after["content"])}
+
+
+def test_sampled_only_leaves_content_out_and_a_source_keeps_both_kinds_apart(tmp_path):
+    """A run with a limit takes the input's identity without reading every byte; a source asked
+    both ways (a try, then the whole run, on one source object) answers each as asked."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"a" * 5000)
+    whole = file_identity(path)
+    with sampled_only():
+        sampled = file_identity(path)
+        folder = listing_identity(tmp_path, [path])
+    with sampled_only(False):
+        assert file_identity(path) == whole
+    assert "content" in whole and sampled == {k: v for k, v in whole.items() if k != "content"}
+    assert "content" not in folder and "content" in listing_identity(tmp_path, [path])
+
+    class Source:
+        def fingerprint(self):
+            return file_identity(path)
+
+    source = Source()
+    with sampled_only():
+        assert "content" not in source_fingerprint(source)
+    assert source_fingerprint(source) == whole
+    with sampled_only():
+        assert "content" not in source_fingerprint(source)

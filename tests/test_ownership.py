@@ -315,7 +315,7 @@ def test_resume_with_another_workload_or_a_foreign_file_is_refused_and_nothing_m
 def test_check_output_names_the_changed_field_and_accepts_a_moved_input(tmp_path, a_and_b, caplog):
     a, _ = a_and_b
     out = tmp_path / "out.h5"
-    assert cli("--input", a, "--output", out, "--limit", "10").returncode == 0
+    assert cli("--input", a, "--output", out).returncode == 0  # (no limit: content recorded)
     recorded = ownership.recorded_fingerprints(out)
     moved = {**recorded["input_fingerprint"], "path": "/elsewhere/A.jsonl"}
     assert check_output(out, resume=True, overwrite=False,
@@ -335,6 +335,40 @@ def test_check_output_names_the_changed_field_and_accepts_a_moved_input(tmp_path
             "input_fingerprint"].items() if k != "content"})
     with pytest.raises(OutputError, match="modified '.*' -> '2001-01-01.*touch -d"):
         check_output(out, resume=True, overwrite=False, fingerprints={"input_fingerprint": older})
+
+
+def test_a_run_with_a_limit_reads_no_more_than_it_needs_and_its_resume_says_how_it_checked(
+        tmp_path, monkeypatch, caplog):
+    """Issue 59: a try of 10 records digested every byte of the input first (a minute for
+    100 GB). It now records the input's samples only; the resume of its output without the limit
+    is checked on them, and says so, and carries on."""
+    import helpers.engine.contract.fingerprint as fingerprint
+    source = jsonl(tmp_path / "in.jsonl", [f"t{i}" for i in range(300)])
+    out = tmp_path / "out.h5"
+
+    def whole(path):
+        raise AssertionError(f"a run with a limit read every byte of {path}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fingerprint, "_content", whole)
+        run_pipeline(source, SyntheticWorkload(0.0, dim=4), ["cpu"], 4, out, "thread",
+                     progress=False, limit=10)
+    recorded = ownership.recorded_fingerprints(out)["input_fingerprint"]
+    assert "content" not in recorded and recorded["digest"] and recorded["size"] > 0
+    assert read_output(out)["ids"].tolist() == list(range(10))
+    with caplog.at_level("WARNING", logger="gpufeed"):
+        run_pipeline(source, SyntheticWorkload(0.0, dim=4), ["cpu"], 4, out, "thread",
+                     progress=False, resume=True)
+    assert "records no digest of every byte of its input (the run that made it read with a " \
+           "limit" in caplog.text and "checked on its size, time and sampled bytes only" in caplog.text
+    assert read_output(out)["ids"].tolist() == list(range(300))
+    assert "content" in ownership.recorded_fingerprints(out)["input_fingerprint"]  # (whole now)
+    stat = os.stat(source)  # (a byte changed, its time put back: refused)
+    source.write_text(source.read_text().replace('"t0"', '"x0"'))
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(OutputError, match="another input: content '.*', digest"):
+        run_pipeline(source, SyntheticWorkload(0.0, dim=4), ["cpu"], 4, out, "thread",
+                     progress=False, resume=True)
 
 
 # -- ids from the input -------------------------------------------------------------------------

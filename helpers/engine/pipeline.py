@@ -93,7 +93,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from helpers.engine.contract.fingerprint import as_attrs, input_paths
+from helpers.engine.contract.fingerprint import as_attrs, input_paths, sampled_only
 from helpers.engine.contract.protocol import Workload
 from helpers.engine.contract.settings import JobSettings, PoolSettings, split_options
 from helpers.engine.dispatch.scheduler import PipelineError, RemoteTraceback
@@ -150,7 +150,8 @@ def run_pipeline(source: Any, workload: Workload,
             # slices this small cost more in model loads than they save
             settings = replace(settings, devices=settings.devices[:1], workers_per_device=1)
     with claimed(output) as output:  # a second run on it is refused now, not after spin-up
-        attrs = as_attrs(records, workload)  # the outputs' shapes come with the workers
+        with sampled_only(job.limit is not None):  # (a try of a few records reads no more)
+            attrs = as_attrs(records, workload)  # the outputs' shapes come with the workers
         check_output(output, resume=job.resume, overwrite=job.overwrite, inputs=input_paths(attrs),
                      fingerprints={k: json.loads(v) for k, v in attrs.items()})
         with WorkerPool.from_settings(workload, settings, job) as pool:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.devices import check_available
-from helpers.engine.contract.fingerprint import as_attrs, input_paths
+from helpers.engine.contract.fingerprint import as_attrs, input_paths, sampled_only
 from helpers.engine.contract.messages import Ready, Workunit
 from helpers.engine.contract.protocol import Workload
 from helpers.engine.contract.renamed import older_name
@@ -279,9 +279,10 @@ class WorkerPool:
                             f"{', '.join(JOB_SETTINGS)}")
         job = replace(self.job, **changes)
         records = open_source(source)  # (a source already opened comes back as it is)
-        attrs = {**self.workload.attrs(), **run_attrs(self.settings, job, records.describe(),
-                                                      self.loaded),
-                 **as_attrs(records, self.workload, self.outputs)}
+        with sampled_only(job.limit is not None):  # (a try of a few records reads no more)
+            attrs = {**self.workload.attrs(), **run_attrs(self.settings, job, records.describe(),
+                                                          self.loaded),
+                     **as_attrs(records, self.workload, self.outputs)}
         return job, records, attrs
 
     @contextmanager

@@ -10,8 +10,11 @@ each output's shape and dtype). ``content`` reads the whole input once as a run 
 1.8 GB/s of one core here (sha256 on the CPU's SHA extensions; 100 GB: about a minute, where
 embedding it takes hours), so that a resume knows the input is the same bytes, however it was
 rewritten (an output made before it recorded ``content`` is checked on the samples alone). A
-resumed run computes both again; any field that differs is named,
-and the resume refused, before anything is written or moved.
+run with a ``limit`` reads its first records only, and leaves ``content`` out (``sampled_only``:
+a try of 1,000 records on a 100 GB corpus starts at once, not after a minute of digesting); a
+resume of its output is checked on the samples, as an older output is, and says so. A resumed run
+computes both again; any field that differs is named, and the resume refused, before anything is
+written or moved.
 
 While a run reads its input, every reader (the driver's, each worker's) checks each file against
 what the run found when it opened it (``file_stats``: its path, size, modification time, inode and
@@ -26,6 +29,7 @@ rename by its inode.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -52,16 +56,31 @@ TIMES = ("modified", "digest")  # fields that may differ where both record ``con
 # the same: the same bytes, copied without their times (a folder's digest holds its files' times)
 
 
+_WHOLE = contextvars.ContextVar("gpufeed_whole_content", default=True)  # see sampled_only
+
+
+@contextlib.contextmanager
+def sampled_only(sampled: bool = True) -> Iterator[None]:
+    """Inside it, the identities taken leave ``content`` out (a run with a limit: it reads the
+    first records only, and digesting every byte of the input would cost more than the run);
+    ``sampled=False`` changes nothing."""
+    token = _WHOLE.set(not sampled and _WHOLE.get())
+    try:
+        yield
+    finally:
+        _WHOLE.reset(token)
+
+
 def file_identity(path: str | os.PathLike) -> dict[str, Any]:
     """A file's path, size, modification time, a digest of three samples of its bytes and
-    ``content``, the digest of them all."""
+    ``content``, the digest of them all (left out inside ``sampled_only``)."""
     path = Path(path)
     stat = path.stat()
     digest = hashlib.sha256(str(stat.st_size).encode())
     _sample(path, stat.st_size, SAMPLE_BYTES, digest)
     return {"path": str(path.resolve()), "size": stat.st_size,
             "modified": _when(stat.st_mtime_ns), "digest": digest.hexdigest()[:16],
-            "content": _content(path)}
+            **({"content": _content(path)} if _WHOLE.get() else {})}
 
 
 def listing_identity(folder: str | os.PathLike, files: list[Path],
@@ -69,8 +88,10 @@ def listing_identity(folder: str | os.PathLike, files: list[Path],
     """A folder's path and a digest of its listed files' relative paths, sizes, times and
     contents (``sample`` bytes at each file's start, middle and end), and ``content``: every
     file's name and bytes. A file replaced by another of the same size, its time put back (``cp
-    -p``, ``rsync -a``), changes both; bytes changed between the samples, ``content``."""
+    -p``, ``rsync -a``), changes both; bytes changed between the samples, ``content`` (left out
+    inside ``sampled_only``)."""
     folder = Path(folder)
+    content = content and _WHOLE.get()
     digest, whole = hashlib.sha256(), hashlib.sha256()
     for file in files:
         stat = file.stat()
@@ -193,18 +214,20 @@ def unchanged(stat: FileStat) -> Iterator[Any]:
 
 def source_fingerprint(source: Any) -> dict[str, Any]:
     """The source's own ``fingerprint()``, or what its ``describe()`` says; taken once per
-    source object (a run asks twice: before its pool starts and as its job opens, and a
-    folder's reads every file's samples), kept on it where it takes an attribute."""
-    known = getattr(source, "_gpufeed_fingerprint", None)
-    if known is not None:
-        return known
+    source object and kind (whole or ``sampled_only``: a run asks twice, before its pool starts
+    and as its job opens, and a folder's reads every file's samples), kept on it where it takes
+    an attribute."""
+    whole = _WHOLE.get()
+    known = getattr(source, "_gpufeed_fingerprint", None) or {}
+    if whole in known:
+        return known[whole]
     own = getattr(source, "fingerprint", None)
     if own is None:
         return {"source": source.describe() if hasattr(source, "describe")
                 else type(source).__name__}
     found = own()
     try:
-        source._gpufeed_fingerprint = found
+        source._gpufeed_fingerprint = {**known, whole: found}
     except AttributeError:  # (slots, a frozen dataclass: taken again next time)
         pass
     return found

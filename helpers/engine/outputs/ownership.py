@@ -439,6 +439,11 @@ def _check_same_job(path: Path, folder: Path, now: Mapping[str, Mapping]) -> Non
         log.warning("resume: %s records no fingerprint of its input and workload (an earlier "
                     "gpufeed made it): resuming without checking that they are the same", path)
         return
+    read = recorded[INPUT_ATTR]
+    if "digest" in read and not read.get("content") and "content" in now.get(INPUT_ATTR, {}):
+        log.warning("resume: %s records no digest of every byte of its input (the run that made "
+                    "it read with a limit, or an earlier gpufeed): the input is checked on its "
+                    "size, time and sampled bytes only", path)
     for key, what in ((INPUT_ATTR, "input"), (WORKLOAD_ATTR, "workload")):
         if key not in now:
             continue
