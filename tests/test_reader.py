@@ -32,9 +32,9 @@ def gated(gate, slices, size):
 def queued(reader, records):
     """Wait until the reader has queued ``records`` in all."""
     deadline = time.monotonic() + 5
-    while reader._records_put < records and time.monotonic() < deadline:
+    while reader.records_put < records and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert reader._records_put == records
+    assert reader.records_put == records
 
 
 def waited(reader, n):
@@ -97,10 +97,12 @@ def test_each_workunit_holds_as_many_records_as_the_scheduler_asks():
     assert reader.take(4).records == ["c", "d", "e", "f"]  # across windows
 
 
-def test_the_scheduler_is_woken_for_a_workunit_only_once_it_asked_and_did_not_take():
+def test_the_scheduler_is_woken_at_records_only_once_it_asked_and_a_look_changes_nothing():
     """A wake-up per workunit turned the scheduler's loop once per workunit for nothing when
-    it was busy with results anyway: the reader wakes it only after a look that took nothing (an
-    empty queue, or a backlog too short for a second workunit each), and always at the end."""
+    it was busy with results anyway: the reader wakes it at the next records only after it
+    asked (``wake_on_more``: its dispatch left a worker short), at once if records came while it
+    looked, and always at the end. Taking, or asking what is queued, asks nothing (issue 60:
+    the looks used to ask as a side effect)."""
     gate, woken = threading.Semaphore(0), []
 
     def put(slices):  # one more slice through the gate, and wait until it is queued
@@ -111,39 +113,39 @@ def test_the_scheduler_is_woken_for_a_workunit_only_once_it_asked_and_did_not_ta
     reader.start()
     put(1)
     assert len(woken) == 1  # nothing taken yet: the scheduler may be waiting for it
-    assert reader.take(4) is not None
-    put(2)
-    assert len(woken) == 1  # it took the last one and has not looked since: not woken
+    mark = reader.records_put
     assert reader.take(4) is not None and reader.take(4) is None
+    assert reader.backlog(4) == 1 and reader.remaining() is None
+    put(2)
+    assert len(woken) == 1  # it looked, found nothing, asked nothing: not woken
+    reader.wake_on_more(mark)
+    assert len(woken) == 2  # asked after records came since its look: woken at once
+    mark = reader.records_put
+    reader.wake_on_more(mark)
+    assert len(woken) == 2  # asked, nothing new since: waits for the next records
     put(3)
-    assert len(woken) == 2  # it found the queue empty: woken
-    assert reader.take(4) is not None and reader.backlog(4) == 1
+    assert len(woken) == 3
     put(4)
-    assert len(woken) == 3  # it asked how many wait and took none: woken
+    assert len(woken) == 3  # asked once, woken once
     gate.release()
     reader.join(5)
     assert reader.done and len(woken) == 4  # the end
 
 
-def test_a_refused_take_is_owed_a_wake_up_though_a_smaller_one_succeeds_after_it():
-    """A take refused for want of records (a fast worker's size, more than is queued) is owed a
-    wake-up at the next records put, even if a smaller take (a slower worker's) succeeded in
-    between: that success had cleared it, and the fast worker waited for its next poll."""
-    gate, woken = threading.Semaphore(0), []
-    reader = Reader(gated(gate, 4, 100), depth=8, size=100, wake=lambda: woken.append(1))
+def test_the_queue_s_bound_follows_what_the_taker_expects_and_never_what_it_took():
+    """The taker says the largest workunit it will take (``expect``); a take never moves the
+    bound, so a take of more than the reader was told of waits (None) rather than growing
+    the queue behind the taker's back."""
+    reader = Reader(slices([100] * 20), depth=2, size=50)
+    assert reader.bound == 100
+    assert reader.take(300) is None and reader.bound == 100
+    reader.expect(30)
+    assert reader.bound == 100  # (smaller than what it holds room for: nothing changes)
+    reader.expect(150)
+    assert reader.bound == 300
     reader.start()
-    gate.release()
-    queued(reader, 100)
-    before = len(woken)
-    assert reader.take(300) is None  # too few for the fast worker: refused
-    assert len(reader.take(20)) == 20  # the slow worker's
-    gate.release()
-    queued(reader, 200)
-    assert len(woken) == before + 1  # the fast worker is woken: records came
-    for _ in range(3):
-        gate.release()
-    reader.join(5)
-    assert reader.done and [len(reader.take(300)) for _ in range(2)] == [300, 80]
+    assert len(waited(reader, 150)) == 150
+    reader.stop()
 
 
 def test_a_workunit_is_a_view_of_its_slice_not_a_copy_of_the_rest():
@@ -218,33 +220,34 @@ def test_the_queue_is_bounded_and_stop_ends_a_blocked_reader():
     reader = Reader(slices([10] * 100), depth=3, size=10)
     reader.start()
     time.sleep(0.3)
-    assert reader._records_put == 30 and reader.backlog(10) == 4  # three queued, more to come
+    assert reader.records_put == 30 and reader.backlog(10) == 4  # three queued, more to come
     started = time.monotonic()
     reader.stop()
     assert not reader.is_alive() and time.monotonic() - started < 2  # POLL_SECONDS, not forever
     assert reader.blocked_s > 0.2 and not reader.done
 
 
-def test_the_bound_follows_the_largest_workunit_asked_for_and_what_was_taken_lately():
-    """``depth`` workunits of the largest size asked (auto sizes grow), or the records taken
-    in the last ``ahead_s`` if more (grown messages, workers added); a put waiting on the full
-    queue goes on at once, not after its poll; with ``ahead_s`` 0 (a queue_depth the user set)
-    only the first."""
+def test_the_bound_follows_the_largest_workunit_expected_and_what_was_taken_lately():
+    """``depth`` workunits of the largest size the taker expects (auto sizes grow), or the
+    records taken in the last ``ahead_s`` if more (grown messages, workers added); a put waiting
+    on the full queue goes on at once, not after its poll; with ``ahead_s`` 0 (a queue_depth the
+    user set) only the first."""
     reader = Reader(slices([10] * 1000), depth=3, size=10, ahead_s=60)
     reader.start()
     time.sleep(0.2)
-    assert reader._records_put == 30 and reader.bound == 30
+    assert reader.records_put == 30 and reader.bound == 30
     assert len(reader.take(5)) == 5
     time.sleep(0.1)
-    assert reader._records_put == 40  # (room for a slice again)
-    assert reader.take(40) is None and reader.bound == 120  # three of 40, asked once
+    assert reader.records_put == 40  # (room for a slice again)
+    reader.expect(40)
+    assert reader.take(40) is None and reader.bound == 120  # three of 40, said once
     time.sleep(0.1)  # (well under the put's poll, POLL_SECONDS)
-    assert reader._records_put == 130
+    assert reader.records_put == 130
     for _ in range(20):
         assert len(waited(reader, 10)) == 10
     assert reader.bound == 205  # taken within a minute: 5 + 200
     time.sleep(0.1)
-    assert reader._records_put >= 205 + 205
+    assert reader.records_put >= 205 + 205
     reader.stop()
     capped = Reader(slices([10] * 1000), depth=3, size=10, ahead_s=0)
     capped.start()

@@ -208,9 +208,17 @@ class Queued:
     of a longer one stays first); the sizes asked are kept."""
 
     def __init__(self, units=()):
-        self.units, self.asked = list(units), []
+        self.units, self.asked, self.expected, self.wake_asked = list(units), [], [], []
+        self.records_put = sum(map(len, self.units))
+
+    def expect(self, n):
+        self.expected.append(n)
+
+    def wake_on_more(self, mark):
+        self.wake_asked.append(mark)
 
     def take(self, n):
+        assert n <= max(self.expected, default=0), "a take larger than the taker said it expects"
         self.asked.append(n)
         if not self.units:
             return None
@@ -271,6 +279,26 @@ def test_with_auto_sizes_the_scheduler_asks_the_feed_for_each_workers_size():
     assert [u.ids[0] for u in slow.in_flight] == [9000, 9100]
     assert [len(u) for u in slow.in_flight] == [100, 100]
     assert [len(unit) for unit in scheduler.taker.waiting] == [100]  # the rest of the retried one
+
+
+def test_a_dispatch_that_leaves_a_worker_short_asks_the_feed_to_wake_it_at_the_next_records():
+    """Issue 60: the reader used to take a look (a take refused, a backlog asked) as a wish to
+    be woken. The scheduler now asks, once, after a dispatch that left a ready worker without
+    its two messages, with the mark taken before it looked (records put while it looked wake it
+    at once); a dispatch that filled every worker asks nothing."""
+    from helpers.engine.contract.messages import WorkerInfo, Workunit
+
+    backend = FakeBackend()
+    scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
+    scheduler.new_job(1)
+    three = Queued([Workunit(0, np.arange(n, n + 1), ["r"]) for n in range(3)])
+    scheduler.dispatch(three)  # (the mark: the records put before it looked)
+    assert [len(s.messages) for s in scheduler.slots.values()] == [1, 1]  # (one left: the
+    assert three.wake_asked == [3]  # last go one a worker): woken when more come  # (the mark: the records put before it looked)
+    plenty = Queued([Workunit(0, np.arange(n, n + 1), ["r"]) for n in range(10)])
+    scheduler.dispatch(plenty)  # the short worker gets its second; every worker holds two
+    assert [len(s.messages) for s in scheduler.slots.values()] == [2, 2]
+    assert plenty.wake_asked == [] and set(plenty.expected) == {1}
 
 
 def test_a_static_split_s_slice_goes_whole_unless_its_worker_is_capped():

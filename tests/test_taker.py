@@ -14,7 +14,16 @@ class Windows:
     def __init__(self, records, size):
         self.left = [list(range(n, min(n + size, records))) for n in range(0, records, size)]
 
+    records_put = 0
+
+    def expect(self, n):
+        self.expected = max(n, getattr(self, "expected", 0))
+
+    def wake_on_more(self, mark):
+        pass
+
     def take(self, n):
+        assert n <= self.expected, "a take larger than the taker said it expects"
         if not self.left:
             return None
         window = self.left[0]

@@ -262,6 +262,9 @@ def _stopping(telemetry: Telemetry) -> Iterator[None]:
 class _Dealt:
     """A static split's feed: every workunit was dealt to its worker before the job started."""
 
+    def expect(self, n: int) -> None:
+        pass
+
     def take(self, n: int) -> None:
         return None
 
@@ -273,6 +276,11 @@ class _Dealt:
 
     def exhausted(self) -> bool:
         return True
+
+    records_put = 0
+
+    def wake_on_more(self, mark: int) -> None:
+        pass
 
 
 DEALT = _Dealt()

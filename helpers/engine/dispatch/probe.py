@@ -18,12 +18,13 @@ any record with a PipelineError naming the worker and its machine.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.messages import Failed, Workunit
+from helpers.engine.contract.messages import POLL_SECONDS, Died, Failed, Result, Workunit
 from helpers.engine.dispatch.scheduler import PipelineError, RemoteTraceback, Scheduler
 from helpers.engine.dispatch.slots import State
 
@@ -41,7 +42,7 @@ def check_workers(scheduler: Scheduler, target: Callable[[], Any],
     ids, records = ids[:PROBE_RECORDS], records[:PROBE_RECORDS]
     units = {index: Workunit(-1, ids, records, target=target(), probe=True)
              for index, slot in scheduler.slots.items() if slot.state is State.READY}
-    answers = scheduler.ask_each(units, PROBE_SECONDS)
+    answers = ask_each(scheduler, units, PROBE_SECONDS)
     try:
         for index, answer in sorted(answers.items()):
             if isinstance(answer, Failed):
@@ -60,3 +61,29 @@ def check_workers(scheduler: Scheduler, target: Callable[[], Any],
         for answer in answers.values():
             if not isinstance(answer, Failed):
                 answer.part.discard()
+
+
+def ask_each(scheduler: Scheduler, units: dict[int, Workunit], seconds: float
+             ) -> dict[int, Result | Failed]:
+    """Send ``units[slot]`` to each of those slots' workers, outside the job's bookkeeping
+    (nothing else may be in flight), and return their answers; a worker that dies is replaced
+    as usual and not asked again. PipelineError after ``seconds``."""
+    for index, unit in units.items():
+        scheduler.backend.send(index, [unit])
+    answers: dict[int, Result | Failed] = {}
+    deadline = time.monotonic() + seconds
+    waiting = set(units)
+    while waiting:
+        if time.monotonic() > deadline:
+            names = ", ".join(str(scheduler.slots[s].info) for s in sorted(waiting))
+            raise PipelineError(f"{names}: no answer to the start's check after "
+                                f"{seconds:.0f} s (storage that hangs?)")
+        for index, message in scheduler.next_messages(POLL_SECONDS):
+            if index in waiting and isinstance(message, (Result, Failed)):
+                answers[index] = message
+                waiting.discard(index)
+                continue
+            if isinstance(message, Died):
+                waiting.discard(index)
+            scheduler.handle(index, message)
+    return answers

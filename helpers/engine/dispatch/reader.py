@@ -17,27 +17,29 @@ from helpers.engine.contract.messages import POLL_SECONDS, Workunit
 class Reader(threading.Thread):
     """Reads the source in a thread and queues its records for the taker, which takes them
     ``take(n)`` at a time: a workunit's size is the taker's alone (helpers.engine.dispatch.taker),
-    never told to the reader, and so is its number (a workunit taken here is not numbered).
+    and so is its number (a workunit taken here is not numbered); the taker tells it the largest
+    it will take (``expect(n)``), for room to queue that many.
 
     ``slices``: ``(ids, records)`` pairs of an int64 array and a list
     (helpers.engine.inputs.sources.read_slices), or Rows (a source's ``rows``). ``wake`` ends the
-    scheduler's wait on its workers' messages (so that it need not poll) after records it may
-    want: once it has asked this feed and not taken (it found the queue empty, or too short to
-    give a worker a second), not after every window — a scheduler busy with its workers' results
-    takes the next records anyway, and a wake-up per window was a turn of its loop for nothing. At
-    the end (and on an error) it is always woken.
+    scheduler's wait on its workers' messages (so that it need not poll) after records it asked
+    for: the scheduler asks (``wake_on_more(mark)``) when its dispatch left a worker short, not
+    after every window — a scheduler busy with its workers' results takes the next records
+    anyway, and a wake-up per window was a turn of its loop for nothing. At the end (and on an
+    error) it is always woken.
 
     How much is queued follows what is taken: ``depth`` workunits of ``size`` records to start
-    with, then ``depth`` of the largest the scheduler asked for, or what it took in the last
-    ``ahead_s`` seconds if that is more (workers added, messages grown: the scheduler's demand,
-    whatever made it so); with ``ahead_s`` 0 (a ``queue_depth`` the user set) ``depth``
-    workunits at most. A window is queued whole once there is room.
+    with, then ``depth`` of the largest the taker expects to take (``expect``), or what it took
+    in the last ``ahead_s`` seconds if that is more (workers added, messages grown: the
+    scheduler's demand, whatever made it so); with ``ahead_s`` 0 (a ``queue_depth`` the user set)
+    ``depth`` workunits at most. A window is queued whole once there is room.
 
-    The taker's side (helpers.engine.dispatch.taker.Feed): ``take(n)`` a workunit of up to
-    ``n`` records or None, ``backlog(n)``, ``remaining()`` records (known once the source is
-    read, or from ``total``), and ``exhausted()``, which re-raises in the scheduler's thread
-    whatever stopped the reader (an unreadable input). ``stop()`` ends the thread early and
-    joins it.
+    The taker's side (helpers.engine.dispatch.taker.Feed): ``expect(n)``, ``take(n)`` a workunit
+    of up to ``n`` records or None, ``backlog(n)``, ``remaining()`` records (known once the
+    source is read, or from ``total``), and ``exhausted()``, which re-raises in the scheduler's
+    thread whatever stopped the reader (an unreadable input); the scheduler's: ``records_put``
+    and ``wake_on_more``. None of the looks changes what the reader does. ``stop()`` ends the
+    thread early and joins it.
 
     It queues windows of the largest workunit asked for (views of a slice where one holds
     them). With a ``cost`` function it reads ``window`` records ahead (or that, if more) and
@@ -69,8 +71,8 @@ class Reader(threading.Thread):
         self._records_put = self._records_taken = 0  # each written by one thread only
         self.error: BaseException | None = None
         self.read_s = self.blocked_s = 0.0
-        self._wanted = True  # the scheduler found too little here: wake it at the next records
-        self._owed = False  # a take was refused since the last wake-up (kept by later takes)
+        self._wanted = True  # the scheduler asked to be woken at the next records (and waits
+        # for the first)
         self.done = False
         self._rest: tuple[np.ndarray, list, int] = (np.empty(0, np.int64), [], 0)  # read;
         # its records from the offset on not yet in a window
@@ -81,7 +83,7 @@ class Reader(threading.Thread):
                 if not self._put(ids, records):
                     return
                 if self._wanted:
-                    self._owed = False
+                    self._wanted = False
                     self._wake()
             self.done = True
             self._wake()
@@ -101,26 +103,30 @@ class Reader(threading.Thread):
         """Records the reader queues before it waits for the scheduler to take some."""
         return max(self._depth * self._largest, self._peak)
 
+    def expect(self, n: int) -> None:
+        """The taker's word that it may take ``n`` records at a time from now on: room is kept
+        for ``depth`` workunits of the largest it said (a take larger than the queue's bound
+        would wait for ever)."""
+        if n > self._largest:
+            with self._room:
+                self._largest = max(self._largest, n)
+                self._room.notify()  # (a reader waiting on a smaller bound goes on)
+
     def take(self, n: int) -> Workunit | None:
         """A workunit of up to ``n`` records (fewer only at a window's end or the source's), or
-        None if not that many are queued yet."""
+        None if not that many are queued yet (``n`` past what the taker said it ``expect``s
+        never comes)."""
         if self._past():
             return None
         n = max(1, n)
-        self._wanted = True  # (before the look: records put meanwhile then wake it)
         with self._room:
-            if n > self._largest:
-                self._largest = n
-                self._room.notify()  # (a reader waiting on a smaller bound goes on)
             if not self._queued or not (self._sorts or self.done or self._queued >= n):
-                self._owed = True  # (a smaller take that follows does not cancel its wake-up)
                 return None  # a workunit is cut short only at a window's end or the source's
             ids, records = self._cut(n)
             self._queued -= len(ids)
             if self._ahead_s:
                 self._note(len(ids))
             self._room.notify()
-        self._wanted = self._owed
         self._records_taken += len(ids)
         return Workunit(0, ids, records)  # (numbered by the taker)
 
@@ -158,16 +164,27 @@ class Reader(threading.Thread):
         """Workunits of ``n`` records queued, and one more while the source is still being read."""
         if self._past():
             return 0
-        self._wanted = True  # asked, then maybe not taken: too few for a second per worker
         return -(-self._queued // max(1, n)) + (not self.done)
 
     def remaining(self) -> int | None:
         if self._past():
             return 0
-        self._wanted = True
         if self.done:
             return self._records_put - self._records_taken
         return None if self._total is None else max(0, self._total - self._records_taken)
+
+    @property
+    def records_put(self) -> int:
+        """Records queued so far: the mark a scheduler takes before it looks at the feed."""
+        return self._records_put
+
+    def wake_on_more(self, mark: int) -> None:
+        """Wake the scheduler once records are put after ``mark`` (``records_put`` when it
+        started looking): at once if some came while it looked, else at the next ones."""
+        self._wanted = True  # (before the check: records put meanwhile see it and wake)
+        if self._records_put != mark and self._wanted:
+            self._wanted = False
+            self._wake()
 
     def exhausted(self) -> bool:
         """True once the source is read and every record taken; raises the reader's error."""

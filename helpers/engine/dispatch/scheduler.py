@@ -105,8 +105,7 @@ class Scheduler:
     properties (tests/test_imports.py checks that nothing else is touched): workers
     (``start``, ``spawn``, ``await_ready``, ``discard``, ``retire``; ``slots``, ``live``, read
     only), a job (``new_job``, then ``dispatch``, ``next_messages``, ``handle``,
-    ``check_timeouts`` until ``idle``; ``wake`` from the reader's thread), the start's check
-    (``ask_each``), and what it measured (``dispatches``, ``recovery``, ``take_recovery``). A
+    ``check_timeouts`` until ``idle``; ``wake`` from the reader's thread), and what it measured (``dispatches``, ``recovery``, ``take_recovery``). A
     workunit's size and the workunits waiting are the ``taker``'s
     (helpers.engine.dispatch.taker), which the pool holds too.
     """
@@ -234,8 +233,16 @@ class Scheduler:
         """Give each ready worker a message of workunits (retried ones first, then the feed's),
         then a second to wait behind the running one while there is enough left for every worker
         (the feed's backlog), so that the last workunits of a job go to whichever worker is free
-        first, not behind a slow worker's running one."""
+        first, not behind a slow worker's running one. One left short (the feed held too
+        little) is owed more: the feed wakes this scheduler when records come after its look."""
+        mark = feed.records_put
         ready = [s for s in self._slots.values() if s.state is State.READY]
+        self._give(feed, ready)
+        if any(len(s.messages) < PREFETCH and not (s.in_flight and s.in_flight[0].alone)
+               for s in ready):
+            feed.wake_on_more(mark)
+
+    def _give(self, feed: Feed, ready: list[Slot]) -> None:
         indexes = [s.info.index for s in ready]
         for depth in range(PREFETCH):
             for slot in [s for s in ready if len(s.messages) == depth
@@ -288,30 +295,6 @@ class Scheduler:
         if slot.held:
             fit = min(fit, MESSAGE_RECORDS // slot.held)
         return max(self._per_message, min(MAX_UNITS_PER_MESSAGE, 2 * slot.last_message, fit))
-
-    def ask_each(self, units: dict[int, Workunit], seconds: float) -> dict[int, Result | Failed]:
-        """Send ``units[slot]`` to each of those slots' workers, outside the job's bookkeeping
-        (nothing else may be in flight), and return their answers; a worker that dies is
-        replaced as usual and not asked again. PipelineError after ``seconds``."""
-        for index, unit in units.items():
-            self.backend.send(index, [unit])
-        answers: dict[int, Result | Failed] = {}
-        deadline = time.monotonic() + seconds
-        waiting = set(units)
-        while waiting:
-            if time.monotonic() > deadline:
-                names = ", ".join(str(self._slots[s].info) for s in sorted(waiting))
-                raise PipelineError(f"{names}: no answer to the start's check after "
-                                    f"{seconds:.0f} s (storage that hangs?)")
-            for index, message in self.next_messages(POLL_SECONDS):
-                if index in waiting and isinstance(message, (Result, Failed)):
-                    answers[index] = message
-                    waiting.discard(index)
-                    continue
-                if isinstance(message, Died):
-                    waiting.discard(index)
-                self.handle(index, message)
-        return answers
 
     # -- messages ------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ and events; the taker decides everything about the workunit itself::
           waiting workunits (retried, cut) ◄──┤  └── requeue(units) / cap(worker): recovery's
           a worker's size: Sizing.size, or ───┤      decisions, applied by the scheduler
             the fixed one, under its cap      │
-          feed.take(size) (the reader) ◄──────┘  joins a window's short end to the next, cuts
+          feed.expect(n), feed.take(n) ◄──────┘  joins a window's short end to the next, cuts
                                                  one over the size; numbers each workunit
 
 Where sizes come from: ``workunit_size="auto"`` gives the pool's Sizing (each worker's size
@@ -37,7 +37,11 @@ from helpers.engine.measure.sizing import FIRST_SIZE, Sizing
 
 class Feed(Protocol):
     """Where new records come from (the reader; nothing more, for a static split). The taker
-    alone decides how many a workunit holds; the feed is never told."""
+    alone decides how many a workunit holds, and tells the feed the most it will take; asking
+    the feed how much it holds changes nothing in it."""
+
+    def expect(self, n: int) -> None:
+        """The taker may take ``n`` records at a time from now on (room to queue them)."""
 
     def take(self, n: int) -> Workunit | None:
         """A workunit of up to ``n`` records (fewer at the end of what the feed holds together),
@@ -51,6 +55,14 @@ class Feed(Protocol):
 
     def exhausted(self) -> bool:
         """Whether every record has been taken."""
+
+    @property
+    def records_put(self) -> int:
+        """Records the feed has held so far (a mark for ``wake_on_more``)."""
+
+    def wake_on_more(self, mark: int) -> None:
+        """Wake the scheduler when records come after ``mark``: its dispatch left a worker
+        short."""
 
 
 class Taker:
@@ -131,6 +143,8 @@ class Taker:
         taking workunits (they share the tail); one to be sent alone only if ``alone`` (else it
         stays first in line, uncut, for a worker holding nothing)."""
         size = self._size_of(slot, self._remaining(feed) if self._sizing else None, ready)
+        if size is not None:
+            feed.expect(size)  # (the feed keeps room for it: said before any take of it)
         unit = next((u for u in self.waiting if u.pinned in (None, slot)), None)
         if unit is not None:
             if unit.alone and not alone:
