@@ -8,7 +8,8 @@ import pytest
 from helpers.engine.contract.fingerprint import (InputChanged, check_path, check_unchanged, decode,
                                                  describe, differences, encode, file_identity,
                                                  file_stats, input_paths, listing_identity,
-                                                 sampled_only, source_fingerprint, unchanged)
+                                                 same_everywhere, sampled_only,
+                                                 source_fingerprint, unchanged)
 from helpers.engine.contract.protocol import UNRECORDED
 
 
@@ -187,3 +188,20 @@ def test_sampled_only_leaves_content_out_and_a_source_keeps_both_kinds_apart(tmp
     assert source_fingerprint(source) == whole
     with sampled_only():
         assert "content" not in source_fingerprint(source)
+
+
+def test_what_workers_loaded_is_one_value_a_field_or_the_run_is_refused_naming_who_differs():
+    """A hub model fetched by each worker: the same files in other caches are one model; other
+    files (a revision that moved between machines, or since the driver fetched it) are not."""
+    same = {"model_path": "/a/cache", "model_revision": "r1", "model_digest": "d1"}
+    elsewhere = {"model_path": "/b/cache", "model_revision": "r2", "model_digest": "d1"}
+    assert same_everywhere({}, {"worker 0": same, "worker 1": elsewhere}) == same
+    assert same_everywhere({"model_digest": "d1"}, {"worker 0": same}) == same
+    assert same_everywhere({}, {}) == {}
+    other = {**same, "model_digest": "d2"}
+    with pytest.raises(ValueError, match=r"worker 0 and worker 1 loaded different models "
+                                         r"\(model_digest 'd1' and 'd2'\)"):
+        same_everywhere({}, {"worker 0": same, "worker 1": other})
+    with pytest.raises(ValueError, match=r"worker 0 loaded another model than the driver found "
+                                         r"\(model_digest 'd2' here, 'd1' there\)"):
+        same_everywhere({"model_digest": "d2"}, {"worker 0": same})

@@ -1,5 +1,7 @@
 """The pool: workers started once run many jobs, queue-fed or statically split, and a pool whose
 job failed refuses more, while one refused before it began stays usable."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -80,3 +82,67 @@ def test_a_refused_output_leaves_the_pool_and_its_loaded_workers_usable(tmp_path
             pool.run(pairs, tmp_path / "a.h5", workunit_size=5)  # nothing dispatched
         stats = pool.run(pairs, tmp_path / "b.h5", workunit_size=5)
     assert stats.records == 20
+
+
+class FetchedByWorkers(SyntheticWorkload):
+    """A model the driver never has (a hub name only workers fetch): the driver's fingerprint
+    cannot tell its files; each worker's load says them (``identity``), the n-th worker to
+    load its ``digests[n]``."""
+
+    def __init__(self, digests):
+        super().__init__(0.0, dim=4)
+        self.digests, self.loads = digests, 0
+
+    def fingerprint(self):
+        return {"workload": self.name, "model_path": None, "model_digest": None}
+
+    def load(self, device, threads=None):
+        with _LOADS_LOCK:
+            n, self.loads = self.loads, self.loads + 1
+        return {**super().load(device, threads), "digest": self.digests[n % len(self.digests)],
+                "cache": f"/cache/{n}"}
+
+    def identity(self, model):  # (another cache each: the same files elsewhere are fine)
+        return {"model_path": model["cache"], "model_digest": model["digest"]}
+
+
+_LOADS_LOCK = threading.Lock()
+
+
+def test_a_model_only_the_workers_fetched_is_recorded_and_one_they_disagree_on_refused(tmp_path):
+    """Issue 59: a hub model the driver never cached left the output without its model_digest
+    (a resume with another revision went unnoticed). The workers say what they loaded: the
+    output records it, a resume whose workers loaded other files is refused naming the digest,
+    and workers that loaded different files from each other never start a job."""
+    from helpers.engine.outputs.ownership import OutputError, recorded_fingerprints
+
+    records = [(i, f"r{i}") for i in range(20)]
+    out = tmp_path / "out.h5"
+    with WorkerPool(FetchedByWorkers(["d1"]), ["cpu"] * 2, "thread", progress=False) as pool:
+        pool.run(records, out, limit=10)
+    assert recorded_fingerprints(out)["workload_fingerprint"]["model_digest"] == "d1"
+    with WorkerPool(FetchedByWorkers(["d2"]), ["cpu"] * 2, "thread", progress=False) as pool:
+        with pytest.raises(OutputError, match="another workload: model_digest 'd1' -> 'd2'"):
+            pool.run(records, out, resume=True)
+    assert read_output(out)["ids"].tolist() == list(range(10))
+    with WorkerPool(FetchedByWorkers(["d1", "d3"]), ["cuda:0", "cuda:1"], "thread",
+                    progress=False) as pool:  # (threads share a device's model: two devices)
+        with pytest.raises(PipelineError, match=r"worker \d on cuda:\d and worker \d on cuda:\d "
+                                                r"loaded "
+                                                r"different models \(model_digest 'd[13]' and "
+                                                r"'d[13]'\)"):
+            pool.run(records, tmp_path / "other.h5")
+    assert not (tmp_path / "other.h5").exists()
+    with WorkerPool(FetchedByWorkers(["d1"]), ["cpu"] * 2, "thread", progress=False) as pool:
+        pool.run(records, out, resume=True)
+    assert read_output(out)["ids"].tolist() == list(range(20))
+
+
+def test_what_a_worker_process_loaded_comes_back_to_the_driver_s_record(tmp_path):
+    from helpers.engine.outputs.ownership import recorded_fingerprints
+
+    out = tmp_path / "out.h5"
+    with WorkerPool(FetchedByWorkers(["d7"]), ["cpu"], "process", progress=False) as pool:
+        pool.run([(i, f"r{i}") for i in range(5)], out)
+    recorded = recorded_fingerprints(out)["workload_fingerprint"]
+    assert (recorded["model_digest"], recorded["model_path"]) == ("d7", "/cache/0")

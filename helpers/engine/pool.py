@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.devices import check_available
-from helpers.engine.contract.fingerprint import as_attrs, input_paths, sampled_only
+from helpers.engine.contract.fingerprint import (as_attrs, input_paths, same_everywhere,
+                                                  sampled_only, workload_fingerprint)
 from helpers.engine.contract.messages import Ready, Workunit
 from helpers.engine.contract.protocol import Workload
 from helpers.engine.contract.renamed import older_name
@@ -282,7 +283,8 @@ class WorkerPool:
         with sampled_only(job.limit is not None):  # (a try of a few records reads no more)
             attrs = {**self.workload.attrs(), **run_attrs(self.settings, job, records.describe(),
                                                           self.loaded),
-                     **as_attrs(records, self.workload, self.outputs)}
+                     **as_attrs(records, self.workload, self.outputs,
+                                loaded_identity(self.workload, self._scheduler.slots.values()))}
         return job, records, attrs
 
     @contextmanager
@@ -340,3 +342,15 @@ def run_attrs(pool: PoolSettings, job: JobSettings, source: str,
     return {"devices": list(pool.devices), "workunit_size": job.workunit_size,
             "backend": pool.backend, "source": source, "created": created(), **versions,
             **({"loaded": json.dumps(loaded, sort_keys=True)} if loaded else {})}
+
+
+def loaded_identity(workload: Workload, slots: Iterable[Any]) -> dict[str, Any]:
+    """The fingerprint's fields as the ready workers' loads decided them (their ``identity``: a
+    hub model fetched by the workers, never by the driver), one value each; PipelineError, before
+    anything is written, where a worker found other files than another or than the driver."""
+    loaded = {str(s.info): s.ready.identity for s in slots
+              if s.ready is not None and s.ready.identity}
+    try:
+        return same_everywhere(workload_fingerprint(workload), loaded)
+    except ValueError as exc:
+        raise PipelineError(str(exc)) from None

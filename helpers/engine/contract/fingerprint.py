@@ -52,6 +52,8 @@ MOVABLE = ("path", "model_path")  # fields that may differ on resume when every 
 NAMES_OF_A_MODEL = ("model", "model_revision")  # fields that may differ where both record
 # model_digest and it is the same: a folder given by another path, a hub commit that touched
 # no file the model loads
+WHERE = (*MOVABLE, "model_revision")  # fields of a worker's identity that may differ from
+# another machine's: where its files are (another cache), a snapshot's name for the same files
 TIMES = ("modified", "digest")  # fields that may differ where both record ``content`` and it is
 # the same: the same bytes, copied without their times (a folder's digest holds its files' times)
 
@@ -233,12 +235,14 @@ def source_fingerprint(source: Any) -> dict[str, Any]:
     return found
 
 
-def workload_fingerprint(workload: Any, outputs: Mapping[str, Any] | None = None
-                         ) -> dict[str, Any]:
+def workload_fingerprint(workload: Any, outputs: Mapping[str, Any] | None = None,
+                         loaded: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The workload's ``fingerprint()`` (else its ``attrs()``), and its outputs' shapes and dtypes
-    once its workers have declared them."""
+    once its workers have declared them; a field the driver could not tell (None: a hub model
+    it never fetched) as its workers ``loaded`` it (their ``identity``)."""
     own = getattr(workload, "fingerprint", None)
     values = dict(own() if own is not None else workload.attrs())
+    values.update({k: v for k, v in (loaded or {}).items() if values.get(k) is None})
     values.setdefault("workload", workload.name)
     if outputs is not None:
         values["outputs"] = {name: f"{list(spec.shape)} {spec.dtype}"
@@ -246,11 +250,39 @@ def workload_fingerprint(workload: Any, outputs: Mapping[str, Any] | None = None
     return values
 
 
-def as_attrs(source: Any, workload: Any, outputs: Mapping[str, Any] | None = None
-             ) -> dict[str, str]:
+def as_attrs(source: Any, workload: Any, outputs: Mapping[str, Any] | None = None,
+             loaded: Mapping[str, Any] | None = None) -> dict[str, str]:
     """An output's record of what made it, as its attributes (JSON text)."""
     return {INPUT_ATTR: encode(source_fingerprint(source)),
-            WORKLOAD_ATTR: encode(workload_fingerprint(workload, outputs))}
+            WORKLOAD_ATTR: encode(workload_fingerprint(workload, outputs, loaded))}
+
+
+def same_everywhere(here: Mapping[str, Any], loaded: Mapping[str, Mapping[str, Any]]
+                    ) -> dict[str, Any]:
+    """The fields every worker's load decided (``loaded``: worker -> its ``identity``), as one;
+    ValueError naming the workers, or the driver (``here``: its own fingerprint), whose values
+    differ (a field of WHERE aside: the same files in another place)."""
+    merged: dict[str, Any] = {}
+    for worker, identity in loaded.items():
+        for key, value in identity.items():
+            if value is None:
+                continue
+            merged.setdefault(key, (worker, value))
+            first, seen = merged[key]
+            if key in WHERE:
+                continue
+            if seen != value:
+                raise ValueError(f"{first} and {worker} loaded different models ({key} "
+                                 f"{_show(seen)} and {_show(value)}): every worker must run the "
+                                 f"same files (a hub name whose revision moved between machines? "
+                                 f"name a revision, or a folder every machine shares)")
+            if here.get(key) is not None and here[key] != value:
+                raise ValueError(f"{worker} loaded another model than the driver found ({key} "
+                                 f"{_show(here[key])} here, {_show(value)} there): every worker "
+                                 f"must run the files the output records (a hub name whose "
+                                 f"revision moved? name a revision, or a folder every machine "
+                                 f"shares)")
+    return {key: value for key, (_, value) in merged.items()}
 
 
 def input_paths(attrs: Mapping[str, Any]) -> tuple[str, ...]:

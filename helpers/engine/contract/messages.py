@@ -124,6 +124,8 @@ class Ready:
     host: str = ""  # the machine the worker runs on (socket.gethostname())
     node: str = ""  # its Ray node ("" off Ray: the driver's machine)
     report: dict[str, Any] = field(default_factory=dict)  # workload.report(model): how it runs
+    identity: dict[str, Any] = field(default_factory=dict)  # workload.identity(model): the
+    # fingerprint's fields as this worker's load decided them (a hub model's files fetched here)
     overlaps: bool = False  # it starts its next workunit before it answers the last
     # (helpers.engine.workers.worker.serve): a death while it holds two may be either's
 

@@ -35,7 +35,11 @@ children end with it).
 And it may define ``fingerprint() -> dict``: what decides its values (model, options), which a
 resumed run must keep; without it, ``attrs()`` is used, every field of it. A field an older
 output did not record is not compared, unless the fingerprint's UNRECORDED field gives the value
-such an output was made with (an option added later: unset there).
+such an output was made with (an option added later: unset there). And ``identity(model) ->
+dict``: the fields of that fingerprint as a worker's load decided them (the embedding workload: the
+model's files as that worker found them, a hub model fetched there, not on the driver): the
+output records the workers' where the driver could not tell, and a run whose workers loaded
+other files than each other, or than the driver found, is refused (helpers.engine.pool).
 
 A workload imports its heavy libraries (torch, onnxruntime) inside ``load``, never at module level:
 a process that merely unpickles it should pay for nothing it does not run. It may name them in an

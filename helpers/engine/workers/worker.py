@@ -304,9 +304,10 @@ def load(info: WorkerInfo, workload: Any) -> tuple[Any, dict[str, OutputSpec], f
 def ready(info: WorkerInfo, workload: Any, model: Any, specs: dict[str, OutputSpec],
           seconds: float, node: str = "", overlaps: bool = False) -> Ready:
     free, used = device_memory(workload, model, info.device)
-    report = getattr(workload, "report", None)
+    report, identity = getattr(workload, "report", None), getattr(workload, "identity", None)
     return Ready(info.index, os.getpid(), seconds, specs, free, used, socket.gethostname(), node,
-                 report(model) if report is not None else {}, overlaps)
+                 report(model) if report is not None else {},
+                 identity(model) if identity is not None else {}, overlaps)
 
 
 def watch_parent(parent: Any, kernel_signal: bool) -> None:

@@ -56,9 +56,10 @@ def model_identity(model: str | None) -> dict[str, Any]:
     and those of each module modules.json lists: configuration, tokenizer and weights). Two
     folders of one name, a hub name whose revision moved, a weight file rewritten: each another
     digest. A hub model not in this machine's cache yet (a first run, whose workers fetch it)
-    gives None for all three, which a resume does not compare; once its workers have loaded it,
-    the output records it. Taken once per folder while its files stay as they are (MiniLM's 90
-    MB: about 50 ms)."""
+    gives None for all three on the driver; each worker takes it again once it has loaded the
+    model (the workload's ``identity``), and the output records the workers' (a run whose
+    workers found other files than each other, or than the driver, is refused). Taken once per
+    folder while its files stay as they are (MiniLM's 90 MB: about 50 ms)."""
     folder = _model_folder(model)
     if folder is None:
         return {"model_path": None, "model_revision": None, "model_digest": None}

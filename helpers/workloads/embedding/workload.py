@@ -541,6 +541,12 @@ class EmbeddingWorkload:
                 # which did not record it, still resumes)
                 **self._encode_options(fingerprint=True)}
 
+    def identity(self, model: Any) -> dict[str, Any]:
+        """The model's files as this worker found them (model_identity: a hub model it fetched
+        itself, which the driver may never have, or another revision of it); none for a
+        simulated card (its weights are seeded)."""
+        return {} if self.card is not None else model_identity(self.model)
+
     def _encode_options(self, fingerprint: bool = False) -> dict[str, Any]:
         """The options of ``encode`` that change the vectors: those set, the calibration ranges
         as a float32 ``(2, dim)`` array. For the ``fingerprint``, every one (an unset one as a
