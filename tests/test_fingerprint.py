@@ -1,16 +1,21 @@
 """What an output records of its input and workload (helpers.engine.contract.fingerprint), and how a
 resume compares it: a changed file is caught, a change is named field by field."""
 import os
+import pickle
+import subprocess
+import sys
 import time
 
 import pytest
 
-from helpers.engine.contract.fingerprint import (InputChanged, check_path, check_unchanged, decode,
+from helpers.engine.contract.fingerprint import (InputChanged, check_path, check_unchanged,
+                                                 contents_of, decode, known_contents,
                                                  describe, differences, encode, file_identity,
                                                  file_stats, input_paths, listing_identity,
                                                  same_everywhere, sampled_only,
                                                  source_fingerprint, unchanged)
 from helpers.engine.contract.protocol import UNRECORDED
+from helpers.study.paths import ROOT
 
 
 def test_a_file_s_identity_changes_with_its_bytes_even_at_the_same_size_and_time(tmp_path):
@@ -205,3 +210,87 @@ def test_what_workers_loaded_is_one_value_a_field_or_the_run_is_refused_naming_w
     with pytest.raises(ValueError, match=r"worker 0 loaded another model than the driver found "
                                          r"\(model_digest 'd2' here, 'd1' there\)"):
         same_everywhere({"model_digest": "d2"}, {"worker 0": same})
+
+
+def _moved_later(path):
+    time.sleep(0.01)  # (a change time apart on any filesystem's clock)
+
+
+def test_a_new_mode_or_link_with_the_same_bytes_goes_on_and_says_so_once(tmp_path, caplog):
+    """Issue 59: a chmod or a new hard link (a backup's cp -al) moves the change time as a
+    rewrite does, and stopped the run. With the digest the run took as it started, the file's
+    bytes are digested again: the same, the run goes on, saying so once per change."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"a" * 5000)
+    stat, = file_stats([str(path)])
+    file_identity(path)  # (the run's start: its content digest taken)
+    _moved_later(path)
+    os.chmod(path, 0o600 if stat.owned[0] & 0o777 != 0o600 else 0o640)
+    with caplog.at_level("WARNING", logger="gpufeed"):
+        check_path(stat)
+        check_path(stat)
+    assert caplog.text.count("its permissions, owner or links changed during the run") == 1
+    _moved_later(path)
+    os.link(path, tmp_path / "backup.jsonl")
+    with unchanged(stat) as f:
+        assert f.read() == b"a" * 5000
+
+
+def test_a_new_mode_with_other_bytes_or_without_a_digest_still_stops_the_run(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"a" * 5000)
+    stat, = file_stats([str(path)])
+    file_identity(path)
+    _moved_later(path)
+    _rewritten_in_place(path, b"b" * 5000)
+    os.chmod(path, 0o600 if stat.owned[0] & 0o777 != 0o600 else 0o640)
+    with pytest.raises(InputChanged, match="its permissions, owner or links changed, and its "
+                                           "bytes are not those the run started with"):
+        check_path(stat)
+    other = tmp_path / "limited.jsonl"  # (a --limit run takes no digest of every byte)
+    other.write_bytes(b"a" * 5000)
+    stat, = file_stats([str(other)])
+    with sampled_only():
+        file_identity(other)
+    _moved_later(other)
+    os.chmod(other, 0o600 if stat.owned[0] & 0o777 != 0o600 else 0o640)
+    with pytest.raises(InputChanged, match=r"a run that took no digest of its bytes \(--limit\) "
+                                           r"cannot tell that from a rewrite"):
+        check_path(stat)
+    written = tmp_path / "written.jsonl"  # (the same bytes again, nothing else: as a rewrite)
+    written.write_bytes(b"a" * 5000)
+    stat, = file_stats([str(written)])
+    file_identity(written)
+    _moved_later(written)
+    _rewritten_in_place(written, b"a" * 5000)
+    with pytest.raises(InputChanged, match=r"written to, its time put back"):
+        check_path(stat)
+
+
+def test_the_start_s_digest_travels_to_a_worker_process_with_the_stat_or_a_table_s_opener(
+        tmp_path):
+    """A worker process checks the file itself: its stat, pickled, brings the digest the
+    driver took; a table's opener brings its files' digests as one bytes object."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"a" * 5000)
+    stat, = file_stats([str(path)])
+    file_identity(path)
+    assert contents_of([stat]) == bytes.fromhex(file_identity(path)["content"])
+    pickled = tmp_path / "stat.pickle"
+    pickled.write_bytes(pickle.dumps((stat, contents_of([stat]))))
+    _moved_later(path)
+    os.chmod(path, 0o600 if stat.owned[0] & 0o777 != 0o600 else 0o640)
+    check = ("import pickle, sys; from helpers.engine.contract import fingerprint as f; "
+             "stat, blob = pickle.loads(open(sys.argv[1], 'rb').read()); "
+             "f._CONTENTS.clear() if sys.argv[2] == 'opener' else None; "
+             "f.known_contents([stat], blob) if sys.argv[2] == 'opener' else None; "
+             "f.check_path(stat); print('went on')")
+    for how in ("stat", "opener"):
+        done = subprocess.run([sys.executable, "-c", check, str(pickled), how],
+                              capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0 and "went on" in done.stdout, done.stderr
+    fresh = tmp_path / "fresh.jsonl"  # (zeros: no digest was taken, and none is made up)
+    fresh.write_bytes(b"c" * 10)
+    unread, = file_stats([str(fresh)])
+    known_contents([unread], b"\0" * 16)
+    assert contents_of([unread]) == b"\0" * 16

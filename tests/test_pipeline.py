@@ -375,6 +375,50 @@ def test_an_input_rewritten_in_place_with_its_time_put_back_stops_the_run_unmixe
         [record_vector(f"old{i} " + "x" * 100, 8) for i in data["ids"].tolist()]).reshape(-1, 8))
 
 
+class Relinking(SyntheticWorkload):
+    """Its first workunit (in whichever worker or process: the rest of the input still unread)
+    gives the input another mode and a second name."""
+
+    def __init__(self, path, flag):
+        super().__init__(0.0, dim=8)
+        self.path, self.flag = path, flag
+
+    def process(self, model, records):
+        import os
+
+        try:
+            os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return super().process(model, records)
+        time.sleep(0.01)  # (a change time apart on any filesystem's clock)
+        os.chmod(self.path, 0o600 if os.stat(self.path).st_mode & 0o777 != 0o600 else 0o640)
+        os.link(self.path, self.path.parent / "backup")
+        return super().process(model, records)
+
+
+@pytest.mark.parametrize("writes,backend", [("driver", "thread"), ("workers", "process")])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_an_input_given_a_new_mode_and_a_hard_link_mid_run_is_read_to_its_end(tmp_path, fmt,
+                                                                               writes, backend):
+    """Issue 59: a chmod, or a backup's new hard link (cp -al, rsnapshot), moves a file's change
+    time as a rewrite does, and stopped a run of hours as "changed". The bytes tell them
+    apart: digested again, the same as the run started with, the run goes on, on the driver's
+    reader and on workers in their own processes (the digest travels with the file's stat)."""
+    import os
+
+    path = tmp_path / f"in.{fmt}"
+    _corpus(path, fmt, "old", 10_000)
+    flag = tmp_path / "changed"
+    stats = run_pipeline(str(path), Relinking(path, flag), ["cpu"] * 2, 250,
+                         tmp_path / "out.h5", backend, progress=False, writes=writes,
+                         queue_depth=1)
+    assert flag.exists() and os.stat(path).st_nlink == 2 and stats.records == 10_000
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(10_000))
+    np.testing.assert_array_equal(data["values"][::97], np.stack(
+        [record_vector(f"old{i} " + "x" * 100, 8) for i in range(0, 10_000, 97)]))
+
+
 def test_a_text_that_is_not_valid_utf8_is_refused_once_at_its_record(tmp_path):
     """Issue 59: a text holding a lone surrogate ("\\ud800", what a JSON "\\\\ud800" escape
     reads as) was filed after two retries and three splits under the tokenizer's "TextEncodeInput

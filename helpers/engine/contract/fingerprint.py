@@ -25,6 +25,16 @@ mix two inputs' rows in one output; one rewritten in place at the same size with
 time put back (``touch -d``, ``os.utime``, what ``cp -p`` and ``rsync -a`` leave) is caught by its
 change time, which the kernel sets on every write and no user can put back, and one replaced by a
 rename by its inode.
+
+A change time moved with the file's mode, owner or links (a ``chmod``, ``chown``, a backup's
+new hard link: ``cp -al``, rsnapshot) needs its bytes to tell it from a rewrite: where the run
+took the file's ``content`` as it started, the file is digested again (once per change, at
+about 1.8 GB/s) and, the same bytes, the run goes on and says so; else (a ``--limit`` run,
+which took none; the same bytes written again with nothing else changed) it stops as for a
+rewrite. A FileStat sent to a worker process carries the digest the driver took with it; a
+table's opener, which sends its files' ``digest`` and not their stats (a folder of a thousand
+files in every message), sends the digests of their bytes as one bytes object
+(``contents_of``, ``known_contents``).
 """
 from __future__ import annotations
 
@@ -32,6 +42,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -146,6 +157,18 @@ class FileStat(NamedTuple):
     modified_ns: int  # st_mtime_ns: what a user can put back
     inode: int  # st_ino: another file renamed over this one has another
     changed_ns: int  # st_ctime_ns: moved by every write, rename or chmod; nobody can put it back
+    owned: tuple[int, ...] = ()  # (mode, links, uid, gid): what moves the change time besides
+    # a write
+
+    def __reduce__(self) -> tuple:  # (to a worker process: with the content digest taken here)
+        return _arrived, (tuple(self), _start_content(self))
+
+
+def _arrived(fields: tuple, content: str | None) -> FileStat:
+    stat = FileStat(*fields)
+    if content is not None:
+        _CONTENTS.setdefault(stat, content)
+    return stat
 
 
 def file_stats(files: list[str]) -> list[FileStat]:
@@ -154,7 +177,8 @@ def file_stats(files: list[str]) -> list[FileStat]:
 
 
 def _file_stat(path: str, stat: os.stat_result) -> FileStat:
-    return FileStat(path, stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
+    return FileStat(path, stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns,
+                    (stat.st_mode, stat.st_nlink, stat.st_uid, stat.st_gid))
 
 
 def checked_open(stat: FileStat) -> Any:
@@ -183,21 +207,68 @@ def _compare(stat: FileStat, now: os.stat_result) -> None:
     found = _file_stat(stat.path, now)
     if found == stat:
         return
-    if now.st_nlink == 0 and found._replace(changed_ns=stat.changed_ns) == stat:
+    if now.st_nlink == 0 and found[:4] == stat[:4]:
         return  # an open file another was renamed over: unlinking moved its change time, and
         # it reads on as it was (a reader by its path meets the other file's inode)
+    if found[:4] == stat[:4] and found.owned != stat.owned and _same_bytes(stat):
+        return  # a chmod, chown or new link moved the change time: the bytes are the same
     if found.inode != stat.inode:
         how = f"another file now (inode {stat.inode} then, {found.inode} now: replaced)"
     elif (found.size, found.modified_ns) != (stat.size, stat.modified_ns):
         how = (f"{stat.size:,} bytes then, {found.size:,} now; modified {_when(stat.modified_ns)} "
                f"then, {_when(found.modified_ns)} now")
     else:
+        why = "written to, its time put back (or its extended attributes changed)"
+        if found.owned != stat.owned:
+            why = ("its permissions, owner or links changed, and its bytes are not those the "
+                   "run started with" if _start_content(stat) else
+                   "its permissions, owner or links changed, and a run that took no digest of "
+                   "its bytes (--limit) cannot tell that from a rewrite")
         how = (f"same size and modification time, but its change time moved from "
-               f"{_when(stat.changed_ns)} to {_when(found.changed_ns)}: written to, its time "
-               f"put back, or its permissions changed")
+               f"{_when(stat.changed_ns)} to {_when(found.changed_ns)}: {why}")
     raise InputChanged(f"{stat.path}: changed since the run started ({how}): a run reads one "
                        f"input from start to end, never a mix of two; run it again on a file "
                        f"that stays as it is")
+
+
+def contents_of(stats: list[FileStat]) -> bytes:
+    """The digests of the files' bytes as the run started, 16 bytes each (zeros where the run
+    took none): cheap to send with every message, whatever the number of files."""
+    return b"".join(bytes.fromhex(_start_content(stat) or "00" * 16) for stat in stats)
+
+
+def known_contents(stats: list[FileStat], contents: bytes) -> None:
+    """What ``contents_of`` said of ``stats`` (the driver's, as this process found them too),
+    known here from now on."""
+    for n, stat in enumerate(stats):
+        digest = contents[16 * n:16 * n + 16]
+        if digest.strip(b"\0"):
+            _CONTENTS.setdefault(stat, digest.hex())
+
+
+def _start_content(stat: FileStat) -> str | None:
+    """The digest of the file's bytes as the run started, if it took one (the driver's, or
+    sent with ``stat``); by the file's identity, whatever path named it then."""
+    return _CONTENTS.get(stat) or next((digest for known, digest in _CONTENTS.items()
+                                        if known[1:] == stat[1:]), None)
+
+
+_SAID: set[tuple[str, int]] = set()  # (path, change time) the run went on after, said once
+
+
+def _same_bytes(stat: FileStat) -> bool:
+    """Whether the file at ``stat``'s path holds the bytes the run started with (False where
+    the run took no digest of them); a change it goes on after is said once, in the log."""
+    start = _start_content(stat)
+    if start is None or _content(Path(stat.path)) != start:
+        return False
+    now = os.stat(stat.path).st_ctime_ns
+    if (stat.path, now) not in _SAID:
+        _SAID.add((stat.path, now))
+        logging.getLogger("gpufeed").warning(
+            "%s: its permissions, owner or links changed during the run (change time %s); its "
+            "bytes are those the run started with: going on", stat.path, _when(now))
+    return True
 
 
 @contextlib.contextmanager

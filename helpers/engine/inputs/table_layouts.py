@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.fingerprint import FileStat, file_stats
+from helpers.engine.contract.fingerprint import FileStat, contents_of, file_stats
 from helpers.engine.contract.id_ranges import IdRanges
 from helpers.engine.contract.protocol import NO_ID, TEXT, BadRecord, OutputSpec, SourceError
 from helpers.engine.inputs.csv_rows import CSVFile, CSVRows, read_rows, row_text
@@ -104,7 +104,9 @@ class PieceLayout:
         return random_access(self.files, self.format)
 
     def opener(self, text_column: str) -> TableRows:
-        return TableRows(os.path.abspath(self.path), self.format, text_column, digest(self.files))
+        stats = file_stats(self.files)
+        return TableRows(os.path.abspath(self.path), self.format, text_column, digest(stats),
+                         contents_of(stats))
 
     def unparsed(self, skip: IdRanges, limit: int | None,
                  carried: dict[str, OutputSpec]) -> Iterator[tuple]:

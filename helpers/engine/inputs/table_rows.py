@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.fingerprint import (FileStat, InputChanged, check_unchanged,
-                                                 checked_open, file_stats)
+                                                 checked_open, file_stats, known_contents)
 from helpers.engine.contract.protocol import null_texts
 from helpers.engine.inputs.open_files import OpenFiles
 from helpers.engine.inputs.table_files import (column_texts, layout, open_arrow, row_name,
@@ -40,12 +40,8 @@ OPEN_FILES = 32  # Arrow files a worker keeps mapped (of a folder of thousands: 
 TABLES = 2  # inputs a worker process keeps open (a pool that runs one input after another)
 
 
-def digest(files: list[str]) -> str:
+def digest(stats: list[FileStat]) -> str:
     """What the driver and each worker must agree on: the files, their sizes and times."""
-    return _digest(file_stats(files))
-
-
-def _digest(stats: list[FileStat]) -> str:
     return hashlib.sha1(repr(stats).encode()).hexdigest()
 
 
@@ -65,9 +61,10 @@ class TableRows:
     format: str
     text_column: str
     identity: str  # ``digest`` of its files, as the driver found them
+    contents: bytes = b""  # the digests of their bytes the driver took (``contents_of``)
 
     def read(self, ids: np.ndarray) -> list:
-        table = _opened(self.path, self.format, self.identity)
+        table = _opened(self.path, self.format, self.identity, self.contents)
         records: list = []
         for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []:
             start, stop = int(run[0]), int(run[-1]) + 1
@@ -196,15 +193,17 @@ class _Cursor:
 _OPEN: OpenFiles[_Table] = OpenFiles(TABLES, lambda table: table.close())
 
 
-def _opened(path: str, fmt: str, identity: str) -> _Table:
+def _opened(path: str, fmt: str, identity: str, contents: bytes) -> _Table:
     """The table at ``path`` as this process reads it, once its files are the driver's (checked
-    before any footer is read); the TABLES latest kept open."""
+    before any footer is read; the digests of their bytes the driver took known here too); the
+    TABLES latest kept open."""
     def table() -> _Table:
         stats = file_stats(table_files(path)[0])
-        if _digest(stats) != identity:
+        if digest(stats) != identity:
             raise InputChanged(f"{path}: the files differ from those the driver found "
                                f"(another copy, or changed since the run started): every "
                                f"worker must read the same input")
+        known_contents(stats, contents)
         return _Table(stats, fmt)
 
     return _OPEN.get((path, fmt, identity), table)

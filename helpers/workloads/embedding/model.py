@@ -59,7 +59,7 @@ def model_identity(model: str | None) -> dict[str, Any]:
     gives None for all three on the driver; each worker takes it again once it has loaded the
     model (the workload's ``identity``), and the output records the workers' (a run whose
     workers found other files than each other, or than the driver, is refused). Taken once per
-    folder while its files stay as they are (MiniLM's 90 MB: about 50 ms)."""
+    folder while its files stay as they are (MiniLM's 90 MB: about 75 ms)."""
     folder = _model_folder(model)
     if folder is None:
         return {"model_path": None, "model_revision": None, "model_digest": None}
