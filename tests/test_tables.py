@@ -550,7 +550,8 @@ def test_a_resume_over_a_folder_with_files_replaced_and_their_times_put_back_is_
                        compression="none")
         os.utime(path, ns=times)
         assert path.stat().st_size == size
-    with pytest.raises(OutputError, match=r"was made from another input: content .*, digest"):
+    with pytest.raises(OutputError, match=r"was made from another input: digest"):  # (the
+        # samples: a run with a limit took no digest of every byte)
         run_pipeline(str(folder), synthetic(), "cpu", 128, tmp_path / "out.h5", "thread",
                      progress=False, resume=True)
     assert len(read_output(tmp_path / "out.h5")["ids"]) == 1500  # (untouched)
