@@ -19,7 +19,8 @@ def test_every_device_of_a_run_has_samples(tmp_path):
     assert all(isinstance(s, Sample) and 0 <= s.seconds <= stats.wall_s + 0.5
                for s in stats.telemetry)
     busy = [s for s in stats.telemetry if s.source == "psutil"]  # no such cards here: processes
-    assert {s.worker for s in busy} == {0, 1} and max(s.utilization for s in busy) > 50
+    assert {s.worker for s in busy} == {0, 1} and max(s.utilization for s in busy) > 10  # (busy:
+    # an idle worker reads ~0; a loaded machine shares its cores with other tests)
     assert all(s.memory_mib > 0 for s in busy)
     assert not [t for t in threading.enumerate() if t.name == "gpufeed-telemetry"]
 
