@@ -47,6 +47,8 @@ def _ray_processes(marker: str = "") -> list[psutil.Process]:
             line = " ".join(process.info["cmdline"] or ())
             if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
                 continue
+            if "multiprocessing.forkserver" in line:  # (another test's process pool, whose
+                continue  # sys.path, in its command line, holds Ray's folders)
             if ("ray::" in line or "/ray/" in line or "raylet" in line or "gcs_server" in line) \
                     and marker in line:
                 found.append(process)

@@ -158,6 +158,43 @@ def test_a_worker_finding_other_files_refuses_to_read_them(tmp_path):
         rows[:10].read()
 
 
+def test_a_worker_first_opening_the_input_after_a_chmod_reads_it_if_its_bytes_are_the_run_s(
+        tmp_path):
+    """Issue 59: a worker that opens a folder's tables for the first time after a chmod or a
+    new hard link (a replacement, a worker added by growth) found its stats no longer the
+    driver's and stopped the run. Their bytes, digested again against the digests the driver
+    took as the run started (sent with the opener), tell it: the same, it reads; others, it
+    refuses."""
+    import subprocess
+    import sys
+
+    from helpers.engine.contract.fingerprint import source_fingerprint
+    from helpers.study.paths import ROOT
+
+    folder = parquet_folder(tmp_path / "in")
+    source = TableSource(folder)
+    source_fingerprint(source)  # (the run's start: every file's bytes digested)
+    (_, rows), = source.rows(IdRanges(), None)
+    pickled = tmp_path / "rows.pickle"
+    pickled.write_bytes(pickle.dumps(rows[1000:1010]))
+    read = ("import pickle, sys; rows = pickle.loads(open(sys.argv[1], 'rb').read()); "
+            "print(repr(rows.read()))")
+
+    def in_a_fresh_worker():
+        return subprocess.run([sys.executable, "-c", read, str(pickled)], capture_output=True,
+                              text=True, cwd=ROOT)
+
+    os.chmod(folder / "b.parquet", 0o600)
+    os.link(folder / "b.parquet", tmp_path / "backup.parquet")
+    done = in_a_fresh_worker()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr(rows[1000:1010].read())
+    pq.write_table(pa.table({"text": ["changed"] * 1200}), folder / "b.parquet")
+    refused = in_a_fresh_worker()
+    assert refused.returncode != 0 and "the files differ from those the driver found" in \
+        refused.stderr
+
+
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_workers_read_a_parquet_corpus_themselves_and_resume(tmp_path, monkeypatch, backend):
     """writes="workers": the driver reads no text (its slices are gone), each worker reads its

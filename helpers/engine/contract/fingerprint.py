@@ -246,6 +246,19 @@ def known_contents(stats: list[FileStat], contents: bytes) -> None:
             _CONTENTS.setdefault(stat, digest.hex())
 
 
+def same_contents(stats: list[FileStat], contents: bytes) -> bool:
+    """Whether the files ``stats`` name hold the bytes ``contents_of`` said of the run's (every
+    one digested again: a worker that first opens them after a chmod, its stats the driver's no
+    longer); False where the run took no digest of one, or the files are not as many."""
+    if len(contents) != 16 * len(stats):
+        return False
+    for n, stat in enumerate(stats):
+        digest = contents[16 * n:16 * n + 16]
+        if not digest.strip(b"\0") or _content(Path(stat.path)) != digest.hex():
+            return False
+    return True
+
+
 def _start_content(stat: FileStat) -> str | None:
     """The digest of the file's bytes as the run started, if it took one (the driver's, or
     sent with ``stat``); by the file's identity, whatever path named it then."""

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.fingerprint import (FileStat, InputChanged, check_unchanged,
-                                                 checked_open, file_stats, known_contents)
+                                                 checked_open, file_stats, known_contents,
+                                                 same_contents)
 from helpers.engine.contract.protocol import null_texts
 from helpers.engine.inputs.open_files import OpenFiles
 from helpers.engine.inputs.table_files import (column_texts, layout, open_arrow, row_name,
@@ -195,11 +196,12 @@ _OPEN: OpenFiles[_Table] = OpenFiles(TABLES, lambda table: table.close())
 
 def _opened(path: str, fmt: str, identity: str, contents: bytes) -> _Table:
     """The table at ``path`` as this process reads it, once its files are the driver's (checked
-    before any footer is read; the digests of their bytes the driver took known here too); the
-    TABLES latest kept open."""
+    before any footer is read; files whose stats moved since, a chmod or a new link, are the
+    driver's if their bytes are: ``same_contents``; the digests the driver took known here
+    too); the TABLES latest kept open."""
     def table() -> _Table:
         stats = file_stats(table_files(path)[0])
-        if digest(stats) != identity:
+        if digest(stats) != identity and not same_contents(stats, contents):
             raise InputChanged(f"{path}: the files differ from those the driver found "
                                f"(another copy, or changed since the run started): every "
                                f"worker must read the same input")
