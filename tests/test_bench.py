@@ -264,3 +264,17 @@ def test_runtimes_bench_measures_each_length_and_stored_form(monkeypatch, capsys
     assert 0 < stored.loc["binary", "neighbours_kept"] <= 1
     runtimes.report_options(table)
     assert "own (256)" in capsys.readouterr().out
+
+
+def test_prefetch_bench_alternates_one_and_two_messages_a_worker_on_one_pool(capsys):
+    """What keeps PREFETCH (docs/architecture.md): the same jobs at one and two messages in
+    flight a worker, alternating; the scheduler's PREFETCH is back as it was after."""
+    from helpers.bench import prefetch
+    from helpers.engine.dispatch import scheduler
+
+    table = prefetch.measure(rounds=2, records=2000, unit_records=50, unit_seconds=0.001)
+    assert table["prefetch"].tolist() == [1, 2, 2, 1]
+    assert (table["records_per_s"] > 0).all() and table["busy"].between(0, 1).all()
+    figures = prefetch.report(table)
+    assert figures["rate_2_over_1"] > 0 and "two a worker against one" in capsys.readouterr().out
+    assert scheduler.PREFETCH == 2

@@ -1,5 +1,5 @@
 """``python -m helpers.bench COMMAND``: overhead, failures, scale, autotune, ray, sources, dispatch,
-runtimes, feed, gpu (each command's ``--help`` says what it measures)."""
+prefetch, runtimes, feed, gpu (each command's ``--help`` says what it measures)."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from helpers.bench import (autotune, dispatch, failures, feed, overhead, ray_backend, runtimes,
-                           scale, sources)
+from helpers.bench import (autotune, dispatch, failures, feed, overhead, prefetch, ray_backend,
+                           runtimes, scale, sources)
 from helpers.bench.gpu import check as gpu_check
 from helpers.bench.gpu import report as gpu_report
 
@@ -81,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     for command in (ceiling, ceiling_one):
         command.add_argument("--backend", choices=("process", "ray"), default="process",
                              help="ray: actors on a local Ray each run starts")
+    ahead = commands.add_parser("prefetch", help=prefetch.__doc__.splitlines()[0])
+    ahead.add_argument("--rounds", type=int, default=5, help="jobs of each setting, alternating")
+    ahead.add_argument("--records", type=int, default=40_000)
+    ahead.add_argument("--unit-records", type=int, default=64, help="the fixed workunit size")
+    ahead.add_argument("--unit-seconds", type=float, default=0.002,
+                       help="the simulated card's time a workunit")
+    ahead.add_argument("--results-dir", default="data/results/cpu",
+                       help="where prefetch_bench.csv goes ('' to save nothing)")
     variants = commands.add_parser("runtimes", help=runtimes.__doc__.splitlines()[0])
     variants.add_argument("--records", type=int, default=512, help="sample paragraphs a round")
     variants.add_argument("--repeats", type=int, default=5)
@@ -165,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dispatch-run":
         print(json.dumps(dispatch.run_once(args.units, args.writes, args.output,
                                            args.units_per_message, args.backend)))
+        return 0
+    if args.command == "prefetch":
+        prefetch.main(args.rounds, args.records, args.unit_records, args.unit_seconds,
+                      args.results_dir)
         return 0
     if args.command == "feed":
         feed.main(args.records, args.repeats, args.batch_size, args.workunit_size,
