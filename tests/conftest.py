@@ -14,19 +14,6 @@ from helpers.engine.workers.backends import is_fork_server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 LEFTOVER_GRACE_SECONDS = 5.0  # a finished run's children must be gone within this
-LONGEST_FIRST = ("test_ray_backend.py", "test_notebooks.py", "test_cli.py", "test_bench.py",
-                 "test_checkpoint.py", "test_tuner.py", "test_pipeline.py", "test_runtimes.py",
-                 "test_workloads.py", "test_torch_card.py", "test_bench_gpu.py",
-                 "test_scheduler.py", "test_ownership.py")  # the files whose tests took longest
-# in make test (--durations=0 summed per file: 308 s to 61 s of 1,946), started first, so
-# that the short ones fill the cores at the end rather than one long file running alone
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files first, each file's tests in their order; the rest as collected (make
-    test hands pytest-xdist the files in this order: --no-loadscope-reorder)."""
-    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def live_children(parent: psutil.Process | None = None) -> list[psutil.Process]:

@@ -101,9 +101,6 @@ def test_make_test_runs_every_case_and_make_quick_all_but_the_slow_ones():
     pytest = makefile.split("\nPYTEST := ", 1)[1].split("\n", 1)[0]
     assert pytest.startswith("$(PY) -m pytest ") and " -m " not in pytest.split("pytest", 1)[1]
     assert "-n $(TEST_WORKERS) --dist loadfile" in pytest  # (a file's fixtures made once)
-    assert "--no-loadscope-reorder" in pytest  # (the longest files first, as conftest orders)
-    from conftest import LONGEST_FIRST
-    assert all((ROOT / "tests" / name).is_file() for name in LONGEST_FIRST)  # (none renamed)
     assert "$(PYTEST);" in recipe["test"] and " -m " not in recipe["test"]
     assert '$(PYTEST) -m "not slow"' in recipe["quick"]
     assert all("the tests took" in r for r in recipe.values())
