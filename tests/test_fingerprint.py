@@ -212,7 +212,7 @@ def test_what_workers_loaded_is_one_value_a_field_or_the_run_is_refused_naming_w
         same_everywhere({"model_digest": "d2"}, {"worker 0": same})
 
 
-def _moved_later(path):
+def _moved_later():
     time.sleep(0.01)  # (a change time apart on any filesystem's clock)
 
 
@@ -224,13 +224,13 @@ def test_a_new_mode_or_link_with_the_same_bytes_goes_on_and_says_so_once(tmp_pat
     path.write_bytes(b"a" * 5000)
     stat, = file_stats([str(path)])
     file_identity(path)  # (the run's start: its content digest taken)
-    _moved_later(path)
+    _moved_later()
     os.chmod(path, 0o600 if stat.owned[0] & 0o777 != 0o600 else 0o640)
     with caplog.at_level("WARNING", logger="gpufeed"):
         check_path(stat)
         check_path(stat)
     assert caplog.text.count("its permissions, owner or links changed during the run") == 1
-    _moved_later(path)
+    _moved_later()
     os.link(path, tmp_path / "backup.jsonl")
     with unchanged(stat) as f:
         assert f.read() == b"a" * 5000
@@ -241,7 +241,7 @@ def test_a_new_mode_with_other_bytes_or_without_a_digest_still_stops_the_run(tmp
     path.write_bytes(b"a" * 5000)
     stat, = file_stats([str(path)])
     file_identity(path)
-    _moved_later(path)
+    _moved_later()
     _rewritten_in_place(path, b"b" * 5000)
     os.chmod(path, 0o600 if stat.owned[0] & 0o777 != 0o600 else 0o640)
     with pytest.raises(InputChanged, match="its permissions, owner or links changed, and its "
@@ -252,7 +252,7 @@ def test_a_new_mode_with_other_bytes_or_without_a_digest_still_stops_the_run(tmp
     stat, = file_stats([str(other)])
     with sampled_only():
         file_identity(other)
-    _moved_later(other)
+    _moved_later()
     os.chmod(other, 0o600 if stat.owned[0] & 0o777 != 0o600 else 0o640)
     with pytest.raises(InputChanged, match=r"a run that took no digest of its bytes \(--limit\) "
                                            r"cannot tell that from a rewrite"):
@@ -261,7 +261,7 @@ def test_a_new_mode_with_other_bytes_or_without_a_digest_still_stops_the_run(tmp
     written.write_bytes(b"a" * 5000)
     stat, = file_stats([str(written)])
     file_identity(written)
-    _moved_later(written)
+    _moved_later()
     _rewritten_in_place(written, b"a" * 5000)
     with pytest.raises(InputChanged, match=r"written to, its time put back"):
         check_path(stat)
@@ -278,7 +278,7 @@ def test_the_start_s_digest_travels_to_a_worker_process_with_the_stat_or_a_table
     assert contents_of([stat]) == bytes.fromhex(file_identity(path)["content"])
     pickled = tmp_path / "stat.pickle"
     pickled.write_bytes(pickle.dumps((stat, contents_of([stat]))))
-    _moved_later(path)
+    _moved_later()
     os.chmod(path, 0o600 if stat.owned[0] & 0o777 != 0o600 else 0o640)
     check = ("import pickle, sys; from helpers.engine.contract import fingerprint as f; "
              "stat, blob = pickle.loads(open(sys.argv[1], 'rb').read()); "

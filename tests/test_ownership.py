@@ -372,6 +372,23 @@ def test_a_run_with_a_limit_reads_no_more_than_it_needs_and_its_resume_says_how_
                      progress=False, resume=True)
 
 
+def test_a_resume_with_a_limit_still_reads_every_byte_of_its_input(tmp_path, monkeypatch):
+    """A try reads its samples only; a resume, limited or not, takes the input's whole digest
+    again (an output whose run recorded it must be compared on it: a middle rewritten, its time
+    put back, would pass the samples)."""
+    import helpers.engine.contract.fingerprint as fingerprint
+    source = jsonl(tmp_path / "in.jsonl", [f"t{i}" for i in range(300)])
+    out = tmp_path / "out.h5"
+    run_pipeline(source, SyntheticWorkload(0.0, dim=4), ["cpu"], 4, out, "thread",
+                 progress=False)
+    read, whole = [], fingerprint._content
+    monkeypatch.setattr(fingerprint, "_content", lambda path: read.append(path) or whole(path))
+    fingerprint._CONTENTS.clear()
+    run_pipeline(source, SyntheticWorkload(0.0, dim=4), ["cpu"], 4, out, "thread",
+                 progress=False, resume=True, limit=200)
+    assert read  # (its whole content, compared with the one the output records)
+
+
 # -- ids from the input -------------------------------------------------------------------------
 
 def test_duplicate_broken_and_extreme_ids_cost_only_their_own_records(tmp_path):

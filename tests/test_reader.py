@@ -109,24 +109,31 @@ def test_the_scheduler_is_woken_at_records_only_once_it_asked_and_a_look_changes
         gate.release()
         queued(reader, 4 * slices)
 
+    def woken_now(n):  # (the reader wakes after it queued: a moment later)
+        deadline = time.monotonic() + 5
+        while len(woken) < n and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # (and a wake-up too many would have come by now)
+        return len(woken) == n
+
     reader = Reader(gated(gate, 4, 4), depth=8, size=4, wake=lambda: woken.append(1))
     reader.start()
     put(1)
-    assert len(woken) == 1  # nothing taken yet: the scheduler may be waiting for it
+    assert woken_now(1)  # nothing taken yet: the scheduler may be waiting for it
     mark = reader.records_put
     assert reader.take(4) is not None and reader.take(4) is None
     assert reader.backlog(4) == 1 and reader.remaining() is None
     put(2)
-    assert len(woken) == 1  # it looked, found nothing, asked nothing: not woken
+    assert woken_now(1)  # it looked, found nothing, asked nothing: not woken
     reader.wake_on_more(mark)
-    assert len(woken) == 2  # asked after records came since its look: woken at once
+    assert woken_now(2)  # asked after records came since its look: woken at once
     mark = reader.records_put
     reader.wake_on_more(mark)
-    assert len(woken) == 2  # asked, nothing new since: waits for the next records
+    assert woken_now(2)  # asked, nothing new since: waits for the next records
     put(3)
-    assert len(woken) == 3
+    assert woken_now(3)
     put(4)
-    assert len(woken) == 3  # asked once, woken once
+    assert woken_now(3)  # asked once, woken once
     gate.release()
     reader.join(5)
     assert reader.done and len(woken) == 4  # the end

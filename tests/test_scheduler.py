@@ -292,9 +292,10 @@ def test_a_dispatch_that_leaves_a_worker_short_asks_the_feed_to_wake_it_at_the_n
     scheduler = ready_scheduler(backend, [WorkerInfo(0, "cpu", 1), WorkerInfo(1, "cpu", 1)])
     scheduler.new_job(1)
     three = Queued([Workunit(0, np.arange(n, n + 1), ["r"]) for n in range(3)])
-    scheduler.dispatch(three)  # (the mark: the records put before it looked)
+    scheduler.dispatch(three)
     assert [len(s.messages) for s in scheduler.slots.values()] == [1, 1]  # (one left: the
-    assert three.wake_asked == [3]  # last go one a worker): woken when more come  # (the mark: the records put before it looked)
+    # last go one a worker)
+    assert three.wake_asked == [3]  # woken when more come; the mark: records put before it looked
     plenty = Queued([Workunit(0, np.arange(n, n + 1), ["r"]) for n in range(10)])
     scheduler.dispatch(plenty)  # the short worker gets its second; every worker holds two
     assert [len(s.messages) for s in scheduler.slots.values()] == [2, 2]

@@ -181,7 +181,9 @@ def run_once(records: int, output: str, workers: int, workunit_size: int, dim: i
         source_fingerprint(source)  # content read once as the run starts (kept on the source)
         fingerprint_s, fingerprint_read = time.perf_counter() - started, _read_bytes() - read
         cpu, read = time.process_time() - private.cpu_s(), _read_bytes()
-        stats = pool.run(source, output, limit=records if corpus else None)
+        longer = corpus and (len(source) if hasattr(source, "__len__") else records + 1) > records
+        stats = pool.run(source, output, limit=records if longer else None)  # (a corpus of these
+        # rows alone is read without a limit: its run takes every byte's digest, as a user's does)
         cpu, read = time.process_time() - private.cpu_s() - cpu, _read_bytes() - read
     new = stats.records  # (this run's: a resumed run's skipped ones are not)
     return {"records": stats.records,

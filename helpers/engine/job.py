@@ -262,6 +262,8 @@ def _stopping(telemetry: Telemetry) -> Iterator[None]:
 class _Dealt:
     """A static split's feed: every workunit was dealt to its worker before the job started."""
 
+    records_put = 0  # (nothing is ever put: no wake-up is owed)
+
     def expect(self, n: int) -> None:
         pass
 
@@ -276,8 +278,6 @@ class _Dealt:
 
     def exhausted(self) -> bool:
         return True
-
-    records_put = 0
 
     def wake_on_more(self, mark: int) -> None:
         pass

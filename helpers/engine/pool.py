@@ -280,7 +280,8 @@ class WorkerPool:
                             f"{', '.join(JOB_SETTINGS)}")
         job = replace(self.job, **changes)
         records = open_source(source)  # (a source already opened comes back as it is)
-        with sampled_only(job.limit is not None):  # (a try of a few records reads no more)
+        with sampled_only(job.limit is not None and not job.resume):  # (a try reads no
+            # more; a resume checks every byte)
             attrs = {**self.workload.attrs(), **run_attrs(self.settings, job, records.describe(),
                                                           self.loaded),
                      **as_attrs(records, self.workload, self.outputs,

@@ -114,8 +114,8 @@ class Reader(threading.Thread):
 
     def take(self, n: int) -> Workunit | None:
         """A workunit of up to ``n`` records (fewer only at a window's end or the source's), or
-        None if not that many are queued yet (``n`` past what the taker said it ``expect``s
-        never comes)."""
+        None if not that many are queued yet (the queue makes room for ``n`` only once the
+        taker said it ``expect``s it)."""
         if self._past():
             return None
         n = max(1, n)

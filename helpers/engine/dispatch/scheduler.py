@@ -105,9 +105,10 @@ class Scheduler:
     properties (tests/test_imports.py checks that nothing else is touched): workers
     (``start``, ``spawn``, ``await_ready``, ``discard``, ``retire``; ``slots``, ``live``, read
     only), a job (``new_job``, then ``dispatch``, ``next_messages``, ``handle``,
-    ``check_timeouts`` until ``idle``; ``wake`` from the reader's thread), and what it measured (``dispatches``, ``recovery``, ``take_recovery``). A
-    workunit's size and the workunits waiting are the ``taker``'s
-    (helpers.engine.dispatch.taker), which the pool holds too.
+    ``check_timeouts`` until ``idle``; ``wake`` from the reader's thread), and what it
+    measured (``dispatches``, ``recovery``, ``take_recovery``). A workunit's size and the
+    workunits waiting are the ``taker``'s (helpers.engine.dispatch.taker), which the pool holds
+    too; the start's check asks each worker through its public methods (probe.ask_each).
     """
 
     def __init__(self, backend: Backend, workers: list[WorkerInfo], settings: PoolSettings,

@@ -84,8 +84,10 @@ class TableSchema:
 class PieceLayout:
     """Parquet and Arrow files: the pieces their footers name."""
 
-    def __init__(self, path: str, fmt: str, files: list[str], pieces: list[Piece]) -> None:
+    def __init__(self, path: str, fmt: str, files: list[str], stats: list[FileStat],
+                 pieces: list[Piece]) -> None:
         self.path, self.format, self.files, self._pieces = path, fmt, files, pieces
+        self._stats = stats  # as the source found them when it opened them: what workers check
 
     def __len__(self) -> int:
         return sum(rows for _, rows, _ in self._pieces)
@@ -104,9 +106,8 @@ class PieceLayout:
         return random_access(self.files, self.format)
 
     def opener(self, text_column: str) -> TableRows:
-        stats = file_stats(self.files)
-        return TableRows(os.path.abspath(self.path), self.format, text_column, digest(stats),
-                         contents_of(stats))
+        return TableRows(os.path.abspath(self.path), self.format, text_column,
+                         digest(self._stats), contents_of(self._stats))
 
     def unparsed(self, skip: IdRanges, limit: int | None,
                  carried: dict[str, OutputSpec]) -> Iterator[tuple]:

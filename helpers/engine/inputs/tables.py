@@ -76,7 +76,7 @@ class TableSource:
         if self.format in CSV:
             self.layout = CSVLayout(self.path, self.format, self.files, stats, columns)
         else:
-            self.layout = PieceLayout(self.path, self.format, self.files,
+            self.layout = PieceLayout(self.path, self.format, self.files, stats,
                                       [piece for _, found in layouts for piece in found])
         self._length: int | None = None
         self.reads = 0  # pieces read so far (what a resume skipped is never read)
