@@ -47,7 +47,8 @@ def test_pieces_know_their_rows_and_a_stream_is_not_read_by_row(tmp_path):
     table = pa.table({"text": [f"t{i}" for i in range(10)]})
     pq.write_table(table, tmp_path / "a.parquet", row_group_size=4)
     files = [str(tmp_path / "a.parquet")]
-    pieces = PieceLayout(files[0], "parquet", files, layout(files[0], "parquet")[1])
+    pieces = PieceLayout(files[0], "parquet", files, file_stats(files),
+                         layout(files[0], "parquet")[1])
     assert len(pieces) == 10 and pieces.accounted(None) == 10 and pieces.accounted(3) == 3
     assert pieces.by_row and isinstance(pieces.opener("text"), TableRows)
     assert list(pieces.unparsed(IdRanges(), None, {})) == []
@@ -58,7 +59,8 @@ def test_pieces_know_their_rows_and_a_stream_is_not_read_by_row(tmp_path):
             pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     stream = [str(tmp_path / "s.arrow")]
-    assert not PieceLayout(stream[0], "arrow", stream, layout(stream[0], "arrow")[1]).by_row
+    assert not PieceLayout(stream[0], "arrow", stream, file_stats(stream),
+                           layout(stream[0], "arrow")[1]).by_row
 
 
 def csv_layout(path):
