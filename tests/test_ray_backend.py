@@ -252,13 +252,16 @@ def test_a_record_that_kills_its_actor_in_a_call_of_four_costs_that_record_alone
 
 
 def _lose_once_at_work(cluster, node, pool):
-    """Lose ``node`` 1 s after every worker was sent its first two messages (workunits of 0.1 s:
-    each has finished several). A set time from the job's call was too early on a loaded
-    machine: the start's check and the first dispatch came after the node was gone."""
+    """Lose ``node`` 0.5 s after every worker answered its first workunit (of 0.1 s), so that
+    work ran on all three nodes. A set time from the job's call was too early on a loaded
+    machine (the start's check and the first dispatch came after the node was gone), and so
+    was 1 s after the first messages were sent (the lost node's workers had answered none)."""
     deadline = time.monotonic() + 30
-    while pool._scheduler.dispatches.messages < 12 and time.monotonic() < deadline:
+    while time.monotonic() < deadline and (
+            pool._scheduler.dispatches.messages < 12 or
+            sum(s.unit_s is not None for s in pool._scheduler.slots.values()) < 6):
         time.sleep(0.01)
-    time.sleep(1.0)
+    time.sleep(0.5)
     cluster.remove_node(node, allow_graceful=False)
 
 
