@@ -150,8 +150,7 @@ def run_pipeline(source: Any, workload: Workload,
             # slices this small cost more in model loads than they save
             settings = replace(settings, devices=settings.devices[:1], workers_per_device=1)
     with claimed(output) as output:  # a second run on it is refused now, not after spin-up
-        with sampled_only(job.limit is not None and not job.resume):  # (a try reads no
-            # more; a resume checks every byte)
+        with sampled_only(job.samples_only):
             attrs = as_attrs(records, workload)  # the outputs' shapes come with the workers
         check_output(output, resume=job.resume, overwrite=job.overwrite, inputs=input_paths(attrs),
                      fingerprints={k: json.loads(v) for k, v in attrs.items()})

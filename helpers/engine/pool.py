@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.devices import check_available
-from helpers.engine.contract.fingerprint import (as_attrs, input_paths, same_everywhere,
-                                                  sampled_only, workload_fingerprint)
+from helpers.engine.contract.fingerprint import as_attrs, input_paths, sampled_only
 from helpers.engine.contract.messages import Ready, Workunit
 from helpers.engine.contract.protocol import Workload
 from helpers.engine.contract.renamed import older_name
@@ -280,12 +279,11 @@ class WorkerPool:
                             f"{', '.join(JOB_SETTINGS)}")
         job = replace(self.job, **changes)
         records = open_source(source)  # (a source already opened comes back as it is)
-        with sampled_only(job.limit is not None and not job.resume):  # (a try reads no
-            # more; a resume checks every byte)
+        with sampled_only(job.samples_only):
             attrs = {**self.workload.attrs(), **run_attrs(self.settings, job, records.describe(),
                                                           self.loaded),
-                     **as_attrs(records, self.workload, self.outputs,
-                                loaded_identity(self.workload, self._scheduler.slots.values()))}
+                     **recorded(records, self.workload, self.outputs,
+                                self._scheduler.slots.values())}
         return job, records, attrs
 
     @contextmanager
@@ -345,13 +343,14 @@ def run_attrs(pool: PoolSettings, job: JobSettings, source: str,
             **({"loaded": json.dumps(loaded, sort_keys=True)} if loaded else {})}
 
 
-def loaded_identity(workload: Workload, slots: Iterable[Any]) -> dict[str, Any]:
-    """The fingerprint's fields as the ready workers' loads decided them (their ``identity``: a
-    hub model fetched by the workers, never by the driver), one value each; PipelineError, before
-    anything is written, where a worker found other files than another or than the driver."""
+def recorded(records: Any, workload: Workload, outputs: dict, slots: Iterable[Any]
+             ) -> dict[str, str]:
+    """What made the output (``as_attrs``), the model as the ready workers loaded it (their
+    ``identity``: a hub model only they fetched); PipelineError, before anything is written,
+    where one found other files than another or than the driver."""
     loaded = {str(s.info): s.ready.identity for s in slots
               if s.ready is not None and s.ready.identity}
     try:
-        return same_everywhere(workload_fingerprint(workload), loaded)
+        return as_attrs(records, workload, outputs, loaded)
     except ValueError as exc:
         raise PipelineError(str(exc)) from None

@@ -246,26 +246,28 @@ def contents_of(stats: list[FileStat]) -> bytes:
     return b"".join(bytes.fromhex(_start_content(stat) or "00" * 16) for stat in stats)
 
 
+def _said(contents: bytes) -> list[str | None]:
+    """``contents_of``'s digests, each as ``_content`` gives it (None: the run took none)."""
+    return [digest.hex() if digest.strip(b"\0") else None
+            for digest in (contents[n:n + 16] for n in range(0, len(contents), 16))]
+
+
 def known_contents(stats: list[FileStat], contents: bytes) -> None:
     """What ``contents_of`` said of ``stats`` (the driver's, as this process found them too),
     known here from now on."""
-    for n, stat in enumerate(stats):
-        digest = contents[16 * n:16 * n + 16]
-        if digest.strip(b"\0"):
-            _CONTENTS.setdefault(stat, digest.hex())
+    for stat, digest in zip(stats, _said(contents)):
+        if digest is not None:
+            _CONTENTS.setdefault(stat, digest)
 
 
 def same_contents(stats: list[FileStat], contents: bytes) -> bool:
     """Whether the files ``stats`` name hold the bytes ``contents_of`` said of the run's (every
     one digested again: a worker that first opens them after a chmod, its stats the driver's no
     longer); False where the run took no digest of one, or the files are not as many."""
-    if len(contents) != 16 * len(stats):
-        return False
-    for n, stat in enumerate(stats):
-        digest = contents[16 * n:16 * n + 16]
-        if not digest.strip(b"\0") or _content(Path(stat.path)) != digest.hex():
-            return False
-    return True
+    said = _said(contents)
+    return len(said) == len(stats) and all(
+        digest is not None and _content(Path(stat.path)) == digest
+        for stat, digest in zip(stats, said))
 
 
 def _start_content(stat: FileStat) -> str | None:
@@ -283,10 +285,11 @@ def _same_bytes(stat: FileStat) -> bool:
     """Whether the file at ``stat``'s path holds the bytes the run started with (False where
     the run took no digest of them); a change it goes on after is said once, in the log."""
     start = _start_content(stat)
-    if start is None or os.stat(stat.path).st_ino != stat.inode or \
+    there = os.stat(stat.path)
+    if start is None or there.st_ino != stat.inode or \
             _content(Path(stat.path)) != start:  # (by its path: the same file, or none)
         return False
-    now = os.stat(stat.path).st_ctime_ns
+    now = there.st_ctime_ns
     if (stat.path, now) not in _SAID:
         _SAID.add((stat.path, now))
         logging.getLogger("gpufeed").warning(
@@ -331,13 +334,16 @@ def source_fingerprint(source: Any) -> dict[str, Any]:
 
 
 def workload_fingerprint(workload: Any, outputs: Mapping[str, Any] | None = None,
-                         loaded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                         loaded: Mapping[str, Mapping[str, Any]] | None = None
+                         ) -> dict[str, Any]:
     """The workload's ``fingerprint()`` (else its ``attrs()``), and its outputs' shapes and dtypes
     once its workers have declared them; a field the driver could not tell (None: a hub model
-    it never fetched) as its workers ``loaded`` it (their ``identity``)."""
+    it never fetched) as its workers ``loaded`` it (worker -> its ``identity``; ValueError where
+    they differ: ``same_everywhere``)."""
     own = getattr(workload, "fingerprint", None)
     values = dict(own() if own is not None else workload.attrs())
-    values.update({k: v for k, v in (loaded or {}).items() if values.get(k) is None})
+    merged = same_everywhere(values, loaded or {})
+    values.update({k: v for k, v in merged.items() if values.get(k) is None})
     values.setdefault("workload", workload.name)
     if outputs is not None:
         values["outputs"] = {name: f"{list(spec.shape)} {spec.dtype}"
@@ -346,7 +352,7 @@ def workload_fingerprint(workload: Any, outputs: Mapping[str, Any] | None = None
 
 
 def as_attrs(source: Any, workload: Any, outputs: Mapping[str, Any] | None = None,
-             loaded: Mapping[str, Any] | None = None) -> dict[str, str]:
+             loaded: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
     """An output's record of what made it, as its attributes (JSON text)."""
     return {INPUT_ATTR: encode(source_fingerprint(source)),
             WORKLOAD_ATTR: encode(workload_fingerprint(workload, outputs, loaded))}

@@ -232,6 +232,12 @@ class JobSettings:
         return self.workunit_size == AUTO
 
     @property
+    def samples_only(self) -> bool:
+        """Whether the input's identity is taken from its samples alone: a new run with a limit
+        (a try reads no more; a resume checks every byte: helpers.engine.contract.fingerprint)."""
+        return self.limit is not None and not self.resume
+
+    @property
     def window(self) -> int:
         """Records the reader orders by cost at a time (0: none)."""
         if self.sort_window is not None:

@@ -239,15 +239,13 @@ class Scheduler:
         mark = feed.records_put
         ready = [s for s in self._slots.values() if s.state is State.READY]
         self._give(feed, ready)
-        if any(len(s.messages) < PREFETCH and not (s.in_flight and s.in_flight[0].alone)
-               for s in ready):
+        if any(len(s.messages) < PREFETCH and _takes_more(s) for s in ready):
             feed.wake_on_more(mark)
 
     def _give(self, feed: Feed, ready: list[Slot]) -> None:
         indexes = [s.info.index for s in ready]
         for depth in range(PREFETCH):
-            for slot in [s for s in ready if len(s.messages) == depth
-                         and not (s.in_flight and s.in_flight[0].alone)]:
+            for slot in [s for s in ready if len(s.messages) == depth and _takes_more(s)]:
                 if depth and not self.taker.enough_left(feed, indexes):
                     return
                 message = self._message_for(slot, feed, indexes)
@@ -331,6 +329,11 @@ class Scheduler:
     def check_timeouts(self) -> None:
         """Kill workers stuck on a workunit (or a model load) for longer than allowed."""
         self._failures.check_timeouts(self._slots.values())
+
+def _takes_more(slot: Slot) -> bool:
+    """Whether a message may go to ``slot`` beside what it holds (not beside one sent alone)."""
+    return not (slot.in_flight and slot.in_flight[0].alone)
+
 
 def _slow_to_fall(average: float | None, seconds: float) -> float:
     """A workunit's ``seconds`` into its worker's ``average``: a longer one at once (messages
