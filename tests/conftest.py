@@ -84,6 +84,16 @@ def reference_embeddings(st_model, texts) -> np.ndarray:
     return st_model.encode(texts, batch_size=32, convert_to_numpy=True)
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """The embedded model's configuration and tokenizer with a one-layer random forward of hidden
+    size 8 (helpers.bench.gpu.weights.TINY): a model's whole path for a test that needs a real
+    transformer but not MiniLM's numbers (torch.compile's: 22 s here against MiniLM's 48)."""
+    from helpers.bench.feed import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
 def as_driver_reads(source) -> dict:
     """Every record of ``source`` as the driver's slices give them, by id (what a worker reading
     its own rows must give: tests/test_table_rows.py, tests/test_jsonl_rows.py)."""

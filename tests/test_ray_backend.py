@@ -178,19 +178,27 @@ def test_auto_devices_on_ray_are_the_cluster_s(cluster):
     assert PoolSettings("auto", "process").devices == visible_devices_here()  # (this machine's)
 
 
-def test_two_nodes_two_actors_each_every_id_once_equal_to_encode(cluster, tmp_path, texts,
-                                                                 reference_embeddings):
-    stats = run_pipeline(list(enumerate(texts)), EmbeddingWorkload(), ["cpu"] * 4, 3,
+def test_two_nodes_two_actors_each_every_id_once(cluster, tmp_path):
+    n = 400
+    stats = run_pipeline(_records(n), SyntheticWorkload(0.002), ["cpu"] * 4, 5,
                          tmp_path / "out.h5", "ray", progress=False)
-    data = read_output(tmp_path / "out.h5")
-    assert data["ids"].tolist() == list(range(len(texts)))
-    np.testing.assert_allclose(data["embeddings"], reference_embeddings, atol=1e-5, rtol=0)
+    data = _assert_each_once(tmp_path / "out.h5", n)
     assert data["attrs"]["backend"] == "ray"
     by_node = {}
     for span in stats.timeline:
         by_node.setdefault(span.node, set()).add(span.worker)
     assert len(by_node) == 2 and all(len(workers) == 2 for workers in by_node.values()), by_node
     assert len({w.pid for w in stats.workers}) == 4  # an actor, a process, per worker
+
+
+def test_actors_embeddings_equal_encode_s(cluster, tmp_path, texts, reference_embeddings):
+    """The embedding workload's rows through Ray, two actors (each loading the model: four
+    did, with the placement checked above, 41-183 s of this file's time)."""
+    run_pipeline(list(enumerate(texts)), EmbeddingWorkload(), ["cpu"] * 2, 3,
+                 tmp_path / "out.h5", "ray", progress=False)
+    data = read_output(tmp_path / "out.h5")
+    assert data["ids"].tolist() == list(range(len(texts)))
+    np.testing.assert_allclose(data["embeddings"], reference_embeddings, atol=1e-5, rtol=0)
 
 
 def test_an_actor_killed_mid_run_is_replaced_and_each_id_written_once(cluster, tmp_path):
@@ -281,8 +289,10 @@ def test_a_node_lost_mid_run_its_workunits_are_redone_on_the_others(cluster, tmp
     assert stats.recovery["failed_workunits"] == 0  # a lost node's workunits are not suspect
     nodes = {span.node for span in stats.timeline}
     assert len(nodes) == 3  # work ran on all three, then on the two left
-    # 36 s of work on 6 workers, then on 4: no hang waiting for the lost node's replacements
-    assert time.monotonic() - started < 40
+    # 36 s of work on 6 workers, then on 4 (22-25 s alone, 46 s beside the rest of the suite
+    # on a slow day): no hang waiting for the lost node's replacements, which could not be
+    # placed and would hold the job to the load timeout (600 s; this test's own limit, 240)
+    assert time.monotonic() - started < 120
 
 
 @pytest.mark.parametrize("writes", ["driver", "workers"])

@@ -195,17 +195,20 @@ def test_bf16_on_cpu_passes_the_guard_and_is_not_float32(tmp_path):
 
 
 @pytest.mark.slow
-def test_compile_runs_the_compiled_transformer_checked_by_the_guard_in_the_load(tmp_path):
+def test_compile_runs_the_compiled_transformer_checked_by_the_guard_in_the_load(tmp_path,
+                                                                               tiny_model):
     """torch.compile really compiles the transformer (a graph captured, not a silent eager
-    fallback), in the worker's load, and its embeddings are float32 PyTorch's."""
+    fallback), in the worker's load, and its embeddings are float32 PyTorch's (a one-layer
+    transformer: what compiling does not depend on the model's size; the GPU check compiles
+    MiniLM's shape on a card)."""
     from torch._dynamo.utils import counters
 
     texts = [(i, text) for i, text in enumerate(runtimes.guard_texts()[:24])]
-    run_pipeline(texts, EmbeddingWorkload(), ["cpu"], 8, tmp_path / "eager.h5", "thread",
-                 progress=False)
-    counters.clear()
-    run_pipeline(texts, EmbeddingWorkload(compile=True), ["cpu"], 8, tmp_path / "compiled.h5",
+    run_pipeline(texts, EmbeddingWorkload(model=tiny_model), ["cpu"], 8, tmp_path / "eager.h5",
                  "thread", progress=False)
+    counters.clear()
+    run_pipeline(texts, EmbeddingWorkload(model=tiny_model, compile=True), ["cpu"], 8,
+                 tmp_path / "compiled.h5", "thread", progress=False)
     assert counters["stats"]["unique_graphs"] >= 1 and counters["inductor"]
     eager, compiled = read_output(tmp_path / "eager.h5"), read_output(tmp_path / "compiled.h5")
     assert runtimes.cosines(eager["embeddings"], compiled["embeddings"]).min() > 0.9999
