@@ -34,6 +34,7 @@ results: run
 	$(PY) -m helpers.bench dispatch
 	$(PY) -m helpers.bench dispatch --backend ray --units 10000
 	$(PY) -m helpers.bench prefetch --rounds 6
+	$(PY) -m helpers.bench joins
 	$(PY) -m helpers.bench failures
 	$(PY) -m helpers.bench ray
 	$(PY) -m helpers.bench autotune --records 340000 --repeats 1

@@ -266,6 +266,25 @@ def test_runtimes_bench_measures_each_length_and_stored_form(monkeypatch, capsys
     assert "own (256)" in capsys.readouterr().out
 
 
+def test_joins_bench_alternates_the_taker_s_joins_on_a_sorted_job_of_two_speeds(capsys):
+    """What keeps the taker's joins (docs/architecture.md): the same sorted job with and without
+    them, alternating, on one pool per workunit cost; the taker's JOINS is back as it was
+    after (what the switch does: tests/test_taker.py; a job this short is too noisy to show the
+    count of workunits fall)."""
+    from helpers.bench import joins
+    from helpers.engine.dispatch import taker
+
+    table = joins.measure(rounds=2, records=20_000, record_seconds=20e-6,
+                          unit_seconds=(0.001,), window=2000)
+    assert table["joins"].tolist() == [False, True, True, False]
+    assert (table["records_per_s"] > 0).all() and table["busy"].between(0, 1).all()
+    assert (table["workunits"] * table["records_per_workunit"]).round().eq(20_000).all()
+    found = joins.report(table)
+    assert found[0.001]["rate_on_over_off"] > 0 and "joins on against off" in \
+        capsys.readouterr().out
+    assert taker.JOINS is True
+
+
 def test_prefetch_bench_alternates_one_and_two_messages_a_worker_on_one_pool(capsys):
     """What keeps PREFETCH (docs/architecture.md): the same jobs at one and two messages in
     flight a worker, alternating; the scheduler's PREFETCH is back as it was after."""

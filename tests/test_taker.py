@@ -82,6 +82,19 @@ def test_with_auto_sizes_a_window_s_short_end_is_joined_up_to_the_worker_s_size(
     assert taker.auto and taker.first_size() == 25
 
 
+def test_without_joins_each_window_s_end_goes_as_it_is(monkeypatch):
+    """The switch the joins bench turns (helpers.bench.joins): off, a window's end is a
+    workunit of its own."""
+    from helpers.engine.dispatch import taker as module
+
+    monkeypatch.setattr(module, "JOINS", False)
+    sizing = Sizing(1.0)
+    sizing.observe(0, 25, 1.0)
+    taker, feed = Taker(), Windows(100, 10)
+    taker.new_job(sizing)
+    assert [len(taker.next_for(0, [0], feed)) for _ in range(3)] == [10, 10, 10]
+
+
 def test_a_static_split_s_slices_wait_pinned_to_their_workers_and_go_whole():
     taker = Taker()
     taker.new_job()

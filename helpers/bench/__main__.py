@@ -1,5 +1,5 @@
 """``python -m helpers.bench COMMAND``: overhead, failures, scale, autotune, ray, sources, dispatch,
-prefetch, runtimes, feed, gpu (each command's ``--help`` says what it measures)."""
+prefetch, joins, runtimes, feed, gpu (each command's ``--help`` says what it measures)."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from helpers.bench import (autotune, dispatch, failures, feed, overhead, prefetch, ray_backend,
-                           runtimes, scale, sources)
+from helpers.bench import (autotune, dispatch, failures, feed, joins, overhead, prefetch,
+                           ray_backend, runtimes, scale, sources)
 from helpers.bench.gpu import check as gpu_check
 from helpers.bench.gpu import report as gpu_report
 
@@ -89,6 +89,19 @@ def main(argv: list[str] | None = None) -> int:
                        help="the simulated card's time a workunit")
     ahead.add_argument("--results-dir", default="data/results/cpu",
                        help="where prefetch_bench.csv goes ('' to save nothing)")
+    joined = commands.add_parser("joins", help=joins.__doc__.splitlines()[0])
+    joined.add_argument("--rounds", type=int, default=5, help="jobs of each setting, alternating")
+    joined.add_argument("--records", type=int, default=600_000)
+    joined.add_argument("--record-seconds", type=float, default=20e-6,
+                        help="the simulated card's time a record")
+    joined.add_argument("--unit-seconds", type=float, nargs="+", default=joins.UNIT_SECONDS,
+                        help="the simulated card's time a workunit, beside its records' (a pool "
+                             "for each)")
+    joined.add_argument("--window", type=int, default=None,
+                        help="records the reader orders at a time (sort_window; default: the "
+                             "pool's, SORT_RECORDS or the largest workunit)")
+    joined.add_argument("--results-dir", default="data/results/cpu",
+                        help="where joins_bench.csv goes ('' to save nothing)")
     variants = commands.add_parser("runtimes", help=runtimes.__doc__.splitlines()[0])
     variants.add_argument("--records", type=int, default=512, help="sample paragraphs a round")
     variants.add_argument("--repeats", type=int, default=5)
@@ -177,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "prefetch":
         prefetch.main(args.rounds, args.records, args.unit_records, args.unit_seconds,
                       args.results_dir)
+        return 0
+    if args.command == "joins":
+        joins.main(args.rounds, args.records, args.record_seconds, tuple(args.unit_seconds),
+                   args.window, args.results_dir)
         return 0
     if args.command == "feed":
         feed.main(args.records, args.repeats, args.batch_size, args.workunit_size,

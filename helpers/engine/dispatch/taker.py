@@ -34,6 +34,9 @@ from helpers.engine.contract.messages import Workunit
 from helpers.engine.dispatch.recovery import cut
 from helpers.engine.measure.sizing import FIRST_SIZE, Sizing
 
+JOINS = True  # auto sizes: a window's short end (a cut's rest) joined to the next records, up to
+# its worker's size (joins_bench.csv: python -m helpers.bench joins)
+
 
 class Feed(Protocol):
     """Where new records come from (the reader; nothing more, for a static split). The taker
@@ -155,7 +158,7 @@ class Taker:
             if unit is None:
                 return None
             unit = self.number(unit)
-        if self._sizing is not None and _fresh(unit):  # a window's end, a cut's rest: joined
+        if JOINS and self._sizing is not None and _fresh(unit):  # a window's end, a cut's rest
             while len(unit) < size and \
                     (more := self._fresh_waiting() or feed.take(size - len(unit))) is not None:
                 unit = _joined(unit, more)
