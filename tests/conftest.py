@@ -39,6 +39,24 @@ def multiprocessing_own(process: psutil.Process) -> bool:
                                                            " ".join(process.parent().cmdline()))
 
 
+PRELOADED = ("torch", "sentence_transformers", "tokenizers", "onnxruntime",
+             "rapidocr_onnxruntime")  # the embedding and binning workloads' ``imports``
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server_with_the_models_libraries():
+    """This test process's fork server (helpers.engine.workers.backends), started before its
+    first pool, imports what the embedding and binning workers import, so that each of their
+    process workers is forked with them imported. The server keeps the imports of the pool that
+    started it: a synthetic pool first (none), and every embedding worker after it imported torch
+    and sentence-transformers itself, 4-8 s of CPU each here."""
+    from types import SimpleNamespace
+
+    from helpers.engine.workers.backends import process_context
+
+    process_context(SimpleNamespace(imports=PRELOADED))
+
+
 @pytest.fixture(autouse=True)
 def cpu_unless_named(monkeypatch):
     """devices="auto" (the default) is the CPU in the tests, as in CI, even on a machine with a
