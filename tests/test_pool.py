@@ -138,6 +138,44 @@ def test_a_model_only_the_workers_fetched_is_recorded_and_one_they_disagree_on_r
     assert read_output(out)["ids"].tolist() == list(range(20))
 
 
+class RefetchedLater(SyntheticWorkload):
+    """Worker processes whose first two loads fetch ``d1`` and any later one ``d2`` (a hub
+    revision that moved while the job ran), counted in ``folder``; ``r30`` kills its worker."""
+
+    def __init__(self, folder):
+        super().__init__(0.001, dim=4, exit_on_records=frozenset({"r30"}))
+        self.folder = str(folder)
+
+    def fingerprint(self):
+        return {"workload": self.name, "model_path": None, "model_digest": None}
+
+    def load(self, device, threads=None):
+        import os
+
+        n = len(os.listdir(self.folder))
+        open(os.path.join(self.folder, f"{os.getpid()}"), "w").close()
+        return {**super().load(device, threads), "digest": "d1" if n < 2 else "d2"}
+
+    def identity(self, model):
+        return {"model_digest": model["digest"]}
+
+
+def test_a_worker_that_loads_other_files_mid_job_stops_it_before_it_takes_anything(tmp_path):
+    """A replacement (or a worker growth adds) loads the model again, mid-job: where its files
+    are not those the job's workers loaded, the job stops naming it, and nothing it could have
+    computed is in the output (the rows written are the first files' alone, resumable)."""
+    (tmp_path / "loads").mkdir()
+    records = [(i, f"r{i}") for i in range(200)]
+    with WorkerPool(RefetchedLater(tmp_path / "loads"), ["cpu"] * 2, "process",
+                    progress=False) as pool:
+        with pytest.raises(PipelineError, match=r"loaded different models \(model_digest 'd1' "
+                                                r"and 'd2'\).*started mid-job and was given "
+                                                r"nothing"):
+            pool.run(records, tmp_path / "out.h5", workunit_size=10)
+    assert len(list((tmp_path / "loads").iterdir())) == 3  # the two, then the replacement
+    assert 30 not in read_output(tmp_path / "out.h5")["ids"].tolist()
+
+
 def test_what_a_worker_process_loaded_comes_back_to_the_driver_s_record(tmp_path):
     from helpers.engine.outputs.ownership import recorded_fingerprints
 

@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
-from helpers.engine.contract.messages import POLL_SECONDS, Died, Failed, Result, Workunit
+from helpers.engine.contract.fingerprint import same_everywhere
+from helpers.engine.contract.messages import POLL_SECONDS, Died, Failed, Ready, Result, Workunit
 from helpers.engine.contract.settings import JobSettings, PoolSettings
 from helpers.engine.dispatch.growth import EXPLORE_SECONDS, Growth
 from helpers.engine.dispatch.scheduler import PipelineError, Scheduler
@@ -70,6 +71,8 @@ class Job:
         # flight, ``key`` the one of its keys (errors/key)
         self.clock = self.wall = self.read_s = self.reader_blocked_s = 0.0
         self._token, self._sends = secrets.token_hex(4), itertools.count()
+        self._loaded = {str(s.info): s.ready.identity for s in scheduler.slots.values()
+                        if s.ready is not None and s.ready.identity}  # (the start's, checked)
 
     def stamp(self, unit: Workunit) -> Workunit:
         """``unit`` as sent when workers write: where its worker writes its part (a name of its
@@ -125,6 +128,8 @@ class Job:
                     bar.update(self._file_rejects())
                     return
                 for slot, message in scheduler.next_messages(POLL_SECONDS):
+                    if isinstance(message, Ready) and message.identity:
+                        self._admit(slot, message)
                     written, given_up = scheduler.handle(slot, message)
                     if isinstance(message, (Failed, Died)):
                         self._ended.pop(slot, None)  # (the time to its next result was not idle)
@@ -138,6 +143,17 @@ class Job:
                     self.growth.step(scheduler, time.monotonic(), self.clock)
                     self.taker.explore(self.growth.deciding(), EXPLORE_SECONDS)  # short
                     # workunits while a count is decided
+
+    def _admit(self, slot: int, ready: Ready) -> None:
+        """A worker ready mid-job (a replacement, one growth added) loaded what the job's
+        workers did, or the job stops before it is given anything (PipelineError naming it: a
+        hub revision that moved since the job's workers fetched theirs)."""
+        info = str(self.scheduler.slots[slot].info)
+        try:
+            same_everywhere({}, {**self._loaded, info: ready.identity})
+        except ValueError as exc:
+            raise PipelineError(f"{exc}; {info} started mid-job and was given nothing") from None
+        self._loaded[info] = ready.identity
 
     def _file_rejects(self) -> int:
         """Hand the records the reader rejected so far to the writer's errors/; how many."""
