@@ -4,9 +4,11 @@ few card calls it makes are faked where a card is needed."""
 import json
 import subprocess
 import tarfile
+import time
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 
 from helpers.bench.gpu import card, check, faults, plan, report, simulated, study, tables, weights
@@ -96,6 +98,24 @@ def model_feeds():
     from helpers.bench.gpu.model_side import FEEDS
 
     return FEEDS
+
+
+def test_a_killed_job_that_ends_before_its_kill_runs_again_longer_and_kills_nothing_late(
+        tmp_path):
+    """The killed check sizes its job from a rate measured before (on a loaded machine, slower
+    than the pool then ran): a job that ended first is run again with twice the records, and a
+    kill due after its job never lands on the pool's idle worker."""
+    from helpers.engine.pipeline import WorkerPool
+    from helpers.workloads.synthetic import SyntheticWorkload
+
+    with WorkerPool(SyntheticWorkload(0.001), ["cpu"], "process", progress=False) as pool:
+        pids = dict(pool.pids)
+        row = faults._killed(pool, 2, 1, 3.0, tmp_path)
+        time.sleep(0.2)
+        assert pool.pids == pids and all(psutil.pid_exists(p) for p in pids.values())
+    assert (row["passed"], row["tries"], row["records"], row["deaths"]) == \
+        (False, faults.KILL_TRIES, 2 * 2 ** (faults.KILL_TRIES - 1), 0)
+    assert row["detail"] == "the job ended before the kill" and row["exactly_once"]
 
 
 def test_a_run_without_a_card_is_refused_and_only_a_dry_run_uses_the_cpu(monkeypatch):
