@@ -148,6 +148,8 @@ class Job:
         """A worker ready mid-job (a replacement, one growth added) loaded what the job's
         workers did, or the job stops before it is given anything (PipelineError naming it: a
         hub revision that moved since the job's workers fetched theirs)."""
+        if slot not in self.scheduler.slots:  # (discarded while it started: "fit")
+            return
         info = str(self.scheduler.slots[slot].info)
         try:
             same_everywhere({}, {**self._loaded, info: ready.identity})
