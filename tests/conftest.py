@@ -49,12 +49,17 @@ def fork_server_with_the_models_libraries():
     first pool, imports what the embedding and binning workers import, so that each of their
     process workers is forked with them imported. The server keeps the imports of the pool that
     started it: a synthetic pool first (none), and every embedding worker after it imported torch
-    and sentence-transformers itself, 4-8 s of CPU each here."""
+    and sentence-transformers itself, 4-8 s of CPU each here. A first process forked here waits
+    for the imports, so that no test's timed first pool does."""
     from types import SimpleNamespace
 
     from helpers.engine.workers.backends import process_context
 
-    process_context(SimpleNamespace(imports=PRELOADED))
+    context = process_context(SimpleNamespace(imports=PRELOADED))
+    if context.get_start_method() == "forkserver":
+        first = context.Process(target=int)
+        first.start()
+        first.join()
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +111,7 @@ def reference_embeddings(st_model, texts) -> np.ndarray:
 def tiny_model(tmp_path_factory) -> str:
     """The embedded model's configuration and tokenizer with a one-layer random forward of hidden
     size 8 (helpers.bench.gpu.weights.TINY): a model's whole path for a test that needs a real
-    transformer but not MiniLM's numbers (torch.compile's: 22 s here against MiniLM's 48)."""
+    transformer but not MiniLM's numbers (torch.compile's test: 30 s cold here against 48 s)."""
     from helpers.bench.feed import tiny_model
 
     return tiny_model(tmp_path_factory.mktemp("tiny"))

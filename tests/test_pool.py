@@ -139,12 +139,14 @@ def test_a_model_only_the_workers_fetched_is_recorded_and_one_they_disagree_on_r
 
 
 class RefetchedLater(SyntheticWorkload):
-    """Worker processes whose first two loads fetch ``d1`` and any later one ``d2`` (a hub
-    revision that moved while the job ran), counted in ``folder``; ``r30`` kills its worker."""
+    """Worker processes whose first ``first`` loads fetch ``d1`` and any later one ``d2`` (a hub
+    revision that moved while the job ran), counted in ``folder``, each row saying which (1.0,
+    2.0); ``r30`` kills its worker, once."""
 
-    def __init__(self, folder):
-        super().__init__(0.001, dim=4, exit_on_records=frozenset({"r30"}))
-        self.folder = str(folder)
+    def __init__(self, folder, first):
+        super().__init__(0.01, dim=4, exit_on_records=frozenset({"r30"}),
+                         transient=f"{folder}/fired")
+        self.folder, self.first = str(folder), first
 
     def fingerprint(self):
         return {"workload": self.name, "model_path": None, "model_digest": None}
@@ -152,28 +154,37 @@ class RefetchedLater(SyntheticWorkload):
     def load(self, device, threads=None):
         import os
 
-        n = len(os.listdir(self.folder))
-        open(os.path.join(self.folder, f"{os.getpid()}"), "w").close()
-        return {**super().load(device, threads), "digest": "d1" if n < 2 else "d2"}
+        n = len([name for name in os.listdir(self.folder) if name.startswith("load")])
+        open(os.path.join(self.folder, f"load-{os.getpid()}"), "w").close()
+        return {**super().load(device, threads), "digest": "d1" if n < self.first else "d2"}
 
     def identity(self, model):
         return {"model_digest": model["digest"]}
 
+    def process(self, model, records):
+        values = super().process(model, records)["values"]
+        return {"values": np.full_like(values, 1.0 if model["digest"] == "d1" else 2.0)}
 
-def test_a_worker_that_loads_other_files_mid_job_stops_it_before_it_takes_anything(tmp_path):
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_that_loads_other_files_mid_job_stops_it_before_it_takes_anything(tmp_path,
+                                                                                 workers):
     """A replacement (or a worker growth adds) loads the model again, mid-job: where its files
-    are not those the job's workers loaded, the job stops naming it, and nothing it could have
-    computed is in the output (the rows written are the first files' alone, resumable)."""
-    (tmp_path / "loads").mkdir()
-    records = [(i, f"r{i}") for i in range(200)]
-    with WorkerPool(RefetchedLater(tmp_path / "loads"), ["cpu"] * 2, "process",
+    are not those the job's workers loaded (with one worker: those of the worker it replaces),
+    the job stops naming it, and the output holds the first files' rows alone."""
+    (tmp_path / "loads" / "fired").mkdir(parents=True)
+    records = [(i, f"r{i}") for i in range(1000)]  # (10 s of work: the replacement loads in it,
+    # and the job stops then)
+    with WorkerPool(RefetchedLater(tmp_path / "loads", workers), ["cpu"] * workers, "process",
                     progress=False) as pool:
-        with pytest.raises(PipelineError, match=r"loaded different models \(model_digest 'd1' "
-                                                r"and 'd2'\).*started mid-job and was given "
-                                                r"nothing"):
+        with pytest.raises(PipelineError, match=r"loaded different models \(model_digest "
+                                                r"'d[12]' and 'd[12]'\).*started mid-job and "
+                                                r"was given nothing"):
             pool.run(records, tmp_path / "out.h5", workunit_size=10)
-    assert len(list((tmp_path / "loads").iterdir())) == 3  # the two, then the replacement
-    assert 30 not in read_output(tmp_path / "out.h5")["ids"].tolist()
+    loads = [p for p in (tmp_path / "loads").iterdir() if p.name.startswith("load")]
+    assert len(loads) == workers + 1  # the job's, then the replacement
+    data = read_output(tmp_path / "out.h5")
+    assert len(data["ids"]) < 1000 and (data["values"] == 1.0).all()
 
 
 def test_what_a_worker_process_loaded_comes_back_to_the_driver_s_record(tmp_path):

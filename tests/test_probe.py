@@ -102,3 +102,31 @@ def test_a_part_the_driver_cannot_see_is_named_before_any_record(tmp_path, monke
         run_pipeline(hdf5_input(tmp_path / "in.h5"), SyntheticWorkload(0.0), ["cpu"] * 2, 10,
                      tmp_path / "out.h5", "thread", progress=False, writes="workers")
     assert sent == [0, 0]  # no record was sent
+
+
+def test_a_worker_ready_during_the_check_goes_through_the_job_s_admit_first():
+    """A replacement (or a worker growth adds) ready while the start's check waits is the job's
+    to admit (its identity: helpers.engine.job), before the scheduler takes it as ready."""
+    from types import SimpleNamespace
+
+    from helpers.engine.contract.messages import Ready, Result, Workunit
+    from helpers.engine.dispatch.probe import ask_each
+
+    ready = Ready(1, 4321, 0.1, {}, identity={"model_digest": "d2"})
+    answer = Result(0, -1, np.empty(0, np.int64), {}, [], 0.0, 0.0)
+    seen = []
+
+    class Scheduler:
+        backend = SimpleNamespace(send=lambda index, units: None)
+        slots = {}
+
+        def next_messages(self, seconds):
+            return [(1, ready), (0, answer)]
+
+        def handle(self, index, message):
+            seen.append(("handled", index))
+
+    answers = ask_each(Scheduler(), {0: Workunit(-1, np.empty(0, np.int64), [])}, 5.0,
+                       lambda index, message: seen.append(("admitted", index, message)))
+    assert answers == {0: answer}
+    assert seen == [("admitted", 1, ready), ("handled", 1)]

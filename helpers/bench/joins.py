@@ -5,9 +5,10 @@ With ``workunit_size="auto"`` and a workload that says what a record costs (a te
 records of two windows; the taker then joins a window's short end (and a cut's rest) to the
 next records, up to its worker's size (``taker.JOINS``). Without the joins each window's end
 goes as a workunit of its own, below its worker's size. Here: two process workers on
-simulated cards that cost ``record_seconds`` a record and ``unit_seconds`` a workunit (one pool
-for each of UNIT_SECONDS: a sync; a card's pipeline filled and drained), records of every length ordered by it, one pool, the
-two settings alternating ``rounds`` times (``JOINS`` set for each job, nothing else changed);
+simulated cards that cost ``record_seconds`` a record and ``unit_seconds`` a workunit (a pool
+for each of UNIT_SECONDS: a sync; a card's pipeline filled and drained), records of every
+length ordered by it, the two settings alternating ``rounds`` times on each pool (``JOINS`` set
+for each job, nothing else changed);
 workunits sent, records a workunit, records per second and the workers' busy share, medians,
 and the ratios with joins against without.
 

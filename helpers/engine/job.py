@@ -47,6 +47,12 @@ SETTLED = 0.5  # growth measures a worker on workunits of at least this share of
 HOST = socket.gethostname()  # telemetry samples the workers on this machine
 
 
+def _loader(info: Any, ready: Ready) -> str:
+    """A worker's load, by name: its slot and process (a replacement in the same slot is
+    another load)."""
+    return f"{info} (pid {ready.pid})"
+
+
 class Job:
     """One job on a pool's workers: its settings, its output, its clock, and what the workers did
     (running totals per worker and a bounded timeline: nothing per record)."""
@@ -71,7 +77,8 @@ class Job:
         # flight, ``key`` the one of its keys (errors/key)
         self.clock = self.wall = self.read_s = self.reader_blocked_s = 0.0
         self._token, self._sends = secrets.token_hex(4), itertools.count()
-        self._loaded = {str(s.info): s.ready.identity for s in scheduler.slots.values()
+        self._loaded = {_loader(s.info, s.ready): s.ready.identity
+                        for s in scheduler.slots.values()
                         if s.ready is not None and s.ready.identity}  # (the start's, checked)
 
     def stamp(self, unit: Workunit) -> Workunit:
@@ -128,8 +135,8 @@ class Job:
                     bar.update(self._file_rejects())
                     return
                 for slot, message in scheduler.next_messages(POLL_SECONDS):
-                    if isinstance(message, Ready) and message.identity:
-                        self._admit(slot, message)
+                    if isinstance(message, Ready):
+                        self.admit(slot, message)
                     written, given_up = scheduler.handle(slot, message)
                     if isinstance(message, (Failed, Died)):
                         self._ended.pop(slot, None)  # (the time to its next result was not idle)
@@ -144,18 +151,21 @@ class Job:
                     self.taker.explore(self.growth.deciding(), EXPLORE_SECONDS)  # short
                     # workunits while a count is decided
 
-    def _admit(self, slot: int, ready: Ready) -> None:
+    def admit(self, slot: int, ready: Ready) -> None:
         """A worker ready mid-job (a replacement, one growth added) loaded what the job's
         workers did, or the job stops before it is given anything (PipelineError naming it: a
-        hub revision that moved since the job's workers fetched theirs)."""
-        if slot not in self.scheduler.slots:  # (discarded while it started: "fit")
+        hub revision that moved since the job's workers fetched theirs). Each load is compared
+        with every one before it, a dead worker's too (a one-worker pool's replacement with the
+        worker it replaces); where no worker had loaded when the job began, the first to load
+        is what the others are compared with."""
+        if not ready.identity or slot not in self.scheduler.slots:  # (discarded: "fit")
             return
-        info = str(self.scheduler.slots[slot].info)
+        info = self.scheduler.slots[slot].info
         try:
-            same_everywhere({}, {**self._loaded, info: ready.identity})
+            same_everywhere({}, {**self._loaded, _loader(info, ready): ready.identity})
         except ValueError as exc:
             raise PipelineError(f"{exc}; {info} started mid-job and was given nothing") from None
-        self._loaded[info] = ready.identity
+        self._loaded[_loader(info, ready)] = ready.identity
 
     def _file_rejects(self) -> int:
         """Hand the records the reader rejected so far to the writer's errors/; how many."""

@@ -198,7 +198,7 @@ class WorkerPool:
             first, slices = peek(slices) if by_workers else (None, slices)  # (workers read too)
             window = 0 if by_workers else settings.window
             if settings.writes == "workers":
-                check_workers(scheduler, job.target, first)
+                check_workers(scheduler, job.target, first, job.admit)
             reader = Reader(slices, self.settings.depth(per_message), taker.first_size(),
                             scheduler.wake, window, cost, total, settings.stop_at,
                             self.settings.ahead_s)

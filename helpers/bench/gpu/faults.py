@@ -192,7 +192,8 @@ def _killed(pool: Any, records: int, units: int, after: float, folder: Path) -> 
         deaths = Deaths()
         logging.getLogger("gpufeed").addHandler(deaths)
         killed_at: list[float] = []
-        running = threading.Lock()  # held while the job runs: the kill lands inside it or never
+        running = threading.Lock()  # held until the job returns: a kill due later never lands
+        # (one landing as the job ends, its death unseen, says so in the row)
 
         def kill() -> None:
             if running.acquire(blocking=False):  # the job is over

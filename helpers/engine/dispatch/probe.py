@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.messages import POLL_SECONDS, Died, Failed, Result, Workunit
+from helpers.engine.contract.messages import POLL_SECONDS, Died, Failed, Ready, Result, Workunit
 from helpers.engine.dispatch.scheduler import PipelineError, RemoteTraceback, Scheduler
 from helpers.engine.dispatch.slots import State
 
@@ -33,16 +33,17 @@ PROBE_RECORDS = 2  # records of the input each worker reads
 
 
 def check_workers(scheduler: Scheduler, target: Callable[[], Any],
-                  first: tuple[np.ndarray, Any] | None) -> None:
+                  first: tuple[np.ndarray, Any] | None,
+                  admit: Callable[[int, Ready], None] = lambda slot, ready: None) -> None:
     """Ask every ready worker to read ``first`` (``(ids, Rows)``, the input's first records; None
     if the driver reads the input) and write an empty part at a ``target()`` of its own;
     PipelineError, naming the worker and its machine, unless each did and its part is visible
-    here."""
+    here. A worker ready meanwhile goes through ``admit`` (the job's) first."""
     ids, records = first if first is not None else (np.empty(0, np.int64), [])
     ids, records = ids[:PROBE_RECORDS], records[:PROBE_RECORDS]
     units = {index: Workunit(-1, ids, records, target=target(), probe=True)
              for index, slot in scheduler.slots.items() if slot.state is State.READY}
-    answers = ask_each(scheduler, units, PROBE_SECONDS)
+    answers = ask_each(scheduler, units, PROBE_SECONDS, admit)
     try:
         for index, answer in sorted(answers.items()):
             if isinstance(answer, Failed):
@@ -63,11 +64,13 @@ def check_workers(scheduler: Scheduler, target: Callable[[], Any],
                 answer.part.discard()
 
 
-def ask_each(scheduler: Scheduler, units: dict[int, Workunit], seconds: float
+def ask_each(scheduler: Scheduler, units: dict[int, Workunit], seconds: float,
+             admit: Callable[[int, Ready], None] = lambda slot, ready: None
              ) -> dict[int, Result | Failed]:
     """Send ``units[slot]`` to each of those slots' workers, outside the job's bookkeeping
     (nothing else may be in flight), and return their answers; a worker that dies is replaced
-    as usual and not asked again. PipelineError after ``seconds``."""
+    as usual and not asked again, one ready meanwhile goes through ``admit`` first.
+    PipelineError after ``seconds``."""
     for index, unit in units.items():
         scheduler.backend.send(index, [unit])
     answers: dict[int, Result | Failed] = {}
@@ -85,5 +88,7 @@ def ask_each(scheduler: Scheduler, units: dict[int, Workunit], seconds: float
                 continue
             if isinstance(message, Died):
                 waiting.discard(index)
+            if isinstance(message, Ready):
+                admit(index, message)
             scheduler.handle(index, message)
     return answers
