@@ -68,7 +68,8 @@ def test_scale_bench_kills_a_run_and_resumes_it_exactly_once(tmp_path, capsys):
     from helpers.bench import scale
 
     table = scale.measure(400_000, workers=2, workunit_size=2048, baseline_records=0,
-                          kill_at=0.5, folder=str(tmp_path))
+                          kill_at=0.25, folder=str(tmp_path))  # (the index is rewritten at
+    # a rate of its own cost: on a loaded machine 0.5 met the last rewrite, every row written)
     runs = table.set_index("run")
     assert 0 < runs.loc["killed", "records"] < 400_000
     resumed = runs.loc["resumed"]
