@@ -36,6 +36,7 @@ from helpers.workloads.synthetic import SyntheticWorkload, record_vector
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 NODE_CPUS = 2  # each simulated node: 2 workers of one thread
+NICENESS = "RAY_worker_niceness"  # (ray._private.ray_constants.RAY_WORKER_NICENESS)
 GONE_SECONDS = 15.0  # an actor Ray was told to kill, or whose owner died, is gone within this
 
 
@@ -69,6 +70,10 @@ def cluster():
     """A head node and one more, NODE_CPUS each, this process their driver; torn down at the end,
     with a check that not one Ray process is left."""
     before = {p.pid for p in _ray_processes()}
+    # Ray starts its workers at nice 15 (worker_niceness): beside the suite's other processes,
+    # at nice 0, an actor importing torch got a few percent of a core (an embedding check of
+    # 9 s alone took 107-140 s); the raylets read it from their environment as they start
+    os.environ[NICENESS] = "0"
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False})
     cluster.add_node(num_cpus=NODE_CPUS)
@@ -77,6 +82,7 @@ def cluster():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+    os.environ.pop(NICENESS, None)
     deadline = time.monotonic() + GONE_SECONDS
     while (left := [p for p in _ray_processes() if p.pid not in before]) \
             and time.monotonic() < deadline:
