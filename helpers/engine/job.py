@@ -161,11 +161,12 @@ class Job:
         if not ready.identity or slot not in self.scheduler.slots:  # (discarded: "fit")
             return
         info = self.scheduler.slots[slot].info
+        loaded = {**self._loaded, _loader(info, ready): ready.identity}
         try:
-            same_everywhere({}, {**self._loaded, _loader(info, ready): ready.identity})
+            same_everywhere({}, loaded)
         except ValueError as exc:
             raise PipelineError(f"{exc}; {info} started mid-job and was given nothing") from None
-        self._loaded[_loader(info, ready)] = ready.identity
+        self._loaded = loaded
 
     def _file_rejects(self) -> int:
         """Hand the records the reader rejected so far to the writer's errors/; how many."""

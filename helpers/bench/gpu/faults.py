@@ -192,23 +192,20 @@ def _killed(pool: Any, records: int, units: int, after: float, folder: Path) -> 
         deaths = Deaths()
         logging.getLogger("gpufeed").addHandler(deaths)
         killed_at: list[float] = []
-        running = threading.Lock()  # held until the job returns: a kill due later never lands
-        # (one landing as the job ends, its death unseen, says so in the row)
+        returned = threading.Event()  # the job returned: a kill due later never lands (one
+        # landing as the job ends, its death unseen, says so in the row)
 
         def kill() -> None:
-            if running.acquire(blocking=False):  # the job is over
-                running.release()
-                return
-            killed_at.append(time.time())
-            os.kill(victim, signal.SIGKILL)
+            if not returned.is_set():
+                killed_at.append(time.time())
+                os.kill(victim, signal.SIGKILL)
 
         timer = threading.Timer(after, kill)
-        running.acquire()
         try:
             timer.start()
             stats = pool.run(corpus(records), output, workunit_size=units, overwrite=True)
         finally:
-            running.release()
+            returned.set()
             timer.cancel()
             timer.join()
             logging.getLogger("gpufeed").removeHandler(deaths)
