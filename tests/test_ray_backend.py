@@ -4,6 +4,7 @@ actor killed, a hung workunit, a node lost, the driver SIGKILLed and resumed, a 
 each the scheduler's own recovery — and no Ray process left behind."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -361,15 +362,26 @@ def test_without_an_address_a_local_ray_is_started_said_and_stopped(tmp_path):
             "from helpers.engine.pipeline import run_pipeline\n"
             "from helpers.workloads.synthetic import SyntheticWorkload\n"
             "logging.basicConfig()\n"
-            "stats = run_pipeline([(i, str(i)) for i in range(40)], SyntheticWorkload(0.0), "
+            "stats = run_pipeline([(i, str(i)) for i in range(40)], SyntheticWorkload(0.1), "
             "['cpu'] * 2, 5, sys.argv[1], 'ray', progress=False)\n"
             "print(stats.records, stats.spinup_s)")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out.h5")],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=150)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[0] == "40"
-    assert "started a local Ray" in done.stderr and "dashboard" in done.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", NICENESS)}
+    driver = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.h5")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env=env)
+    niceness = set()  # of the local Ray's workers, seen while the job runs (2 s of work each)
+    deadline = time.monotonic() + 150
+    while driver.poll() is None and time.monotonic() < deadline:
+        for process in _ray_processes("ray::"):
+            if process.pid not in before:
+                with contextlib.suppress(psutil.Error):
+                    niceness.add(process.nice())
+        time.sleep(0.2)
+    out, err = driver.communicate(timeout=10)
+    assert driver.returncode == 0, err
+    assert out.split()[0] == "40"
+    assert "started a local Ray" in err and "dashboard" in err
+    assert niceness == {os.nice(0)}, f"the local Ray's workers ran at nice {niceness}"
     deadline = time.monotonic() + GONE_SECONDS
     while (left := [p for p in _ray_processes() if p.pid not in before]) \
             and time.monotonic() < deadline:
