@@ -12,6 +12,12 @@ import pytest
 from helpers.engine.workers.backends import is_fork_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# OpenMP's threads (torch's, 2 in each worker here) wait by spinning unless told otherwise; the
+# suite's 3 test processes share 2 cores, and the spinning of one took the cores the others
+# wanted: two MiniLM encodes side by side took 14 CPU s each spinning, 9 waiting passively
+# (0.64x, and 0.7x the wall time). Set before any process of the suite loads OpenMP (torch's
+# import, here or in the workers, kernels and Ray daemons that inherit it).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 LEFTOVER_GRACE_SECONDS = 5.0  # a finished run's children must be gone within this
 
