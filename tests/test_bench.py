@@ -130,22 +130,23 @@ def test_dispatch_bench_times_the_dispatch_loop_of_both_write_paths_and_sizes(ca
 @pytest.mark.slow
 def test_runtimes_bench_times_each_variant_against_fp32_in_the_same_round(tmp_path, monkeypatch,
                                                                           capsys):
-    """Two variants (the bench's others load the same way): one row per variant and round, the
-    ratio taken against fp32 torch's own round; onnxruntime's default quantisation a row the
-    guard refuses, with its numbers."""
+    """Two variants (the bench's others load the same way; bf16's guard on MiniLM is
+    test_runtimes', emulated on this CPU at a fifth of fp32's rate): one row per variant and
+    round, the ratio taken against fp32 torch's own round; onnxruntime's default quantisation a
+    row the guard refuses, with its numbers."""
     from helpers.bench import runtimes
 
     monkeypatch.setenv("GPUFEED_CACHE", str(tmp_path))
-    monkeypatch.setattr(runtimes, "VARIANTS", (("fp32", "torch", False), ("bf16", "torch", False)))
+    monkeypatch.setattr(runtimes, "VARIANTS", (("fp32", "torch", False), ("fp32", "onnx", False)))
     table = runtimes.measure(records=24, repeats=2, batch_size=8)
     default, = table[table.runtime.eq("onnx-int8 (onnxruntime defaults)")].itertuples()
     assert default.refused.startswith("mean cosine 0.") and default.guard_mean_cosine < 0.99
     timed = table[table.refused.eq("") & table.texts_per_s.notna()]
-    assert sorted(zip(timed.replicate, timed.precision)) == \
-        [(0, "bf16"), (0, "fp32"), (1, "bf16"), (1, "fp32")]
-    assert (timed[timed.precision.eq("fp32")]["speedup"] == 1.0).all()
-    bf16 = timed[timed.precision.eq("bf16")]
-    assert (bf16["speedup"] > 0).all() and (bf16["guard_min_cosine"] < 1.0).all()
+    assert sorted(zip(timed.replicate, timed.runtime)) == \
+        [(0, "onnx"), (0, "torch"), (1, "onnx"), (1, "torch")]
+    assert (timed[timed.runtime.eq("torch")]["speedup"] == 1.0).all()
+    onnx = timed[timed.runtime.eq("onnx")]
+    assert (onnx["speedup"] > 0).all() and (onnx["guard_min_cosine"] >= 0.9999).all()
     assert runtimes.report(table)["speedup"] >= 1.0
     assert "fastest that passes the guard" in capsys.readouterr().out
 
