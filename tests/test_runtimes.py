@@ -59,6 +59,14 @@ def minilm():
     return load_sentence_transformer(None, "cpu", 2)
 
 
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory):
+    """One export cache for this file's runs of the onnx variants: MiniLM exported once and
+    quantised once for all of them (an export and its reuse from a cache of its own:
+    test_the_onnx_export_is_made_once_and_reused)."""
+    return str(tmp_path_factory.mktemp("onnx-cache"))
+
+
 def test_the_onnx_export_is_made_once_and_reused(tmp_path, monkeypatch, minilm):
     """Two workers asking at once: one exports (under the lock), the other waits and reuses the
     file; a second ask exports nothing."""
@@ -115,12 +123,12 @@ def test_measuring_tokens_in_one_thread_never_breaks_another_threads_encode(mini
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["onnx", "onnx-int8"])
 def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, monkeypatch,
-                                                                    runtime):
+                                                                    onnx_cache, runtime):
     """The variant's embeddings of the run's texts are those of float32 PyTorch (cosine), and
     the output says which variant wrote them and what the guard measured."""
     from helpers.study.paths import sample_texts
 
-    monkeypatch.setenv(runtimes.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(runtimes.CACHE_ENV, onnx_cache)
     texts = sample_texts(96)
     reference = run_pipeline(list(enumerate(texts)), EmbeddingWorkload(), ["cpu"], 32,
                              tmp_path / "fp32.h5", "thread", progress=False)
@@ -147,12 +155,13 @@ def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, mon
 
 
 @pytest.mark.slow
-def test_a_variant_that_fails_the_guard_is_refused_with_its_numbers(tmp_path, monkeypatch):
+def test_a_variant_that_fails_the_guard_is_refused_with_its_numbers(tmp_path, monkeypatch,
+                                                                     onnx_cache):
     """int8 weights cannot give float32's embeddings to 5 nines: asked for that, the worker
     refuses to load the variant (no record is embedded by it) and says by how much."""
     from helpers import PipelineError
 
-    monkeypatch.setenv(runtimes.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(runtimes.CACHE_ENV, onnx_cache)
     strict = EmbeddingWorkload(runtime="onnx-int8", guard=(0.99999, 0.9999))
     with pytest.raises(PipelineError, match=r"QualityRefused: precision='fp32' "
                                             r"runtime='onnx-int8' on cpu: .* mean cosine "
