@@ -369,13 +369,15 @@ def test_without_an_address_a_local_ray_is_started_said_and_stopped(tmp_path):
     driver = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.h5")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                               env=env)
-    niceness = set()  # of the local Ray's workers, seen while the job runs (2 s of work each)
+    niceness = set()  # of this run's Ray workers (the driver's descendants: not those of a Ray
+    # another test process starts beside it), seen while the job runs (2 s of work each)
     deadline = time.monotonic() + 150
     while driver.poll() is None and time.monotonic() < deadline:
-        for process in _ray_processes("ray::"):
-            if process.pid not in before:
+        with contextlib.suppress(psutil.Error):
+            for process in psutil.Process(driver.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    niceness.add(process.nice())
+                    if "ray::" in " ".join(process.cmdline()):
+                        niceness.add(process.nice())
         time.sleep(0.2)
     out, err = driver.communicate(timeout=10)
     assert driver.returncode == 0, err
