@@ -30,3 +30,23 @@ def test_the_driver_limit_has_a_row_per_backend_and_the_writer_alone(tmp_path):
 def test_a_cluster_of_one_node_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match="nodes: expected at least 2"):
         scale_out.simulated_cluster(SyntheticWorkload(0.0), 1, 1, 1, 10, ["a"], 5, 1.0)
+
+
+def test_the_simulated_cluster_s_workers_run_at_the_driver_s_niceness(monkeypatch):
+    """Its head's system config is a local Ray's (worker_niceness 0; Ray's default, 15, loses
+    the cores to the driver); the cluster itself runs in the notebooks' smoke run."""
+    import ray.cluster_utils
+
+    from helpers.engine.workers.ray_backend import LOCAL_SYSTEM
+
+    class Asked(Exception):
+        pass
+
+    def cluster(**arguments):
+        raise Asked(arguments)
+
+    monkeypatch.setattr(ray.cluster_utils, "Cluster", cluster)
+    with pytest.raises(Asked) as asked:
+        scale_out.simulated_cluster(SyntheticWorkload(0.0), 2, 1, 1, 10, ["a"], 5, 1.0)
+    head = asked.value.args[0]["head_node_args"]
+    assert head["_system_config"] == LOCAL_SYSTEM == {"worker_niceness": 0}
