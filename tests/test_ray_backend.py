@@ -37,7 +37,7 @@ from helpers.workloads.synthetic import SyntheticWorkload, record_vector
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 NODE_CPUS = 2  # each simulated node: 2 workers of one thread
-NICENESS = "RAY_worker_niceness"  # (ray._private.ray_constants.RAY_WORKER_NICENESS)
+NICENESS = ray_backend.NICENESS_ENV
 GONE_SECONDS = 15.0  # an actor Ray was told to kill, or whose owner died, is gone within this
 
 
@@ -59,6 +59,13 @@ def _ray_processes(marker: str = "") -> list[psutil.Process]:
     return found
 
 
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _wait_until_gone(marker: str, seconds: float = GONE_SECONDS) -> list[psutil.Process]:
     deadline = time.monotonic() + seconds
     while (left := _ray_processes(marker)) and time.monotonic() < deadline:
@@ -73,7 +80,7 @@ def cluster():
     before = {p.pid for p in _ray_processes()}
     # Ray starts its workers at nice 15 (worker_niceness): beside the suite's other processes,
     # at nice 0, an actor importing torch got a few percent of a core (an embedding check of
-    # 9 s alone took 107-140 s); the raylets read it from their environment as they start
+    # 9 s alone took 105-140 s); the raylets read it from their environment as they start
     os.environ[NICENESS] = "0"
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False})
@@ -152,6 +159,16 @@ def test_an_actor_asks_for_its_share_of_a_gpu_and_its_threads():
     assert resources(WorkerInfo(0, "cuda:1", 1), True, 2) == {"num_cpus": 1, "num_gpus": 0.5}
     # a workload that only labels devices (simulated cards) runs on CPUs anywhere
     assert resources(WorkerInfo(0, "cuda:1", 1), False, 2) == {"num_cpus": 1}
+
+
+def test_a_ray_gpufeed_starts_gets_a_new_config_each_time_and_a_user_s_niceness_stays(
+        monkeypatch):
+    monkeypatch.delenv(NICENESS, raising=False)
+    first = ray_backend.local_system()
+    first["object_spilling_config"] = "a session's"  # (what Ray writes into the one it is given)
+    assert ray_backend.local_system() == {"worker_niceness": 0}
+    monkeypatch.setenv(NICENESS, "5")
+    assert ray_backend.local_system() == {}  # (the raylet reads the variable itself)
 
 
 def test_a_ray_address_without_the_ray_backend_is_refused():
@@ -357,7 +374,6 @@ def test_the_driver_killed_mid_workunit_leaves_no_actor_behind(cluster, tmp_path
 
 
 def test_without_an_address_a_local_ray_is_started_said_and_stopped(tmp_path):
-    before = {p.pid for p in _ray_processes()}
     code = ("import logging, sys\n"
             "from helpers.engine.pipeline import run_pipeline\n"
             "from helpers.workloads.synthetic import SyntheticWorkload\n"
@@ -366,26 +382,32 @@ def test_without_an_address_a_local_ray_is_started_said_and_stopped(tmp_path):
             "['cpu'] * 2, 5, sys.argv[1], 'ray', progress=False)\n"
             "print(stats.records, stats.spinup_s)")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", NICENESS)}
-    driver = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.h5")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                              env=env)
-    niceness = set()  # of this run's Ray workers (the driver's descendants: not those of a Ray
-    # another test process starts beside it), seen while the job runs (2 s of work each)
-    deadline = time.monotonic() + 150
-    while driver.poll() is None and time.monotonic() < deadline:
-        with contextlib.suppress(psutil.Error):
-            for process in psutil.Process(driver.pid).children(recursive=True):
+    seen, niceness = {}, set()  # this run's Ray processes (the driver's descendants: not a Ray
+    # another test process starts beside it) and its actors' niceness, while the job runs (2 s
+    # of work each)
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        driver = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out.h5")],
+                                  stdout=out, stderr=err, cwd=ROOT, env=env)
+        try:
+            deadline = time.monotonic() + 150
+            while driver.poll() is None and time.monotonic() < deadline:
                 with contextlib.suppress(psutil.Error):
-                    if "ray::" in " ".join(process.cmdline()):
-                        niceness.add(process.nice())
-        time.sleep(0.2)
-    out, err = driver.communicate(timeout=10)
-    assert driver.returncode == 0, err
-    assert out.split()[0] == "40"
-    assert "started a local Ray" in err and "dashboard" in err
-    assert niceness == {os.nice(0)}, f"the local Ray's workers ran at nice {niceness}"
+                    for process in psutil.Process(driver.pid).children(recursive=True):
+                        with contextlib.suppress(psutil.Error):
+                            seen[process.pid] = process
+                            if " ".join(process.cmdline()).startswith("ray::_Worker"):
+                                niceness.add(process.nice())
+                time.sleep(0.2)
+        finally:
+            if driver.poll() is None:  # (hung: killed, and its Ray checked below)
+                driver.kill()
+            driver.wait(timeout=30)
+    said = (tmp_path / "err.txt").read_text()
+    assert driver.returncode == 0, said
+    assert (tmp_path / "out.txt").read_text().split()[0] == "40"
+    assert "started a local Ray" in said and "dashboard" in said
+    assert niceness == {os.nice(0)}, f"the local Ray's actors ran at nice {niceness}"
     deadline = time.monotonic() + GONE_SECONDS
-    while (left := [p for p in _ray_processes() if p.pid not in before]) \
-            and time.monotonic() < deadline:
+    while (left := [p for p in seen.values() if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"the local Ray outlived its run: {[' '.join(p.cmdline())[:80] for p in left]}"

@@ -187,7 +187,8 @@ def test_a_resume_with_another_variant_is_refused(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_bf16_on_cpu_passes_the_guard_and_is_not_float32(tmp_path):
-    """The weights cast to bfloat16 (what this machine's CPU runs fastest): close to float32's
+    """The weights cast to bfloat16 (what a card or a CPU with bfloat16 instructions runs
+    fastest; emulated on this one, at about a fifth of float32's rate): close to float32's
     embeddings, not equal to them, and said so in the output."""
     texts = [(i, text) for i, text in enumerate(runtimes.guard_texts())]
     run_pipeline(texts, EmbeddingWorkload(), ["cpu"], 16, tmp_path / "fp32.h5", "thread",

@@ -175,12 +175,12 @@ def simulated_cluster(workload: Any, nodes: int, workers_per_node: int, node_cpu
     import ray
     from ray.cluster_utils import Cluster
 
-    from helpers.engine.workers.ray_backend import LOCAL_SYSTEM
+    from helpers.engine.workers.ray_backend import local_system
 
     # (every node's workers at the driver's niceness, as a local Ray's: the head's system config)
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": node_cpus, "include_dashboard": False,
-                                      "_system_config": LOCAL_SYSTEM})
+                                      "_system_config": local_system()})
     added = [cluster.add_node(num_cpus=node_cpus) for _ in range(nodes - 1)]
     rows, spans = [], []
     told = io.StringIO()  # Ray prints a lost raylet's last log lines: keep one line of each

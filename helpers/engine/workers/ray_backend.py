@@ -65,12 +65,17 @@ log = logging.getLogger("gpufeed")
 
 NODE_LOST = ("node has died", "node died", "node is dead")  # in Ray's words for an actor whose
 # node went away (ActorUnavailableError says less: its node is unreachable, taken as lost)
-# A local Ray's workers at the driver's priority: Ray starts them at nice 15 (worker_niceness),
-# and the actors do the work while the driver reads and writes beside them (an embedding actor
-# beside busy processes at nice 0 took 107-140 s for 9 s of work); Ray's own job manager starts
-# job drivers' workers at 0 too. A cluster someone else started keeps its own setting.
-LOCAL_SYSTEM = {"worker_niceness": 0}
+NICENESS_ENV = "RAY_worker_niceness"  # (ray_constants.RAY_WORKER_NICENESS): a user's wins
 _unclaimed = False  # a local Ray started before any pool (devices="auto"): the next pool owns it
+
+
+def local_system() -> dict[str, int]:
+    """The system config of a Ray that gpufeed starts (a new dict each time: Ray writes its
+    session's spilling settings into the one it is given). Its workers at the driver's
+    niceness: Ray starts them at nice 15, so that a driver at 0 comes first, but here the actors
+    do the work while the driver reads and writes beside them (an embedding actor beside busy
+    processes at nice 0 took 105-140 s for 9 s of work). $RAY_worker_niceness, set, is kept."""
+    return {} if os.environ.get(NICENESS_ENV) else {"worker_niceness": 0}
 
 
 def connect(address: str | None = None, cpus: int = 0) -> bool:
@@ -85,7 +90,7 @@ def connect(address: str | None = None, cpus: int = 0) -> bool:
     try:
         context = ray.init(address="local" if local else address, namespace="gpufeed",
                            num_cpus=max(cpus, available_cores()) if local else None,
-                           _system_config=LOCAL_SYSTEM if local else None,
+                           _system_config=local_system() if local else None,
                            logging_level=logging.WARNING)
     except ConnectionError as exc:
         raise RuntimeError(unreachable(address, exc)) from exc
