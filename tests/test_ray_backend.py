@@ -42,7 +42,10 @@ GONE_SECONDS = 15.0  # an actor Ray was told to kill, or whose owner died, is go
 
 
 def _ray_processes(marker: str = "") -> list[psutil.Process]:
-    """This machine's live processes of Ray (``marker``: those whose command line has it)."""
+    """This machine's live processes of Ray (``marker``: those whose command line has it), but
+    those of another test process beside this one: pytest-xdist's other workers run the
+    notebooks' smoke run and benches, which start Rays (and gpufeed's actors) of their own.
+    An orphan, whose starter is gone, counts."""
     found = []
     for process in psutil.process_iter(["cmdline", "status"]):
         try:
@@ -52,11 +55,21 @@ def _ray_processes(marker: str = "") -> list[psutil.Process]:
             if "multiprocessing.forkserver" in line:  # (another test's process pool, whose
                 continue  # sys.path, in its command line, holds Ray's folders)
             if ("ray::" in line or "/ray/" in line or "raylet" in line or "gcs_server" in line) \
-                    and marker in line:
+                    and marker in line and not _another_test_process_s(process):
                 found.append(process)
         except psutil.Error:
             pass
     return found
+
+
+def _another_test_process_s(process: psutil.Process) -> bool:
+    """Started under a sibling of this test process (another pytest-xdist worker)."""
+    for ancestor in process.parents():
+        if ancestor.pid == os.getpid():
+            return False
+        if ancestor.ppid() == os.getppid():
+            return True
+    return False
 
 
 def _alive(process: psutil.Process) -> bool:
