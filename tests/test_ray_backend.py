@@ -91,19 +91,17 @@ def cluster():
     """A head node and one more, NODE_CPUS each, this process their driver; torn down at the end,
     with a check that not one Ray process is left."""
     before = {p.pid for p in _ray_processes()}
-    # Ray starts its workers at nice 15 (worker_niceness): beside the suite's other processes,
-    # at nice 0, an actor importing torch got a few percent of a core (an embedding check of
-    # 9 s alone took 105-140 s); the raylets read it from their environment as they start
-    os.environ[NICENESS] = "0"
+    # (its workers at the driver's niceness, as every Ray gpufeed starts: at Ray's 15, beside
+    # the suite's other processes, an embedding check of 9 s alone took 105-140 s)
     cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False})
+                      head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False,
+                                      "_system_config": ray_backend.local_system()})
     cluster.add_node(num_cpus=NODE_CPUS)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
     yield cluster
     ray.shutdown()
     cluster.shutdown()
-    os.environ.pop(NICENESS, None)
     deadline = time.monotonic() + GONE_SECONDS
     while (left := [p for p in _ray_processes() if p.pid not in before]) \
             and time.monotonic() < deadline:
