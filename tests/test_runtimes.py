@@ -189,8 +189,10 @@ def test_a_resume_with_another_variant_is_refused(tmp_path, monkeypatch):
 def test_bf16_on_cpu_passes_the_guard_and_is_not_float32(tmp_path):
     """The weights cast to bfloat16 (what a card or a CPU with bfloat16 instructions runs
     fastest; emulated on this one, at about a fifth of float32's rate): close to float32's
-    embeddings, not equal to them, and said so in the output."""
-    texts = [(i, text) for i, text in enumerate(runtimes.guard_texts())]
+    embeddings, not equal to them, and said so in the output. The run embeds the guard's 16
+    shortest texts (18 to 223 characters: the guard, in the load, embeds all 64 in both), so its
+    least cosine is at least the guard's least."""
+    texts = list(enumerate(sorted(runtimes.guard_texts(), key=len)[:16]))
     run_pipeline(texts, EmbeddingWorkload(), ["cpu"], 16, tmp_path / "fp32.h5", "thread",
                  progress=False)
     run_pipeline(texts, EmbeddingWorkload(precision="bf16"), ["cpu"], 16, tmp_path / "bf16.h5",
@@ -200,8 +202,9 @@ def test_bf16_on_cpu_passes_the_guard_and_is_not_float32(tmp_path):
     found = runtimes.cosines(fp32["embeddings"], bf16["embeddings"])
     assert 0.98 < found.min() and found.max() < 1.0 - 1e-7  # (close, and not float32 itself)
     loaded = json.loads(bf16["attrs"]["loaded"])["cpu"]
-    assert loaded["precision"] == "bf16" and loaded["guard_min_cosine"] == \
-        pytest.approx(found.min(), abs=1e-3)
+    assert loaded["precision"] == "bf16" and loaded["guard_s"] > 0
+    assert 0.98 < loaded["guard_min_cosine"] <= found.min() + 1e-3 and \
+        loaded["guard_min_cosine"] <= loaded["guard_mean_cosine"] < 1.0 - 1e-7
 
 
 @pytest.mark.slow
