@@ -129,12 +129,12 @@ def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, mon
     from helpers.study.paths import sample_texts
 
     monkeypatch.setenv(runtimes.CACHE_ENV, onnx_cache)
-    texts = sample_texts(96)
+    texts = sample_texts(48)
     reference = run_pipeline(list(enumerate(texts)), EmbeddingWorkload(), ["cpu"], 32,
                              tmp_path / "fp32.h5", "thread", progress=False)
     stats = run_pipeline(list(enumerate(texts)), EmbeddingWorkload(runtime=runtime), ["cpu"],
                          32, tmp_path / "variant.h5", "thread", progress=False)
-    assert reference.records == stats.records == 96
+    assert reference.records == stats.records == 48
     assert stats.padding >= 1.0 and stats.counts["tokens_needed"] == \
         reference.counts["tokens_needed"]  # (the model's own tokenizer: the same tokens)
     fp32, variant = read_output(tmp_path / "fp32.h5"), read_output(tmp_path / "variant.h5")
@@ -150,7 +150,7 @@ def test_an_onnx_variant_passes_the_guard_and_runs_in_the_pipeline(tmp_path, mon
         got = options.process(model, texts)["embeddings"]
         want = model.model.encode(texts, prompt="query: ", truncate_dim=64,
                                   normalize_embeddings=True)
-        assert got.shape == (96, 64) and runtimes.cosines(want, got).min() > 0.9999
+        assert got.shape == (48, 64) and runtimes.cosines(want, got).min() > 0.9999
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
