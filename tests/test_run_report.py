@@ -67,6 +67,14 @@ def test_report_on_what_gpufeed_did_not_write_says_so_in_one_line(tmp_path):
         assert done.stderr == f"error: {name}: {why}\n", done.stderr
 
 
+def test_a_wrong_output_is_told_before_the_plotting_libraries_load(tmp_path, monkeypatch):
+    """matplotlib and seaborn take a second and a half to import here: a name that is no
+    output is refused first."""
+    monkeypatch.setattr(run_report, "needs", lambda *args: pytest.fail(f"loaded {args[0]}"))
+    with pytest.raises(ValueError, match="no such file"):
+        run_report.draw(tmp_path / "none.h5")
+
+
 def test_a_cpu_run_without_errors_draws_only_what_it_has_and_says_the_rest(tmp_path, monkeypatch):
     """Issue 59: half of a plain CPU run's picture was two empty panels (no card, no errors),
     and its title said "run 0 of 1". It draws two panels, says the rest under the title, and

@@ -91,13 +91,14 @@ def _check_output(output: Path) -> None:
 
 def draw(output: str | Path, path: str | Path | None = None, run: int = -1) -> Path:
     """Draw run ``run`` (default: the last) of ``output`` into ``path`` (default:
-    ``default_path``); ValueError if the output records no run."""
+    ``default_path``); ValueError if the output records no run. The output is checked before
+    the plotting libraries load (a second and a half here): a wrong name is told at once."""
+    _check_output(Path(output))
     matplotlib = needs("matplotlib", "report", "the run's figure (python -m helpers report)")
     needs("seaborn", "report", "the run's figure (python -m helpers report)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    _check_output(Path(output))
     runs = run_log.read(output)
     if not runs:
         raise ValueError(f"{output}: records no finished run (an output written before gpufeed "
