@@ -8,6 +8,7 @@ import yaml
 from helpers.study.paths import ROOT
 
 TORCH_PIN = "torch==2.13.0"  # constraints.txt: the CPU build on our machines' disk
+JSONSCHEMA_PIN = "jsonschema==4.24.1"  # constraints.txt: the last without rfc3987-syntax
 OLDEST_TORCH = "2.11.0"  # the GPU check's image (the device tool's KINDS.md)
 
 
@@ -28,6 +29,20 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
         re.search(rf'-e "\.\[[^]]*\b{name}\b', make) for name in extras)
 
 
+def test_importing_ray_builds_no_iri_grammar():
+    """jsonschema 4.25+ imports rfc3987-syntax where it is installed (the notebooks' extra pulls
+    it), which builds a Lark grammar: 1.35 CPU s of every Ray process's 1.9 here. The install
+    pins the jsonschema that does not (constraints.txt)."""
+    import subprocess
+    import sys
+
+    found = subprocess.run([sys.executable, "-c", "import sys, ray, jsonschema; "
+                            "print(sorted({'rfc3987_syntax', 'lark'} & set(sys.modules)))"],
+                           capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "[]"
+
+
 def test_torch_is_pinned_where_we_install_and_only_bounded_where_users_do():
     """make and the conda file install with constraints.txt (2.13.0's CPU build, never a CUDA
     one); the package itself asks for torch >= the oldest we run, so ``pip install -e .``
@@ -40,7 +55,7 @@ def test_torch_is_pinned_where_we_install_and_only_bounded_where_users_do():
     assert not torch.specifier.contains("2.10.0") and "==" not in str(torch.specifier)
     pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines()
             if line and not line.startswith("#")]
-    assert pins == [TORCH_PIN]
+    assert pins == [TORCH_PIN, JSONSCHEMA_PIN]
     installs = [line for line in (ROOT / "Makefile").read_text().splitlines()
                 if "pip install" in line and not line.startswith("#")]
     assert installs and all("-c $(CONSTRAINTS)" in line for line in installs)
