@@ -52,7 +52,7 @@ results: run
 # once); 3 on this 2-core machine, where a test waits on its workers' spawns and Ray's daemons
 # (1,122 tests: 586 s at 3, 723 s at 2, 1,119 s in one; 1,150 on a slower day: 955 s at 3, and
 # 651 s the same morning with OpenMP's threads waiting passively, which conftest.py sets; 1,154:
-# 557 s with jsonschema pinned, every Ray process 1.4 CPU s lighter; 4 processes gain nothing).
+# 515 s with jsonschema pinned, every Ray process 1.4 CPU s lighter; 4 processes gain nothing).
 # `make quick` leaves out the cases marked slow (end-to-end runs of 6 s or more: the notebooks'
 # smoke run, Ray clusters, exports).
 TEST_WORKERS ?= 3
