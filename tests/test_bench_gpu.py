@@ -56,6 +56,11 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
     assert (forward["cpu_s"] > 0).all()  # (the launching thread's: a CPU computes there)
     assert set(encode["batch_size"]) == {256, *sizes.batch_sizes}
     assert model[model["compile"] & model["skipped"].notna()].shape[0] == 1  # said, not silent
+    graphed = model[model["cuda_graphs"]]
+    assert list(graphed["mode"]) == ["load"] and list(graphed["skipped"]) == [
+        "CUDA graphs replay CUDA kernels; this device is cpu"]  # (fp32: the dry run's one)
+    assert "skipped: load fp32 graphs: CUDA graphs replay CUDA kernels; this device is cpu" \
+        in printed
 
     checks = pd.read_csv(out / "gpu_faults.csv").set_index("check")
     assert list(checks.index) == ["fit", "killed", "out_of_memory"] and checks["passed"].all()
@@ -207,3 +212,43 @@ def test_long_texts_pass_the_models_length():
     texts = faults.long_texts(5)
     assert [i for i, _ in texts] == list(range(5))
     assert all(len(t) >= faults.LONG_CHARACTERS for _, t in texts)
+
+
+def test_the_card_alone_with_graphs_is_timed_through_the_card_s_graphs():
+    """A graphed variant's forward-alone rows time the card's own path (each batch copied into
+    its bucket's graph and replayed), not the modules called eager; faked card and batches."""
+    import torch
+
+    from helpers.bench.gpu import model_side
+
+    batches = [{"input_ids": torch.ones((2, 5), dtype=torch.int64),
+                "attention_mask": torch.ones((2, 5), dtype=torch.int64)} for _ in range(3)]
+
+    class Card:
+        calls = []
+
+        def compute(self, ids, mask):
+            self.calls.append(tuple(ids.shape))
+            return ids.float(), ids.numel()
+
+    class Shapes:
+        def features(self, size):
+            return batches
+
+        def figures(self, size):
+            return {"tokens_needed": 30.0, "tokens_computed": 30.0, "flop": 1e6}
+
+    class Fed:
+        feeder = type("Feeder", (), {"card": Card()})()
+
+        def __call__(self, features):
+            raise AssertionError("the modules were called eager")
+
+    fed = Fed()
+    fed.model = fed
+    item = model_side.Loaded("fp16", False, False, True, None, fed, 1.0, {}, graphs=True)
+    rows = model_side._forward(item, "cpu", ["t"] * 6, 2, Shapes(), repeats=2,
+                               ceilings={"bf16": 1.0, "fp32": 1.0})
+    assert [row["repeat"] for row in rows] == [0, 1] and rows[0]["cuda_graphs"] is True
+    assert Card.calls == [(2, 5)] * 3 * (1 + 2)  # (a warm-up pass, then two timed)
+    assert all(row["texts_per_s"] > 0 and not row["skipped"] for row in rows)

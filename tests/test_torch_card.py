@@ -1,8 +1,6 @@
 """The torch card (helpers.workloads.embedding.cards.torch_card): encode's vectors from the
 feeder's batches, with every option of encode's; the models it leaves to encode, and why; its
 CUDA transfers (faked: CI has no GPU)."""
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -11,6 +9,8 @@ from helpers.workloads.embedding.cards.torch_card import STAGING_SLOTS, TorchCar
 from helpers.workloads.embedding.feeder import FedModel
 from helpers.workloads.embedding.runtimes import cosines
 from helpers.workloads.embedding.stored import stored_form
+
+from fake_cuda import FakeCuda
 
 
 @pytest.fixture(scope="module")
@@ -248,59 +248,6 @@ def test_a_real_model_with_a_module_the_card_does_not_know_runs_through_encode(t
     assert said.startswith("encode (") and "LayerNorm" in said
     got = workload.process(model, texts[:30])["embeddings"]
     assert cosines(extended.encode(texts[:30]), got).min() >= 0.9999
-
-
-class FakeEvent:
-    def __init__(self, calls):
-        self.calls, self.stream = calls, None
-
-    def record(self, stream=None):
-        self.stream = stream
-        self.calls.append(("record", stream))
-
-    def synchronize(self):
-        self.calls.append(("synchronize", self.stream))
-
-
-class FakeCuda:
-    """The CUDA calls the card makes (CudaCalls), recorded; streams are names."""
-
-    def __init__(self):
-        import torch
-
-        self.torch, self.calls, self.streams, self.entered = torch, [], 0, []
-
-    def stream(self):
-        self.streams += 1
-        return f"copies-{self.streams}"
-
-    def current(self):
-        return FakeStream(self.calls)
-
-    def event(self):
-        return FakeEvent(self.calls)
-
-    def pinned(self, size, dtype):
-        self.calls.append(("pinned", size, dtype))
-        return self.torch.empty(size, dtype=dtype)
-
-    @contextlib.contextmanager
-    def use(self, stream):
-        self.entered.append(stream)
-        self.calls.append(("enter", stream))
-        yield
-        self.calls.append(("leave", stream))
-        self.entered.pop()
-
-
-class FakeStream(str):
-    def __new__(cls, calls):
-        made = super().__new__(cls, "compute")
-        made.calls = calls
-        return made
-
-    def wait_event(self, event):
-        self.calls.append(("wait", event.stream))
 
 
 def test_on_cuda_each_batch_is_copied_on_its_own_stream_and_collected_by_its_event(

@@ -235,14 +235,18 @@ def test_the_embedding_workload_offers_what_each_device_runs(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     def offered(devices, **options):
-        return [(v["precision"], v["runtime"], v["compile"])
-                for v in EmbeddingWorkload(**options).variants(devices)]
+        return [(v["precision"], v["runtime"], v["compile"]) + (("graphs",) if v.pop(
+            "cuda_graphs", False) else ()) for v in EmbeddingWorkload(**options).variants(devices)]
 
     assert offered(["cpu"]) == [("fp32", "torch", False), ("fp32", "onnx", False),
                                 ("fp32", "onnx-int8", False), ("bf16", "torch", False),
                                 ("fp32", "torch", True), ("bf16", "torch", True)]
-    assert offered(["cuda:0"]) == [(p, "torch", c) for c in (False, True)
-                                   for p in ("fp32", "bf16", "fp16")]
+    assert offered(["cuda:0"]) == [(p, "torch", c) + g for c in (False, True)
+                                   for g in ((), ("graphs",)) for p in ("fp32", "bf16", "fp16")]
+    assert offered(["cuda:0", "cuda:1"], cuda_graphs=True) == [
+        (p, "torch", c, "graphs") for c in (False, True) for p in ("fp32", "bf16", "fp16")]
+    assert offered(["cuda:0"], feeder=False) == offered(["cuda:0"], tokenize_ahead=True) == [
+        (p, "torch", c) for c in (False, True) for p in ("fp32", "bf16", "fp16")]
     assert offered(["cpu", "cuda:0"]) == [(p, "torch", c) for c in (False, True)
                                           for p in ("fp32", "bf16")]
     assert offered(["cpu"], compile=True) == [("fp32", "torch", True), ("bf16", "torch", True)]
@@ -268,17 +272,20 @@ def test_a_tuned_variant_round_trips_through_run_config(tmp_path, tiny_model):
     assert json.loads(attrs["loaded"])["cpu"]["guard_min_cosine"] > 0.98
 
 
-def test_compile_round_trips_through_tuned_yaml(tmp_path):
-    """A run tuned with --compile is run compiled by its tuned.yaml (and a flag-less run is not)."""
+@pytest.mark.parametrize("option", ["compile", "cuda_graphs"])
+def test_compile_and_graphs_round_trip_through_tuned_yaml(tmp_path, option):
+    """A run tuned with --compile (--cuda-graphs) is run so by its tuned.yaml (and a flag-less
+    run is not); the flag given on the command line turns it off."""
     from helpers.cli import _config_defaults, _workload, build_parser
 
-    for written, expected in ((True, True), (None, False)):
+    for written, flags, expected in ((True, [], True), (None, [], False),
+                                     (True, [f"--no-{option.replace('_', '-')}"], False)):
         (tmp_path / "tuned.yaml").write_text(yaml.safe_dump(
             {"workload": "embedding", "devices": ["cpu"],
-             **({"compile": written} if written is not None else {})}))
+             **({option: written} if written is not None else {})}))
         args = build_parser(_config_defaults(str(tmp_path / "tuned.yaml"))).parse_args(
-            ["run", "--input", "x.jsonl", "--output", "o.h5"])
-        assert _workload(args).compile is expected
+            ["run", "--input", "x.jsonl", "--output", "o.h5", *flags])
+        assert getattr(_workload(args), option) is expected
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from helpers.bench.gpu.model_side import FEEDS, feed_precision
-from helpers.bench.gpu.tables import FIGURES, measured, read, sidecar
+from helpers.bench.gpu.tables import FIGURES, VARIANT, measured, read, sidecar, variant
 
 
 def draw(results: str | Path, figures_dir: str | Path) -> list[Path]:
@@ -68,14 +68,13 @@ def model_figure(model: pd.DataFrame, device: str) -> tuple[Any, str]:
     ahead, pin = FEEDS[0]
     lines = done[(done["mode"] == "forward") | (
         (done["mode"] == "encode") & (done["precision"] == feed_precision(device))
-        & ~done["compile"].astype(bool) & (done["tokenize_ahead"] == ahead)
-        & (done["pin_memory"] == pin))]
-    medians = lines.groupby(["mode", "precision", "compile", "batch_size"], sort=False)[
+        & ~done["compile"].astype(bool) & ~done["cuda_graphs"].astype(bool)
+        & (done["tokenize_ahead"] == ahead) & (done["pin_memory"] == pin))]
+    medians = lines.groupby(["mode", *VARIANT, "batch_size"], sort=False)[
         ["texts_per_s", "card_share"]].median().reset_index()
     fig, (rate, share) = _panels()
-    for (mode, precision, compile), group in medians.groupby(["mode", "precision", "compile"],
-                                                             sort=False):
-        label = f"{mode}: {precision}{' compiled' if compile else ''}"
+    for (mode, *_), group in medians.groupby(["mode", *VARIANT], sort=False):
+        label = f"{mode}: {variant(group.iloc[0])}"
         style = {"linestyle": "--", "color": "black"} if mode == "encode" else {}
         for ax, column, scale in ((rate, "texts_per_s", 1), (share, "card_share", 100)):
             ax.plot(group["batch_size"], group[column] * scale, marker="o", label=label, **style)
@@ -97,8 +96,8 @@ def model_finding(medians: pd.DataFrame) -> str:
     if forward.empty:
         return "no forward pass was timed"
     best = forward.loc[forward["texts_per_s"].idxmax()]
-    text = (f"The card alone peaks at {best['texts_per_s']:,.0f} texts/s ({best['precision']}"
-            f"{' compiled' if best['compile'] else ''}, batch {int(best['batch_size'])}: "
+    text = (f"The card alone peaks at {best['texts_per_s']:,.0f} texts/s ({variant(best)}, "
+            f"batch {int(best['batch_size'])}: "
             f"{best['card_share']:.1%} of its bf16 limit)")
     if not encode.empty:
         top = encode.loc[encode["texts_per_s"].idxmax()]

@@ -1,15 +1,17 @@
 """The GPU check's model side: the model on the card, alone and as a worker runs it.
 
-Each precision (fp32, fp16, bf16), eager and compiled, is loaded as a worker loads it
-(``EmbeddingWorkload.load``: the cast, ``torch.compile``, the quality guard against float32 on the
-guard's texts, pinned memory; the feeder and the torch card, or, with tokenize-ahead, ``encode``'s
-path: each row's ``path`` says which), then timed two ways on the same texts:
+Each precision (fp32, fp16, bf16), eager, eager with CUDA graphs and compiled, is loaded as a
+worker loads it (``EmbeddingWorkload.load``: the cast, ``torch.compile``, the torch card's graphs,
+the quality guard against float32 on the guard's texts, pinned memory; the feeder and the torch
+card, or, with tokenize-ahead, ``encode``'s path: each row's ``path`` says which), then timed two
+ways on the same texts:
 
 - ``forward``: the forward passes alone. The texts are tokenized first (once for every variant),
   in batches of each size sorted by token count as ``encode`` sorts them, and put on the card;
   then REPEATS passes over all batches are timed with CUDA events after a warm-up, launched from
   one Python thread (the card waits for the host's launches where they are slower than its
-  kernels: eager PyTorch as it runs); ``cpu_s``: that thread's CPU for one pass (the launches:
+  kernels: eager PyTorch as it runs; with CUDA graphs, each batch is the card's: copied into
+  its bucket's graph and replayed); ``cpu_s``: that thread's CPU for one pass (the launches:
   what the simulated card's launch model stands for). Their FLOPs over the card's measured bf16 matrix rate are
   ``card_share``, the share of the card's limit the model reaches; over the ceiling of its own
   precision (fp32's without TF32), ``own_share``.
@@ -20,9 +22,10 @@ path: each row's ``path`` says which), then timed two ways on the same texts:
   on ``encode``'s path and without pinned memory. ROUNDS rounds, each in another order.
 
 The gap between the two modes is what the CPU side costs a card: the question of the feed issue.
-The feed variant is compiled right after the eager loads; the other compiled variants come last,
-each only while the section's time allows another compile (the last one's cost, COMPILE_GUESS
-before one is measured): a row says what was skipped and why.
+The feed variant is compiled right after the eager loads; the other compiled variants come last
+(the feed variant with graphs first), each only while the section's time allows another compile
+(the last one's cost, COMPILE_GUESS before one is measured): a row says what was skipped and why.
+On a CPU (the dry run) the graphed variants are rows that say why not.
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ import numpy as np
 from helpers.bench.gpu.card import timed
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-COMPILED_ORDER = ("fp16", "bf16", "fp32")  # the likeliest to be used first
+COMPILED_ORDER = (("fp16", False), ("fp16", True), ("bf16", False), ("fp32", False))  # (a
+# precision, CUDA graphs): the likeliest to be used first
 ENCODE_BATCH = 256  # the batch size each variant is compared at (gpu.yaml's)
 FEEDS = ((False, True), (True, True), (False, False), (True, False))  # (tokenize_ahead,
 # pin_memory): the first is every variant's and the study's (the feeder's path; tokenize_ahead
@@ -56,9 +60,10 @@ class Loaded:
     model: Any
     load_s: float
     report: dict[str, Any]
+    graphs: bool = False
 
     def key(self) -> dict[str, Any]:
-        return {"precision": self.precision, "compile": self.compile,
+        return {"precision": self.precision, "compile": self.compile, "cuda_graphs": self.graphs,
                 "tokenize_ahead": self.tokenize_ahead, "pin_memory": self.pin_memory,
                 "path": str(self.report.get("path", "")).split(" (")[0]}
 
@@ -83,20 +88,20 @@ def measure(model_dir: str, device: str, texts: list[str], batch_sizes: tuple[in
     matrix products by precision (card.ceilings)."""
     feed = feed_precision(device)
     rows: list[dict[str, Any]] = []
-    wanted = [(p, *FEEDS[0]) for p in PRECISIONS if p in precisions] + \
-        [(feed, *options) for options in FEEDS[1:]]
-    loaded = [item for item in (_load_row(model_dir, device, p, False, ahead, pin, rows)
-                                for p, ahead, pin in wanted) if item is not None]
+    wanted = [(p, *FEEDS[0], graphs) for graphs in (False, True) for p in PRECISIONS
+              if p in precisions] + [(feed, *options, False) for options in FEEDS[1:]]
+    loaded = [item for item in (_load_row(model_dir, device, p, False, *options, rows)
+                                for p, *options in wanted) if item is not None]
     if not loaded:
         return rows
     shapes = _Shapes(model_dir, loaded[0].modules, texts)
     compiling = _Compiles(model_dir, device, rows, deadline, compiled)
-    order = [p for p in COMPILED_ORDER if p in precisions]
+    order = [(p, graphs) for p, graphs in COMPILED_ORDER if p in precisions]
     loaded += compiling.load(order[:1])  # (the likeliest to be used, while time is plenty)
     rows += _timed(loaded, device, texts, batch_sizes, shapes, repeats, rounds, deadline,
                    ceilings)
-    for precision in order[1:]:
-        rows += _timed(compiling.load([precision]), device, texts, batch_sizes, shapes, repeats,
+    for variant in order[1:]:
+        rows += _timed(compiling.load([variant]), device, texts, batch_sizes, shapes, repeats,
                        rounds, deadline, ceilings)
     return rows
 
@@ -109,10 +114,10 @@ class _Compiles:
         self.model_dir, self.device, self.rows = model_dir, device, rows
         self.deadline, self.wanted, self.cost = deadline, wanted, COMPILE_GUESS
 
-    def load(self, precisions: list[str]) -> list[Loaded]:
+    def load(self, variants: list[tuple[str, bool]]) -> list[Loaded]:
         loaded = []
-        for precision in precisions:
-            key = {"mode": "load", "precision": precision, "compile": True}
+        for precision, graphs in variants:
+            key = {"mode": "load", "precision": precision, "compile": True, "cuda_graphs": graphs}
             if not self.wanted:
                 self.rows.append({**key, "skipped": "compile not asked for (a dry run: minutes "
                                                     "on a CPU)"})
@@ -121,7 +126,7 @@ class _Compiles:
                                                     f"s)"})
             else:
                 item = _load_row(self.model_dir, self.device, precision, True, *FEEDS[0],
-                                 self.rows)
+                                 graphs, self.rows)
                 if item is not None:
                     self.cost = item.load_s
                     loaded.append(item)
@@ -153,33 +158,38 @@ def _base(mode: str, item: Loaded, batch_size: int) -> dict[str, Any]:
 
 
 def _load_row(model_dir: str, device: str, precision: str, compile: bool, ahead: bool,
-              pin: bool, rows: list[dict[str, Any]]) -> Loaded | None:
+              pin: bool, graphs: bool, rows: list[dict[str, Any]]) -> Loaded | None:
     """The variant loaded as a worker loads it, or None and a row saying why not (it cannot
     run on ``device``, or its load failed: a variant's failure never ends the check)."""
     from helpers.workloads.embedding.runtimes import check_variant
 
-    key = {"mode": "load", "precision": precision, "compile": compile, "tokenize_ahead": ahead,
-           "pin_memory": pin}
+    key = {"mode": "load", "precision": precision, "compile": compile, "cuda_graphs": graphs,
+           "tokenize_ahead": ahead, "pin_memory": pin}
+    if graphs and not device.startswith("cuda"):
+        rows.append({**key, "skipped": f"CUDA graphs replay CUDA kernels; this device is "
+                                       f"{device}"})
+        return None
     try:
         check_variant(precision, "torch", device)
-        return _load(model_dir, device, precision, compile, ahead, pin)
+        return _load(model_dir, device, precision, compile, ahead, pin, graphs)
     except Exception as exc:
         rows.append({**key, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
         return None
 
 
 def _load(model_dir: str, device: str, precision: str, compile: bool, ahead: bool,
-          pin: bool) -> Loaded:
+          pin: bool, graphs: bool) -> Loaded:
     from helpers.workloads.embedding import EmbeddingWorkload
 
     workload = EmbeddingWorkload(model=model_dir, batch_size=ENCODE_BATCH, precision=precision,
-                                 compile=compile, tokenize_ahead=ahead, pin_memory=pin)
+                                 compile=compile, tokenize_ahead=ahead, pin_memory=pin,
+                                 cuda_graphs=graphs)
     from helpers.engine.contract.devices import available_cores
 
     started = time.perf_counter()
     model = workload.load(device, available_cores())  # (threads: for a CPU's dry run alone)
     return Loaded(precision, compile, ahead, pin, workload, model,
-                  time.perf_counter() - started, workload.report(model))
+                  time.perf_counter() - started, workload.report(model), graphs)
 
 
 class _Shapes:
@@ -243,10 +253,14 @@ def _forward(item: Loaded, device: str, texts: list[str], size: int, shapes: _Sh
 
     model = item.modules
     features = [{k: v.to(device) for k, v in one.items()} for one in shapes.features(size)]
+    card = item.model.feeder.card if item.graphs else None
 
     def work() -> None:
         for one in features:
-            model(dict(one))  # (the modules add their outputs to the dict they get)
+            if card is not None:  # (copied into its bucket's graph, replayed)
+                card.compute(one["input_ids"], one["attention_mask"])
+            else:
+                model(dict(one))  # (the modules add their outputs to the dict they get)
 
     base = _base("forward", item, size)
     clock = getattr(model, "gpufeed_phases", None)  # encode's path: its hook waits for the card
@@ -275,8 +289,9 @@ def _encode_plan(loaded: list[Loaded], batch_sizes: tuple[int, ...],
     feed = feed_precision(device)
     plan = [(item, ENCODE_BATCH) for item in loaded]
     plan += [(item, size) for item in loaded
-             if (item.precision, item.compile, item.tokenize_ahead, item.pin_memory) ==
-             (feed, False, *FEEDS[0]) for size in batch_sizes if size != ENCODE_BATCH]
+             if (item.precision, item.compile, item.graphs, item.tokenize_ahead,
+                 item.pin_memory) == (feed, False, False, *FEEDS[0])
+             for size in batch_sizes if size != ENCODE_BATCH]
     return plan
 
 

@@ -8,19 +8,15 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from helpers.bench.gpu.model_side import ENCODE_BATCH, FEEDS
-from helpers.bench.gpu.tables import TABLES, measured, read, sidecar, skipped
+from helpers.bench.gpu.tables import (TABLES, VARIANT, measured, read, sidecar, skipped,
+                                      variant)
 
 RESULTS_DIR = "data/results/gpu"
 FIGURES_DIR = "figures/gpu"
-
-
-def _variant(row: Any) -> str:
-    return f"{row['precision']}{' compiled' if row['compile'] else ''}"
 
 
 def model_summary(model: pd.DataFrame) -> pd.DataFrame:
@@ -29,15 +25,15 @@ def model_summary(model: pd.DataFrame) -> pd.DataFrame:
     done = measured(model)
     ahead, pin = FEEDS[0]
     forward = done[done["mode"] == "forward"].groupby(
-        ["precision", "compile", "batch_size"], sort=False)[["texts_per_s", "card_share"]] \
+        [*VARIANT, "batch_size"], sort=False)[["texts_per_s", "card_share"]] \
         .median().reset_index()
     encode = done[(done["mode"] == "encode") & (done["batch_size"] == ENCODE_BATCH)
                   & (done["tokenize_ahead"] == ahead) & (done["pin_memory"] == pin)]
     rows = []
-    for (precision, compile), group in forward.groupby(["precision", "compile"], sort=False):
+    for key, group in forward.groupby(VARIANT, sort=False):
         best = group.loc[group["texts_per_s"].idxmax()]
-        mine = encode[(encode["precision"] == precision) & (encode["compile"] == compile)]
-        rows.append({"variant": _variant(best), "forward_texts_per_s": best["texts_per_s"],
+        mine = encode[(encode[VARIANT] == pd.Series(key, index=VARIANT)).all(axis=1)]
+        rows.append({"variant": variant(best), "forward_texts_per_s": best["texts_per_s"],
                      "at_batch": int(best["batch_size"]), "card_share": best["card_share"],
                      "encode_texts_per_s": mine["texts_per_s"].median(),
                      "encode_card_share": mine["card_share"].median(),
@@ -49,7 +45,8 @@ def model_summary(model: pd.DataFrame) -> pd.DataFrame:
 def feed_summary(model: pd.DataFrame) -> pd.DataFrame:
     """Encode's rate for the feed variant by (tokenize-ahead, pinned memory) and batch size."""
     done = measured(model)
-    encode = done[(done["mode"] == "encode") & ~done["compile"].astype(bool)]
+    encode = done[(done["mode"] == "encode") & ~done["compile"].astype(bool)
+                  & ~done["cuda_graphs"].astype(bool)]
     return encode.groupby(["precision", "tokenize_ahead", "pin_memory", "batch_size"])[
         "texts_per_s"].median().reset_index()
 
@@ -96,8 +93,9 @@ def _model_lines(model: pd.DataFrame) -> list[str]:
                       f"batch {ENCODE_BATCH}):", model_summary(model).to_string(index=False),
                   "", "encode by feed options and batch size:",
                   feed_summary(model).to_string(index=False)]
-    said = model[skipped(model)].drop_duplicates(["mode", "precision", "compile"])
-    return lines + [f"skipped: {r['mode']} {_variant(r)}: {r['skipped'][:100]}"
+    said = model[skipped(model)]
+    said = said.drop_duplicates(["mode", *(c for c in VARIANT if c in said)])
+    return lines + [f"skipped: {r['mode']} {variant(r)}: {r['skipped'][:100]}"
                     for _, r in said.iterrows()]
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 TABLES = ("gpu_card", "gpu_model", "gpu_faults", "gpu_simulated", "gpu_study",
           "gpu_study_samples")
 FIGURES = "check"  # the figures' folder under a figures folder
+VARIANT = ["precision", "compile", "cuda_graphs"]  # what names a variant of the model's side
 
 
 def read(folder: str | Path) -> dict[str, pd.DataFrame]:
@@ -35,5 +36,14 @@ def skipped(frame: pd.DataFrame) -> pd.Series:
 
 
 def measured(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows that were measured."""
+    """The rows that were measured (a model table from before CUDA graphs: none graphed)."""
+    if "precision" in frame and "cuda_graphs" not in frame:
+        frame = frame.assign(cuda_graphs=False)
     return frame[~skipped(frame)]
+
+
+def variant(row: Any) -> str:
+    """A model-side row's variant in words: 'fp16', 'fp16 compiled', 'fp16 graphs'."""
+    graphs = row.get("cuda_graphs", False)
+    return f"{row['precision']}{' compiled' if row['compile'] else ''}" \
+        f"{' graphs' if graphs is True or graphs == 'True' else ''}"

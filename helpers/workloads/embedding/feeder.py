@@ -247,7 +247,8 @@ class Feeder:
         launched.tickets.append((where, ticket))
         counts.collate_cpu_us += int((middle - started) * 1e6)
         counts.launch_cpu_us += int((time.thread_time() - middle) * 1e6)
-        counts.tokens_computed += int(batch.size)
+        computed = getattr(ticket, "tokens", None)  # (a card that pads further says so)
+        counts.tokens_computed += int(computed if computed is not None else batch.size)
         counts.tokens_needed += needed
         launched.phases["copy_out"] += collated - wall
         launched.phases["forward"] += time.perf_counter() - collated

@@ -60,6 +60,10 @@ class EmbeddingWorkload:
     ``guard``. ``compile``: ``torch.compile`` the transformer (runtime torch; compiled and
     guarded in the worker's load, so its cost is spin-up). ``pin_memory``: on CUDA devices,
     batches go through pinned host memory without blocking (ignored on a CPU).
+    ``cuda_graphs``: on CUDA devices, the torch card replays each batch's pass from a CUDA
+    graph of its padded shape, one launch for the pass (helpers.workloads.embedding.cards.graphs;
+    guarded like a variant; on a CPU, or for a model that runs through ``encode``, skipped, and
+    the worker's report says why).
 
     The feeder (helpers.workloads.embedding.feeder; the package's docstring draws both paths):
     ``feeder`` (default True) feeds the model's modules with batches the feeder tokenizes once,
@@ -106,6 +110,7 @@ class EmbeddingWorkload:
     runtime: str = "torch"
     guard: tuple[float, float] = (GUARD_MEAN, GUARD_MIN)
     compile: bool = False
+    cuda_graphs: bool = False
     pin_memory: bool = True
     word_cache: bool = True
     feeder: bool = True
@@ -138,7 +143,8 @@ class EmbeddingWorkload:
         if isinstance(self.max_chars, bool) or not isinstance(self.max_chars, int) \
                 or self.max_chars < 1:
             raise ValueError(f"max_chars: expected a positive integer, got {self.max_chars!r}")
-        for option in ("tokenize_ahead", "compile", "pin_memory", "word_cache", "feeder"):
+        for option in ("tokenize_ahead", "compile", "cuda_graphs", "pin_memory", "word_cache",
+                       "feeder"):
             if not isinstance(getattr(self, option), bool):
                 raise ValueError(f"{option}: expected True or False, got "
                                  f"{getattr(self, option)!r}")
@@ -149,6 +155,13 @@ class EmbeddingWorkload:
         if self.compile and self.runtime != "torch":
             raise ValueError(f"compile: torch.compile is for runtime='torch' (runtime="
                              f"{self.runtime!r} is compiled by onnxruntime already)")
+        if self.cuda_graphs and self.runtime != "torch":
+            raise ValueError(f"cuda_graphs: the torch card's (runtime={self.runtime!r} runs "
+                             f"the model in onnxruntime)")
+        if self.cuda_graphs and (not self.feeder or self.tokenize_ahead):
+            said = "feeder=False" if not self.feeder else "tokenize_ahead=True"
+            raise ValueError(f"cuda_graphs: the torch card's, on the feeder's path ({said} "
+                             f"runs the model through its own encode)")
         guard = tuple(self.guard) if isinstance(self.guard, (tuple, list)) else ()
         if len(guard) != 2 or not all(isinstance(g, (int, float)) and 0 < g <= 1 for g in guard):
             raise ValueError(f"guard: expected (mean, min) cosines in (0, 1], got {self.guard!r}")
@@ -178,10 +191,10 @@ class EmbeddingWorkload:
 
         object.__setattr__(self, "card", parse_card(self.card).name)
         if self.runtime != "torch" or self.precision != "fp32" or self.compile \
-                or self.tokenize_ahead or not self.feeder:
+                or self.cuda_graphs or self.tokenize_ahead or not self.feeder:
             raise ValueError(f"card={self.card!r}: a simulated card's speed is its profile's; "
-                             f"precision, runtime, compile, tokenize_ahead and feeder=False "
-                             f"are a real model's options")
+                             f"precision, runtime, compile, cuda_graphs, tokenize_ahead and "
+                             f"feeder=False are a real model's options")
         if self.prompt_name is not None or self.task is not None \
                 or self.truncate_dim is not None or self.stored != "float32":
             raise ValueError(f"card={self.card!r}: a simulated card tokenizes what a model "
@@ -267,7 +280,8 @@ class EmbeddingWorkload:
                 model.gpufeed_prompt, model.max_seq_length  # (what process and report read)
             encoder.gpufeed_encode = why
             return self._guarded(encoder, reference, device)
-        variant = self.precision != "fp32" or self.compile
+        graphs = self.cuda_graphs and why is None and device.startswith("cuda")
+        variant = self.precision != "fp32" or self.compile or graphs
         reference = self._reference(model) if variant else None
         if variant:
             model.to(torch_dtype(self.precision))
@@ -278,10 +292,13 @@ class EmbeddingWorkload:
 
             loaded = self._fed(model, TorchCard(model, device, self.normalize,
                                                 self.truncate_dim, pinned=self.pin_memory,
-                                                half_rows=self.stored == "float16"),
+                                                half_rows=self.stored == "float16",
+                                                graphs=graphs, batch_size=self.batch_size),
                                device)
+            loaded.gpufeed_graphs = self._graphs_said(graphs, why, device)
             return self._guarded(loaded, reference, device) if variant else loaded
         model.gpufeed_encode = why
+        model.gpufeed_graphs = self._graphs_said(graphs, why, device)
         if variant:
             self._guarded(model, reference, device)
         model.gpufeed_order = TokenOrder(model)
@@ -293,6 +310,16 @@ class EmbeddingWorkload:
             setattr(model, name, model.gpufeed_ahead)
         model.gpufeed_phases = PhaseClock(model, device.startswith("cuda"))
         return model
+
+    def _graphs_said(self, graphs: bool, why: str | None, device: str) -> str | None:
+        """What the worker's report says of ``cuda_graphs`` (None: not asked for)."""
+        if not self.cuda_graphs:
+            return None
+        if graphs:
+            return "each batch replayed from its bucket's graph"
+        if why is not None:
+            return "skipped: the model runs through encode, which has no graphs"
+        return f"skipped: CUDA graphs replay CUDA kernels; this device is {device}"
 
     def why_encode(self, model: Any) -> str | None:
         """Why ``model`` runs through ``encode`` and not the feeder (None: the feeder runs it):
@@ -362,7 +389,9 @@ class EmbeddingWorkload:
         variant.gpufeed_quality = quality
         if not quality.passes(*self.guard):
             raise QualityRefused(
-                f"precision={self.precision!r} runtime={self.runtime!r} on {device}: its "
+                f"precision={self.precision!r} runtime={self.runtime!r}"
+                f"{' compile=True' if self.compile else ''}"
+                f"{' cuda_graphs=True' if self.cuda_graphs else ''} on {device}: its "
                 f"embeddings of the guard's {quality.texts} texts differ from float32 "
                 f"PyTorch's: mean cosine {quality.mean:.4f} (needs >= {self.guard[0]}), least "
                 f"{quality.min:.4f} (needs >= {self.guard[1]}): refused, not used")
@@ -371,7 +400,8 @@ class EmbeddingWorkload:
     def variants(self, devices: list[str]) -> list[dict[str, Any]]:
         """The ways every one of ``devices`` can run the model, for the tuner's phase 0: each
         precision and runtime, the torch ones also compiled (only those when this workload
-        compiles; only torch ones when it tokenizes ahead); whether the guard passes each is
+        compiles; only torch ones when it tokenizes ahead), and on CUDA devices each torch one
+        also with CUDA graphs (only those when it asks for them); whether the guard passes each is
         found when its workers load it. On a simulated card: tokenizing threads, one, half the
         cores and every core, and a tokenizing process on every core (unless the workload names
         its own way)."""
@@ -383,10 +413,15 @@ class EmbeddingWorkload:
             cores = available_cores()
             return [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})] + \
                 ([{"tokenize_processes": cores}] if cores > 1 else [])
-        return [{"precision": precision, "runtime": runtime, "compile": compiled}
-                for compiled, precision, runtime in product(
-                    (True,) if self.compile else (False, True), PRECISIONS, RUNTIMES)
-                if (runtime == "torch" or not (compiled or self.tokenize_ahead))
+        cards = bool(devices) and all(device.startswith("cuda") for device in devices)
+        graphs = (True,) if self.cuda_graphs else (False, True) \
+            if cards and self.feeder and not self.tokenize_ahead else (False,)
+        ways = [(compiled, graphed) for compiled in ((True,) if self.compile else (False, True))
+                for graphed in graphs]  # (graphs before a compile: seconds, not a minute)
+        return [{"precision": precision, "runtime": runtime, "compile": compiled,
+                 **({"cuda_graphs": True} if graphed else {})}
+                for (compiled, graphed), precision, runtime in product(ways, PRECISIONS, RUNTIMES)
+                if (runtime == "torch" or not (compiled or graphed or self.tokenize_ahead))
                 and all(_runs(precision, runtime, device) for device in devices)]
 
     def report(self, model: Any) -> dict[str, Any]:
@@ -405,6 +440,8 @@ class EmbeddingWorkload:
         length = getattr(model.model if fed else model, "max_seq_length", None)
         return {**path, "precision": self.precision, "runtime": self.runtime,
                 **({"compile": True} if self.compile else {}),
+                **({"cuda_graphs": model.gpufeed_graphs}
+                   if getattr(model, "gpufeed_graphs", None) else {}),
                 **({"prompt": prompt} if prompt else {}),
                 **({"max_seq_length": int(length)} if length else {}),
                 **({"guard_mean_cosine": round(quality.mean, 6),
@@ -574,6 +611,7 @@ class EmbeddingWorkload:
                 "tokenize_ahead": self.tokenize_ahead,
                 "max_chars": self.max_chars, "precision": self.precision,
                 "runtime": self.runtime, "guard": list(self.guard), "compile": self.compile,
+                "cuda_graphs": self.cuda_graphs,
                 "pin_memory": self.pin_memory, "feeder": self.feeder,
                 "word_cache": self.word_cache, **self._encode_options(),
                 **{k: v for k, v in (("card", f"simulated {self.card}" if self.card else None),

@@ -6,7 +6,8 @@ card only computes. Every card answers the same four things:
 - ``staging(texts, tokens)``: two int64 host arrays ``[texts, tokens]`` the feeder collates a
   batch's ids and mask into (a GPU's: pinned memory, so the copy to the device does not block);
 - ``submit(ids, mask)``: launch the batch (from the arrays ``staging`` gave); a ticket, which
-  may say the card's own seconds for it (``busy_s``); an asynchronous card returns at once;
+  may say the card's own seconds for it (``busy_s``) and the tokens it computed where it padded
+  the batch further (``tokens``); an asynchronous card returns at once;
 - ``collect(tickets)``: wait for those batches; their rows, one ``[texts, dim]`` array each;
 - ``dim``, ``label``, ``asynchronous``: the rows' width, what the run says of the card, and
   whether ``submit`` returns before the batch is computed (the worker then overlaps workunits).
@@ -15,7 +16,8 @@ The cards:
 
 - ``torch_card.TorchCard``: the model's own modules (transformer, pooling, normalize) on its
   device, with ``truncate_dim`` and ``normalize`` as ``encode`` applies them; on CUDA, pinned
-  staging, copies on a stream of their own, rows copied back without blocking;
+  staging, copies on a stream of their own, rows copied back without blocking, and with
+  ``graphs`` each batch replayed from a CUDA graph of its padded shape (``graphs.CardGraphs``);
 - ``onnx_card.OnnxCard``: the exported modules in ONNX Runtime (CPU);
 - ``simulated.SimulatedCard``: a card's cost model instead of a forward pass (zeros of the
   model's width), shared by every worker on it.

@@ -4,7 +4,6 @@ the feeder collates; ``truncate_dim`` and ``normalize`` as ``encode`` applies th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 

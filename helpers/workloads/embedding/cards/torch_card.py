@@ -12,7 +12,9 @@ runs on a stream of its own, which the forward's stream waits for by an event, s
 batch n+1 runs while batch n computes; the rows come back into pinned memory without blocking,
 and ``collect`` waits for their event only. Per calling thread (the thread backend's workers
 share one model): each has its own streams and ring. On a CPU the same path runs without
-streams or pinning, and ``submit`` computes the batch before it returns.
+streams or pinning, and ``submit`` computes the batch before it returns. With ``graphs`` (CUDA
+only), each batch's pass is replayed from a CUDA graph of its padded shape, one launch instead of
+a kernel's each (helpers.workloads.embedding.cards.graphs).
 
 The few CUDA calls are in ``CudaCalls`` so that tests can fake them (CI has no GPU).
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -105,6 +107,18 @@ class CudaCalls:
     def use(self, stream: Any) -> Any:
         return self.torch.cuda.stream(stream)
 
+    def graph(self) -> Any:
+        return self.torch.cuda.CUDAGraph()
+
+    def pool(self) -> Any:
+        return self.torch.cuda.graph_pool_handle()
+
+    def capture(self, graph: Any, forward: Callable[[], Any], pool: Any, stream: Any) -> Any:
+        """``forward()`` captured into ``graph`` on ``stream``; its output (static)."""
+        with self.torch.cuda.graph(graph, pool=pool, stream=stream,
+                                   capture_error_mode="thread_local"):
+            return forward()
+
 
 @dataclass
 class _Slot:
@@ -123,6 +137,7 @@ class TorchTicket:
     rows: Any
     done: Any = None
     busy_s: None = None  # (the card's own time is not measured here)
+    tokens: int | None = None  # the tokens computed, where a graph's bucket padded the batch
 
 
 class TorchCard:
@@ -130,12 +145,14 @@ class TorchCard:
     its weights in the precision it runs in; ``normalize`` and ``truncate_dim``: as ``encode``'s;
     ``pinned``: on CUDA, staging in pinned memory (False: pageable arrays, each copy blocking);
     ``half_rows``: on CUDA, rows come back in float16 (the output stores float16: half the
-    bytes copied; the same values as casting on the host); ``cuda``: the CUDA calls (tests give
-    a fake)."""
+    bytes copied; the same values as casting on the host); ``graphs``: on CUDA, each batch's
+    pass replayed from a CUDA graph of its bucket (``cards.graphs``: batches of at most
+    ``batch_size`` texts); ``cuda``: the CUDA calls (tests give a fake)."""
 
     def __init__(self, model: Any, device: str, normalize: bool = False,
                  truncate_dim: int | None = None, label: str | None = None,
-                 pinned: bool = True, half_rows: bool = False, cuda: Any = None) -> None:
+                 pinned: bool = True, half_rows: bool = False, graphs: bool = False,
+                 batch_size: int = 32, cuda: Any = None) -> None:
         import torch
 
         self.torch, self.model = torch, model.eval()  # (dropout off, as encode's own call)
@@ -150,6 +167,18 @@ class TorchCard:
         self.pinned, self.half_rows = pinned, half_rows
         self.label = label or f"torch on {device}"
         self._local = threading.local()
+        self.graphs = None
+        if graphs:
+            if self.cuda is None:
+                raise ValueError(f"graphs: CUDA graphs replay CUDA kernels; the device is "
+                                 f"{device}")
+            from helpers.workloads.embedding.cards.graphs import CardGraphs
+
+            pad = getattr(getattr(model, "tokenizer", None), "pad_token_id", None)
+            self.graphs = CardGraphs(lambda ids, mask: self._forward(self._features(ids, mask)),
+                                     batch_size, int(model.max_seq_length), int(pad or 0),
+                                     self.cuda)
+            self.label += " (CUDA graphs)"
 
     def _thread(self) -> Any:
         """This thread's streams and staging ring (CUDA)."""
@@ -210,7 +239,7 @@ class TorchCard:
             for tensor in on_device:
                 tensor.record_stream(compute)  # (allocated on the copy stream, used here)
         compute = cuda.current()
-        rows = self._forward(self._features(*on_device))
+        rows, tokens = self.compute(*on_device)
         if rows.dtype not in (torch.float16, torch.float32):
             rows = rows.float()  # (bfloat16: NumPy has none; float32 holds it exactly)
         if self.half_rows:
@@ -219,7 +248,14 @@ class TorchCard:
         host.copy_(rows, non_blocking=True)
         done = cuda.event()
         done.record(compute)
-        return TorchTicket(host, done)
+        return TorchTicket(host, done, tokens=tokens)
+
+    def compute(self, ids: Any, mask: Any) -> tuple[Any, int]:
+        """The rows of a batch already on the card (on the current stream: replayed from its
+        bucket's graph, or launched eager), and the tokens computed for them."""
+        if self.graphs is not None:
+            return self.graphs.run(ids, mask)
+        return self._forward(self._features(ids, mask)), int(ids.numel())
 
     def _features(self, ids: Any, mask: Any) -> dict[str, Any]:
         features = {"input_ids": ids, "attention_mask": mask}
