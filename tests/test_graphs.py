@@ -164,3 +164,23 @@ def test_graphs_on_a_cpu_are_skipped_saying_why(tmp_path):
 def test_graphs_with_an_option_that_has_none_are_refused(options, refused):
     with pytest.raises(ValueError, match=refused):
         EmbeddingWorkload(**{"cuda_graphs": True, **options})
+
+
+@pytest.mark.usefixtures("on_the_card")
+@pytest.mark.parametrize("mode", ["cls", "max", "weightedmean", "lasttoken",
+                                  ("mean", "mean_sqrt_len_tokens")])
+def test_every_pooling_is_captured_without_a_sync_and_pools_the_batch_s_tokens(st_model, varied,
+                                                                                 mode):
+    """sentence-transformers' poolings read the mask (the first token, the last, weights by
+    position): each is captured (no sync) and, with the bucket's padding, pools what the eager
+    pass pools."""
+    import copy
+
+    model = copy.deepcopy(st_model)
+    model[1].pooling_mode = mode
+    texts = varied[0][:19]
+    card = TorchCard(model, "cuda:0", cuda=FakeCuda(), graphs=True, batch_size=8)
+    rows, _ = run(card, model, texts)
+    expected, _ = run(TorchCard(model, "cpu"), model, texts)
+    np.testing.assert_allclose(rows, expected, rtol=0, atol=2e-6)
+    assert card.graphs.counts.captured >= 2
