@@ -84,6 +84,31 @@ def test_the_onnx_export_is_made_once_and_reused(tmp_path, monkeypatch, minilm):
     assert [p.name for p in paths[0].parent.iterdir() if p.suffix == ".onnx"] == ["onnx.onnx"]
 
 
+def test_onnx_int8_is_quantised_again_where_its_settings_or_onnxruntime_change(
+        tmp_path, monkeypatch, minilm):
+    """The int8 file is named by what makes it besides the export: another onnxruntime or
+    other settings make a file of their own (the export itself is reused), the same ones reuse
+    theirs. (The export and the quantising are stubs: what is tested is which file is made.)"""
+    import onnxruntime
+
+    exported = tmp_path / f"onnx-{runtimes.weights_digest(minilm)}" / "onnx.onnx"
+    exported.parent.mkdir()
+    exported.write_bytes(b"exported")
+    made = []
+    monkeypatch.setattr(runtimes, "_quantized", lambda source, path: made.append(
+        source) or path.write_bytes(b"quantised"))
+    first = runtimes.exported(minilm, "onnx-int8", tmp_path)
+    assert runtimes.exported(minilm, "onnx-int8", tmp_path) == first and len(made) == 1
+    monkeypatch.setattr(runtimes, "QUANTIZED_EXCLUDE", ("/0/auto_model/pooler/",))
+    excluded = runtimes.exported(minilm, "onnx-int8", tmp_path)
+    monkeypatch.setattr(onnxruntime, "__version__", "0.0.1")
+    upgraded = runtimes.exported(minilm, "onnx-int8", tmp_path)
+    assert len({first, excluded, upgraded}) == 3 and made == [exported] * 3
+    assert first.parent == excluded.parent == upgraded.parent
+    assert sorted(p.name for p in first.parent.glob("*.onnx")) == sorted(
+        ["onnx.onnx", first.name, excluded.name, upgraded.name])  # (exported once)
+
+
 def test_the_export_cache_tells_apart_models_whose_weights_are_the_same(minilm):
     """Pooling and normalisation hold no weights: the key reads the modules and their settings
     too, or a model without Normalize would reuse this one's export (and its unit vectors)."""

@@ -8,8 +8,8 @@ ONNX: the model's modules after the tokenizer (the transformer, pooling, normali
 ``~/.cache/gpufeed``), keyed by a digest of the weights, under a lock: the first worker exports,
 the others wait and reuse the file. ``onnx-int8`` quantises the exported file's matrix products
 (dynamic quantisation, per-channel int8 weights, QUANTIZED_EXCLUDE left in float: the variant
-onnxruntime's defaults give fails the guard, see docs/model.md). The tokenizer stays the model's
-own.
+onnxruntime's defaults give fails the guard, see docs/model.md), into a file of the same folder
+named by onnxruntime's version and these settings. The tokenizer stays the model's own.
 
 The guard: the embeddings of GUARD_TEXTS (64 fixed texts, 18 to 935 characters) by the variant
 against float32 PyTorch's, in the worker that loads it: mean cosine ≥ GUARD_MEAN and min ≥
@@ -47,6 +47,9 @@ GUARD_TEXTS = Path(__file__).with_name("guard_texts.json")
 CACHE_ENV = "GPUFEED_CACHE"
 OPSET = 17
 QUANTIZED_EXCLUDE: tuple[str, ...] = ()  # node name patterns left in float by onnx-int8
+QUANTIZED = {"per_channel": True, "weight_type": "QInt8", "op_types_to_quantize": ["MatMul"]}
+# (onnx-int8's settings of quantize_dynamic: with onnxruntime's version and QUANTIZED_EXCLUDE, the
+# name of its file in the model's cache folder, so that a change of either makes a new one)
 
 
 class QualityRefused(ValueError):
@@ -160,7 +163,7 @@ def exported(model: Any, runtime: str, folder: Path | None = None) -> Path:
         if not path.exists():
             _export(model, path)
         if runtime == "onnx-int8":
-            path, source = folder / "onnx-int8.onnx", path
+            path, source = folder / f"onnx-int8-{_quantized_key()}.onnx", path
             if not path.exists():
                 _quantized(source, path)
     return path
@@ -213,13 +216,24 @@ def _export(model: Any, path: Path) -> None:
         os.replace(temporary, path)
 
 
+def _quantized_key() -> str:
+    """What makes onnx-int8's file besides the exported one: onnxruntime's version, QUANTIZED
+    and QUANTIZED_EXCLUDE."""
+    import onnxruntime
+
+    said = json.dumps({"onnxruntime": onnxruntime.__version__, **QUANTIZED,
+                       "nodes_to_exclude": list(QUANTIZED_EXCLUDE)}, sort_keys=True)
+    return hashlib.sha1(said.encode()).hexdigest()[:12]
+
+
 def _quantized(source: Path, path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         temporary = Path(scratch) / path.name
-        quantize_dynamic(str(source), str(temporary), per_channel=True,
-                         weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+        quantize_dynamic(str(source), str(temporary),
+                         **{**QUANTIZED, "weight_type": getattr(QuantType,
+                                                                QUANTIZED["weight_type"])},
                          nodes_to_exclude=list(QUANTIZED_EXCLUDE))
         os.replace(temporary, path)
 
