@@ -1,15 +1,22 @@
 """The CUDA calls the torch card makes (``torch_card.CudaCalls``), faked for a machine without a
 GPU: streams are names, events and graphs record what is done with them, pinned buffers are plain
 tensors. A capture refuses what CUDA refuses while a stream captures (a sync: ``.item()``,
-``bool(tensor)``), with ``torch.cuda.is_current_stream_capturing`` true inside it as on a card;
-a replay computes the captured function again from its static buffers into its static output,
-as the graph's kernels do."""
+``bool(tensor)``, ``nonzero``), and a second capture under way in the process (torch's rule),
+with ``torch.cuda.is_current_stream_capturing`` true inside it as on a card; it records a trace
+of the captured function's operations (``make_fx``: its Python branches taken as they were at
+capture, as a graph's kernels are), which a replay runs on the static buffers into the static
+output."""
 import contextlib
+import threading
+import time
 from unittest import mock
+
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-SYNCS = ("aten.is_nonzero", "aten._local_scalar_dense", "aten.item")  # what a capture refuses
+SYNCS = ("aten.is_nonzero", "aten._local_scalar_dense", "aten.item", "aten.nonzero",
+         "aten.masked_select")  # what a capture refuses (each waits for the card)
 
 
 class FakeEvent:
@@ -49,11 +56,11 @@ class NoSyncs(TorchDispatchMode):
 
 class FakeGraph:
     def __init__(self, calls):
-        self.calls, self.forward, self.out = calls, None, None
+        self.calls, self.trace, self.out = calls, None, None
 
     def replay(self):
         self.calls.append(("replay",))
-        self.out.copy_(self.forward())
+        self.out.copy_(self.trace())
 
 
 class FakeCuda:
@@ -94,10 +101,23 @@ class FakeCuda:
     def pool(self):
         return "pool"
 
+    under_way = 0  # captures in the process (at most one)
+    _counting = threading.Lock()
+
     def capture(self, graph, forward, pool, stream):
         self.calls.append(("capture", pool, str(stream)))
-        with self.use(stream), NoSyncs(), mock.patch(
-                "torch.cuda.is_current_stream_capturing", return_value=self.tells_capturing):
-            out = forward()
-        graph.forward, graph.out = forward, out
-        return out
+        with FakeCuda._counting:
+            FakeCuda.under_way += 1
+            others = FakeCuda.under_way - 1
+        try:
+            if others:
+                raise RuntimeError("another capture is under way in this process")
+            time.sleep(0.01)  # (a window for another thread's capture to be caught in)
+            with self.use(stream), NoSyncs(), mock.patch(
+                    "torch.cuda.is_current_stream_capturing", return_value=self.tells_capturing):
+                graph.trace = make_fx(forward, tracing_mode="real")()
+            graph.out = graph.trace()
+            return graph.out
+        finally:
+            with FakeCuda._counting:
+                FakeCuda.under_way -= 1

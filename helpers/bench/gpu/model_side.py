@@ -12,7 +12,8 @@ ways on the same texts:
   one Python thread (the card waits for the host's launches where they are slower than its
   kernels: eager PyTorch as it runs; with CUDA graphs, each batch is the card's: copied into
   its bucket's graph and replayed); ``cpu_s``: that thread's CPU for one pass (the launches:
-  what the simulated card's launch model stands for). Their FLOPs over the card's measured bf16 matrix rate are
+  what the simulated card's launch model stands for; a graphed row's tokens and FLOPs are its
+  batches' own, not its buckets' padding). Their FLOPs over the card's measured bf16 matrix rate are
   ``card_share``, the share of the card's limit the model reaches; over the ceiling of its own
   precision (fp32's without TF32), ``own_share``.
 - ``encode``: what a worker does per workunit (``workload.process``: on the feeder's path,
@@ -152,9 +153,13 @@ def _timed(items: list[Loaded], device: str, texts: list[str], batch_sizes: tupl
 
 
 def _base(mode: str, item: Loaded, batch_size: int) -> dict[str, Any]:
+    graphs = getattr(getattr(getattr(item.model, "feeder", None), "card", None), "graphs",
+                     None) if item.graphs else None  # (the buckets captured before this row)
     return {"mode": mode, **item.key(), "batch_size": batch_size, "load_s": item.load_s,
             "guard_mean_cosine": item.report.get("guard_mean_cosine", 1.0),
-            "guard_min_cosine": item.report.get("guard_min_cosine", 1.0), "skipped": ""}
+            "guard_min_cosine": item.report.get("guard_min_cosine", 1.0), "skipped": "",
+            **({"graphs_captured": graphs.counts.captured,
+                "graph_capture_s": graphs.counts.capture_s} if graphs is not None else {})}
 
 
 def _load_row(model_dir: str, device: str, precision: str, compile: bool, ahead: bool,

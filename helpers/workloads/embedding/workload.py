@@ -321,6 +321,17 @@ class EmbeddingWorkload:
             return "skipped: the model runs through encode, which has no graphs"
         return f"skipped: CUDA graphs replay CUDA kernels; this device is {device}"
 
+    @staticmethod
+    def _graphs_now(model: Any) -> str:
+        """What the report says of the graphs: the load's word, and what they did so far (the
+        guard's buckets, when the worker reports its load)."""
+        graphs = getattr(getattr(getattr(model, "feeder", None), "card", None), "graphs", None)
+        if graphs is None:
+            return model.gpufeed_graphs
+        counts = graphs.counts
+        return f"{model.gpufeed_graphs}: {counts.captured} captured so far in " \
+               f"{counts.capture_s:.2f} s, {counts.replayed} batches replayed"
+
     def why_encode(self, model: Any) -> str | None:
         """Why ``model`` runs through ``encode`` and not the feeder (None: the feeder runs it):
         ``feeder=False``, ``tokenize_ahead`` (an option of ``encode``'s path), or what the card
@@ -440,7 +451,7 @@ class EmbeddingWorkload:
         length = getattr(model.model if fed else model, "max_seq_length", None)
         return {**path, "precision": self.precision, "runtime": self.runtime,
                 **({"compile": True} if self.compile else {}),
-                **({"cuda_graphs": model.gpufeed_graphs}
+                **({"cuda_graphs": self._graphs_now(model)}
                    if getattr(model, "gpufeed_graphs", None) else {}),
                 **({"prompt": prompt} if prompt else {}),
                 **({"max_seq_length": int(length)} if length else {}),

@@ -10,24 +10,31 @@ model's ``max_seq_length``). The padded tokens are masked out of attention and p
 vectors are the eager pass's (tests/test_torch_card.py); the padding is counted in the tokens
 the card computed (a ticket's ``tokens``), as the feeder counts its own.
 
-A bucket owns static buffers on the device: ids, mask (and token types, zeros), and the graph's
-output. A batch (on the device, on the forward's stream) is copied into the top-left corner of
-its bucket's ids and mask, the mask's columns past its tokens zeroed for its rows; the rows
-below it keep an earlier batch's texts of that bucket (or one padding token: the start), which
-are computed and dropped. The graph is replayed, and the first rows of its output are the
-batch's; they stay valid until the bucket's next replay, which the stream orders after the copy
-that takes them to the host.
+A bucket owns static buffers on the device: ids and mask, and the graph's output. A batch (on
+the device, on the forward's stream) is copied into the top-left corner of its bucket's ids and
+mask, the mask's columns past its tokens zeroed for its rows; the rows below it keep an earlier
+batch's texts of that bucket (or one padding token: the start), which are computed and dropped.
+The graph is replayed and the batch's rows cloned out of its output (the output's memory is the
+graph pool's, which the next replay of any bucket may reuse).
 
-A bucket is captured on its first batch, as torch's recipe does: a warm-up pass on a side stream
-of this thread's, then the capture on that stream (``capture_error_mode="thread_local"``: other
-workers' threads may allocate meanwhile), every graph of a thread in one memory pool (they
-replay one at a time, on its stream). Per calling thread, as the card's streams are (the thread
-backend's workers share one model). transformers builds the attention mask without its
-data-dependent shortcut (``mask.all()``, a sync no capture allows) while a stream captures: it
-asks ``torch.cuda.is_current_stream_capturing``. A thread's graph past MAX_GRAPHS runs eager.
+A bucket is captured on its first batch, as torch's recipe does: a warm-up pass on a side stream,
+then the capture on that stream (``capture_error_mode="thread_local"``; without
+``torch.cuda.graph``'s device-wide synchronize and cache flush, which would stall every worker's
+batches at each new bucket), every graph of the card in one memory pool. The graphs are the
+card's, shared by the threads that feed it (the thread backend's workers share one model): a
+process-wide lock makes one capture at a time (torch's documented rule) and one thread at a time
+write a bucket's buffers, replay and clone, and a thread's stream waits for the last replay's
+event first. transformers builds the attention mask without its data-dependent shortcut
+(``mask.all()``, a sync no capture allows) while a stream captures: it asks
+``torch.cuda.is_current_stream_capturing``. A card's graph past MAX_GRAPHS runs eager.
+
+Not covered: another thread's ``torch.cuda.empty_cache()`` during a capture (the engine's, after
+an out-of-memory in another worker of the thread backend) trips torch's allocator; that
+workunit fails and is retried.
 
 The CUDA calls are the card's ``CudaCalls`` (``graph``, ``pool``, ``capture``), which tests fake:
-the fake capture refuses a sync, as CUDA does, and its replay computes from the static buffers.
+the fake capture refuses a sync, as CUDA does, and a second capture under way; its replay runs a
+trace of the captured pass (its Python branches as they were at capture) on the static buffers.
 """
 from __future__ import annotations
 
@@ -66,13 +73,17 @@ class _Graph:
 
 @dataclass
 class GraphCounts:
-    """What the graphs did, over every thread: buckets captured, batches replayed, batches run
-    eager (past MAX_GRAPHS), the seconds the captures took."""
+    """What a card's graphs did: buckets captured, batches replayed, batches run eager (past
+    MAX_GRAPHS), the seconds the captures took (warm-up included)."""
 
     captured: int = 0
     replayed: int = 0
     eager: int = 0
     capture_s: float = 0.0
+
+
+_LOCK = threading.RLock()  # one capture at a time in a process, and a bucket's buffers written,
+# replayed and read out by one thread at a time
 
 
 class CardGraphs:
@@ -85,60 +96,61 @@ class CardGraphs:
         self.forward, self.cuda = forward, cuda
         self.batch_size, self.longest, self.pad_id = batch_size, longest, pad_id
         self.counts = GraphCounts()
-        self._lock = threading.Lock()  # (the counts, from every thread)
-        self._local = threading.local()
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool: Any = None
+        self._side: Any = None
+        self._done: Any = None  # the event after the last replay's rows were cloned
 
     def run(self, ids: Any, mask: Any) -> tuple[Any, int]:
         """The rows of a batch on the device (``[texts, tokens]`` ids and mask, on the current
-        stream), and the tokens computed for it (its bucket's)."""
+        stream), their own memory, and the tokens computed for them (its bucket's)."""
         texts, tokens = int(ids.shape[0]), int(ids.shape[1])
         rows, length = bucket(texts, tokens, self.batch_size, self.longest)
-        local = self._thread()
-        graph = local.graphs.get((rows, length))
-        if graph is None:
-            if len(local.graphs) >= MAX_GRAPHS:
-                self._count(eager=1)
+        with _LOCK:
+            current = self.cuda.current()
+            graph = self.graphs.get((rows, length))
+            if graph is None and len(self.graphs) >= MAX_GRAPHS:
+                self.counts.eager += 1
                 return self.forward(ids, mask), texts * tokens
-            graph = local.graphs[rows, length] = self._capture(local, ids, rows, length)
-        graph.ids[:texts, :tokens].copy_(ids)
-        graph.mask[:texts, :tokens].copy_(mask)
-        if tokens < length:
-            graph.mask[:texts, tokens:].zero_()
-        graph.graph.replay()
-        self._count(replayed=1)
-        return graph.out[:texts], rows * length
+            if graph is None:
+                graph = self.graphs[rows, length] = self._capture(ids, rows, length, current)
+            if self._done is not None:
+                current.wait_event(self._done)  # (another thread's stream may still read)
+            graph.ids[:texts, :tokens].copy_(ids)
+            graph.mask[:texts, :tokens].copy_(mask)
+            if tokens < length:
+                graph.mask[:texts, tokens:].zero_()
+            graph.graph.replay()
+            out = graph.out[:texts].clone()
+            self._done = self.cuda.event()
+            self._done.record(current)
+            self.counts.replayed += 1
+        return out, rows * length
 
-    def _thread(self) -> Any:
-        local = self._local
-        if not hasattr(local, "graphs"):
-            local.graphs, local.pool, local.side = {}, self.cuda.pool(), self.cuda.stream()
-        return local
-
-    def _capture(self, local: Any, like: Any, rows: int, length: int) -> _Graph:
+    def _capture(self, like: Any, rows: int, length: int, current: Any) -> _Graph:
         """A bucket's static buffers on ``like``'s device (every row one padding token), its
-        warm-up and capture on this thread's side stream."""
+        warm-up and capture on the card's side stream."""
         cuda = self.cuda
         started = time.perf_counter()
+        if self._side is None:
+            self._side, self._pool = cuda.stream(), cuda.pool()
         ids = like.new_full((rows, length), self.pad_id)
         mask = like.new_zeros((rows, length))
         mask[:, 0] = 1
-        current = cuda.current()
-        local.side.wait_stream(current)  # (the buffers are written on the forward's stream)
-        with cuda.use(local.side):
+        self._side.wait_stream(current)  # (the buffers are written on the forward's stream)
+        with cuda.use(self._side):
             for _ in range(WARMUPS):
                 self.forward(ids, mask)
         graph = cuda.graph()
         try:
-            out = cuda.capture(graph, lambda: self.forward(ids, mask), local.pool, local.side)
+            out = cuda.capture(graph, lambda: self.forward(ids, mask), self._pool, self._side)
         except Exception as exc:
+            if type(exc).__name__ == "OutOfMemoryError":
+                raise  # (as it is: the worker backs off and splits on out-of-memory)
             raise RuntimeError(f"cuda_graphs: capturing the forward pass of {rows} rows x "
                                f"{length} tokens failed ({type(exc).__name__}: {exc}); run "
                                f"without CUDA graphs") from exc
-        current.wait_stream(local.side)
-        self._count(captured=1, capture_s=time.perf_counter() - started)
+        current.wait_stream(self._side)
+        self.counts.captured += 1
+        self.counts.capture_s += time.perf_counter() - started
         return _Graph(graph, ids, mask, out)
-
-    def _count(self, **added: float) -> None:
-        with self._lock:
-            for name, value in added.items():
-                setattr(self.counts, name, getattr(self.counts, name) + value)

@@ -20,6 +20,7 @@ The few CUDA calls are in ``CudaCalls`` so that tests can fake them (CI has no G
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -114,10 +115,19 @@ class CudaCalls:
         return self.torch.cuda.graph_pool_handle()
 
     def capture(self, graph: Any, forward: Callable[[], Any], pool: Any, stream: Any) -> Any:
-        """``forward()`` captured into ``graph`` on ``stream``; its output (static)."""
-        with self.torch.cuda.graph(graph, pool=pool, stream=stream,
-                                   capture_error_mode="thread_local"):
-            return forward()
+        """``forward()`` captured into ``graph`` on ``stream`` (the caller makes it the only
+        capture under way); its output (static). ``torch.cuda.graph`` would also synchronize the
+        device and empty the caches first, stalling every worker's batches."""
+        with self.torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                out = forward()
+            except BaseException:
+                with contextlib.suppress(Exception):  # (a capture the error invalidated)
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+        return out
 
 
 @dataclass
