@@ -153,3 +153,23 @@ def test_adaptive_is_folded_into_fit_with_a_warning_naming_it():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         PoolSettings(("cpu",), workers_per_device="fit")  # (the mode itself: no warning)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"workunit_size": 0}, "workunit_size: expected an integer >= 1 or 'auto', got 0"),
+    ({"retries": -1}, "retries: expected an integer >= 0, got -1"),
+])
+def test_a_wrong_option_is_refused_before_auto_devices_ask_torch(bad, message):
+    """"auto" devices import torch to find GPUs (1.7 CPU s here): a wrong option of the pool or
+    the job is refused first (a run so refused took 2.2 s, now 0.5)."""
+    import json
+    import subprocess
+    import sys
+
+    script = (f"import sys; from helpers.engine.pipeline import run_pipeline\n"
+              f"try:\n    run_pipeline([(0, 'a')], None, 'auto', output='/nonexistent/o.h5', "
+              f"**{json.dumps(bad)})\nexcept ValueError as exc:\n    print(exc)\n"
+              f"print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.splitlines() == [message, "False"], done.stderr

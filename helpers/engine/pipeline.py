@@ -140,8 +140,9 @@ def run_pipeline(source: Any, workload: Workload,
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
     pool_options, job_options = split_options(options)
-    settings = pool_settings(devices, backend, **pool_options)  # validated before any spawn
-    job = JobSettings(workunit_size, **job_options)
+    job = JobSettings(workunit_size, **job_options)  # (before the pool's "auto" devices, which
+    settings = pool_settings(devices, backend, **pool_options)  # import torch or Ray): both
+    # validated before any spawn
     records = open_source(source, text_column=text_column, id_column=id_column,
                           keep_columns=keep_columns)
     if strategy == "static":

@@ -104,7 +104,6 @@ class PoolSettings:
             raise ValueError(f"backend: expected one of {BACKENDS}, got {self.backend!r}")
         if self.ray_address is not None and self.backend != "ray":
             raise ValueError(f"ray_address: only for backend='ray' (backend is {self.backend!r})")
-        object.__setattr__(self, "devices", parse_devices(self.devices, visible))
         if self.adaptive:
             if self.workers_per_device not in (1, FIT):
                 raise ValueError(f"adaptive: the same as workers_per_device='fit'; it cannot go "
@@ -125,6 +124,8 @@ class PoolSettings:
         seconds("load_timeout", self.load_timeout)
         if self.units_per_message != AUTO:
             positive_int("units_per_message", self.units_per_message, also=(AUTO,))
+        object.__setattr__(self, "devices", parse_devices(self.devices, visible))  # (last:
+        # "auto" asks torch or Ray, seconds that a wrong option above need not cost)
 
     @property
     def growing(self) -> bool:
