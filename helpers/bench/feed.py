@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from helpers.study.autotune import interleaved
 from helpers.study.feeding import STAGES, feed_run
 
 CORPORA = ("paragraphs", "tokens128")
@@ -143,7 +144,7 @@ def measure(records: int = 20_000, repeats: int = 3, batch_size: int = 128,
         models = {name: (w.load("cpu", 1), "encode" if name == "encode" else "feeder")
                   for name, w in workloads.items()}
         for replicate in range(repeats):
-            for corpus in (CORPORA if replicate % 2 == 0 else CORPORA[::-1]):
+            for corpus in interleaved(CORPORA, replicate):
                 chosen = texts[corpus]
                 base = {"replicate": replicate, "corpus": corpus, "texts": len(chosen),
                         "tokens": sum(map(len, rust.encode(chosen)))}

@@ -62,6 +62,7 @@ def measure(rounds: int = 5, records: int = 600_000, record_seconds: float = 20e
     setting alternating."""
     from helpers.engine.dispatch import taker
     from helpers.engine.pipeline import WorkerPool
+    from helpers.study.autotune import interleaved
     from helpers.study.experiments import simulated_devices
 
     devices, speed = simulated_devices(speeds)
@@ -74,7 +75,7 @@ def measure(rounds: int = 5, records: int = 600_000, record_seconds: float = 20e
                 WorkerPool(workload, devices, "process", progress=False) as pool:
             pool.run(data[: records // 10], Path(tmp) / "warm.h5")  # (the workers' rates)
             for replicate in range(rounds):
-                for joins in SETTINGS if replicate % 2 == 0 else SETTINGS[::-1]:
+                for joins in interleaved(SETTINGS, replicate):
                     with mock.patch.object(taker, "JOINS", joins):
                         stats = pool.run(data, Path(tmp) / f"out-{replicate}-{joins}.h5",
                                          sort_window=window)

@@ -26,6 +26,7 @@ def measure(rounds: int = 5, records: int = 40_000, unit_records: int = 64,
     """One tidy row per job: ``rounds`` of each setting, alternating, on one pool."""
     from helpers.engine.dispatch import scheduler
     from helpers.engine.pipeline import WorkerPool
+    from helpers.study.autotune import interleaved
     from helpers.workloads.synthetic import SyntheticWorkload
 
     workload = SyntheticWorkload(0.0, seconds_per_workunit=unit_seconds, dim=4, values="zeros")
@@ -34,7 +35,7 @@ def measure(rounds: int = 5, records: int = 40_000, unit_records: int = 64,
     with tempfile.TemporaryDirectory(prefix="gpufeed-prefetch-") as tmp, \
             WorkerPool(workload, ["cpu"] * 2, "process", progress=False) as pool:
         for replicate in range(rounds):
-            for prefetch in SETTINGS if replicate % 2 == 0 else SETTINGS[::-1]:
+            for prefetch in interleaved(SETTINGS, replicate):
                 with mock.patch.object(scheduler, "PREFETCH", prefetch):
                     stats = pool.run(data, Path(tmp) / f"out-{replicate}-{prefetch}.h5",
                                      workunit_size=unit_records)

@@ -305,9 +305,11 @@ def _encode_rounds(plan: list[tuple[Loaded, int]], texts: list[str], shapes: _Sh
                    ) -> list[dict[str, Any]]:
     """``rounds`` rounds of every (variant, batch size) of ``plan``, each round starting one
     further along (the machine's drift falls on all alike)."""
+    from helpers.study.autotune import interleaved
+
     rows: list[dict[str, Any]] = []
     for repeat in range(rounds if plan else 0):
-        for item, size in plan[repeat % len(plan):] + plan[:repeat % len(plan)]:
+        for item, size in interleaved(plan, repeat):
             base = {**_base("encode", item, size), "repeat": repeat}
             if time.monotonic() > deadline:
                 rows.append({**base, "skipped": "budget"})
