@@ -252,3 +252,25 @@ def test_the_card_alone_with_graphs_is_timed_through_the_card_s_graphs():
     assert [row["repeat"] for row in rows] == [0, 1] and rows[0]["cuda_graphs"] is True
     assert Card.calls == [(2, 5)] * 3 * (1 + 2)  # (a warm-up pass, then two timed)
     assert all(row["texts_per_s"] > 0 and not row["skipped"] for row in rows)
+
+
+def test_the_study_runs_graphs_only_where_the_model_side_found_them_faster():
+    """The study's variant: the feed variant with CUDA graphs where the whole path (encode rows,
+    batch 256, the study's feed) ran faster with them, eager otherwise or where either was not
+    measured; the first guess of a worker's rate is the chosen variant's."""
+    from helpers.bench.gpu import model_side
+
+    def rows(eager, graphed):
+        base = {"mode": "encode", "precision": "fp16", "compile": False, "tokenize_ahead": False,
+                "pin_memory": True, "batch_size": model_side.ENCODE_BATCH, "skipped": ""}
+        return pd.DataFrame([{**base, "cuda_graphs": g, "texts_per_s": rate}
+                             for g, rates in ((False, eager), (True, graphed)) for rate in rates])
+
+    assert check._graphs_faster(rows([100, 110], [150, 160]), "cuda:0")
+    assert not check._graphs_faster(rows([100, 110], [90, 95]), "cuda:0")
+    assert not check._graphs_faster(rows([100], []), "cuda:0")
+    assert check._worker_rate(rows([100, 120], [150, 170]), "cuda:0", True) == 160
+    assert check._worker_rate(rows([100, 120], [150, 170]), "cuda:0") == 110
+    assert check._worker_rate(pd.DataFrame(), "cuda:0") == 1.0
+    old = rows([100, 120], []).drop(columns="cuda_graphs")  # (a table from before graphs)
+    assert check._worker_rate(old, "cuda:0") == 110 and not check._graphs_faster(old, "cuda:0")

@@ -134,16 +134,19 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
                                 model_side.ENCODE_BATCH, SIMULATED_WORKUNIT,
                                 started + SIMULATED_SHARE * budget)
         _save(pd.DataFrame(fed), "gpu_simulated", out, parameters)
-        say("the study")
+        graphs = _graphs_faster(model, device)
+        say(f"the study{' (with CUDA graphs: faster in the model side)' if graphs else ''}")
+        workload = _study_workload(model_dir, device, graphs)
 
         def keep(runs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> None:
-            _save(pd.DataFrame(runs), "gpu_study", out, parameters)
+            _save(pd.DataFrame(runs).assign(cuda_graphs=graphs), "gpu_study", out, parameters)
             _save(pd.DataFrame(samples), "gpu_study_samples", out, parameters)
 
         runs, _ = study.measure(workload, device, sizes.study_records, sizes.worker_counts,
                                 sizes.workunit_sizes, started + budget - RESERVE_SECONDS, folder,
-                                rate, keep)
-        _save(pd.DataFrame(runs), "gpu_study", out, parameters)  # (the runs cut, too)
+                                _worker_rate(model, device, graphs), keep)
+        _save(pd.DataFrame(runs).assign(cuda_graphs=graphs), "gpu_study", out,
+              parameters)  # (the runs cut, too)
     from helpers.bench.gpu.report import summary
 
     print(summary(out))
@@ -188,28 +191,44 @@ def _ceilings(device: str, sizes: Sizes) -> list[dict[str, Any]]:
     return [{**row, **facts, "cores": available_cores()} for row in rows]
 
 
-def _study_workload(model_dir: str, device: str) -> Any:
+def _study_workload(model_dir: str, device: str, graphs: bool = False) -> Any:
     """The workload the study and the faults run: the feed variant, batch ENCODE_BATCH,
-    tokenize-ahead and pinned memory on."""
+    tokenize-ahead and pinned memory on; ``graphs``: with CUDA graphs (the study, where the
+    model side found them faster; the faults run eager)."""
     from helpers.workloads.embedding import EmbeddingWorkload
 
     ahead, pin = model_side.FEEDS[0]
     return EmbeddingWorkload(model=model_dir, batch_size=model_side.ENCODE_BATCH,
                              precision=model_side.feed_precision(device),
-                             tokenize_ahead=ahead, pin_memory=pin)
+                             tokenize_ahead=ahead, pin_memory=pin, cuda_graphs=graphs)
 
 
-def _worker_rate(model: pd.DataFrame, device: str) -> float:
-    """Texts a second one worker ran the study's workload at in the model's side (its encode
-    rows), or one a second where none was measured."""
+def _feed_rate(model: pd.DataFrame, device: str, graphs: bool) -> float | None:
+    """The median texts a second one worker ran the study's workload at in the model's side
+    (its encode rows, eager or with graphs), None where none was measured."""
     ahead, pin = model_side.FEEDS[0]
     mine = measured(model)
+    if mine.empty or "mode" not in mine:
+        return None
     mine = mine[(mine["mode"] == "encode")
                 & (mine["precision"] == model_side.feed_precision(device))
-                & ~mine["compile"].astype(bool)
+                & ~mine["compile"].astype(bool) & (mine["cuda_graphs"].astype(bool) == graphs)
                 & (mine["tokenize_ahead"] == ahead) & (mine["pin_memory"] == pin)
                 & (mine["batch_size"] == model_side.ENCODE_BATCH)]
-    return float(mine["texts_per_s"].median()) if len(mine) else 1.0
+    return float(mine["texts_per_s"].median()) if len(mine) else None
+
+
+def _worker_rate(model: pd.DataFrame, device: str, graphs: bool = False) -> float:
+    """Texts a second one worker ran the study's workload at in the model's side, or one a
+    second where none was measured."""
+    return _feed_rate(model, device, graphs) or 1.0
+
+
+def _graphs_faster(model: pd.DataFrame, device: str) -> bool:
+    """Whether the model side's whole path ran the feed variant faster with CUDA graphs than
+    eager (both measured): then the study runs it so."""
+    eager, graphed = _feed_rate(model, device, False), _feed_rate(model, device, True)
+    return eager is not None and graphed is not None and graphed > eager
 
 
 def _save(frame: pd.DataFrame, name: str, out: Path, parameters: dict[str, Any]) -> pd.DataFrame:

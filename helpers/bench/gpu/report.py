@@ -118,7 +118,9 @@ def _simulated_lines(fed: pd.DataFrame) -> list[str]:
 
 
 def _study_lines(runs: pd.DataFrame) -> list[str]:
-    lines = ["", "the study (workers per GPU, workunit sizes):"]
+    graphed = "cuda_graphs" in runs and runs["cuda_graphs"].astype(bool).any()
+    lines = ["", f"the study (workers per GPU, workunit sizes"
+                 f"{'; with CUDA graphs, faster in the model side' if graphed else ''}):"]
     if "texts_per_s" in runs:
         lines.append(study_summary(runs).to_string(index=False))
     return lines + [f"skipped: {r['workers']} workers {r.get('workunit_size', '')}: "

@@ -2,7 +2,8 @@
 
 How many workers should feed one GPU, and should their workunits be sized from their rates or
 fixed? Each count of WORKER_COUNTS is a pool of its own (process backend, the feed variant of the
-model's side: fp16, batch 256, the feeder's path with pinned memory), started when first needed
+model's side: fp16, batch 256, the feeder's path with pinned memory, with CUDA graphs where the
+model side's whole path ran faster with them: each row says), started when first needed
 and kept until the section ends; each runs the same corpus (the sample's paragraphs repeated,
 100,000 on a card) once per workunit size of SIZES: the first size over every count, ascending,
 then the second, descending. So a run the section's time cuts (a row says so) is one of the
