@@ -5,7 +5,8 @@ tensors. A capture refuses what CUDA refuses while a stream captures (a sync: ``
 with ``torch.cuda.is_current_stream_capturing`` true inside it as on a card; it records a trace
 of the captured function's operations (``make_fx``: its Python branches taken as they were at
 capture, as a graph's kernels are), which a replay runs on the static buffers into the static
-output."""
+output. (``trace=False``: a replay calls the function again, a second a capture cheaper, for
+tests about streams, threads and errors rather than the rows.)"""
 import contextlib
 import threading
 import time
@@ -65,13 +66,14 @@ class FakeGraph:
 
 class FakeCuda:
     """The CUDA calls the card makes, recorded in ``calls``. ``tells_capturing``: whether
-    ``torch.cuda.is_current_stream_capturing`` says so in a capture (a card's does)."""
+    ``torch.cuda.is_current_stream_capturing`` says so in a capture (a card's does); ``trace``:
+    whether a capture records a trace for its replays (the module docstring)."""
 
-    def __init__(self, tells_capturing=True):
+    def __init__(self, tells_capturing=True, trace=True):
         import torch
 
         self.torch, self.calls, self.streams, self.entered = torch, [], 0, []
-        self.tells_capturing = tells_capturing
+        self.tells_capturing, self.trace = tells_capturing, trace
 
     def stream(self):
         self.streams += 1
@@ -115,7 +117,10 @@ class FakeCuda:
             time.sleep(0.01)  # (a window for another thread's capture to be caught in)
             with self.use(stream), NoSyncs(), mock.patch(
                     "torch.cuda.is_current_stream_capturing", return_value=self.tells_capturing):
-                graph.trace = make_fx(forward, tracing_mode="real")()
+                graph.trace = make_fx(forward, tracing_mode="real")() if self.trace else None
+                if graph.trace is None:
+                    forward()  # (refused as a capture refuses it)
+                    graph.trace = forward
             graph.out = graph.trace()
             return graph.out
         finally:

@@ -47,7 +47,7 @@ LENGTH_STEP = 8  # a bucket's tokens are a multiple of this: 10,674 of the sampl
 # (78 tokens on average) sorted by tokens, in batches of 32-512, computed 1.044-1.048x the tokens
 # of each batch padded to its longest (steps of 16: 1.09-1.10x; of 32: 1.18-1.19x)
 MIN_ROWS = 8  # the fewest rows a bucket has (smaller batches: a workunit's last)
-MAX_GRAPHS = 512  # graphs a thread captures at most (batch 256, 512 tokens: 6 x 64 buckets; a
+MAX_GRAPHS = 512  # graphs a card captures at most (batch 256, 512 tokens: 6 x 64 buckets; a
 # count-batched workunit's batches are full but its last, so most runs see a few rows' buckets)
 WARMUPS = 1  # eager passes on the side stream before a bucket's capture
 
