@@ -245,7 +245,6 @@ def test_graphs_on_a_cpu_are_skipped_saying_why(tmp_path):
     ({"feeder": False}, r"cuda_graphs: the torch card's, on the feeder's path \(feeder=False "
                         r"runs the model through its own encode\)"),
     ({"tokenize_ahead": True}, r"tokenize_ahead=True runs the model through its own encode"),
-    ({"card": "h200"}, r"card='h200': .*cuda_graphs"),
     ({"cuda_graphs": "yes"}, r"cuda_graphs: expected True or False, got 'yes'"),
 ])
 def test_graphs_with_an_option_that_has_none_are_refused(options, refused):

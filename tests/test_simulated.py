@@ -103,6 +103,26 @@ def test_a_simulated_card_s_worker_overlaps_its_workunits_and_encode_s_does_not(
     assert launched["tokens_computed"] == processed["tokens_computed"]
 
 
+def test_a_simulated_card_with_graphs_launches_in_a_few_calls_and_computes_its_buckets(
+        records):
+    """``cuda_graphs`` on a simulated card: its worker spends a few calls' CPU a batch launching
+    instead of the profile's CPU a kernel, and the card computes the batches' buckets (the
+    tokens counted); the label says it."""
+    texts = [text for _, text in records[:96]]
+    counts = {}
+    for graphs in (False, True):
+        workload = EmbeddingWorkload(card="h200", batch_size=16, tokenize_threads=1,
+                                     cuda_graphs=graphs)
+        model = workload.load("cuda:0", 1)
+        assert ("(CUDA graphs)" in workload.report(model)["card"]) == graphs
+        assert workload.process(model, texts)["embeddings"].shape == (96, 384)
+        counts[graphs] = workload.counts(model)
+    eager, graphed = counts[False], counts[True]
+    assert eager["tokens_needed"] == graphed["tokens_needed"]
+    assert eager["tokens_computed"] < graphed["tokens_computed"] < 1.3 * eager["tokens_computed"]
+    assert graphed["launch_cpu_us"] < eager["launch_cpu_us"] / 10  # (6 batches: 19 ms eager)
+
+
 def test_a_model_s_files_give_its_pad_token_and_no_length_where_none_is_said(tmp_path):
     """A pad token in special_tokens_map.json only (older models), and neither a
     model_max_length nor positions: no cap (transformers' "very large"), not a crash."""

@@ -19,7 +19,8 @@ on every method alike), CPU seconds per 1,000 texts:
   CPU by stage, the driver's, and the rate;
 - ``card`` (paragraphs): whole runs feeding the simulated H200 (calibrated from the measured
   card, scaled to CARD_CORES cores a GPU) for each of CARD_LAYOUTS (workers × tokenizing threads
-  or processes × tokenizer): the card's busy share, and its busy seconds per CPU-second spent
+  or processes × tokenizer, and one with CUDA graphs: the card's launches a few calls a batch
+  instead of one a kernel): the card's busy share, and its busy seconds per CPU-second spent
   (every process's: the workers', their tokenizing children's, the driver's), which says
   which way of tokenizing keeps a card busiest for the CPU it takes.
 
@@ -46,8 +47,9 @@ from helpers.study.feeding import STAGES, feed_run
 CORPORA = ("paragraphs", "tokens128")
 LAYOUTS = ((1, False), (1, True), (2, False), (2, True))  # (workers, word cache)
 CARD, CARD_CORES = "h200", 16
-CARD_LAYOUTS = ((1, 1, 0, True), (1, 2, 0, True), (1, 0, 2, True), (2, 1, 0, True),
-                (1, 2, 0, False))  # (workers, tokenizing threads, processes, word cache)
+CARD_LAYOUTS = ((1, 1, 0, True, False), (1, 2, 0, True, False), (1, 0, 2, True, False),
+                (2, 1, 0, True, False), (1, 2, 0, False, False), (1, 1, 0, True, True))
+# (workers, tokenizing threads, processes, word cache, CUDA graphs: the card's launches)
 GOALS = {"worker_over_bare": 1.3, "worker_over_bare_cached": 0.5, "cache_over_bare": 0.3,
          "rate_over_bare": 0.7}
 
@@ -155,8 +157,7 @@ def measure(records: int = 20_000, repeats: int = 3, batch_size: int = 128,
                     rows.append({**base, "kind": "in_process", "method": method, **found})
                 if corpus == "paragraphs":
                     rows += card_rows(chosen, base, replicate, batch_size, workunit_size, folder)
-                turn = replicate % len(LAYOUTS)
-                for workers, cached in LAYOUTS[turn:] + LAYOUTS[:turn]:
+                for workers, cached in interleaved(LAYOUTS, replicate):
                     workload = workloads["feeder_cached" if cached else "feeder"]
                     run = feed_run(chosen, workload, f"cpu*{workers}", workunit_size, folder,
                                    threads_per_worker=1)
@@ -182,11 +183,12 @@ def measure(records: int = 20_000, repeats: int = 3, batch_size: int = 128,
     return table
 
 
-def card_layout(workers: int, threads: int, processes: int, cached: bool) -> str:
+def card_layout(workers: int, threads: int, processes: int, cached: bool,
+                graphs: bool = False) -> str:
     way = (f"{processes} process{'es' * (processes > 1)}" if processes
            else f"{threads} thread{'s' * (threads > 1)}")
     return f"{workers} worker{'s' * (workers > 1)} x {way}, " \
-           f"{'word cache' if cached else 'Rust tokenizer'}"
+           f"{'word cache' if cached else 'Rust tokenizer'}{', CUDA graphs' if graphs else ''}"
 
 
 def card_rows(texts: list[str], base: dict[str, Any], replicate: int, batch_size: int,
@@ -195,15 +197,14 @@ def card_rows(texts: list[str], base: dict[str, Any], replicate: int, batch_size
     from helpers.workloads.embedding import EmbeddingWorkload
 
     rows = []
-    turn = replicate % len(CARD_LAYOUTS)
-    for workers, threads, processes, cached in CARD_LAYOUTS[turn:] + CARD_LAYOUTS[:turn]:
+    for workers, threads, processes, cached, graphs in interleaved(CARD_LAYOUTS, replicate):
         workload = EmbeddingWorkload(card=CARD, card_cores=CARD_CORES, batch_size=batch_size,
                                      word_cache=cached, tokenize_threads=threads or None,
-                                     tokenize_processes=processes or None)
+                                     tokenize_processes=processes or None, cuda_graphs=graphs)
         run = feed_run(texts, workload, f"cuda:0*{workers}", workunit_size, folder)
         busy_s = run["card_busy_share"] * run["seconds"]
         rows.append({**base, "kind": "card",
-                     "method": card_layout(workers, threads, processes, cached),
+                     "method": card_layout(workers, threads, processes, cached, graphs),
                      **{k: run[k] for k in ("workers", "records_per_s", "seconds", "spinup_s",
                                             "texts_fast", "padding", "card_busy_share")},
                      **{f"{s}_cpu_s": run[f"{s}_cpu_s"] for s in STAGES},

@@ -75,17 +75,22 @@ def fed(model: Any, card: Any, threads: int | None, device: str,
 
 def load_simulated(path: str, card: str, card_cores: int | None, device: str,
                    cards: str, threads: int | None, max_length: int | None = None,
-                   word_cache: bool = True, processes: int | None = None) -> FedModel:
+                   word_cache: bool = True, processes: int | None = None,
+                   graphs: int | None = None) -> FedModel:
     """The tokenizer and architecture of the model at ``path`` (a folder, or a name on the
     hub), feeding the simulated ``card`` that every worker labelled ``device`` shares (its
-    queue in ``cards``); ``max_length``: tokens read of each text (None: the model's own)."""
+    queue in ``cards``); ``max_length``: tokens read of each text (None: the model's own);
+    ``graphs``: the batch size, for a card that replays CUDA graphs (None: eager)."""
     config, rust = read_model(path, max_length)
     here = available_cores()
     cost = CardModel(parse_card(card), *(int(config[name]) for name in ARCHITECTURE),
-                     scale_for(card_cores, here))
+                     scale_for(card_cores, here),
+                     (graphs, rust.max_length) if graphs is not None else None)
     queue = CardQueue(cost, os.path.join(cards, device.replace(":", "-").replace("/", "-")))
     scaled = f", scaled to {here} of {card_cores} cores" if card_cores else ""
-    simulated = SimulatedCard(queue, int(config["hidden_size"]), f"simulated {card}{scaled}")
+    simulated = SimulatedCard(queue, int(config["hidden_size"]),
+                              f"simulated {card}{scaled}"
+                              f"{' (CUDA graphs)' if graphs is not None else ''}")
     tokenizer, said = tokenizer_for(rust, word_cache)
     loaded = FedModel(Feeder(tokenizer, simulated, threads or here, processes or 0))
     loaded.tokenizer_said = said

@@ -16,7 +16,12 @@ hidden size ``h`` and feed-forward size ``i``:
   reference model (all-MiniLM-L6-v2 at 128 tokens: ``REFERENCE``) times that model's FLOPs a
   token, so a larger model or longer texts cost what their arithmetic says;
 - launching: ``kernels = n · KERNELS_PER_LAYER + KERNELS_OUTSIDE`` kernels of the profile's
-  ``launch_us`` CPU each (``LAUNCH_US`` for a card not measured), spun on the launching thread.
+  ``launch_us`` CPU each (``LAUNCH_US`` for a card not measured), spun on the launching thread;
+- with CUDA graphs (``graphs``: the torch card's, helpers.workloads.embedding.cards.graphs): the
+  batch is computed as its bucket (rows to a power of two, tokens to a multiple of 8), and its
+  launch is GRAPH_OPS calls of LAUNCH_US each (the copies into the bucket, the replay, the rows
+  out) instead of a call a kernel; the card's rate and its kernels' floor are the same (a graph
+  launches the same kernels). An estimate until a card measures a graphed pass's launching CPU.
 
 The profiles: the H100, A100 and L4 from cited figures (``source``); the H200 and its compiled
 variant calibrated from the one card this project measured (its rate from the forward's largest
@@ -57,6 +62,8 @@ KERNEL_FLOOR_US = 2.0  # the least a kernel takes on the card
 KERNELS_PER_LAYER = 16  # a BERT layer in eager PyTorch: 4 projections, 2 attention products,
 # softmax, 2 feed-forward products, GELU, 2 residual adds, 2 layer norms, masks and reshapes
 KERNELS_OUTSIDE = 8  # embeddings, their norm, pooling, normalizing, the copies
+GRAPH_OPS = 5  # a graphed batch's calls: ids and mask into its bucket, the mask's tail zeroed,
+# the replay, the rows cloned out (cards/graphs.py), LAUNCH_US each: not measured
 REFERENCE = {"name": "all-MiniLM-L6-v2", "layers": 6, "hidden": 384, "intermediate": 1536,
              "tokens": 128}  # what each card's rate is given for
 H200_SOURCE = ("measured: this project's GPU check on one H200 with 16 host cores "
@@ -129,16 +136,30 @@ class CardModel:
     hidden: int
     intermediate: int
     scale: float = 1.0  # the card's rate times this (a scaled card: cores here ÷ cores per GPU)
+    graphs: tuple[int, int] | None = None  # with CUDA graphs: the buckets' bounds (the batch
+    # size, the longest text in tokens); None: eager
 
     @property
     def kernels(self) -> int:
         return self.layers * KERNELS_PER_LAYER + KERNELS_OUTSIDE
 
     def launch_s(self) -> float:
+        if self.graphs is not None:
+            return GRAPH_OPS * LAUNCH_US / 1e6
         return self.kernels * self.profile.launch_us / 1e6
+
+    def shape(self, texts: int, tokens: int) -> tuple[int, int]:
+        """What a batch of ``texts`` padded to ``tokens`` is computed as (with graphs: its
+        bucket)."""
+        if self.graphs is None:
+            return texts, tokens
+        from helpers.workloads.embedding.cards.graphs import bucket
+
+        return bucket(texts, tokens, *self.graphs)
 
     def seconds(self, texts: int, tokens: int) -> float:
         """The card's time for a batch of ``texts`` texts padded to ``tokens`` tokens."""
+        texts, tokens = self.shape(texts, tokens)
         flops = texts * tokens * flops_per_token(self.layers, self.hidden, self.intermediate,
                                                  tokens)
         return max(flops / (self.profile.flops_per_second() * self.scale),
@@ -231,11 +252,13 @@ def _close(mapped: mmap.mmap, handle: Any) -> None:
 
 @dataclass(frozen=True)
 class SimulatedTicket:
-    """A batch on the simulated card: when the card will be done with it, its card seconds."""
+    """A batch on the simulated card: when the card will be done with it, its card seconds, the
+    tokens it computed (its bucket's, with graphs)."""
 
     done: float
     busy_s: float
     texts: int
+    tokens: int
 
 
 class SimulatedCard:
@@ -252,8 +275,10 @@ class SimulatedCard:
         return host_staging(texts, tokens)
 
     def submit(self, ids: Any, mask: Any) -> SimulatedTicket:
-        seconds = self.queue.submit(*ids.shape)
-        return SimulatedTicket(self.queue.done(), seconds, int(ids.shape[0]))
+        texts, tokens = (int(n) for n in ids.shape)
+        seconds = self.queue.submit(texts, tokens)
+        rows, length = self.queue.model.shape(texts, tokens)
+        return SimulatedTicket(self.queue.done(), seconds, texts, rows * length)
 
     def collect(self, tickets: list[SimulatedTicket]) -> list[Any]:
         if tickets:
