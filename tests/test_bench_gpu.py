@@ -229,6 +229,10 @@ def test_the_card_alone_with_graphs_is_timed_through_the_card_s_graphs():
 
         def compute(self, ids, mask):
             self.calls.append(tuple(ids.shape))
+            if len(self.calls) == 1:  # (a bucket's capture: CPU the warm-up pays, not cpu_s)
+                end = time.thread_time() + 0.2
+                while time.thread_time() < end:
+                    pass
             return ids.float(), ids.numel()
 
     class Shapes:
@@ -252,6 +256,26 @@ def test_the_card_alone_with_graphs_is_timed_through_the_card_s_graphs():
     assert [row["repeat"] for row in rows] == [0, 1] and rows[0]["cuda_graphs"] is True
     assert Card.calls == [(2, 5)] * 3 * (1 + 2)  # (a warm-up pass, then two timed)
     assert all(row["texts_per_s"] > 0 and not row["skipped"] for row in rows)
+    assert rows[0]["cpu_s"] < 0.05  # (the capture's 0.2 s left out)
+
+
+def test_a_graphed_variant_is_named_so_in_the_summary_read_back_from_its_csv(tmp_path):
+    """The report reads the tables back from CSV: a graphed row's variant says 'graphs' (a bool
+    column comes back as NumPy's bool), beside the eager one of the same precision."""
+    base = {"mode": "forward", "precision": "fp16", "compile": False, "tokenize_ahead": False,
+            "pin_memory": True, "batch_size": 256, "skipped": "", "texts_per_s": 1.0,
+            "card_share": 0.1, "texts": 10, "cpu_s": 0.1, "guard_min_cosine": 1.0}
+    frame = pd.DataFrame([{**base, "cuda_graphs": False},
+                          {**base, "cuda_graphs": True, "texts_per_s": 2.0},
+                          {**base, "compile": True, "cuda_graphs": True, "texts_per_s": 3.0}])
+    frame.to_csv(tmp_path / "gpu_model.csv", index=False)
+    read = pd.read_csv(tmp_path / "gpu_model.csv")
+    assert list(report.model_summary(read)["variant"]) == ["fp16", "fp16 graphs",
+                                                           "fp16 compiled graphs"]
+    from helpers.bench.gpu.figures import model_figure
+
+    _, finding = model_figure(read, "cuda:0")
+    assert finding.startswith("The card alone peaks at 3 texts/s (fp16 compiled graphs, batch")
 
 
 def test_the_study_runs_graphs_only_where_the_model_side_found_them_faster():

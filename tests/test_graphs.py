@@ -269,3 +269,22 @@ def test_every_pooling_is_captured_without_a_sync_and_pools_the_batch_s_tokens(s
     assert rows.shape == (11, 6 * 384)
     np.testing.assert_allclose(rows, expected, rtol=0, atol=2e-6)
     assert card.graphs.counts.captured == 2
+
+
+@pytest.mark.usefixtures("on_the_card")
+def test_the_full_batches_buckets_are_captured_ahead_the_longest_first(st_model, monkeypatch):
+    """In the worker's load: a bucket of ``batch_size`` rows for every length up to the model's
+    (the longest first, so that the pool is sized once), none twice; a run of full batches then
+    replays them and captures nothing (its last, short batch may)."""
+    monkeypatch.setattr(st_model, "max_seq_length", 30)
+    cuda = FakeCuda(trace=False)
+    card = TorchCard(st_model, "cuda:0", cuda=cuda, graphs=True, batch_size=8)
+    card.capture_ahead()
+    assert list(card.graphs.graphs) == [(8, 30), (8, 24), (8, 16), (8, 8)]
+    card.capture_ahead()
+    assert card.graphs.counts.captured == 4
+    from helpers.study.paths import sample_texts
+
+    rows, _ = run(card, st_model, sample_texts(200)[:24])
+    assert rows.shape == (24, 384) and card.graphs.counts.captured == 4
+    assert card.graphs.counts.replayed == 3

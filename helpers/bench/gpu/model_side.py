@@ -272,16 +272,17 @@ def _forward(item: Loaded, device: str, texts: list[str], size: int, shapes: _Sh
     waits = getattr(clock, "cuda", False)  # after each forward pass: here they must queue up
     if clock is not None:
         clock.cuda = False
-    cpu = time.thread_time()
     try:
         with torch.inference_mode():
-            seconds = timed(device, work, warmups=1, repeats=repeats)
+            work()  # (a warm-up: a graphed variant captures its buckets here, not in cpu_s)
+            cpu = time.thread_time()
+            seconds = timed(device, work, warmups=0, repeats=repeats)
+            per_pass = (time.thread_time() - cpu) / repeats  # (the launching thread's)
     except Exception as exc:  # (out of memory at a large batch, say)
         return [{**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]}]
     finally:
         if clock is not None:
             clock.cuda = waits
-    per_pass = (time.thread_time() - cpu) / (1 + repeats)  # (the launching thread's)
     figures = shapes.figures(size)
     return [{**_rates(base, len(texts), s, figures, ceilings), "repeat": r, "cpu_s": per_pass}
             for r, s in enumerate(seconds)]

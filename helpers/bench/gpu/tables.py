@@ -44,6 +44,6 @@ def measured(frame: pd.DataFrame) -> pd.DataFrame:
 
 def variant(row: Any) -> str:
     """A model-side row's variant in words: 'fp16', 'fp16 compiled', 'fp16 graphs'."""
-    graphs = row.get("cuda_graphs", False)
-    return f"{row['precision']}{' compiled' if row['compile'] else ''}" \
-        f"{' graphs' if graphs is True or graphs == 'True' else ''}"
+    graphs = str(row.get("cuda_graphs", False)) == "True"  # (a bool, NumPy's, or a CSV's text)
+    return f"{row['precision']}{' compiled' if str(row['compile']) == 'True' else ''}" \
+        f"{' graphs' if graphs else ''}"

@@ -293,11 +293,11 @@ class EmbeddingWorkload:
         if why is None:
             from helpers.workloads.embedding.cards.torch_card import TorchCard
 
-            loaded = self._fed(model, TorchCard(model, device, self.normalize,
-                                                self.truncate_dim, pinned=self.pin_memory,
-                                                half_rows=self.stored == "float16",
-                                                graphs=graphs, batch_size=self.batch_size),
-                               device)
+            card = TorchCard(model, device, self.normalize, self.truncate_dim,
+                             pinned=self.pin_memory, half_rows=self.stored == "float16",
+                             graphs=graphs, batch_size=self.batch_size)
+            card.capture_ahead()  # (with graphs: the full batches' buckets, in the load)
+            loaded = self._fed(model, card, device)
             loaded.gpufeed_graphs = self._graphs_said(graphs, why, device)
             return self._guarded(loaded, reference, device) if variant else loaded
         model.gpufeed_encode = why

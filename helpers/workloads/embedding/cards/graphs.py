@@ -17,7 +17,9 @@ batch's texts of that bucket (or one padding token: the start), which are comput
 The graph is replayed and the batch's rows cloned out of its output (the output's memory is the
 graph pool's, which the next replay of any bucket may reuse).
 
-A bucket is captured on its first batch, as torch's recipe does: a warm-up pass on a side stream,
+The buckets of full batches (``batch_size`` rows) of every length up to the model's (at most
+AHEAD_TOKENS) are captured in the worker's load (``capture_ahead``, the longest first, so that
+the pool is sized once); any other bucket on its first batch. Each, as torch's recipe does: a warm-up pass on a side stream,
 then the capture on that stream (``capture_error_mode="thread_local"``; without
 ``torch.cuda.graph``'s device-wide synchronize and cache flush, which would stall every worker's
 batches at each new bucket), every graph of the card in one memory pool. The graphs are the
@@ -50,6 +52,7 @@ MIN_ROWS = 8  # the fewest rows a bucket has (smaller batches: a workunit's last
 MAX_GRAPHS = 512  # graphs a card captures at most (batch 256, 512 tokens: 6 x 64 buckets; a
 # count-batched workunit's batches are full but its last, so most runs see a few rows' buckets)
 WARMUPS = 1  # eager passes on the side stream before a bucket's capture
+AHEAD_TOKENS = 512  # capture_ahead's longest bucket (longer ones are captured as they come)
 
 
 def bucket(texts: int, tokens: int, batch_size: int, longest: int) -> tuple[int, int]:
@@ -126,6 +129,22 @@ class CardGraphs:
             self._done.record(current)
             self.counts.replayed += 1
         return out, rows * length
+
+    def capture_ahead(self, like: Any) -> None:
+        """Capture the full batches' buckets now (the module docstring), on ``like``'s device:
+        their cost is the worker's load, so that a run's batches, and a tuner's short trial,
+        replay from the start (a workunit's last, short batch, or a batch cut by a token budget,
+        may still meet a new bucket)."""
+        top = min(self.longest, AHEAD_TOKENS)
+        lengths = sorted({min(length, self.longest)
+                          for length in range(LENGTH_STEP, top + LENGTH_STEP, LENGTH_STEP)},
+                         reverse=True)
+        with _LOCK:
+            current = self.cuda.current()
+            for length in lengths:
+                key = bucket(self.batch_size, length, self.batch_size, self.longest)
+                if key not in self.graphs and len(self.graphs) < MAX_GRAPHS:
+                    self.graphs[key] = self._capture(like, *key, current)
 
     def _capture(self, like: Any, rows: int, length: int, current: Any) -> _Graph:
         """A bucket's static buffers on ``like``'s device (every row one padding token), its

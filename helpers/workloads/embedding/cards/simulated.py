@@ -19,9 +19,10 @@ hidden size ``h`` and feed-forward size ``i``:
   ``launch_us`` CPU each (``LAUNCH_US`` for a card not measured), spun on the launching thread;
 - with CUDA graphs (``graphs``: the torch card's, helpers.workloads.embedding.cards.graphs): the
   batch is computed as its bucket (rows to a power of two, tokens to a multiple of 8), and its
-  launch is GRAPH_OPS calls of LAUNCH_US each (the copies into the bucket, the replay, the rows
-  out) instead of a call a kernel; the card's rate and its kernels' floor are the same (a graph
-  launches the same kernels). An estimate until a card measures a graphed pass's launching CPU.
+  launch is GRAPH_OPS calls at the profile's CPU a kernel each (the copies into the bucket, the
+  replay, the rows out; dear: the profile's figure holds the modules' Python too) instead of a
+  call a kernel; the card's rate and its kernels' floor are the same (a graph launches the same
+  kernels). An estimate until a card measures a graphed pass's launching CPU.
 
 The profiles: the H100, A100 and L4 from cited figures (``source``); the H200 and its compiled
 variant calibrated from the one card this project measured (its rate from the forward's largest
@@ -63,7 +64,7 @@ KERNELS_PER_LAYER = 16  # a BERT layer in eager PyTorch: 4 projections, 2 attent
 # softmax, 2 feed-forward products, GELU, 2 residual adds, 2 layer norms, masks and reshapes
 KERNELS_OUTSIDE = 8  # embeddings, their norm, pooling, normalizing, the copies
 GRAPH_OPS = 5  # a graphed batch's calls: ids and mask into its bucket, the mask's tail zeroed,
-# the replay, the rows cloned out (cards/graphs.py), LAUNCH_US each: not measured
+# the replay, the rows cloned out (cards/graphs.py), the profile's launch_us each: not measured
 REFERENCE = {"name": "all-MiniLM-L6-v2", "layers": 6, "hidden": 384, "intermediate": 1536,
              "tokens": 128}  # what each card's rate is given for
 H200_SOURCE = ("measured: this project's GPU check on one H200 with 16 host cores "
@@ -144,9 +145,8 @@ class CardModel:
         return self.layers * KERNELS_PER_LAYER + KERNELS_OUTSIDE
 
     def launch_s(self) -> float:
-        if self.graphs is not None:
-            return GRAPH_OPS * LAUNCH_US / 1e6
-        return self.kernels * self.profile.launch_us / 1e6
+        calls = GRAPH_OPS if self.graphs is not None else self.kernels
+        return calls * self.profile.launch_us / 1e6
 
     def shape(self, texts: int, tokens: int) -> tuple[int, int]:
         """What a batch of ``texts`` padded to ``tokens`` is computed as (with graphs: its

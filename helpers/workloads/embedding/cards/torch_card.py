@@ -260,6 +260,14 @@ class TorchCard:
         done.record(compute)
         return TorchTicket(host, done, tokens=tokens)
 
+    def capture_ahead(self) -> None:
+        """With graphs, capture the full batches' buckets now (``CardGraphs.capture_ahead``: in
+        the worker's load)."""
+        if self.graphs is not None:
+            torch = self.torch
+            with torch.inference_mode():
+                self.graphs.capture_ahead(torch.zeros((1, 1), dtype=torch.int64).to(self.device))
+
     def compute(self, ids: Any, mask: Any) -> tuple[Any, int]:
         """The rows of a batch already on the card (on the current stream: replayed from its
         bucket's graph, or launched eager), and the tokens computed for them."""
