@@ -39,35 +39,43 @@ def on_the_card(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
 
 
+@pytest.fixture
+def model(st_model, monkeypatch):
+    """The embedded MiniLM reading at most 64 tokens: its longest bucket a quarter of its own
+    256's cost here, the sample's longer paragraphs cut at it."""
+    monkeypatch.setattr(st_model, "max_seq_length", 64)
+    return st_model
+
+
 @pytest.fixture(scope="module")
 def varied():
-    """The sample's paragraphs, of every length it has (up to max_seq_length and past it), in
-    two runs' worth: 32 and 19."""
+    """The sample's paragraphs cut to 1 to 60 words, of every length up to ``model``'s 64
+    tokens and past it, in two runs' worth: 32 and 19."""
     from helpers.study.paths import sample_texts
 
-    chosen = sample_texts(1000)[::12]
-    return chosen[:32], chosen[32:51]
+    cut = [" ".join(text.split()[:1 + 7 * i % 60]) for i, text in enumerate(sample_texts(51))]
+    return cut[:32], cut[32:51]
 
 
-def run(card, st_model, texts, batch_size=8):
-    rust = RustTokenizer.of(st_model.tokenizer, st_model.max_seq_length)
+def run(card, model, texts, batch_size=8):
+    rust = RustTokenizer.of(model.tokenizer, model.max_seq_length)
     return Feeder(rust, card, 1).run(texts, batch_size, None)
 
 
 @pytest.mark.usefixtures("on_the_card")
-def test_graphs_give_the_eager_card_s_rows_capturing_each_bucket_once(st_model, varied):
+def test_graphs_give_the_eager_card_s_rows_capturing_each_bucket_once(model, varied):
     """Batches of every length and a short last one: each bucket captured once (after a warm-up
     on the side stream), every batch replayed, the rows the eager card's; a second run of other
     texts replays the same graphs (rows of an earlier batch left in a bucket change nothing),
     and the tokens the card computed count the buckets' padding."""
     first, second = varied
     cuda = FakeCuda()
-    card = TorchCard(st_model, "cuda:0", cuda=cuda, graphs=True, batch_size=8)
-    eager = TorchCard(st_model, "cpu")
+    card = TorchCard(model, "cuda:0", cuda=cuda, graphs=True, batch_size=8)
+    eager = TorchCard(model, "cpu")
     assert card.label == "torch on cuda:0 (CUDA graphs)"
     for texts in (first, second):
-        rows, launched = run(card, st_model, texts)
-        expected, plain = run(eager, st_model, texts)
+        rows, launched = run(card, model, texts)
+        expected, plain = run(eager, model, texts)
         np.testing.assert_allclose(rows, expected, rtol=0, atol=2e-6)
         counts = launched.counts
         assert plain.counts.tokens_computed < counts.tokens_computed  # (the buckets' padding)
@@ -87,7 +95,7 @@ def test_graphs_give_the_eager_card_s_rows_capturing_each_bucket_once(st_model, 
     assert made.replayed == 4 + 3  # (19 texts: a last batch of 3)
     assert made.eager == 0 and made.capture_s > 0
     replays = made.replayed
-    run(card, st_model, second)  # its buckets again: nothing captured
+    run(card, model, second)  # its buckets again: nothing captured
     assert (made.captured, made.replayed) == (len(captures), replays + 3)
 
 
@@ -178,31 +186,31 @@ def test_a_capture_begins_and_ends_on_its_stream_without_a_device_wide_sync(monk
 
 
 @pytest.mark.usefixtures("on_the_card")
-def test_past_the_most_graphs_a_card_captures_batches_run_eager(st_model, varied,
+def test_past_the_most_graphs_a_card_captures_batches_run_eager(model, varied,
                                                                   monkeypatch):
     monkeypatch.setattr(graphs, "MAX_GRAPHS", 1)
-    card = TorchCard(st_model, "cuda:0", cuda=FakeCuda(trace=False), graphs=True, batch_size=8)
+    card = TorchCard(model, "cuda:0", cuda=FakeCuda(trace=False), graphs=True, batch_size=8)
     texts = varied[0]
-    rows, launched = run(card, st_model, texts)
-    expected, _ = run(TorchCard(st_model, "cpu"), st_model, texts)
+    rows, launched = run(card, model, texts)
+    expected, _ = run(TorchCard(model, "cpu"), model, texts)
     np.testing.assert_allclose(rows, expected, rtol=0, atol=2e-6)
     made = card.graphs.counts
     assert made.captured == 1 and made.eager >= 1 and made.replayed + made.eager == 4
 
 
 @pytest.mark.usefixtures("on_the_card")
-def test_threads_feeding_one_card_share_its_graphs_one_capture_at_a_time(st_model, varied):
+def test_threads_feeding_one_card_share_its_graphs_one_capture_at_a_time(model, varied):
     """The thread backend's workers share one model: their batches go through the card's graphs,
     each bucket captured once, never two captures at once (the fake refuses a second under way:
     torch allows one in a process), and each thread's rows are its own."""
     texts = varied[0][:16]
-    card = TorchCard(st_model, "cuda:0", cuda=FakeCuda(trace=False), graphs=True, batch_size=8)
-    expected, _ = run(TorchCard(st_model, "cpu"), st_model, texts)
+    card = TorchCard(model, "cuda:0", cuda=FakeCuda(trace=False), graphs=True, batch_size=8)
+    expected, _ = run(TorchCard(model, "cpu"), model, texts)
     got, failed = {}, []
 
     def feed(k):
         try:
-            got[k] = run(card, st_model, texts if k == 0 else texts[::-1])[0]
+            got[k] = run(card, model, texts if k == 0 else texts[::-1])[0]
         except Exception as exc:  # noqa: BLE001 (said below)
             failed.append(exc)
 
@@ -214,9 +222,9 @@ def test_threads_feeding_one_card_share_its_graphs_one_capture_at_a_time(st_mode
     assert not failed, failed
     np.testing.assert_allclose(got[0], expected, rtol=0, atol=2e-6)
     np.testing.assert_allclose(got[1], expected[::-1], rtol=0, atol=2e-6)
-    single = TorchCard(st_model, "cuda:0", cuda=FakeCuda(trace=False), graphs=True,
+    single = TorchCard(model, "cuda:0", cuda=FakeCuda(trace=False), graphs=True,
                        batch_size=8)
-    run(single, st_model, texts)
+    run(single, model, texts)
     assert card.graphs.counts.captured == single.graphs.counts.captured == len(card.graphs.graphs)
     assert card.graphs.counts.replayed == 2 * single.graphs.counts.replayed
 
@@ -253,13 +261,13 @@ def test_graphs_with_an_option_that_has_none_are_refused(options, refused):
 
 
 @pytest.mark.usefixtures("on_the_card")
-def test_every_pooling_is_captured_without_a_sync_and_pools_the_batch_s_tokens(st_model, varied):
+def test_every_pooling_is_captured_without_a_sync_and_pools_the_batch_s_tokens(model, varied):
     """sentence-transformers' poolings read the mask (the first token, the last, weights by
     position): all of them at once (their vectors side by side) are captured (no sync) and,
     with the buckets' padding, pool what the eager pass pools."""
     import copy
 
-    model = copy.deepcopy(st_model)
+    model = copy.deepcopy(model)
     model[1].pooling_mode = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean",
                              "lasttoken")
     texts = varied[0][:11]
@@ -288,3 +296,22 @@ def test_the_full_batches_buckets_are_captured_ahead_the_longest_first(st_model,
     rows, _ = run(card, st_model, sample_texts(200)[:24])
     assert rows.shape == (24, 384) and card.graphs.counts.captured == 4
     assert card.graphs.counts.replayed == 3
+
+
+@pytest.mark.usefixtures("on_the_card")
+def test_a_batch_shorter_than_its_bucket_s_last_leaves_none_of_that_one_in_its_mask(model):
+    """Two batches of one bucket (8 rows x 16 tokens), the second shorter: its rows are the
+    eager pass's, none of the first's tokens past its own attended to."""
+    import torch
+
+    card = TorchCard(model, "cuda:0", cuda=FakeCuda(trace=False), graphs=True, batch_size=8)
+    eager = TorchCard(model, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for tokens in (16, 10):
+            ids = torch.randint(1000, 20000, (8, tokens), generator=generator)
+            mask = torch.ones_like(ids)
+            rows, computed = card.compute(ids, mask)
+            torch.testing.assert_close(rows, eager.compute(ids, mask)[0], rtol=0, atol=2e-6)
+            assert computed == 8 * 16
+    assert card.graphs.counts.captured == 1
