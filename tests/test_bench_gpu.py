@@ -242,8 +242,8 @@ def test_the_card_alone_with_graphs_is_timed_through_the_card_s_graphs():
         def figures(self, size):
             return {"tokens_needed": 30.0, "tokens_computed": 30.0, "flop": 1e6}
 
-    class Fed:
-        feeder = type("Feeder", (), {"card": Card()})()
+    class Fed:  # (a FedModel: its card)
+        card = Card()
 
         def __call__(self, features):
             raise AssertionError("the modules were called eager")

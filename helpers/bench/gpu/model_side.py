@@ -153,8 +153,8 @@ def _timed(items: list[Loaded], device: str, texts: list[str], batch_sizes: tupl
 
 
 def _base(mode: str, item: Loaded, batch_size: int) -> dict[str, Any]:
-    graphs = getattr(getattr(getattr(item.model, "feeder", None), "card", None), "graphs",
-                     None) if item.graphs else None  # (the buckets captured before this row)
+    graphs = getattr(getattr(item.model, "card", None), "graphs", None)  # (a FedModel's
+    # card's: the buckets captured before this row)
     return {"mode": mode, **item.key(), "batch_size": batch_size, "load_s": item.load_s,
             "guard_mean_cosine": item.report.get("guard_mean_cosine", 1.0),
             "guard_min_cosine": item.report.get("guard_min_cosine", 1.0), "skipped": "",
@@ -258,7 +258,7 @@ def _forward(item: Loaded, device: str, texts: list[str], size: int, shapes: _Sh
 
     model = item.modules
     features = [{k: v.to(device) for k, v in one.items()} for one in shapes.features(size)]
-    card = item.model.feeder.card if item.graphs else None
+    card = item.model.card if item.graphs else None
 
     def work() -> None:
         for one in features:

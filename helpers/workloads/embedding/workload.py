@@ -284,6 +284,7 @@ class EmbeddingWorkload:
             encoder.gpufeed_encode = why
             return self._guarded(encoder, reference, device)
         graphs = self.cuda_graphs and why is None and device.startswith("cuda")
+        graphs_said = self._graphs_said(graphs, why, device)
         variant = self.precision != "fp32" or self.compile or graphs
         reference = self._reference(model) if variant else None
         if variant:
@@ -298,10 +299,10 @@ class EmbeddingWorkload:
                              graphs=graphs, batch_size=self.batch_size)
             card.capture_ahead()  # (with graphs: the full batches' buckets, in the load)
             loaded = self._fed(model, card, device)
-            loaded.gpufeed_graphs = self._graphs_said(graphs, why, device)
+            loaded.gpufeed_graphs = graphs_said
             return self._guarded(loaded, reference, device) if variant else loaded
         model.gpufeed_encode = why
-        model.gpufeed_graphs = self._graphs_said(graphs, why, device)
+        model.gpufeed_graphs = graphs_said
         if variant:
             self._guarded(model, reference, device)
         model.gpufeed_order = TokenOrder(model)
@@ -328,7 +329,7 @@ class EmbeddingWorkload:
     def _graphs_now(model: Any) -> str:
         """What the report says of the graphs: the load's word, and what they did so far (the
         guard's buckets, when the worker reports its load)."""
-        graphs = getattr(getattr(getattr(model, "feeder", None), "card", None), "graphs", None)
+        graphs = getattr(getattr(model, "card", None), "graphs", None)  # (a FedModel's card)
         if graphs is None:
             return model.gpufeed_graphs
         counts = graphs.counts
