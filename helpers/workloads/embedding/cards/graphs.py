@@ -7,7 +7,7 @@ pass (transformer, pooling, dense, normalize, ``truncate_dim``) with one launch.
 one shape, so a batch is padded up to a **bucket**: its rows to the next power of two (at least
 MIN_ROWS, at most the batch size), its tokens to the next multiple of LENGTH_STEP (at most the
 model's ``max_seq_length``). The padded tokens are masked out of attention and pooling, so the
-vectors are the eager pass's (tests/test_torch_card.py); the padding is counted in the tokens
+vectors are the eager pass's (tests/test_graphs.py); the padding is counted in the tokens
 the card computed (a ticket's ``tokens``), as the feeder counts its own.
 
 A bucket owns static buffers on the device: ids and mask, and the graph's output. A batch (on
@@ -19,10 +19,11 @@ graph pool's, which the next replay of any bucket may reuse).
 
 The buckets of full batches (``batch_size`` rows) of every length up to the model's (at most
 AHEAD_TOKENS) are captured in the worker's load (``capture_ahead``, the longest first, so that
-the pool is sized once); any other bucket on its first batch. Each, as torch's recipe does: a warm-up pass on a side stream,
-then the capture on that stream (``capture_error_mode="thread_local"``; without
-``torch.cuda.graph``'s device-wide synchronize and cache flush, which would stall every worker's
-batches at each new bucket), every graph of the card in one memory pool. The graphs are the
+the pool is sized once); any other bucket on its first batch. Each, as torch's recipe does: a
+warm-up pass on a side stream, then the capture on that stream
+(``capture_error_mode="thread_local"``; without ``torch.cuda.graph``'s device-wide synchronize
+and cache flush, which would stall every worker's batches at each new bucket), every graph of
+the card in one memory pool. The graphs are the
 card's, shared by the threads that feed it (the thread backend's workers share one model): a
 process-wide lock makes one capture at a time (torch's documented rule) and one thread at a time
 write a bucket's buffers, replay and clone, and a thread's stream waits for the last replay's
