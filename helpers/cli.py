@@ -245,12 +245,14 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                      help="the simulated card scaled to this machine's cores from this many "
                           "a GPU on a real machine (16: one GPU, 16 cores)")
     emb.add_argument("--tokenize-threads", type=int,
-                     help="the feeder's threads tokenizing ahead in each worker (default: one "
-                          "on a CPU or with the word cache, else one per core; a simulated "
-                          "card: one per core)")
+                     help="the feeder's threads tokenizing ahead in each worker (default: "
+                          "one on a CPU; on a GPU, processes: --tokenize-processes; a "
+                          "simulated card: one per core)")
     emb.add_argument("--tokenize-processes", type=int,
                      help="the feeder's tokenizing processes in each worker, instead of "
-                          "threads (the word cache runs in Python: processes scale it)")
+                          "threads (the word cache runs in Python: processes scale it; "
+                          "default on a GPU: the worker's share of the node's cores less one, "
+                          "8 at most)")
     emb.add_argument("--batch-tokens", type=int,
                      help="the feeder's batches: as many texts as fit this many padded "
                           "tokens, at most --batch-size (default: --batch-size texts)")

@@ -483,7 +483,8 @@ class _Trials:
         self.rows.append({"trial": len(self.rows), "phase": phase, "batch_size": batch,
                           "workers_per_device": ",".join(f"{d}={n}" for d, n in counts.items()),
                           "devices": ",".join(devices),
-                          "threads_per_worker": max(info.threads for info in pool.workers),
+                          "threads_per_worker": max((info.threads for info in pool.workers
+                                                     if info.device == "cpu"), default=None),
                           "workunit_size": size, "records": stats.records,
                           "wall_s": stats.wall_s, "records_per_s": stats.records_per_s,
                           "decisions": len(stats.decisions),

@@ -65,9 +65,11 @@ def test_a_workunit_describes_itself_by_its_ids():
     assert len(workunit(np.arange(4, dtype=np.int64))) == 4
 
 
-def test_a_worker_on_a_card_gets_one_thread_and_on_the_cpu_its_share():
+def test_a_worker_on_a_card_gets_its_cores_and_on_the_cpu_its_threads():
     assert WorkerInfo.on(0, "cpu", 6) == WorkerInfo(0, "cpu", 6, 0)
+    assert WorkerInfo.on(0, "cpu", 6, card_cores=3) == WorkerInfo(0, "cpu", 6, 0)
     assert WorkerInfo.on(2, "cuda:1", 6, copy=1) == WorkerInfo(2, "cuda:1", 1, 1)
+    assert WorkerInfo.on(2, "cuda:1", 6, copy=1, card_cores=3) == WorkerInfo(2, "cuda:1", 3, 1)
     assert str(WorkerInfo.on(2, "cuda:1", 6)) == "worker 2 on cuda:1"
 
 

@@ -168,6 +168,8 @@ def test_a_call_that_fails_in_ray_charges_its_one_workunit_or_none_of_several(un
 def test_an_actor_asks_for_its_share_of_a_gpu_and_its_threads():
     assert resources(WorkerInfo(0, "cpu", 4), True, 1) == {"num_cpus": 4}
     assert resources(WorkerInfo(0, "cuda:1", 1), True, 2) == {"num_cpus": 1, "num_gpus": 0.5}
+    # beside a card, its threads are the driver's share of its own cores: not asked of a node
+    assert resources(WorkerInfo(0, "cuda:1", 8), True, 1) == {"num_cpus": 1, "num_gpus": 1.0}
     # a workload that only labels devices (simulated cards) runs on CPUs anywhere
     assert resources(WorkerInfo(0, "cuda:1", 1), False, 2) == {"num_cpus": 1}
 

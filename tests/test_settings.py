@@ -56,7 +56,8 @@ def test_a_bad_value_raises_naming_the_setting_and_what_it_expected(cls, bad, me
     assert message in str(caught.value)
 
 
-def test_derived_settings_follow_their_rule():
+def test_derived_settings_follow_their_rule(monkeypatch):
+    monkeypatch.setattr("helpers.engine.contract.devices.available_cores", lambda: 2)
     assert PoolSettings(("cpu",) * 3).depth() == 6 and PoolSettings(queue_depth=1).depth(4) == 1
     assert PoolSettings(("cpu",) * 3).depth(4) == 24  # two messages of four a worker
     assert PoolSettings().per_message(False) == PoolSettings().per_message(True) == 1
@@ -71,6 +72,26 @@ def test_derived_settings_follow_their_rule():
     workers = PoolSettings(("cuda:0", "cpu", "cuda:0", "cpu"), threads_per_worker=3).workers()
     assert [(w.index, w.device, w.threads, w.copy) for w in workers] == [
         (0, "cuda:0", 1, 0), (1, "cpu", 3, 0), (2, "cuda:0", 1, 1), (3, "cpu", 3, 1)]
+
+
+@pytest.mark.parametrize("backend, options, expected", [
+    ("process", {}, [4, 4, 4, 4]), ("ray", {}, [4, 4, 4, 4]),
+    ("thread", {}, [8, 8, 8, 8]),  # (a model per device, shared by its threads)
+    ("process", {"workers_per_device": 2}, [4] * 4),
+    ("process", {"workers_per_device": "auto"}, [1, 1]),  # (added one at a time: scale by count)
+    ("thread", {"workers_per_device": "fit"}, [8, 8]),
+    ("process", {"threads_per_worker": 3}, [4, 4, 4, 4])])  # (a cpu worker's option)
+def test_a_card_worker_gets_its_share_of_the_node_s_cores(monkeypatch, backend, options,
+                                                          expected):
+    """Four workers on a 16-core node's cards: four cores each (the tokenizing processes its
+    workload starts by default: loading.default_processes), not sixteen each; a CPU worker's
+    threads keep their own rule."""
+    monkeypatch.setattr("helpers.engine.contract.devices.available_cores", lambda: 16)
+    settings = PoolSettings(("cuda:0", "cuda:0", "cuda:1", "cuda:1") if "workers_per_device"
+                            not in options else ("cuda:0", "cuda:1"), backend, **options)
+    assert [w.threads for w in settings.workers()] == expected
+    assert [w.threads for w in PoolSettings(("cpu", "cpu", "cuda:0"), backend).workers()] == \
+        [8, 8, 8 if backend == "thread" else 5]
 
 
 def test_workers_per_device_multiplies_the_entries_or_starts_one_per_device_to_grow():

@@ -173,4 +173,6 @@ def test_fed_takes_the_default_processes_only_where_no_layout_is_given(monkeypat
     loading.fed(model, None, None, "cpu", True, None)
     loading.fed(model, None, 4, "cuda:0", True, None)
     loading.fed(model, None, None, "cuda:0", True, 2)
-    assert made == [(1, 7), (1, 0), (4, 0), (1, 2)]
+    loading.fed(model, None, None, "cuda:0", True, None, cores=4)  # (its share of the node's)
+    loading.fed(model, None, None, "cuda:0", False, None, cores=1)  # (threads: the Rust one's)
+    assert made == [(1, 7), (1, 0), (4, 0), (1, 2), (1, 3), (1, 0)]

@@ -402,7 +402,9 @@ def report(table: pd.DataFrame) -> dict[str, float]:
         print(f"{name}: {value:,.3f} ({'<=' if name in at_most else '>='} {goal:,}: "
               f"{'met' if met else 'NOT met'})")
     if (table["backend"] == "ray").any():
-        joined = os.environ.get("RAY_ADDRESS")
+        from helpers.engine.workers.ray_backend import cluster_address
+
+        joined = cluster_address()
         print(f"ray: each run joined the cluster at {joined}" if joined else
               "ray: spin-up and resume_first_workunit_s include starting a local Ray ($RAY_ADDRESS "
               "joins a running cluster instead)", "; RSS includes the object store's shared pages",

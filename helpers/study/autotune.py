@@ -151,7 +151,9 @@ def side_by_side(configs: dict[str, tuple[Any, Sequence[str], Any, int | None]],
                 rows.append({**run_row(stats, workers, size, counts), "configuration": label,
                              "replicate": replicate, "devices": ",".join(devices),
                              "batch_size": getattr(workload, "batch_size", None),
-                             "threads_per_worker": pools[label].workers[0].threads,
+                             "threads_per_worker": max(
+                                 (info.threads for info in pools[label].workers
+                                  if info.device == "cpu"), default=None),
                              "spinup_s": pools[label].spinup_s})
                 first.setdefault(label, Runs(pd.DataFrame(), *_detail(stats)))
     return pd.DataFrame(rows), first

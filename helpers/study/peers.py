@@ -136,11 +136,11 @@ def _ray_data(texts: list[str], device: str, batch_size: int, workers: int, thre
     steady state runs from then to the last batch's end."""
     import ray
 
-    from helpers.engine.workers.ray_backend import local_system
+    from helpers.engine.workers.ray_backend import cluster_address, local_system
 
     wall_started = time.time()
     ray.init(num_cpus=max(_cores(), workers * threads), include_dashboard=False,
-             _system_config=None if os.environ.get("RAY_ADDRESS") else local_system(),
+             _system_config=None if cluster_address() else local_system(),
              # (a local Ray's workers at gpufeed_ray's niceness; a cluster keeps its own)
              log_to_driver=False, logging_level="ERROR")
     try:

@@ -1,4 +1,4 @@
-"""Device strings: parsing, availability, and each CPU worker's share of the cores.
+"""Device strings: parsing, availability, and each worker's share of the cores.
 
 A run's ``devices`` lists one entry per worker: ``["cuda:0", "cuda:0", "cuda:1"]`` is two workers on
 GPU 0 and one on GPU 1; ``"cpu"`` entries likewise. ``"cuda:0*2"`` is short for two entries, and
@@ -88,6 +88,16 @@ def cpu_threads_per_worker(devices: Sequence[str], cores: int | None = None) -> 
     """An even share of the cores for each ``cpu`` worker, at least one thread."""
     n_cpu = Counter(devices)["cpu"]
     return max(1, (cores or available_cores()) // max(1, n_cpu))
+
+
+def card_cores_per_worker(devices: Sequence[str], models: int | None = None,
+                          cores: int | None = None) -> int:
+    """An even share of this machine's cores for each of ``models`` models on a card (one per
+    entry of ``devices`` where not said: a worker process each), at least one: the CPU its
+    worker has beside the card's compute, to tokenize and collate on. Four workers on a
+    16-core node's cards have four cores each, not sixteen: each starts three tokenizing
+    processes, not eight (workloads.embedding.loading.default_processes)."""
+    return max(1, (cores or available_cores()) // max(1, models or len(devices)))
 
 
 def workers_in_words(devices: Sequence[str]) -> str:

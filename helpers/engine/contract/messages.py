@@ -71,14 +71,16 @@ class _PackedIds:
 class WorkerInfo:
     index: int  # the worker's slot in the pool; a replacement keeps its slot
     device: str
-    threads: int  # CPU threads for this worker's model
+    threads: int  # CPU threads for this worker: its model's on the CPU; beside a card (whose
+    # compute is the card's), its share of this machine's cores, to tokenize and collate on
     copy: int = 0  # the n-th model copy on this device, from 0
 
     @classmethod
-    def on(cls, index: int, device: str, cpu_threads: int, copy: int = 0) -> WorkerInfo:
-        """Worker ``index`` on ``device``: ``cpu_threads`` threads for a model on the CPU, one
-        for a model on any other device (its compute is the card's)."""
-        return cls(index, device, cpu_threads if device == "cpu" else 1, copy)
+    def on(cls, index: int, device: str, cpu_threads: int, copy: int = 0,
+           card_cores: int = 1) -> WorkerInfo:
+        """Worker ``index`` on ``device``: ``cpu_threads`` threads for a model on the CPU,
+        ``card_cores`` for a model on any other device."""
+        return cls(index, device, cpu_threads if device == "cpu" else card_cores, copy)
 
     def __str__(self) -> str:
         return f"worker {self.index} on {self.device}"

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.devices import cpu_threads_per_worker, parse_devices
+from helpers.engine.contract.devices import (card_cores_per_worker, cpu_threads_per_worker,
+                                             parse_devices)
 from helpers.engine.contract.messages import WorkerInfo
 
 # helpers.engine.workers.backends and .ray_backend implement them
@@ -179,12 +180,23 @@ class PoolSettings:
 
     def worker(self, index: int, device: str, copy: int = 0) -> WorkerInfo:
         """Worker ``index``, the ``copy``-th on ``device`` (the only place a WorkerInfo is made:
-        the pool's first workers, "fit"'s and growth's added ones): ``threads_per_worker`` CPU
-        threads, else one where workers are added one at a time, else the CPU's cores shared
-        among the CPU workers the pool starts with."""
-        cpu_threads = self.threads_per_worker or (1 if self.growing or self.filling else
-                                                  cpu_threads_per_worker(self.worker_devices))
-        return WorkerInfo.on(index, device, cpu_threads, copy)
+        the pool's first workers, "fit"'s and growth's added ones). On the CPU:
+        ``threads_per_worker`` threads, else one where workers are added one at a time, else the
+        CPU's cores shared among the CPU workers the pool starts with. On a card: the cores
+        shared among the models the pool starts with (one per worker; one per device on the
+        thread backend, whose threads share their device's), one each where processes are
+        added one at a time (they scale by their number). (On a Ray cluster, this machine's
+        cores stand for a node's: an actor asks Ray for one CPU beside its card.)"""
+        devices = self.worker_devices
+        one_at_a_time = self.growing or self.filling
+        cpu_threads = self.threads_per_worker or (1 if one_at_a_time else
+                                                  cpu_threads_per_worker(devices))
+        if one_at_a_time and self.backend != "thread":
+            card_cores = 1
+        else:
+            card_cores = card_cores_per_worker(
+                devices, len(set(devices)) if self.backend == "thread" else None)
+        return WorkerInfo.on(index, device, cpu_threads, copy, card_cores)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,11 @@ def local_system() -> dict[str, int]:
     return {} if os.environ.get(NICENESS_ENV) else {"worker_niceness": 0}
 
 
+def cluster_address(address: str | None = None) -> str | None:
+    """The cluster a pool joins: ``address``, else $RAY_ADDRESS; None: a local Ray."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 def connect(address: str | None = None, cpus: int = 0) -> bool:
     """Join the Ray cluster at ``address``; with None, the one this process already joined, or
     $RAY_ADDRESS, else start a local Ray with at least ``cpus`` CPUs (more logical CPUs than
@@ -85,7 +90,7 @@ def connect(address: str | None = None, cpus: int = 0) -> bool:
     True when it started Ray (whoever did stops it: ``ray.shutdown()``)."""
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = cluster_address(address)
     local = address is None
     try:
         context = ray.init(address="local" if local else address, namespace="gpufeed",
@@ -134,8 +139,10 @@ def _alive_nodes() -> list[dict]:
 
 def resources(info: WorkerInfo, hardware: bool, workers_on_device: int) -> dict[str, float]:
     """What an actor asks of the cluster: a 1/k share of a GPU for k workers on a CUDA device,
-    and its CPU threads (a workload that only labels devices asks for CPUs alone)."""
-    options = {"num_cpus": info.threads}
+    and its CPU threads on the CPU, one CPU beside a card (its threads, the driver's share of its
+    own cores, may be more than a node of the cluster has; a workload that only labels devices
+    asks for CPUs alone)."""
+    options = {"num_cpus": info.threads if info.device == "cpu" else 1}
     if hardware and info.device.startswith("cuda"):
         options["num_gpus"] = 1.0 / workers_on_device
     return options

@@ -28,14 +28,14 @@ def tokenizer_for(rust: RustTokenizer, word_cache: bool) -> tuple[Any, str]:
     return rust, f"the Rust tokenizer (no word cache: {reason})"
 
 
-def default_threads(device: str, word_cache: bool) -> int:
+def default_threads(device: str, word_cache: bool, cores: int) -> int:
     """Tokenizing threads a worker runs where none are given and it tokenizes in process: on a
     CPU, none beside the worker's own (the forward pass has the cores); with the word cache,
     none either (it runs in Python: threads would queue for the GIL; workers scale it); else one
-    per core (the Rust tokenizer releases the GIL)."""
+    per core of its ``cores`` (the Rust tokenizer releases the GIL)."""
     if device == "cpu" or word_cache:
         return 1
-    return available_cores()
+    return cores
 
 
 PROCESSES_PER_CARD = 8  # tokenizing processes a worker on a card starts at most by default: the
@@ -45,28 +45,29 @@ PROCESSES_PER_CARD = 8  # tokenizing processes a worker on a card starts at most
 
 def default_processes(device: str, cores: int) -> int:
     """Tokenizing processes a worker on an accelerator runs where no tokenizing layout is given:
-    the node's ``cores`` less the one its own thread collates and launches on, PROCESSES_PER_CARD
-    at most; none on a CPU (the forward pass has the cores) or with one core. Processes, not
+    its ``cores`` (its share of the node's: the engine's WorkerInfo.threads beside a card) less
+    the one its own thread collates and launches on, PROCESSES_PER_CARD at most; none on a CPU
+    (the forward pass has the cores) or with one core. Processes, not
     threads: on the H200's 16 cores, threads in one process fed the simulated card 16 %,
     processes 44 % (issue 58); bench feed's card section: the simulated H200 fed 93 % busy by
     any layout tokenizing with the word cache, processes at 1.2 card seconds per CPU second
     against 1.5 for one thread, but only processes scale past the one core a thread of Python
-    holds. (Several workers on a node's cards each start theirs: idle ones cost a process's
-    memory, about 80 MB, not CPU.)"""
+    holds."""
     return 0 if device == "cpu" or cores < 2 else min(cores - 1, PROCESSES_PER_CARD)
 
 
 def fed(model: Any, card: Any, threads: int | None, device: str,
-        word_cache: bool, processes: int | None = None) -> FedModel:
+        word_cache: bool, processes: int | None = None, cores: int | None = None) -> FedModel:
     """A SentenceTransformer's tokenizer (as ``encode`` truncates it) feeding ``card``
     (``threads``, ``processes``: tokenizing threads or processes, None: the defaults for
-    ``device`` on this node's cores)."""
+    ``device`` on the worker's ``cores``, None: every core of this node)."""
     rust = RustTokenizer.of(model.tokenizer, int(model.max_seq_length))
     tokenizer, said = tokenizer_for(rust, word_cache)
+    cores = cores or available_cores()
     if threads is None and processes is None:
-        processes = default_processes(device, available_cores())
+        processes = default_processes(device, cores)
     feeder = Feeder(tokenizer, card, 1 if processes else
-                    threads or default_threads(device, isinstance(tokenizer, WordCache)),
+                    threads or default_threads(device, isinstance(tokenizer, WordCache), cores),
                     processes or 0)
     loaded = FedModel(feeder, model)
     loaded.tokenizer_said = said

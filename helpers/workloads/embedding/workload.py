@@ -67,9 +67,10 @@ class EmbeddingWorkload:
 
     The feeder (helpers.workloads.embedding.feeder; the package's docstring draws both paths):
     ``feeder`` (default True) feeds the model's modules with batches the feeder tokenizes once,
-    on ``tokenize_threads`` threads per worker (None: ``loading.default_threads``; a simulated
-    card: one per core), or in ``tokenize_processes`` processes of the worker's own
-    (helpers.workloads.embedding.tokenizing: what scales the word cache, which runs in Python);
+    on ``tokenize_threads`` threads per worker, or in ``tokenize_processes`` processes of the
+    worker's own (helpers.workloads.embedding.tokenizing: what scales the word cache, which runs
+    in Python); neither given: one thread on a CPU, on a GPU processes on the worker's share of
+    the node's cores (``loading.default_processes``), on a simulated card one thread per core;
     False runs every model through ``encode``, the reference path, as a model the feeder cannot
     run does. ``batch_tokens``: batches hold as many texts as fit that
     many padded tokens, at most ``batch_size`` (None: ``batch_size`` texts). ``word_cache``:
@@ -276,7 +277,7 @@ class EmbeddingWorkload:
 
                 return self._guarded(self._fed(model, OnnxCard(
                     path, threads, int(model.get_embedding_dimension()), self.normalize,
-                    self.truncate_dim, f"onnx ({self.runtime}) on {device}"), device),
+                    self.truncate_dim, f"onnx ({self.runtime}) on {device}"), device, threads),
                     reference, device)
             encoder = OnnxEncoder(model, path, threads)
             encoder.gpufeed_prompt, encoder.max_seq_length = \
@@ -298,7 +299,7 @@ class EmbeddingWorkload:
                              pinned=self.pin_memory, half_rows=self.stored == "float16",
                              graphs=graphs, batch_size=self.batch_size)
             card.capture_ahead()  # (with graphs: the full batches' buckets, in the load)
-            loaded = self._fed(model, card, device)
+            loaded = self._fed(model, card, device, threads)
             loaded.gpufeed_graphs = graphs_said
             return self._guarded(loaded, reference, device) if variant else loaded
         model.gpufeed_encode = why
@@ -356,13 +357,14 @@ class EmbeddingWorkload:
                       f"{exc})"
         return why
 
-    def _fed(self, model: Any, card: Any, device: str) -> FedModel:
-        """``model``'s tokenizer feeding ``card``, warmed (its first batch pays for
-        allocations, as ``encode``'s did)."""
+    def _fed(self, model: Any, card: Any, device: str, threads: int) -> FedModel:
+        """``model``'s tokenizer feeding ``card`` on the worker's ``threads`` (beside a card:
+        its share of the node's cores, which its tokenizing defaults take), warmed (its first
+        batch pays for allocations, as ``encode``'s did)."""
         from helpers.workloads.embedding.loading import fed
 
         loaded = fed(model, card, self.tokenize_threads, device, self.word_cache,
-                     self.tokenize_processes)
+                     self.tokenize_processes, threads)
         loaded.gpufeed_prompt = model.gpufeed_prompt
         loaded.strip_texts = not hasattr(model, "preprocess")  # (sentence-transformers before 6
         # strips each text, and lower-cases it where its transformer says do_lower_case, in
