@@ -109,6 +109,31 @@ class FetchedByWorkers(SyntheticWorkload):
 _LOADS_LOCK = threading.Lock()
 
 
+class LoadsRecorded(SyntheticWorkload):
+    """Each load's (device, threads), in the driver's list (the thread backend's workers)."""
+
+    def __init__(self):
+        super().__init__(0.0, dim=4)
+        self.loaded = []
+
+    def load(self, device, threads=None):
+        with _LOADS_LOCK:
+            self.loaded.append((device, threads))
+        return super().load(device, threads)
+
+
+def test_a_worker_loads_with_its_share_of_the_cores(tmp_path, monkeypatch):
+    """A card's model gets the cores shared among the models the pool starts: per device on
+    the thread backend (its threads share a device's model), which the workload's load takes
+    (its tokenizing defaults: workloads.embedding.loading). (No CPU worker here: its thread
+    would set torch's threads in this process.)"""
+    monkeypatch.setattr("helpers.engine.contract.devices.available_cores", lambda: 12)
+    workload = LoadsRecorded()
+    with WorkerPool(workload, ["cuda:0", "cuda:0", "cuda:1"], "thread", progress=False) as pool:
+        pool.run([(i, f"r{i}") for i in range(8)], tmp_path / "out.h5")
+    assert sorted(workload.loaded) == [("cuda:0", 6), ("cuda:1", 6)]
+
+
 def test_a_model_only_the_workers_fetched_is_recorded_and_one_they_disagree_on_refused(tmp_path):
     """Issue 59: a hub model the driver never cached left the output without its model_digest
     (a resume with another revision went unnoticed). The workers say what they loaded: the
