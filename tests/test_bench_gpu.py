@@ -81,6 +81,8 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
     assert sorted(zip(runs["workers"], runs["workunit_size"])) == sorted(
         (w, str(s)) for w in sizes.worker_counts for s in sizes.workunit_sizes)
     assert runs["exactly_once"].all() and (runs["records"] == sizes.study_records).all()
+    assert (runs["tokenize_threads"] == 1).all() and (runs["tokenize_processes"] == 0).all()
+    # (the default on a CPU: the worker's own thread; on a card, processes on its share)
     assert set(pd.read_csv(out / "gpu_study_samples.csv")["run"]) == set(runs["run"])
 
     with tarfile.open(tmp_path / "gpu-check.tgz", "w:gz") as archive:  # as the call brings it

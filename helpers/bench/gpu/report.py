@@ -53,7 +53,8 @@ def feed_summary(model: pd.DataFrame) -> pd.DataFrame:
 
 def study_summary(runs: pd.DataFrame) -> pd.DataFrame:
     done = measured(runs)
-    columns = [c for c in ("workers", "workunit_size", "texts_per_s", "busy_share",
+    columns = [c for c in ("workers", "workunit_size", "tokenize_processes", "texts_per_s",
+                           "busy_share",
                            "longest_card_idle_s", "longest_worker_wait_s", "exactly_once")
                if c in done]
     return done[columns].sort_values(["workers", "workunit_size"]) if len(done) else done

@@ -15,7 +15,9 @@ Through each run the card is sampled every SAMPLE_SECONDS (helpers.engine.measur
 a card): its busy share (NVML's utilisation: the share of its sample period, 1/6 s to 1 s, in
 which any kernel ran; a card at 100 % may still be far from its FLOP limit) and the longest
 stretch it read 0 % while the job ran (a gap shorter than NVML's period is not seen); beside
-them the workers' longest wait for work and whether every id was written once.
+them the workers' longest wait for work and whether every id was written once, and how each
+worker tokenized (the workload's default: processes on its share of the node's cores, so more
+workers mean fewer processes each).
 """
 from __future__ import annotations
 
@@ -122,8 +124,15 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
             "efficiency": stats.efficiency,
             **{f"{phase}_s": s for phase, s in phases.items()},
             "peak_gpu_mib": max(gpu) if gpu else None,
-            "worker_cores": os.cpu_count(),
+            "worker_cores": os.cpu_count(), **tokenizing(pool.loaded.get(device, {})),
             **{k: v for k, v in stats.recovery.items() if k != "restart_s"}}, seen
+
+
+def tokenizing(report: dict[str, Any]) -> dict[str, int]:
+    """A worker's tokenizing layout, as its load said it (``report``: the workload's; the
+    default on a card: processes on the worker's share of the node's cores)."""
+    return {"tokenize_threads": report.get("tokenize_threads", 0),
+            "tokenize_processes": report.get("tokenize_processes", 0)}
 
 
 def card_use(samples: list[dict[str, Any]]) -> dict[str, Any]:
