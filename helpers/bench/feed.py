@@ -48,8 +48,11 @@ CORPORA = ("paragraphs", "tokens128")
 LAYOUTS = ((1, False), (1, True), (2, False), (2, True))  # (workers, word cache)
 CARD, CARD_CORES = "h200", 16
 CARD_LAYOUTS = ((1, 1, 0, True, False), (1, 2, 0, True, False), (1, 0, 2, True, False),
-                (2, 1, 0, True, False), (1, 2, 0, False, False), (1, 1, 0, True, True))
-# (workers, tokenizing threads, processes, word cache, CUDA graphs: the card's launches)
+                (2, 1, 0, True, False), (2, 0, 1, True, False), (1, 2, 0, False, False),
+                (1, 1, 0, True, True))
+# (workers, tokenizing threads, processes, word cache, CUDA graphs: the card's launches); two
+# workers on two cores: one thread each is a card worker's default (its share, one core), one
+# process each the default before it (the node's cores less one)
 GOALS = {"worker_over_bare": 1.3, "worker_over_bare_cached": 0.5, "cache_over_bare": 0.3,
          "rate_over_bare": 0.7}
 
