@@ -16,9 +16,11 @@ Phases, in the order our users tune by hand, each reusing what it can::
                      (helpers.engine.dispatch.growth; each job twice as long as the last, as growth
                      measures within one job), then the count is held
     3. workunits     the same pool, its workers loaded: one job per candidate size ("auto",
-                     then fixed sizes around what "auto" chose); on a CPU, whose growing
-                     workers run one thread each, again on a fresh pool sharing the cores
-                     (threads_per_worker is then part of the pick)
+                     then fixed sizes around what "auto" chose); again on a fresh pool where
+                     it shares the cores otherwise (``shared_otherwise``: a CPU's growing
+                     workers run one thread each, threads_per_worker then part of the pick; a
+                     card's, its device's share, which two or more workers divide: there on
+                     the fresh pool alone, the layout a run takes)
     4. repeat        the LEADERS fastest configurations of phases 0, 1 and 3 measured once
                      more each (a pool per layout), in the budget's last REPEAT_SHARE
 
@@ -179,10 +181,11 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
                     records *= 2
                 pool.hold_workers()
                 workers = sorted((info.device for info in pool.workers), key=distinct.index)
-                _workunit_sizes(pool, job, batch)
-        if any(device.startswith("cpu") for device in workers):
-            # growing CPU workers run a thread each (helpers.engine.contract.settings): also try the
-            # cores shared among them, as a run of that layout would by default
+                again = shared_otherwise(workers, distinct, backend, make(batch))
+                if not again or any(device.startswith("cpu") for device in workers):
+                    _workunit_sizes(pool, job, batch)  # (a card's growing workers' share
+                    # is no layout a run can be told to take: its sizes run on the pool below)
+        if shared_otherwise(workers, distinct, backend, make(batch)):
             late = job.late(sample * (1 + len(SIZE_FACTORS) + 1), new_pool=True)
             if late:
                 job.skipped("workunit size", late, batch_size=batch, devices=",".join(workers),
@@ -203,6 +206,18 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
     return Tuned(devices, backend, best["batch_size"], best["workunit_size"], rate,
                  total / rate if total and rate else None, trials, best["trial"], threads,
                  json.loads(best.get("variant") or "{}"), reason)
+
+
+def shared_otherwise(workers: list[str], distinct: list[str], backend: str,
+                     workload: Workload) -> bool:
+    """Whether a pool of ``workers`` started at once shares this machine's cores otherwise than
+    phase 2's growing pool did (helpers.engine.contract.settings): a CPU worker grew with one
+    thread; a card worker (process or Ray backend), with its device's share, which more workers
+    than devices divide. Phase 3 then runs again on such a pool, the layout a run takes."""
+    if any(device.startswith("cpu") for device in workers):
+        return True
+    return backend != "thread" and len(workers) > len(distinct) and \
+        getattr(workload, "requires_hardware", True)
 
 
 def _batch_size(make: Callable[..., Workload], batch_sizes: Sequence[int], devices: list[str],

@@ -13,7 +13,7 @@ def test_overhead_pairs_four_methods_per_round_and_the_worker_path_per_workunit(
     """(A one-layer model: what the bench pairs does not depend on the model's size; 41 s with
     MiniLM here, three copies loaded.)"""
     rows, units = overhead.measure(records=24, block=12, rounds=2, batch_size=4, workunit_size=4,
-                                   threads=1, model=tiny_model)
+                                   threads=1, model_path=tiny_model)
     assert [r["method"] for r in rows[:4]] == list(overhead.METHODS)  # round 0: as listed
     assert [r["method"] for r in rows[4:]] == ["chunked", "spawned", "pipeline", "bare"]
     assert all(r["records_per_s"] > 0 and r["records"] == 12 for r in rows)

@@ -1,6 +1,6 @@
 import pytest
 
-from helpers.engine.contract.devices import (check_available, cpu_threads_per_worker, parse_devices,
+from helpers.engine.contract.devices import (check_available, parse_devices, share_of_cores,
                                              visible_devices)
 
 
@@ -47,11 +47,10 @@ def test_missing_cuda_device_is_reported():
     check_available(["cpu"])  # never raises
 
 
-@pytest.mark.parametrize("devices, cores, expected", [
-    (["cpu"], 2, 2), (["cpu", "cpu"], 2, 1), (["cpu"] * 4, 2, 1), (["cpu", "cpu"], 16, 8),
-    (["cuda:0", "cpu"], 8, 8)])
-def test_cpu_workers_share_the_cores(devices, cores, expected):
-    assert cpu_threads_per_worker(devices, cores) == expected
+@pytest.mark.parametrize("models, cores, expected", [
+    (1, 2, 2), (2, 2, 1), (4, 2, 1), (2, 16, 8), (4, 16, 4), (3, 16, 5), (0, 8, 8)])
+def test_models_share_the_cores(models, cores, expected):
+    assert share_of_cores(models, cores) == expected
 
 
 def test_devices_default_to_every_gpu_here(monkeypatch):

@@ -165,6 +165,19 @@ def test_a_call_that_fails_in_ray_charges_its_one_workunit_or_none_of_several(un
         assert "a call of 3 workunits failed in Ray" in messages[0].cause and actor.gone
 
 
+@pytest.mark.parametrize("gpus, sharing, expected", [(8, 1, 2), (2, 2, 4), (1, 1, 16),
+                                                     (0, 1, 16), (0.5, 1, 16)])
+def test_a_card_actor_takes_its_node_s_cores_shared_among_its_gpus_workers(monkeypatch, gpus,
+                                                                          sharing, expected):
+    """Where Ray placed it, not the driver's share of the driver's cores: a node of 16 cores and
+    8 GPUs, a worker each: 2 cores each; its card is the node's cuda:0."""
+    from helpers.engine.workers.ray_backend import on_its_node
+
+    monkeypatch.setattr("helpers.engine.contract.devices.available_cores", lambda: 16)
+    placed = on_its_node(WorkerInfo(3, "cuda:5", 1, 1), gpus, sharing)
+    assert placed == WorkerInfo(3, "cuda:0", expected, 1)
+
+
 def test_an_actor_asks_for_its_share_of_a_gpu_and_its_threads():
     assert resources(WorkerInfo(0, "cpu", 4), True, 1) == {"num_cpus": 4}
     assert resources(WorkerInfo(0, "cuda:1", 1), True, 2) == {"num_cpus": 1, "num_gpus": 0.5}

@@ -75,23 +75,27 @@ def test_derived_settings_follow_their_rule(monkeypatch):
 
 
 @pytest.mark.parametrize("backend, options, expected", [
-    ("process", {}, [4, 4, 4, 4]), ("ray", {}, [4, 4, 4, 4]),
+    ("process", {}, [4, 4, 4, 4]), ("ray", {}, [4, 4, 4, 4]),  # (Ray's: its node's, on_its_node)
     ("thread", {}, [8, 8, 8, 8]),  # (a model per device, shared by its threads)
     ("process", {"workers_per_device": 2}, [4] * 4),
-    ("process", {"workers_per_device": "auto"}, [1, 1]),  # (added one at a time: scale by count)
+    ("process", {"workers_per_device": "auto"}, [8, 8]),  # (added one at a time: their
+    ("process", {"workers_per_device": "fit"}, [8, 8]),  # device's share each)
     ("thread", {"workers_per_device": "fit"}, [8, 8]),
     ("process", {"threads_per_worker": 3}, [4, 4, 4, 4])])  # (a cpu worker's option)
 def test_a_card_worker_gets_its_share_of_the_node_s_cores(monkeypatch, backend, options,
                                                           expected):
     """Four workers on a 16-core node's cards: four cores each (the tokenizing processes its
-    workload starts by default: loading.default_processes), not sixteen each; a CPU worker's
-    threads keep their own rule."""
+    workload starts by default: loading.default_processes), not sixteen each; beside CPU
+    workers, the cores shared among them all (three models on 16 cores: 5 each)."""
     monkeypatch.setattr("helpers.engine.contract.devices.available_cores", lambda: 16)
     settings = PoolSettings(("cuda:0", "cuda:0", "cuda:1", "cuda:1") if "workers_per_device"
                             not in options else ("cuda:0", "cuda:1"), backend, **options)
     assert [w.threads for w in settings.workers()] == expected
     assert [w.threads for w in PoolSettings(("cpu", "cpu", "cuda:0"), backend).workers()] == \
-        [8, 8, 8 if backend == "thread" else 5]
+        [5, 5, 5]
+    assert [w.threads for w in PoolSettings(("cpu",) * 4, backend).workers()] == [4] * 4
+    grown = PoolSettings(("cpu", "cuda:0"), backend, workers_per_device="auto").workers()
+    assert [w.threads for w in grown] == [1, 8]  # (a CPU worker grows a thread each)
 
 
 def test_workers_per_device_multiplies_the_entries_or_starts_one_per_device_to_grow():

@@ -107,8 +107,9 @@ def test_a_simulated_card_s_worker_overlaps_its_workunits_and_encode_s_does_not(
 def test_a_simulated_card_with_graphs_launches_in_a_few_calls_and_computes_its_buckets(
         records):
     """``cuda_graphs`` on a simulated card: its worker spends a few calls' CPU a batch launching
-    instead of the profile's CPU a kernel, and the card computes the batches' buckets (the
-    tokens counted); the label says it."""
+    instead of the profile's CPU a kernel (the model's launch; measured, a submit's own CPU
+    beside it), and the card computes the batches' buckets (the tokens counted); the label says
+    it."""
     texts = [text for _, text in records[:96]]
     counts, launch_s = {}, {}
     for graphs in (False, True):

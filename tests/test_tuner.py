@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from helpers import read_output
-from helpers.engine.contract.devices import cpu_threads_per_worker
+from helpers.engine.contract.devices import share_of_cores
 from helpers.study.paths import ROOT
 from helpers.tuner import read_config, tune, write_config
 from helpers.workloads.synthetic import SyntheticWorkload
@@ -62,7 +62,7 @@ def test_tuned_yaml_round_trips_through_run_config_and_a_flag_wins(tmp_path):
     sized = trials[trials["phase"] == "workunit size"]
     workers = len(sized["devices"].iloc[0].split(","))  # grown a thread each, then the cores shared
     assert sized["threads_per_worker"].iloc[0] == 1
-    assert sized["threads_per_worker"].iloc[-1] == cpu_threads_per_worker(["cpu"] * workers)
+    assert sized["threads_per_worker"].iloc[-1] == share_of_cores(workers)
     tuned = yaml.safe_load(config.read_text())
     assert tuned["workload"] == "synthetic" and tuned["devices"][0] == "cpu"
     assert tuned["threads_per_worker"] in set(sized["threads_per_worker"])
@@ -512,3 +512,21 @@ def test_max_seq_length_is_an_axis_only_where_the_user_names_lengths():
         tuned.config()["max_seq_length"] == 64
     plain = tune(make, source, ["cpu"], sample=200, budget_seconds=20, variants=[])
     assert not [t for t in plain.trials if t["phase"] == "variant"]
+
+
+def test_phase_3_runs_again_where_a_pool_started_at_once_shares_the_cores_otherwise():
+    """Growth's workers (one thread each on a CPU, a device's share each beside a card) differ
+    from those of a pool started at once with the count it found (the cores divided among
+    them): the tuner measures that layout too, as the run will take it."""
+    from types import SimpleNamespace
+
+    from helpers.tuner import shared_otherwise
+
+    card, labels = SimpleNamespace(), SimpleNamespace(requires_hardware=False)
+    assert shared_otherwise(["cpu", "cpu"], ["cpu"], "thread", card)
+    assert shared_otherwise(["cuda:0", "cuda:0"], ["cuda:0"], "process", card)
+    assert shared_otherwise(["cuda:0", "cuda:0", "cuda:1"], ["cuda:0", "cuda:1"], "ray", card)
+    assert not shared_otherwise(["cuda:0", "cuda:1"], ["cuda:0", "cuda:1"], "process", card)
+    assert not shared_otherwise(["cuda:0", "cuda:0"], ["cuda:0"], "thread", card)  # (one model)
+    assert not shared_otherwise(["cuda:0", "cuda:0"], ["cuda:0"], "process", labels)  # (a
+    # simulated card's workers take no share)

@@ -54,17 +54,17 @@ def _chunks(block: list[str], size: int) -> list[list[str]]:
 
 def measure(records: int = 1024, block: int = 128, rounds: int = 24, batch_size: int = 16,
             workunit_size: int = 64, threads: int | None = None,
-            model: str | None = None) -> tuple[list[dict], list[dict]]:
+            model_path: str | None = None) -> tuple[list[dict], list[dict]]:
     """``(rows, units)``: a tidy row per (round, method) with ``seconds`` and ``records_per_s``,
     and a row per (round, workunit) with the worker's compute seconds and this process's for the
     same call. Round r embeds block r mod (records ÷ block) of the sample texts, each block
     sorted by length (the pipeline's reader would sort it so; here it is cut with sort_window=0
-    so that its workunits are exactly the chunked method's chunks). ``model``: the embedding
-    workload's (None: the embedded default)."""
+    so that its workunits are exactly the chunked method's chunks). ``model_path``: the
+    embedding workload's model (None: the embedded default)."""
     threads = threads or available_cores()
     texts = sample_texts(records)
     blocks = [texts[i:i + block] for i in range(0, len(texts) - block + 1, block)] or [texts]
-    workload = EmbeddingWorkload(model=model, batch_size=batch_size)
+    workload = EmbeddingWorkload(model=model_path, batch_size=batch_size)
     model = workload.load("cpu", threads)  # (the feeder's, as a worker holds it)
     bare = getattr(model, "model", None) or model  # (the SentenceTransformer beside it)
     context = multiprocessing.get_context("spawn")

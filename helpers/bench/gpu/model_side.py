@@ -192,7 +192,8 @@ def _load(model_dir: str, device: str, precision: str, compile: bool, ahead: boo
     from helpers.engine.contract.devices import available_cores
 
     started = time.perf_counter()
-    model = workload.load(device, available_cores())  # (threads: for a CPU's dry run alone)
+    model = workload.load(device, available_cores())  # (one worker's share: every core; on
+    # a card, what its tokenizing defaults take)
     return Loaded(precision, compile, ahead, pin, workload, model,
                   time.perf_counter() - started, workload.report(model), graphs)
 

@@ -128,10 +128,13 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
             **{k: v for k, v in stats.recovery.items() if k != "restart_s"}}, seen
 
 
-def tokenizing(report: dict[str, Any]) -> dict[str, int]:
+def tokenizing(report: dict[str, Any]) -> dict[str, int | None]:
     """A worker's tokenizing layout, as its load said it (``report``: the workload's; the
-    default on a card: processes on the worker's share of the node's cores)."""
-    return {"tokenize_threads": report.get("tokenize_threads", 0),
+    default on a card: processes on the worker's share of the node's cores); None for both on
+    encode's path (which tokenizes in its own way)."""
+    if "tokenize_threads" not in report:
+        return {"tokenize_threads": None, "tokenize_processes": None}
+    return {"tokenize_threads": report["tokenize_threads"],
             "tokenize_processes": report.get("tokenize_processes", 0)}
 
 

@@ -84,20 +84,13 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def cpu_threads_per_worker(devices: Sequence[str], cores: int | None = None) -> int:
-    """An even share of the cores for each ``cpu`` worker, at least one thread."""
-    n_cpu = Counter(devices)["cpu"]
-    return max(1, (cores or available_cores()) // max(1, n_cpu))
-
-
-def card_cores_per_worker(devices: Sequence[str], models: int | None = None,
-                          cores: int | None = None) -> int:
-    """An even share of this machine's cores for each of ``models`` models on a card (one per
-    entry of ``devices`` where not said: a worker process each), at least one: the CPU its
-    worker has beside the card's compute, to tokenize and collate on. Four workers on a
-    16-core node's cards have four cores each, not sixteen: each starts three tokenizing
-    processes, not eight (workloads.embedding.loading.default_processes)."""
-    return max(1, (cores or available_cores()) // max(1, models or len(devices)))
+def share_of_cores(models: int, cores: int | None = None) -> int:
+    """An even share of this machine's cores (``cores``, None: those this process may run on)
+    for each of ``models`` models at work at once, at least one: a CPU model's threads, and
+    beside a card's model (whose compute is the card's) the cores its worker tokenizes and
+    collates on. Four workers on a 16-core node's cards have four each, not sixteen: each
+    starts three tokenizing processes, not eight (workloads.embedding.loading)."""
+    return max(1, (cores or available_cores()) // max(1, models))
 
 
 def workers_in_words(devices: Sequence[str]) -> str:

@@ -260,7 +260,10 @@ class Workload(Protocol):
     requires_hardware: bool  # False: device strings are only labels (the synthetic workload)
 
     def load(self, device: str, threads: int) -> Any:
-        """Load the model on ``device``, using ``threads`` CPU threads; return it."""
+        """Load the model on ``device``; return it. ``threads``: the worker's share of this
+        machine's cores (PoolSettings.worker): on the CPU, its model's threads; beside a card,
+        whose compute is the card's, the cores for its work around the card (tokenizing,
+        collating), not threads to compute with."""
 
     def outputs(self, model: Any) -> dict[str, OutputSpec]:
         """Declare the output datasets, given the loaded model."""

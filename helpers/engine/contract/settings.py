@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.devices import (card_cores_per_worker, cpu_threads_per_worker,
-                                             parse_devices)
+from helpers.engine.contract.devices import parse_devices, share_of_cores
 from helpers.engine.contract.messages import WorkerInfo
 
 # helpers.engine.workers.backends and .ray_backend implement them
@@ -180,23 +179,25 @@ class PoolSettings:
 
     def worker(self, index: int, device: str, copy: int = 0) -> WorkerInfo:
         """Worker ``index``, the ``copy``-th on ``device`` (the only place a WorkerInfo is made:
-        the pool's first workers, "fit"'s and growth's added ones). On the CPU:
-        ``threads_per_worker`` threads, else one where workers are added one at a time, else the
-        CPU's cores shared among the CPU workers the pool starts with. On a card: the cores
-        shared among the models the pool starts with (one per worker; one per device on the
-        thread backend, whose threads share their device's), one each where processes are
-        added one at a time (they scale by their number). (On a Ray cluster, this machine's
-        cores stand for a node's: an actor asks Ray for one CPU beside its card.)"""
+        the pool's first workers, "fit"'s and growth's added ones), with its share of this
+        machine's cores (``models``). A CPU worker's threads: ``threads_per_worker``, else one
+        where workers are added one at a time (they scale by their number), else the share.
+        A card worker's: the share, which its workload tokenizes on (on Ray, each actor takes
+        its node's: ray_backend.on_its_node)."""
+        threads = self.threads_per_worker or (1 if self.growing or self.filling else None)
+        share = share_of_cores(self.models)
+        return WorkerInfo.on(index, device, threads or share, copy, share)
+
+    @property
+    def models(self) -> int:
+        """Models at work at once on this machine's cores, among which they are shared: each
+        worker's (a CPU worker's threads each run their forward pass), but one per card on the
+        thread backend (its threads share their device's model and its tokenizing) and where
+        workers are added one at a time (their count unknown: each gets its device's share)."""
         devices = self.worker_devices
-        one_at_a_time = self.growing or self.filling
-        cpu_threads = self.threads_per_worker or (1 if one_at_a_time else
-                                                  cpu_threads_per_worker(devices))
-        if one_at_a_time and self.backend != "thread":
-            card_cores = 1
-        else:
-            card_cores = card_cores_per_worker(
-                devices, len(set(devices)) if self.backend == "thread" else None)
-        return WorkerInfo.on(index, device, cpu_threads, copy, card_cores)
+        cards = [d for d in devices if d != "cpu"]
+        per_device = self.backend == "thread" or self.growing or self.filling
+        return len(devices) - len(cards) + (len(set(cards)) if per_device else len(cards))
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ Data flow::
         └── events ◄── a callback as each call's result lands ◄── (Ray's object store)
 
 One actor per worker slot, placed by Ray wherever its resources are free: ``num_gpus`` = 1/k for k
-workers per GPU (so k actors share one card), ``num_cpus`` = the worker's threads. A device entry
-names a share of some GPU of the cluster, not GPU N of the driver's machine: Ray gives each actor
-its card as ``cuda:0`` (CUDA_VISIBLE_DEVICES). A workload that only labels devices (the synthetic
+workers per GPU (so k actors share one card), ``num_cpus`` = a CPU worker's threads, one beside
+a card. A device entry names a share of some GPU of the cluster, not GPU N of the driver's
+machine: Ray gives each actor its card as ``cuda:0`` (CUDA_VISIBLE_DEVICES), and its threads are
+its node's cores shared among the workers of the node's GPUs (``on_its_node``). A workload that only labels devices (the synthetic
 one) asks for CPUs alone, so simulated cards run on any cluster.
 
 It is the same Backend as the process and thread backends (helpers.engine.workers.backends), so the
@@ -56,7 +57,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from helpers.engine.contract.devices import available_cores
+from helpers.engine.contract.devices import available_cores, share_of_cores
 from helpers.engine.contract.messages import Died, Result, WorkerInfo, Workunit
 from helpers.engine.contract.protocol import MODEL_COPY_ENV
 from helpers.engine.workers.worker import JOIN_SECONDS, answer, failed, load, ready
@@ -148,6 +149,22 @@ def resources(info: WorkerInfo, hardware: bool, workers_on_device: int) -> dict[
     return options
 
 
+def on_its_node(info: WorkerInfo, gpus: float, sharing: int) -> WorkerInfo:
+    """A CUDA worker's WorkerInfo where Ray placed it: its share of a card is the node's
+    ``cuda:0`` (Ray made it the only one visible), and its threads the node's cores shared
+    among the workers its ``gpus`` hold, ``sharing`` each (the pool's workers on a device; one
+    where they are added one at a time). The driver's share was of the driver's cores; a pool
+    on fewer of the node's GPUs than it has leaves some of its cores idle."""
+    return replace(info, device="cuda:0", threads=share_of_cores(max(1, round(gpus * sharing))))
+
+
+def node_gpus() -> float:
+    """The GPUs of the node this process runs on, as Ray counts them (0 where none)."""
+    node = ray.get_runtime_context().get_node_id()
+    return next((float(n.get("Resources", {}).get("GPU", 0.0)) for n in _alive_nodes()
+                 if n.get("NodeID") == node), 0.0)
+
+
 def node_label() -> str:
     """This actor's node: its IP and the start of Ray's node id (simulated nodes share an IP)."""
     context = ray.get_runtime_context()
@@ -158,10 +175,10 @@ def node_label() -> str:
 class _Worker:
     """One worker slot's actor: loads the model once, then answers each workunit in turn."""
 
-    def __init__(self, info: WorkerInfo, workload: Any, epoch: float) -> None:
+    def __init__(self, info: WorkerInfo, workload: Any, epoch: float, sharing: int = 1) -> None:
         os.environ[MODEL_COPY_ENV] = str(info.copy)  # like torchrun's LOCAL_RANK, for the workload
         if getattr(workload, "requires_hardware", True) and info.device.startswith("cuda"):
-            info = replace(info, device="cuda:0")  # Ray made our share of a card the only one
+            info = on_its_node(info, node_gpus(), sharing)
         self.info, self.workload = info, workload
         # this node's time.monotonic() + shift = the driver's: a timeline across machines
         self.shift = (time.time() - time.monotonic()) - epoch
@@ -222,16 +239,19 @@ class RayBackend:
     def __init__(self, workload: Any, settings: Any) -> None:
         """``settings``: the pool's PoolSettings (its devices, workers and ray_address)."""
         global _unclaimed
-        cpus = sum(info.threads for info in settings.workers())
-        if settings.growing or settings.filling:
-            cpus = len(set(settings.devices)) * settings.max_workers_per_device
-        self._owns_ray = connect(settings.ray_address, cpus) or _unclaimed
-        _unclaimed = False
         self._hardware = getattr(workload, "requires_hardware", True)
         self._workers_per_device = (
             {d: settings.max_workers_per_device for d in settings.devices}
             if settings.growing or settings.filling else
             {d: settings.worker_devices.count(d) for d in settings.devices})
+        self._sharing = {d: 1 for d in settings.devices} if settings.growing or \
+            settings.filling else dict(self._workers_per_device)  # (workers sharing a card's
+        # node cores, as PoolSettings.models counts them)
+        cpus = sum(self._resources(info)["num_cpus"] for info in settings.workers())
+        if settings.growing or settings.filling:
+            cpus = len(set(settings.devices)) * settings.max_workers_per_device
+        self._owns_ray = connect(settings.ray_address, cpus) or _unclaimed
+        _unclaimed = False
         self._workload = ray.put(workload)  # shipped once, whatever the number of actors
         self._epoch = time.time() - time.monotonic()
         self.events: queue.Queue = queue.Queue()
@@ -239,10 +259,13 @@ class RayBackend:
         self._watches: list[Any] = []
         self._closing = False
 
+    def _resources(self, info: WorkerInfo) -> dict[str, float]:
+        return resources(info, self._hardware, self._workers_per_device.get(info.device, 1))
+
     def spawn(self, info: WorkerInfo) -> None:
-        options = resources(info, self._hardware, self._workers_per_device.get(info.device, 1))
-        handle = _Worker.options(**options, name=None, max_restarts=0, max_task_retries=0).remote(
-            info, self._workload, self._epoch)
+        handle = _Worker.options(**self._resources(info), name=None, max_restarts=0,
+                                 max_task_retries=0).remote(
+            info, self._workload, self._epoch, self._sharing.get(info.device, 1))
         actor = self._actors[info.index] = _Actor(info, handle)
         self._call(actor, handle.load.remote(), [])
         watch = handle.watch.remote()

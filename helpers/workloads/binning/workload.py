@@ -15,7 +15,8 @@ id, e.g. ``Salesforce/blip-image-captioning-base``) writes the caption instead o
 the device.
 
 Each model runs with ``threads`` intra-op threads (default 1: on a 2-core machine one thread per
-model per worker measured faster than two, for every one of these models).
+model per worker measured faster than two, for every one of these models; None: the worker's
+share of the machine's cores, on a GPU too, where onnxruntime's CPU provider may run them).
 """
 from __future__ import annotations
 
