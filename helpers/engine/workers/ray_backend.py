@@ -12,8 +12,9 @@ One actor per worker slot, placed by Ray wherever its resources are free: ``num_
 workers per GPU (so k actors share one card), ``num_cpus`` = a CPU worker's threads, one beside
 a card. A device entry names a share of some GPU of the cluster, not GPU N of the driver's
 machine: Ray gives each actor its card as ``cuda:0`` (CUDA_VISIBLE_DEVICES), and its threads are
-its node's cores shared among the workers of the node's GPUs (``on_its_node``). A workload that only labels devices (the synthetic
-one) asks for CPUs alone, so simulated cards run on any cluster.
+its node's cores shared among the workers of the node's GPUs (``on_its_node``). A workload
+that only labels devices (the synthetic one) asks for CPUs alone, so simulated cards run on any
+cluster.
 
 It is the same Backend as the process and thread backends (helpers.engine.workers.backends), so the
 scheduler in the driver still owns every workunit: exactly once, retries, splits down to the bad
