@@ -277,8 +277,9 @@ class EmbeddingWorkload:
 
                 return self._guarded(self._fed(model, OnnxCard(
                     path, threads, int(model.get_embedding_dimension()), self.normalize,
-                    self.truncate_dim, f"onnx ({self.runtime}) on {device}"), device, threads),
-                    reference, device)
+                    self.truncate_dim, f"onnx ({self.runtime}) on {device}"),
+                    "cpu", threads), reference, device)  # (onnxruntime's CPU provider computes:
+                # the tokenizing defaults of a CPU, whatever the label, mps say)
             encoder = OnnxEncoder(model, path, threads)
             encoder.gpufeed_prompt, encoder.max_seq_length = \
                 model.gpufeed_prompt, model.max_seq_length  # (what process and report read)
