@@ -70,8 +70,9 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
     assert checks.loc["killed", "deaths"] >= 1 and checks.loc["killed", "exactly_once"]
 
     fed = pd.read_csv(out / "gpu_simulated.csv")
-    assert [tuple(r) for r in fed[["workers", "tokenize_threads"]].to_numpy()] == \
-        simulated.layouts(available_cores())
+    assert [tuple(r) for r in fed[["workers", "tokenize_threads", "tokenize_processes"]]
+            .to_numpy()] == simulated.layouts(available_cores())
+    assert simulated.layouts(16)[0] == (1, 1, 8)  # (a real card's default on the H200's node)
     assert fed["skipped"].isna().all() and (fed["card_busy_share"] > 0).all()
     assert (fed["records"] == sizes.simulated_records).all() and fed["card_cores"].isna().all()
     assert printed.index("faults:") < printed.index("the simulated card (") < printed.index(

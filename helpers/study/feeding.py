@@ -18,7 +18,17 @@ STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")
 LAYOUT = ("workers", "tokenize_threads", "workunit_size", "backend")  # what a run's row varies
 AXES = {"workers": ("worker", "workers"), "tokenize_threads": ("tokenizing thread", "threads"),
         "workunit_size": ("record workunit", "workunit size"),
-        "backend": ("backend", "backend")}  # each: its noun in a layout's name, its axis' name
+        "backend": ("backend", "backend"),
+        "tokenizing": ("tokenizing", "tokenizing")}  # each: its noun in a layout's name, its
+# axis' name ("tokenizing": a run's threads or processes in words, ``tokenizing``)
+
+
+def tokenizing(table: pd.DataFrame) -> list[str]:
+    """Each run's tokenizing in words: '8 processes' where it tokenized in processes, else
+    '2 threads' (a table without ``tokenize_processes``: threads)."""
+    processes = table.get("tokenize_processes", pd.Series(0, index=table.index)).fillna(0)
+    return [f"{int(p)} process{'es' * (p > 1)}" if p else f"{int(t)} thread{'s' * (t > 1)}"
+            for t, p in zip(table["tokenize_threads"], processes)]
 
 
 def _cpu() -> float:
@@ -28,14 +38,17 @@ def _cpu() -> float:
 
 def card_run(texts: list[str], workers: int, threads: int | None, card: str,
              card_cores: int | None, batch_size: int, workunit_size: int, folder: str,
-             backend: str = "process", model: str | None = None) -> dict[str, Any]:
+             backend: str = "process", model: str | None = None,
+             processes: int | None = None) -> dict[str, Any]:
     """One run of ``texts`` on the simulated ``card`` (``workers`` on it, ``threads``
-    tokenizing in each, None: the workload's default, on ``backend``): ``feed_run``'s figures.
-    ``model``: whose tokenizer and configuration (None: the embedded MiniLM)."""
+    tokenizing in each, None: the workload's default, or ``processes``; on ``backend``):
+    ``feed_run``'s figures. ``model``: whose tokenizer and configuration (None: the embedded
+    MiniLM)."""
     from helpers.workloads.embedding import EmbeddingWorkload
 
     workload = EmbeddingWorkload(model=model, card=card, card_cores=card_cores,
-                                 batch_size=batch_size, tokenize_threads=threads)
+                                 batch_size=batch_size, tokenize_threads=threads,
+                                 tokenize_processes=processes)
     return feed_run(texts, workload, f"cuda:0*{workers}", workunit_size, folder, backend)
 
 
@@ -71,7 +84,8 @@ def feed_run(texts: list[str], workload: Any, devices: str, workunit_size: int, 
     cpu = sum(stage.values())
     busy = stats.card_busy_share or 0.0
     return {"workers": workers,
-            "tokenize_threads": threads or (available_cores() if workload.card else 1),
+            "tokenize_threads": 1 if workload.tokenize_processes else
+            threads or (available_cores() if workload.card else 1),
             "tokenize_processes": workload.tokenize_processes or 0,
             "word_cache": workload.word_cache,
             "workunit_size": workunit_size,

@@ -43,10 +43,14 @@ def draw(results: str | Path, figures_dir: str | Path) -> list[Path]:
         from helpers.study.findings import card_busy
         from helpers.study.plots import card_busy as card_busy_figure
 
+        from helpers.study.feeding import tokenizing
+
         fed = measured(tables["gpu_simulated"])
-        finding = card_busy(fed, ["workers", "tokenize_threads"])
+        fed = fed.assign(tokenizing=tokenizing(fed))
+        finding = card_busy(fed, ["workers", "tokenizing"])
         fig = card_busy_figure(fed, f"{fed['card'].iloc[0].capitalize()} fed by this machine's "
-                               f"{int(fed['cores'].iloc[0])} cores (higher is better)")
+                               f"{int(fed['cores'].iloc[0])} cores (higher is better)",
+                               lines="tokenizing")
         saved.append(save_figure(fig, FIGURES, "simulated-card_busy-vs-workers", figures_dir,
                                  finding=finding, machine=machine, replicates=1,
                                  tables=["gpu_simulated"]))

@@ -107,14 +107,17 @@ def _fault_lines(checks: pd.DataFrame) -> list[str]:
 
 
 def _simulated_lines(fed: pd.DataFrame) -> list[str]:
+    from helpers.study.feeding import tokenizing
+
+    fed = fed.assign(tokenizing=tokenizing(fed))
     done = measured(fed)
     lines = ["", f"the simulated card ({done['card'].iloc[0] if len(done) else 'none run'} at "
                  f"full speed, fed by this machine's {int(fed['cores'].iloc[0])} cores):"]
-    lines += [f"  {int(r['workers'])} worker(s) x {int(r['tokenize_threads'])} tokenizing "
-              f"thread(s): card busy {r['card_busy_share']:.0%} ({r['tokens_per_s'] / 1e6:.1f} M "
+    lines += [f"  {int(r['workers'])} worker(s) x {r['tokenizing']} tokenizing: card busy "
+              f"{r['card_busy_share']:.0%} ({r['tokens_per_s'] / 1e6:.1f} M "
               f"tokens/s, {r['cpu_s_per_m_tokens']:.2f} CPU s per M tokens; every core: "
               f"{r['card_busy_limit']:.0%})" for _, r in done.iterrows()]
-    return lines + [f"skipped: {int(r['workers'])} x {int(r['tokenize_threads'])}: "
+    return lines + [f"skipped: {int(r['workers'])} x {r['tokenizing']}: "
                     f"{r['skipped'][:100]}" for _, r in fed[skipped(fed)].iterrows()]
 
 
