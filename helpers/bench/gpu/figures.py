@@ -40,10 +40,9 @@ def draw(results: str | Path, figures_dir: str | Path) -> list[Path]:
                                  finding=finding, machine=machine, replicates=1,
                                  tables=["gpu_study"]))
     if "gpu_simulated" in tables and len(measured(tables["gpu_simulated"])):
+        from helpers.study.feeding import tokenizing
         from helpers.study.findings import card_busy
         from helpers.study.plots import card_busy as card_busy_figure
-
-        from helpers.study.feeding import tokenizing
 
         fed = measured(tables["gpu_simulated"])
         fed = fed.assign(tokenizing=tokenizing(fed))
