@@ -165,6 +165,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
         make = functools.partial(make, **job.variant)
         batch = _batch_size(make, batch_sizes, distinct, backend, job)
         workers = distinct
+        again = shared_otherwise(workers, distinct, backend, make(batch))  # (grown: anew below)
         late = job.late(sample, new_pool=True, rate=_best_rate(trials))
         if late and _fixed(trials):  # (with no trial yet, one is run however late)
             job.skipped("workers", late, batch_size=batch, devices=",".join(distinct))
@@ -185,7 +186,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
                 if not again or any(device.startswith("cpu") for device in workers):
                     _workunit_sizes(pool, job, batch)  # (a card's growing workers' share
                     # is no layout a run can be told to take: its sizes run on the pool below)
-        if shared_otherwise(workers, distinct, backend, make(batch)):
+        if again:
             late = job.late(sample * (1 + len(SIZE_FACTORS) + 1), new_pool=True)
             if late:
                 job.skipped("workunit size", late, batch_size=batch, devices=",".join(workers),

@@ -124,11 +124,11 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
             "efficiency": stats.efficiency,
             **{f"{phase}_s": s for phase, s in phases.items()},
             "peak_gpu_mib": max(gpu) if gpu else None,
-            "worker_cores": os.cpu_count(), **tokenizing(pool.loaded.get(device, {})),
+            "worker_cores": os.cpu_count(), **tokenizing_layout(pool.loaded.get(device, {})),
             **{k: v for k, v in stats.recovery.items() if k != "restart_s"}}, seen
 
 
-def tokenizing(report: dict[str, Any]) -> dict[str, int | None]:
+def tokenizing_layout(report: dict[str, Any]) -> dict[str, int | None]:
     """A worker's tokenizing layout, as its load said it (``report``: the workload's; the
     default on a card: processes on the worker's share of the node's cores); None for both on
     encode's path (which tokenizes in its own way)."""
