@@ -34,6 +34,7 @@ def test_a_run_on_a_simulated_card_writes_zeros_of_the_model_s_width_and_counts_
     assert data["attrs"]["card"] == "simulated h100"
     assert "simulated h100, scaled to" in data["attrs"]["loaded"]
     assert "simulated h100" in json.loads(data["attrs"]["workload_fingerprint"])["card"]
+    assert stats.loaded["cuda:0"]["tokenize_threads"] == 2  # (the workers' report, in the stats)
     counts = stats.counts
     assert counts["tokens_needed"] > 600 * 30 and counts["tokens_computed"] >= counts["tokens_needed"]
     assert counts["card_busy_us"] > 0 and counts["tokenize_cpu_us"] > 0

@@ -142,14 +142,13 @@ def test_a_child_that_cannot_start_says_why(rust, monkeypatch):
         TokenizerProcesses(rust, 1)
 
 
-@pytest.mark.parametrize("device, cores, expected", [
-    ("cuda:0", 16, 8), ("cuda:0", 6, 5), ("cuda:0", 2, 1), ("cuda:0", 1, 0), ("mps", 8, 7),
-    ("cpu", 16, 0)])
-def test_a_worker_on_a_card_tokenizes_in_processes_on_the_node_s_cores_by_default(device, cores,
+@pytest.mark.parametrize("card, cores, expected", [
+    (True, 16, 8), (True, 6, 5), (True, 2, 1), (True, 1, 0), (False, 16, 0)])
+def test_a_worker_on_a_card_tokenizes_in_processes_on_the_node_s_cores_by_default(card, cores,
                                                                                    expected):
     from helpers.workloads.embedding.loading import default_processes
 
-    assert default_processes(device, cores) == expected
+    assert default_processes(card, cores) == expected
 
 
 def test_fed_takes_the_default_processes_only_where_no_layout_is_given(monkeypatch):
@@ -175,4 +174,35 @@ def test_fed_takes_the_default_processes_only_where_no_layout_is_given(monkeypat
     loading.fed(model, None, None, "cuda:0", True, 2)
     loading.fed(model, None, None, "cuda:0", True, None, cores=4)  # (its share of the node's)
     loading.fed(model, None, None, "cuda:0", False, None, cores=1)  # (threads: the Rust one's)
-    assert made == [(1, 7), (1, 0), (4, 0), (1, 2), (1, 3), (1, 0)]
+    loading.fed(model, None, None, "mps", True, None)  # (any accelerator is a card)
+    assert made == [(1, 7), (1, 0), (4, 0), (1, 2), (1, 3), (1, 0), (1, 7)]
+
+
+@pytest.mark.parametrize("share, given, expected", [
+    (4, {}, (1, 3)), (2, {}, (1, 1)), (1, {}, (1, 0)), (16, {}, (1, 8)),
+    (4, {"threads": 2}, (2, 0)), (4, {"processes": 2}, (1, 2))])
+def test_a_simulated_card_s_worker_tokenizes_as_a_real_card_s_does(monkeypatch, tmp_path, share,
+                                                                   given, expected):
+    """One decision for every card (loading.tokenize_workers): a worker on a simulated card
+    with no tokenizing option takes the layout a worker on a GPU takes on the same share of
+    the node's cores (processes on it, less its own thread), not a thread per core of the
+    machine, as it did; the options given win on both."""
+    import helpers.workloads.embedding.loading as loading
+    from helpers.workloads.embedding.model import default_model_path
+
+    made = []
+
+    class Recorded:
+        def __init__(self, tokenizer, card, threads, processes):
+            made.append((type(card).__name__, threads, processes))
+
+    monkeypatch.setattr(loading, "Feeder", Recorded)
+    monkeypatch.setattr(loading, "FedModel", lambda feeder, model=None: type("M", (), {})())
+    monkeypatch.setattr(loading.RustTokenizer, "of", classmethod(lambda cls, t, n: object()))
+    monkeypatch.setattr(loading, "tokenizer_for", lambda rust, cache: (rust, ""))
+    loading.load_simulated(default_model_path(), "h200", 16, "cuda:0", str(tmp_path),
+                           given.get("threads"), processes=given.get("processes"), cores=share)
+    model = type("Model", (), {"tokenizer": None, "max_seq_length": 256})()
+    loading.fed(model, None, given.get("threads"), "cuda:0", True, given.get("processes"),
+                cores=share)
+    assert made == [("SimulatedCard", *expected), ("NoneType", *expected)]

@@ -31,7 +31,7 @@ from helpers.engine.contract.messages import POLL_SECONDS, Died, Failed, Ready, 
 from helpers.engine.contract.settings import JobSettings, PoolSettings
 from helpers.engine.dispatch.growth import EXPLORE_SECONDS, Growth
 from helpers.engine.dispatch.scheduler import PipelineError, Scheduler
-from helpers.engine.dispatch.slots import Slot, State
+from helpers.engine.dispatch.slots import Slot, State, loaded_reports
 from helpers.engine.dispatch.taker import Feed, Taker
 from helpers.engine.inputs.carried import Carried
 from helpers.engine.measure.stats import (PipelineStats, Tally, Timeline, WorkerStats, WorkunitSpan,
@@ -268,7 +268,7 @@ class Job:
             longest_idle_s=self.longest_idle,
             bytes_written=sink.bytes_written, output_bytes=sink.output_bytes,
             decisions=self.decisions(), telemetry=self.telemetry.samples, phases=self.phases(),
-            counts=self.counts())
+            counts=self.counts(), loaded=loaded_reports(slots))
 
     def worker_stats(self, slot: Slot) -> WorkerStats:
         tally, ready = self.tallies.get(slot.info.index, Tally()), slot.ready

@@ -33,6 +33,7 @@ from helpers.engine.dispatch.growth import Growth, fit
 from helpers.engine.dispatch.probe import check_workers
 from helpers.engine.dispatch.reader import Reader
 from helpers.engine.dispatch.scheduler import PipelineError, Scheduler
+from helpers.engine.dispatch.slots import loaded_reports
 from helpers.engine.dispatch.taker import Taker
 from helpers.engine.inputs.sources import (accounted, carried, key_of, open_source, peek,
                                            read_slices, reads_by_position, records_left,
@@ -165,8 +166,7 @@ class WorkerPool:
     def loaded(self) -> dict[str, dict]:
         """What each device's workers said of the model they loaded (``workload.report``: its
         variant, the guard's figures), by device."""
-        return {s.info.device: s.ready.report for s in self._scheduler.slots.values()
-                if s.ready is not None and s.ready.report}
+        return loaded_reports(self._scheduler.slots.values())
 
     @property
     def outputs(self) -> dict:

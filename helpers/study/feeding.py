@@ -65,7 +65,6 @@ def feed_run(texts: list[str], workload: Any, devices: str, workunit_size: int, 
     from helpers.engine.pipeline import run_pipeline
 
     workers = int(devices.split("*")[1]) if "*" in devices else 1
-    threads = workload.tokenize_threads
     before = _cpu()
     stats = run_pipeline(list(enumerate(texts)), workload, devices=devices,
                          workunit_size=workunit_size, output=os.path.join(folder, "out.h5"),
@@ -83,10 +82,10 @@ def feed_run(texts: list[str], workload: Any, devices: str, workunit_size: int, 
     tokens = int(counts.get("tokens_needed", 0))
     cpu = sum(stage.values())
     busy = stats.card_busy_share or 0.0
+    said = next(iter(stats.loaded.values()), {})  # (the workers' tokenizing, as they loaded it)
     return {"workers": workers,
-            "tokenize_threads": 1 if workload.tokenize_processes else
-            threads or (available_cores() if workload.card else 1),
-            "tokenize_processes": workload.tokenize_processes or 0,
+            "tokenize_threads": said.get("tokenize_threads", workload.tokenize_threads),
+            "tokenize_processes": said.get("tokenize_processes", 0),
             "word_cache": workload.word_cache,
             "workunit_size": workunit_size,
             "backend": backend, "seconds": stats.wall_s,

@@ -29,7 +29,7 @@ def layouts(cores: int) -> list[tuple[int, int, int]]:
     thread each (worker processes: the word cache's way, which runs in Python)."""
     from helpers.workloads.embedding.loading import default_processes
 
-    default = default_processes("cuda:0", cores)
+    default = default_processes(True, cores)
     return list(dict.fromkeys(([(1, 1, default)] if default else []) + [
         (1, cores, 0), (2, max(1, cores // 2), 0), (1, 1, 0), (cores, 1, 0)]))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from helpers.engine.contract.messages import Ready, WorkerInfo, Workunit
@@ -64,3 +65,10 @@ def answered(slot: Slot, index: int) -> Workunit | None:
             slot.head_since = time.monotonic()
             return unit
     return None
+
+
+def loaded_reports(slots: Iterable[Slot]) -> dict[str, dict]:
+    """What each device's ready workers said of the model they loaded (``workload.report``: its
+    variant, the guard's figures, how it tokenizes), by device: the pool's, and each job's."""
+    return {slot.info.device: slot.ready.report for slot in slots
+            if slot.ready is not None and slot.ready.report}

@@ -188,6 +188,8 @@ class PipelineStats:
     # phases, every worker's summed (the embedding workload: tokenize, forward, copy_out)
     counts: dict[str, int] = field(default_factory=dict)  # what the workload counted, summed
     # (the embedding workload: tokens_computed, tokens_needed: ``padding``)
+    loaded: dict[str, dict] = field(default_factory=dict)  # what each device's workers said of
+    # the model they loaded (``workload.report``: the embedding workload's path, its tokenizing)
 
     def __getattr__(self, name: str) -> Any:
         return older_name(self, name)

@@ -28,14 +28,12 @@ def tokenizer_for(rust: RustTokenizer, word_cache: bool) -> tuple[Any, str]:
     return rust, f"the Rust tokenizer (no word cache: {reason})"
 
 
-def default_threads(device: str, word_cache: bool, cores: int) -> int:
+def default_threads(card: bool, word_cache: bool, cores: int) -> int:
     """Tokenizing threads a worker runs where none are given and it tokenizes in process: on a
     CPU, none beside the worker's own (the forward pass has the cores); with the word cache,
-    none either (it runs in Python: threads would queue for the GIL; workers scale it); else one
-    per core of its ``cores`` (the Rust tokenizer releases the GIL)."""
-    if device == "cpu" or word_cache:
-        return 1
-    return cores
+    none either (it runs in Python: threads would queue for the GIL; workers scale it); else,
+    beside a ``card``, one per core of its ``cores`` (the Rust tokenizer releases the GIL)."""
+    return cores if card and not word_cache else 1
 
 
 PROCESSES_PER_CARD = 8  # tokenizing processes a worker on a card starts at most by default: the
@@ -43,17 +41,31 @@ PROCESSES_PER_CARD = 8  # tokenizing processes a worker on a card starts at most
 # runs at 78,000 eager on the H200, 99,000 compiled, and with graphs should pass 150,000
 
 
-def default_processes(device: str, cores: int) -> int:
-    """Tokenizing processes a worker on an accelerator runs where no tokenizing layout is given:
-    its ``cores`` (its share of the node's: the engine's WorkerInfo.threads beside a card) less
-    the one its own thread collates and launches on, PROCESSES_PER_CARD at most; none on a CPU
-    (the forward pass has the cores) or with one core. Processes, not
+def default_processes(card: bool, cores: int) -> int:
+    """Tokenizing processes a worker beside a ``card`` (an accelerator, or a simulated card) runs
+    where no tokenizing layout is given: its ``cores`` (its share of the node's: the engine's
+    WorkerInfo.threads beside a card) less the one its own thread collates and launches on,
+    PROCESSES_PER_CARD at most; none on a CPU (the forward pass has the cores) or with one core.
+    Processes, not
     threads: on the H200's 16 cores, threads in one process fed the simulated card 16 %,
     processes 44 % (issue 58); bench feed's card section: the simulated H200 fed 93 % busy by
     any layout tokenizing with the word cache, processes at 1.2 card seconds per CPU second
     against 1.5 for one thread, but only processes scale past the one core a thread of Python
     holds."""
-    return 0 if device == "cpu" or cores < 2 else min(cores - 1, PROCESSES_PER_CARD)
+    return min(cores - 1, PROCESSES_PER_CARD) if card and cores > 1 else 0
+
+
+def tokenize_workers(threads: int | None, processes: int | None, card: bool, cores: int,
+                     word_cache: bool) -> tuple[int, int]:
+    """The (threads, processes) a worker tokenizes on, decided once for every card (the
+    model's own, or a simulated one: the same feeder, the same defaults): the layout given
+    (``threads`` or ``processes``), else beside a ``card`` processes on its ``cores``
+    (``default_processes``), where none, threads (``default_threads``). Processes tokenize
+    for the worker's one thread."""
+    if threads is None and processes is None:
+        processes = default_processes(card, cores)
+    return (1 if processes else threads or default_threads(card, word_cache, cores),
+            processes or 0)
 
 
 def fed(model: Any, card: Any, threads: int | None, device: str,
@@ -63,12 +75,9 @@ def fed(model: Any, card: Any, threads: int | None, device: str,
     ``device`` on the worker's ``cores``, None: every core of this node)."""
     rust = RustTokenizer.of(model.tokenizer, int(model.max_seq_length))
     tokenizer, said = tokenizer_for(rust, word_cache)
-    cores = cores or available_cores()
-    if threads is None and processes is None:
-        processes = default_processes(device, cores)
-    feeder = Feeder(tokenizer, card, 1 if processes else
-                    threads or default_threads(device, isinstance(tokenizer, WordCache), cores),
-                    processes or 0)
+    feeder = Feeder(tokenizer, card, *tokenize_workers(
+        threads, processes, device != "cpu", cores or available_cores(),
+        isinstance(tokenizer, WordCache)))
     loaded = FedModel(feeder, model)
     loaded.tokenizer_said = said
     return loaded
@@ -77,11 +86,13 @@ def fed(model: Any, card: Any, threads: int | None, device: str,
 def load_simulated(path: str, card: str, card_cores: int | None, device: str,
                    cards: str, threads: int | None, max_length: int | None = None,
                    word_cache: bool = True, processes: int | None = None,
-                   graphs: int | None = None) -> FedModel:
+                   graphs: int | None = None, cores: int | None = None) -> FedModel:
     """The tokenizer and architecture of the model at ``path`` (a folder, or a name on the
     hub), feeding the simulated ``card`` that every worker labelled ``device`` shares (its
     queue in ``cards``); ``max_length``: tokens read of each text (None: the model's own);
-    ``graphs``: the batch size, for a card that replays CUDA graphs (None: eager)."""
+    ``graphs``: the batch size, for a card that replays CUDA graphs (None: eager);
+    ``threads``, ``processes``: tokenizing threads or processes, neither: a real card's
+    defaults on the worker's ``cores`` (its share of the node's; None: every core here)."""
     config, rust = read_model(path, max_length)
     here = available_cores()
     cost = CardModel(parse_card(card), *(int(config[name]) for name in ARCHITECTURE),
@@ -93,6 +104,7 @@ def load_simulated(path: str, card: str, card_cores: int | None, device: str,
                               f"simulated {card}{scaled}"
                               f"{' (CUDA graphs)' if graphs is not None else ''}")
     tokenizer, said = tokenizer_for(rust, word_cache)
-    loaded = FedModel(Feeder(tokenizer, simulated, threads or here, processes or 0))
+    loaded = FedModel(Feeder(tokenizer, simulated, *tokenize_workers(
+        threads, processes, True, cores or here, isinstance(tokenizer, WordCache))))
     loaded.tokenizer_said = said
     return loaded

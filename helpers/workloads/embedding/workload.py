@@ -69,8 +69,9 @@ class EmbeddingWorkload:
     ``feeder`` (default True) feeds the model's modules with batches the feeder tokenizes once,
     on ``tokenize_threads`` threads per worker, or in ``tokenize_processes`` processes of the
     worker's own (helpers.workloads.embedding.tokenizing: what scales the word cache, which runs
-    in Python); neither given: one thread on a CPU, on a GPU processes on the worker's share of
-    the node's cores (``loading.default_processes``), on a simulated card one thread per core;
+    in Python); neither given: one thread on a CPU, beside a GPU or a simulated card processes
+    on the worker's share of the node's cores (``loading.default_processes``: one decision for
+    every card, ``loading.tokenize_workers``);
     False runs every model through ``encode``, the reference path, as a model the feeder cannot
     run does. ``batch_tokens``: batches hold as many texts as fit that
     many padded tokens, at most ``batch_size`` (None: ``batch_size`` texts). ``word_cache``:
@@ -255,7 +256,7 @@ class EmbeddingWorkload:
                                   self.card_cores, device, self.cards, self.tokenize_threads,
                                   self.max_seq_length, self.word_cache,
                                   self.tokenize_processes,
-                                  self.batch_size if self.cuda_graphs else None)
+                                  self.batch_size if self.cuda_graphs else None, threads)
         check_variant(self.precision, self.runtime, device)
         model = load_sentence_transformer(self.model, device, threads)
         if self.max_seq_length is not None:
@@ -421,16 +422,18 @@ class EmbeddingWorkload:
         compiles; only torch ones when it tokenizes ahead), and on CUDA devices each torch one
         also with CUDA graphs (only those when it asks for them); whether the guard passes each is
         found when its workers load it. On a simulated card: tokenizing threads, one, half the
-        cores and every core, and a tokenizing process on every core (unless the workload names
-        its own way)."""
+        cores and every core, and the default's tokenizing processes (every core less the
+        worker's own, ``loading.default_processes``; unless the workload names its own way)."""
         if self.card is not None:  # a simulated card's speed is its profile's: what varies
             if self.tokenize_threads is not None or self.tokenize_processes is not None:
                 return []  # (is the CPU side feeding it)
             from helpers.workloads.embedding.feeder import available_cores
+            from helpers.workloads.embedding.loading import default_processes
 
             cores = available_cores()
+            processes = default_processes(True, cores)
             return [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})] + \
-                ([{"tokenize_processes": cores}] if cores > 1 else [])
+                ([{"tokenize_processes": processes}] if processes else [])
         cards = bool(devices) and all(device.startswith("cuda") for device in devices)
         graphs = (True,) if self.cuda_graphs else (False, True) \
             if cards and self.feeder and not self.tokenize_ahead else (False,)
