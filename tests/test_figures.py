@@ -53,3 +53,20 @@ def test_ranked_bars_wrap_a_long_title_and_draw_no_spread_for_single_runs():
     ax = plots.ranked_bars(twice, "configuration", "rate", "layout", title="t", xlabel="x").axes[0]
     assert spread(ax)
     plt.close("all")
+
+
+def test_a_card_busy_figure_s_long_title_fits_its_figure():
+    """Notebook 04's card title (88 characters) ran past both edges of its figure: wrapped,
+    every line of it lies inside the figure."""
+    import pandas as pd
+
+    from helpers.study import plots
+
+    table = pd.DataFrame({"workers": [1, 2, 1, 2], "backend": ["thread"] * 2 + ["process"] * 2,
+                          "card_busy_share": [0.6, 0.8, 0.7, 0.8]})
+    fig = plots.card_busy(table, "Simulated H200 (2 of 16 cores): busy vs workers, threads or "
+                                 "processes (higher is better)", lines="backend")
+    fig.canvas.draw()
+    title = fig.axes[0].title.get_window_extent()
+    assert fig.bbox.x0 <= title.x0 and title.x1 <= fig.bbox.x1
+    plt.close("all")
