@@ -150,15 +150,16 @@ def test_a_single_run_is_said_without_a_spread():
 
 
 def test_card_feeding_names_the_busiest_layout_and_the_cores_one_card_needs():
-    rows = [{"workers": w, "tokenize_threads": t, "replicate": r, "card_busy_share": busy + r / 100,
+    rows = [{"workers": w, "tokenizing": f"{t} thread{'s' * (t > 1)}", "replicate": r,
+             "card_busy_share": busy + r / 100,
              "cpu_s_per_m_tokens": cpu, "card": "simulated h100", "cores": 2, "card_cores": 16,
              "card_tokens_per_s": 17.5e6, "workunit_size": 256, "backend": "process"}
             for w, t, busy, cpu in ((1, 1, 0.20, 3.0), (2, 1, 0.30, 4.0), (1, 2, 0.25, 3.5))
             for r in (0, 1)]
     said = findings.card_feeding(pd.DataFrame(rows))
     assert said.startswith("the simulated h100, scaled to 2 of 16 cores was busiest at 30% ± 1% "
-                           "with 2 workers × 1 tokenizing thread")
-    assert "1×2: 26%, 1×1: 20%" in said and "the card waits for its CPU" in said
+                           "with 2 workers × 1 thread tokenizing")
+    assert "1×2 threads: 26%, 1×1 thread: 20%" in said and "the card waits for its CPU" in said
     assert "one real card needs 52 of these cores" in said  # 3.0 CPU s / M tokens × 17.5 M/s
     fed = pd.DataFrame(rows).assign(card_busy_share=0.9)
     assert "the card is fed" in findings.card_feeding(fed)
@@ -174,3 +175,19 @@ def test_card_busy_says_what_every_core_here_could_do_and_reads_an_unscaled_card
     assert said.endswith("(every core here would keep it 30% busy at these runs' CPU per token)")
     assert "could feed 2.5 such cards" in findings.card_busy(
         rows.assign(card_busy_limit=2.5), ["workunit_size"])
+
+
+def test_card_feeding_names_a_layout_that_tokenized_in_processes_as_such():
+    """A default layout beside a card tokenizes in processes (tokenize_threads 1): its runs
+    are named by their processes, not as one tokenizing thread (notebook 03's legend said
+    '1 tokenizing thread' for a worker with a tokenizing process)."""
+    from helpers.study.feeding import tokenizing
+
+    table = pd.DataFrame([{"workers": w, "tokenize_threads": 1, "tokenize_processes": p,
+                           "replicate": 0, "card_busy_share": busy, "cpu_s_per_m_tokens": 3.0,
+                           "card": "simulated h200", "cores": 2, "card_cores": 16,
+                           "card_tokens_per_s": 17.5e6, "workunit_size": 256,
+                           "backend": "process"}
+                          for w, p, busy in ((1, 1, 0.8), (2, 0, 0.9))])
+    said = findings.card_feeding(table.assign(tokenizing=tokenizing(table)))
+    assert "with 2 workers × 1 thread tokenizing (workers × tokenizing: 1×1 process: 80%)" in said

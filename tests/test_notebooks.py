@@ -21,7 +21,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLES = {  # table -> columns it must have
     "workers_per_device": {"strategy", "workers", "replicate", "records", "wall_s",
                            "records_per_s", "efficiency", "spinup_s", "devices"},
-    "card_feeding": {"workers", "tokenize_threads", "replicate", "records_per_s", "tokens_per_s",
+    "card_feeding": {"workers", "tokenize_threads", "tokenize_processes", "tokenizing",
+                     "replicate", "records_per_s", "tokens_per_s",
                      "card_busy_share", "cpu_s_per_m_tokens", "tokenize_cpu_s", "driver_cpu_s",
                      "card", "card_cores", "cores"},
     "one_worker_per_device": {"round", "workload", "records_per_s", "efficiency", "wall_s"},

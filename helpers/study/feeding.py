@@ -15,7 +15,7 @@ from helpers.engine.contract.devices import available_cores
 from helpers.workloads.embedding.cards.simulated import CARDS
 
 STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")
-LAYOUT = ("workers", "tokenize_threads", "workunit_size", "backend")  # what a run's row varies
+LAYOUT = ("workers", "tokenizing", "workunit_size", "backend")  # what a run's row varies
 AXES = {"workers": ("worker", "workers"), "tokenize_threads": ("tokenizing thread", "threads"),
         "workunit_size": ("record workunit", "workunit size"),
         "backend": ("backend", "backend"),
@@ -117,7 +117,9 @@ def card_layouts(texts: list[str], layouts: Sequence[dict[str, Any]], card: str,
                  card_cores: int | None, records: int, replicates: int,
                  batch_size: int) -> pd.DataFrame:
     """Each layout (``card_run``'s workers, threads, workunit_size and backend) on the first
-    ``records`` texts, ``replicates`` interleaved rounds (each in another order): one row a run."""
+    ``records`` texts, ``replicates`` interleaved rounds (each in another order): one row a run,
+    its ``tokenizing`` in words as the workers loaded it (a default layout: the processes a
+    real card's worker takes)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-card-") as folder:
         for replicate in range(replicates):
@@ -126,8 +128,10 @@ def card_layouts(texts: list[str], layouts: Sequence[dict[str, Any]], card: str,
                 rows.append({"replicate": replicate, **card_run(
                     texts[:records], card=card, card_cores=card_cores, batch_size=batch_size,
                     folder=folder, **layout)})
-    return pd.DataFrame(rows).assign(
-        card=f"simulated {card}", card_cores=card_cores, cores=available_cores(),
+    table = pd.DataFrame(rows)
+    return table.assign(
+        tokenizing=tokenizing(table), card=f"simulated {card}", card_cores=card_cores,
+        cores=available_cores(),
         card_tokens_per_s=CARDS[card].tokens_per_second, batch_size=batch_size)
 
 

@@ -380,9 +380,9 @@ def _limit(share: float) -> str:
 
 
 def card_feeding(table: pd.DataFrame) -> str:
-    """Notebook 01's: ``card_busy`` by workers × tokenizing threads, and how many of this
-    machine's cores one real card would need (helpers.study.feeding)."""
+    """Notebook 01's: ``card_busy`` by workers × tokenizing (threads or processes), and how
+    many of this machine's cores one real card would need (helpers.study.feeding)."""
     from helpers.study.feeding import cores_needed
 
-    return (card_busy(table, ["workers", "tokenize_threads"]) + f"; at its cheapest layout's CPU "
+    return (card_busy(table, ["workers", "tokenizing"]) + f"; at its cheapest layout's CPU "
             f"per token, one real card needs {cores_needed(table):.0f} of these cores to be fed")

@@ -48,7 +48,7 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
 
 
 def card_busy(table: pd.DataFrame, title: str, x: str = "workers",
-              lines: str = "tokenize_threads", xlabel: str = "workers on the card",
+              lines: str = "tokenizing", xlabel: str = "workers on the card",
               logx: bool = False) -> Any:
     """A simulated card's busy share against ``x``, one line per value of ``lines`` (labelled
     as helpers.study.feeding names it), on a 0-100 % axis with "fed" marked, and, where the
