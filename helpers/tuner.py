@@ -162,7 +162,9 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
         job = _Trials(source, sample, Path(folder), trials, distinct, started, budget_seconds)
         job.variant = _variant(make, variants, distinct, backend, job)
         own_batch = getattr(make(None, **job.variant), "batch_size", None)
-        make = functools.partial(make, **job.variant)
+        unpicked, make = make, functools.partial(make, **job.variant)  # (a repeat of another
+        # variant's trial is made with its own variant alone: two variants may name different
+        # options, tokenize_threads and tokenize_processes, that do not combine)
         batch = _batch_size(make, batch_sizes, distinct, backend, job)
         workers = distinct
         again = shared_otherwise(workers, distinct, backend, make(batch))  # (grown: anew below)
@@ -197,7 +199,7 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
                     job.opened(pool)
                     _workunit_sizes(pool, job, batch)
         job.reserve = 0.0  # (the repeats' own share, now theirs)
-        _repeat_leaders(make, backend, job)
+        _repeat_leaders(unpicked, backend, job)
     best, reason = _pick(trials, own_batch)
     log.info("picked: %s", reason)
     total = source_length(open_source(source))
@@ -314,7 +316,7 @@ def configuration(trial: dict) -> tuple:
 def _repeat_leaders(make: Callable[..., Workload], backend: str, job: _Trials) -> None:
     """The LEADERS fastest configurations measured again, once each, while the budget's last
     REPEAT_SHARE allows: a pool per layout (variant, batch size, workers, threads), each of its
-    leaders' workunit sizes run on it."""
+    leaders' workunit sizes run on it; ``make`` builds each with its trial's own variant."""
     leaders: dict[tuple, dict] = {}
     for trial in sorted(_fixed(job.rows), key=lambda t: -t["records_per_s"]):
         leaders.setdefault(configuration(trial), trial)

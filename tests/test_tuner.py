@@ -141,6 +141,31 @@ def test_phase_1_does_not_run_again_the_batch_size_phase_0_ran():
         {faster["batch_size"]}
 
 
+@pytest.mark.slow
+def test_a_leader_of_another_variant_is_repeated_with_its_own_options_alone():
+    """Two variants naming different options (a simulated card's tokenize_threads and
+    tokenize_processes, which do not combine): a leader of the one not picked is repeated as
+    it ran, not with the pick's options added (make run's notebook 07 failed: 'tokenize_threads=2
+    and tokenize_processes=1: tokenize in threads or in processes, not both')."""
+    made = []
+
+    def make(batch_size=None, threads=None, processes=None):
+        if threads and processes:
+            raise ValueError(f"threads={threads} and processes={processes}: not both")
+        made.append((threads, processes))
+        picked_later = processes and made.count((None, 1)) > 2  # (the pick: fast in phase 0,
+        # slow after it, so that the other variant's trial leads and is repeated)
+        return SyntheticWorkload(0.003 if picked_later else 0.0002 if processes else 0.0005,
+                                 values="zeros")
+
+    tuned = tune(make, [(i, i) for i in range(2000)], ["cpu"], backend="thread", sample=300,
+                 budget_seconds=60, variants=[{"threads": 2}, {"processes": 1}])
+    assert tuned.variant == {"processes": 1}
+    repeats = [json.loads(t["variant"]) for t in tuned.trials
+               if t["phase"] == "repeat" and not t["skipped"]]
+    assert {"threads": 2} in repeats and (2, None) in made[2:]
+
+
 def test_a_budget_spent_in_phase_0_keeps_the_workload_s_own_batch_size():
     """No batch size of the list was tried (nor is the workload's own in it): the tune goes on
     with the workload's own, not a crash, and a row says why each size named was not tried
