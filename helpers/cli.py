@@ -246,9 +246,8 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                           "a GPU on a real machine (16: one GPU, 16 cores)")
     emb.add_argument("--tokenize-threads", type=int,
                      help="the feeder's threads tokenizing ahead in each worker (default: "
-                          "one on a CPU; on a GPU, processes: --tokenize-processes, or one "
-                          "where a worker's share is one core; a simulated card: one per "
-                          "core)")
+                          "one on a CPU; on a GPU or a simulated card, processes: "
+                          "--tokenize-processes, or one where a worker's share is one core)")
     emb.add_argument("--tokenize-processes", type=int,
                      help="the feeder's tokenizing processes in each worker, instead of "
                           "threads (the word cache runs in Python: processes scale it; "

@@ -69,4 +69,6 @@ def test_a_card_busy_figure_s_long_title_fits_its_figure():
     fig.canvas.draw()
     title = fig.axes[0].title.get_window_extent()
     assert fig.bbox.x0 <= title.x0 and title.x1 <= fig.bbox.x1
+    said = plots.card_busy(table, "one worker:\nbusy", lines="backend").axes[0].get_title()
+    assert said == "one worker:\nbusy"  # (a line break the title asks for stays where it is)
     plt.close("all")

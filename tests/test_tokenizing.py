@@ -183,7 +183,7 @@ def test_fed_takes_the_default_processes_only_where_no_layout_is_given(monkeypat
     (4, {"threads": 2}, (2, 0)), (4, {"processes": 2}, (1, 2))])
 def test_a_simulated_card_s_worker_tokenizes_as_a_real_card_s_does(monkeypatch, tmp_path, share,
                                                                    given, expected):
-    """One decision for every card (loading.tokenize_workers): a worker on a simulated card
+    """One decision for every card (loading.tokenizing_for): a worker on a simulated card
     with no tokenizing option takes the layout a worker on a GPU takes on the same share of
     the node's cores (processes on it, less its own thread), not a thread per core of the
     machine, as it did; the options given win on both."""
@@ -206,3 +206,18 @@ def test_a_simulated_card_s_worker_tokenizes_as_a_real_card_s_does(monkeypatch, 
     loading.fed(model, None, given.get("threads"), "cuda:0", True, given.get("processes"),
                 cores=share)
     assert made == [("SimulatedCard", *expected), ("NoneType", *expected)]
+
+
+def test_the_simulated_card_s_load_hands_the_worker_s_share_to_its_tokenizing(monkeypatch):
+    """EmbeddingWorkload.load(device, threads) on a simulated card: ``threads`` (the worker's
+    share of the node's cores, from the engine) is what its default tokenizing runs on."""
+    import helpers.workloads.embedding.loading as loading
+    from helpers.workloads.embedding import EmbeddingWorkload
+
+    made = []
+    monkeypatch.setattr(loading, "Feeder", lambda tokenizer, card, threads, processes:
+                        made.append((threads, processes)))
+    monkeypatch.setattr(loading, "FedModel", lambda feeder, model=None: type("M", (), {})())
+    for share in (4, 1):
+        EmbeddingWorkload(card="h200", card_cores=16).load("cuda:0", share)
+    assert made == [(1, 3), (1, 0)]

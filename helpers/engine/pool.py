@@ -165,7 +165,7 @@ class WorkerPool:
     @property
     def loaded(self) -> dict[str, dict]:
         """What each device's workers said of the model they loaded (``workload.report``: its
-        variant, the guard's figures), by device."""
+        variant, the guard's figures, how it tokenizes), by device."""
         return loaded_reports(self._scheduler.slots.values())
 
     @property

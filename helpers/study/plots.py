@@ -42,7 +42,8 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
     if logx:
         ax.set_xscale("log")
     ax.set_xticks(sorted(frame[x].unique()), labels=[str(v) for v in sorted(frame[x].unique())])
-    ax.set(title=textwrap.fill(title, 68, break_on_hyphens=False), xlabel=xlabel, ylabel=ylabel)
+    ax.set(title="\n".join(textwrap.fill(line, 68, break_on_hyphens=False)
+                           for line in title.splitlines()), xlabel=xlabel, ylabel=ylabel)
     ax.set_ylim(bottom=0)
     return fig
 

@@ -28,14 +28,6 @@ def tokenizer_for(rust: RustTokenizer, word_cache: bool) -> tuple[Any, str]:
     return rust, f"the Rust tokenizer (no word cache: {reason})"
 
 
-def default_threads(card: bool, word_cache: bool, cores: int) -> int:
-    """Tokenizing threads a worker runs where none are given and it tokenizes in process: on a
-    CPU, none beside the worker's own (the forward pass has the cores); with the word cache,
-    none either (it runs in Python: threads would queue for the GIL; workers scale it); else,
-    beside a ``card``, one per core of its ``cores`` (the Rust tokenizer releases the GIL)."""
-    return cores if card and not word_cache else 1
-
-
 PROCESSES_PER_CARD = 8  # tokenizing processes a worker on a card starts at most by default: the
 # word cache tokenizes about 35,000 texts/s on a core here, the Rust tokenizer about 9,000; MiniLM
 # runs at 78,000 eager on the H200, 99,000 compiled, and with graphs should pass 150,000
@@ -55,17 +47,17 @@ def default_processes(card: bool, cores: int) -> int:
     return min(cores - 1, PROCESSES_PER_CARD) if card and cores > 1 else 0
 
 
-def tokenize_workers(threads: int | None, processes: int | None, card: bool, cores: int,
-                     word_cache: bool) -> tuple[int, int]:
+def tokenizing_for(threads: int | None, processes: int | None, card: bool,
+                   cores: int) -> tuple[int, int]:
     """The (threads, processes) a worker tokenizes on, decided once for every card (the
     model's own, or a simulated one: the same feeder, the same defaults): the layout given
     (``threads`` or ``processes``), else beside a ``card`` processes on its ``cores``
-    (``default_processes``), where none, threads (``default_threads``). Processes tokenize
-    for the worker's one thread."""
+    (``default_processes``), where none (a CPU, one core) the worker's own thread: the forward
+    pass has a CPU's cores, and the word cache runs in Python, where threads would queue for
+    the GIL. Processes tokenize for the worker's one thread."""
     if threads is None and processes is None:
         processes = default_processes(card, cores)
-    return (1 if processes else threads or default_threads(card, word_cache, cores),
-            processes or 0)
+    return (1 if processes else threads or 1, processes or 0)
 
 
 def fed(model: Any, card: Any, threads: int | None, device: str,
@@ -75,9 +67,8 @@ def fed(model: Any, card: Any, threads: int | None, device: str,
     ``device`` on the worker's ``cores``, None: every core of this node)."""
     rust = RustTokenizer.of(model.tokenizer, int(model.max_seq_length))
     tokenizer, said = tokenizer_for(rust, word_cache)
-    feeder = Feeder(tokenizer, card, *tokenize_workers(
-        threads, processes, device != "cpu", cores or available_cores(),
-        isinstance(tokenizer, WordCache)))
+    feeder = Feeder(tokenizer, card, *tokenizing_for(threads, processes, device != "cpu",
+                                                      cores or available_cores()))
     loaded = FedModel(feeder, model)
     loaded.tokenizer_said = said
     return loaded
@@ -104,7 +95,7 @@ def load_simulated(path: str, card: str, card_cores: int | None, device: str,
                               f"simulated {card}{scaled}"
                               f"{' (CUDA graphs)' if graphs is not None else ''}")
     tokenizer, said = tokenizer_for(rust, word_cache)
-    loaded = FedModel(Feeder(tokenizer, simulated, *tokenize_workers(
-        threads, processes, True, cores or here, isinstance(tokenizer, WordCache))))
+    loaded = FedModel(Feeder(tokenizer, simulated,
+                             *tokenizing_for(threads, processes, True, cores or here)))
     loaded.tokenizer_said = said
     return loaded

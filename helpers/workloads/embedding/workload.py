@@ -71,7 +71,7 @@ class EmbeddingWorkload:
     worker's own (helpers.workloads.embedding.tokenizing: what scales the word cache, which runs
     in Python); neither given: one thread on a CPU, beside a GPU or a simulated card processes
     on the worker's share of the node's cores (``loading.default_processes``: one decision for
-    every card, ``loading.tokenize_workers``);
+    every card, ``loading.tokenizing_for``);
     False runs every model through ``encode``, the reference path, as a model the feeder cannot
     run does. ``batch_tokens``: batches hold as many texts as fit that
     many padded tokens, at most ``batch_size`` (None: ``batch_size`` texts). ``word_cache``:
@@ -421,9 +421,10 @@ class EmbeddingWorkload:
         precision and runtime, the torch ones also compiled (only those when this workload
         compiles; only torch ones when it tokenizes ahead), and on CUDA devices each torch one
         also with CUDA graphs (only those when it asks for them); whether the guard passes each is
-        found when its workers load it. On a simulated card: tokenizing threads, one, half the
-        cores and every core, and the default's tokenizing processes (every core less the
-        worker's own, ``loading.default_processes``; unless the workload names its own way)."""
+        found when its workers load it. On a simulated card: the workload as given (a card's
+        default: processes on each worker's share of the cores, ``loading.default_processes``,
+        whatever the count of workers the later phases find), then tokenizing threads, one, half
+        the cores and every core (unless the workload names its own way)."""
         if self.card is not None:  # a simulated card's speed is its profile's: what varies
             if self.tokenize_threads is not None or self.tokenize_processes is not None:
                 return []  # (is the CPU side feeding it)
@@ -431,9 +432,8 @@ class EmbeddingWorkload:
             from helpers.workloads.embedding.loading import default_processes
 
             cores = available_cores()
-            processes = default_processes(True, cores)
-            return [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})] + \
-                ([{"tokenize_processes": processes}] if processes else [])
+            return ([{}] if default_processes(True, cores) else []) + \
+                [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})]
         cards = bool(devices) and all(device.startswith("cuda") for device in devices)
         graphs = (True,) if self.cuda_graphs else (False, True) \
             if cards and self.feeder and not self.tokenize_ahead else (False,)
