@@ -154,3 +154,21 @@ def test_trials_that_differ_only_in_threads_per_worker_are_labelled_apart():
         "1: batch 64, 2 workers on cpu, 2 threads each, workunits of auto (picked)"]
     same = trials_table([{**rows[0], "threads_per_worker": 2}, rows[1]], picked=1)
     assert same["configuration"][0] == "0: batch 64, 2 workers on cpu, workunits of auto"
+
+
+def test_the_workload_as_given_is_named_among_variants_tried():
+    """A simulated card's phase 0 tries the workload as given (its default tokenizing) beside
+    named threads: its rows read 'the workload as given', not nothing (notebook 07's figure
+    showed '0: batch 128, ...' with no word of how it tokenized); where no variant was tried,
+    rows name none."""
+    from helpers.study.autotune import trials_table
+
+    rows = [{"trial": t, "phase": "variant", "batch_size": 128, "devices": "cuda:0",
+             "workers_per_device": "cuda:0=1", "workunit_size": "auto", "records_per_s": 1.0,
+             "variant": v, "loaded": "{}", "refused": ""}
+            for t, v in [(0, "{}"), (1, '{"tokenize_threads": 1}')]]
+    assert trials_table(rows, picked=0)["configuration"].tolist() == [
+        "0: the workload as given, batch 128, 1 worker on cuda:0, workunits of auto (picked)",
+        "1: tokenize_threads=1, batch 128, 1 worker on cuda:0, workunits of auto"]
+    alone = trials_table(rows[:1], picked=0)["configuration"][0]
+    assert alone == "0: batch 128, 1 worker on cuda:0, workunits of auto (picked)"

@@ -165,8 +165,10 @@ def trials_table(trials: list[dict], picked: int | None) -> pd.DataFrame:
     its refusal); ``picked``: the trial the tuner chose (Tuned.trial)."""
     table = pd.DataFrame(trials)
     variants = table.get("variant", pd.Series([""] * len(table)))
-    table = table.assign(variant=[variant_label(json.loads(v)) if isinstance(v, str) and v
-                                  else "" for v in variants],
+    tried = any(isinstance(v, str) and json.loads(v or "{}") for v in variants)
+    table = table.assign(variant=[variant_label(json.loads(v)) or (
+                                      "the workload as given" if tried else "")
+                                  if isinstance(v, str) and v else "" for v in variants],
                          guard_min_cosine=[_guard_min(v) for v in table.get(
                              "loaded", pd.Series([None] * len(table)))])
     threads = "threads_per_worker" in table and table["threads_per_worker"].nunique() > 1
