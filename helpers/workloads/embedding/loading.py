@@ -38,12 +38,11 @@ def default_processes(card: bool, cores: int) -> int:
     where no tokenizing layout is given: its ``cores`` (its share of the node's: the engine's
     WorkerInfo.threads beside a card) less the one its own thread collates and launches on,
     PROCESSES_PER_CARD at most; none on a CPU (the forward pass has the cores) or with one core.
-    Processes, not
-    threads: on the H200's 16 cores, threads in one process fed the simulated card 16 %,
-    processes 44 % (issue 58); bench feed's card section: the simulated H200 fed 93 % busy by
-    any layout tokenizing with the word cache, processes at 1.2 card seconds per CPU second
-    against 1.5 for one thread, but only processes scale past the one core a thread of Python
-    holds."""
+    Processes, not threads: on the H200's 16 cores, threads in one process fed the simulated
+    card 16 %, processes 44 % (issue 58); bench feed's card section: the simulated H200 fed 93 %
+    busy by any layout tokenizing with the word cache, processes at 1.2 card seconds per CPU
+    second against 1.5 for one thread, but only processes scale past the one core a thread of
+    Python holds."""
     return min(cores - 1, PROCESSES_PER_CARD) if card and cores > 1 else 0
 
 
