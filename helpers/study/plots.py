@@ -29,6 +29,12 @@ def _figure(ncols: int = 1, width: float = 6.4, height: float = 4.2, **kwargs: A
     return plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False, **kwargs)
 
 
+def _wrapped(title: str, width: int) -> str:
+    """``title`` in lines of at most ``width`` characters, its own line breaks kept."""
+    return "\n".join(textwrap.fill(line, width, break_on_hyphens=False)
+                     for line in title.splitlines())
+
+
 def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, ylabel: str,
             logx: bool = False) -> Any:
     """Mean ± sd of ``y`` over replicates against ``x``, one line per ``hue``."""
@@ -42,8 +48,7 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: s
     if logx:
         ax.set_xscale("log")
     ax.set_xticks(sorted(frame[x].unique()), labels=[str(v) for v in sorted(frame[x].unique())])
-    ax.set(title="\n".join(textwrap.fill(line, 68, break_on_hyphens=False)
-                           for line in title.splitlines()), xlabel=xlabel, ylabel=ylabel)
+    ax.set(title=_wrapped(title, 68), xlabel=xlabel, ylabel=ylabel)
     ax.set_ylim(bottom=0)
     return fig
 
@@ -246,7 +251,7 @@ def ranked_bars(frame: pd.DataFrame, label: str, y: str, hue: str, title: str,
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap("tab10")(i))
                        for i in range(len(kinds))], labels=kinds, fontsize=8, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
-    ax.set(title=textwrap.fill(title, 70, break_on_hyphens=False), xlabel=xlabel)  # (legend: right)
+    ax.set(title=_wrapped(title, 70), xlabel=xlabel)  # (legend: right)
     return fig
 
 
