@@ -395,7 +395,9 @@ def build_parser(run_defaults: dict[str, Any] | None = None) -> argparse.Argumen
     tune.add_argument("--variants", choices=("auto", "none"), default="auto",
                       help="auto: first try each precision and runtime the devices support "
                            "(those the quality guard passes); none, or a --precision or "
-                           "--runtime given: only that one")
+                           "--runtime given: only that one (a card's tokenizing layouts are "
+                           "tried on it either way, unless --tokenize-threads or "
+                           "--tokenize-processes names one)")
     tune.add_argument("--results-dir",
                       help="where tune_trials.csv goes, with its provenance (default: beside "
                            "--output; '' for nowhere)")

@@ -143,10 +143,12 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
          backend: str = PoolSettings.backend, batch_sizes: Sequence[int] = (),
          budget_seconds: float = BUDGET_SECONDS, sample: int = SAMPLE,
          variants: Sequence[dict[str, Any]] | None = None,
-         max_seq_lengths: Sequence[int] = ()) -> Tuned:
+         max_seq_lengths: Sequence[int] = (),
+         tokenizing: Sequence[dict[str, Any]] | None = None) -> Tuned:
     """Search on the first ``sample`` records of ``source``; ``make(batch_size, **variant)``
     builds the workload (``batch_sizes`` empty: the workload's own, and phase 1 is skipped;
-    ``variants`` None: those the workload offers, empty: phase 0 is skipped).
+    ``variants`` None: those the workload offers, empty: none; ``tokenizing`` likewise, the
+    workload's ``tokenizing_variants``: phase 0 tries them on the variant it picked).
     ``max_seq_lengths``: lengths the user accepts (each changes the vectors of longer texts,
     so never tried unasked): phase 0 tries each variant at each."""
     started = time.monotonic()
@@ -155,12 +157,15 @@ def tune(make: Callable[..., Workload], source: Any, devices: Any = "auto",
     if variants is None:
         offered = getattr(make(None), "variants", None)
         variants = offered(distinct) if offered is not None else []
+    if tokenizing is None:
+        offered = getattr(make(None), "tokenizing_variants", None)
+        tokenizing = offered(distinct) if offered is not None else []
     if max_seq_lengths:
         variants = [{**variant, "max_seq_length": int(length)}
                     for variant in (variants or [{}]) for length in max_seq_lengths]
     with tempfile.TemporaryDirectory() as folder:
         job = _Trials(source, sample, Path(folder), trials, distinct, started, budget_seconds)
-        job.variant = _variant(make, variants, distinct, backend, job)
+        job.variant = _variant(make, variants, tokenizing, distinct, backend, job)
         own_batch = getattr(make(None, **job.variant), "batch_size", None)
         unpicked, make = make, functools.partial(make, **job.variant)  # (a repeat of another
         # variant's trial is made with its own variant alone: two variants may name different
@@ -253,9 +258,28 @@ def _batch_size(make: Callable[..., Workload], batch_sizes: Sequence[int], devic
 
 
 def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
-             devices: list[str], backend: str, job: _Trials) -> dict[str, Any]:
-    """Phase 0: a pool per variant, one job each; the fastest variant its workers accepted.
-    Every variant is tried, or a row says why not (refused, or out of time)."""
+             tokenizing: Sequence[dict[str, Any]], devices: list[str], backend: str,
+             job: _Trials) -> dict[str, Any]:
+    """Phase 0: a pool per variant, one job each, then each ``tokenizing`` layout on the
+    fastest (what feeds a card, tried on the way it runs: a layout beside every way would
+    multiply the trials; the layout the fastest ran, the workload as given, is not run twice);
+    the fastest variant its workers accepted. Every variant is tried, or a row says why not
+    (refused, or out of time)."""
+    _try_variants(make, variants, devices, backend, job)
+    ran = _fastest(job.rows, "variant")
+    if variants and not ran:
+        raise RuntimeError("tune: every variant was refused: " +
+                           "; ".join(t["refused"] or t["skipped"] for t in job.rows))
+    way = json.loads(ran[0]["variant"]) if ran else {}
+    _try_variants(make, [{**way, **layout} for layout in tokenizing if layout or not ran],
+                  devices, backend, job)
+    ran = _fastest(job.rows, "variant")
+    return json.loads(ran[0]["variant"]) if ran else {}
+
+
+def _try_variants(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
+                  devices: list[str], backend: str, job: _Trials) -> None:
+    """A pool per variant, one job each, or a row saying why not (refused, or out of time)."""
     for variant in variants:
         rates = [t["records_per_s"] for t in job.rows if t["phase"] == "variant" and _ran(t)]
         late = job.late(job.sample, new_pool=True, rate=float(np.median(rates)),
@@ -278,11 +302,6 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
                         variant=variant)
         except PipelineError as exc:  # its workers refused it (the guard), or could not load it
             job.refused(variant, str(exc).splitlines()[0])
-    ran = _fastest(job.rows, "variant")
-    if variants and not ran:
-        raise RuntimeError("tune: every variant was refused: " +
-                           "; ".join(t["refused"] or t["skipped"] for t in job.rows))
-    return json.loads(ran[0]["variant"]) if ran else {}
 
 
 def _fastest(trials: list[dict], phase: str) -> list[dict]:
@@ -413,9 +432,10 @@ def _unmeasured(trials: list[dict]) -> str:
 
 
 def _simplicity(trial: dict, own_batch: int | None) -> tuple:
-    """How much a configuration asks for, least first: workers, a variant other than the
-    workload as given, another batch size than its own, fixed workunit sizes."""
-    return (len(trial["devices"].split(",")), json.loads(trial.get("variant") or "{}") != {},
+    """How much a configuration asks for, least first: workers, options its variant names
+    (none: the workload as given; a tokenizing layout on a way, one more than the way alone),
+    another batch size than its own, fixed workunit sizes."""
+    return (len(trial["devices"].split(",")), len(json.loads(trial.get("variant") or "{}")),
             trial.get("batch_size") not in (None, own_batch), trial["workunit_size"] != AUTO)
 
 

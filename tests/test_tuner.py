@@ -247,6 +247,48 @@ def test_tune_refuses_an_output_it_could_not_write_before_tuning(tmp_path, monke
     assert not tuned and "--output: cannot write in" in capsys.readouterr().err
 
 
+def test_phase_0_tries_each_tokenizing_layout_on_the_way_it_picked():
+    """Issue 58 (the tuner chooses a card's tokenizing): the layouts run on the fastest way, not
+    beside every way; the way's own trial stands for the workload as given; with no ways, the
+    workload as given runs first. A faster layout is picked with its way."""
+    def make(batch_size=None, name="slow", threads=None):
+        seconds = variant(None, name).seconds_per_record
+        return SyntheticWorkload(seconds / 4 if threads == 2 else seconds, values="zeros")
+
+    source = [(i, i) for i in range(2000)]
+    tuned = tune(make, source, ["cpu"], backend="thread", sample=300, budget_seconds=120,
+                 variants=[{"name": "slow"}, {"name": "fast"}],
+                 tokenizing=[{}, {"threads": 2}, {"threads": 1}])
+    tried = [json.loads(t["variant"]) for t in tuned.trials if t["phase"] == "variant"]
+    assert tried == [{"name": "slow"}, {"name": "fast"}, {"name": "fast", "threads": 2},
+                     {"name": "fast", "threads": 1}]
+    assert tuned.variant == {"name": "fast", "threads": 2}
+    tuned = tune(make, source, ["cpu"], backend="thread", sample=300, budget_seconds=120,
+                 variants=[], tokenizing=[{}, {"threads": 2}])
+    assert [t["variant"] for t in tuned.trials if t["phase"] == "variant"] == \
+        ["{}", '{"threads": 2}'] and tuned.variant == {"threads": 2}
+
+
+def test_the_embedding_workload_offers_tokenizing_layouts_where_the_feeder_feeds_a_card(
+        monkeypatch):
+    from helpers.workloads.embedding import EmbeddingWorkload
+    from helpers.workloads.embedding import feeder
+
+    def offered(devices, **options):
+        return EmbeddingWorkload(**options).tokenizing_variants(devices)
+
+    monkeypatch.setattr(feeder, "available_cores", lambda: 16)
+    layouts = [{}, {"tokenize_threads": 1}, {"tokenize_threads": 8}, {"tokenize_threads": 16}]
+    assert offered(["cuda:0"], card="h100") == offered(["cuda:0", "cuda:1"]) == layouts
+    assert EmbeddingWorkload(card="h100").variants(["cuda:0"]) == []  # (its profile's speed)
+    assert offered(["cpu"]) == offered(["cpu", "cuda:0"]) == []  # (the forward has the cores)
+    assert offered(["cuda:0"], feeder=False) == offered(["cuda:0"], tokenize_ahead=True) == []
+    assert offered(["cuda:0"], tokenize_threads=2) == \
+        offered(["cuda:0"], card="h100", tokenize_processes=3) == []  # (the user's own)
+    monkeypatch.setattr(feeder, "available_cores", lambda: 1)
+    assert offered(["cuda:0"]) == [{"tokenize_threads": 1}]  # (no processes on one core)
+
+
 def test_every_variant_refused_is_an_error_naming_why():
     with pytest.raises(RuntimeError, match="every variant was refused: .*fail_on_load"):
         tune(variant, [(i, i) for i in range(100)], ["cpu"], backend="thread", sample=50,

@@ -421,19 +421,10 @@ class EmbeddingWorkload:
         precision and runtime, the torch ones also compiled (only those when this workload
         compiles; only torch ones when it tokenizes ahead), and on CUDA devices each torch one
         also with CUDA graphs (only those when it asks for them); whether the guard passes each is
-        found when its workers load it. On a simulated card: the workload as given (a card's
-        default: processes on each worker's share of the cores, ``loading.default_processes``,
-        whatever the count of workers the later phases find), then tokenizing threads, one, half
-        the cores and every core (unless the workload names its own way)."""
-        if self.card is not None:  # a simulated card's speed is its profile's: what varies
-            if self.tokenize_threads is not None or self.tokenize_processes is not None:
-                return []  # (is the CPU side feeding it)
-            from helpers.workloads.embedding.feeder import available_cores
-            from helpers.workloads.embedding.loading import default_processes
-
-            cores = available_cores()
-            return ([{}] if default_processes(True, cores) else []) + \
-                [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})]
+        found when its workers load it. None on a simulated card, whose speed is its profile's:
+        what varies there is the CPU side feeding it (``tokenizing_variants``)."""
+        if self.card is not None:
+            return []
         cards = bool(devices) and all(device.startswith("cuda") for device in devices)
         graphs = (True,) if self.cuda_graphs else (False, True) \
             if cards and self.feeder and not self.tokenize_ahead else (False,)
@@ -444,6 +435,26 @@ class EmbeddingWorkload:
                 for (compiled, graphed), precision, runtime in product(ways, PRECISIONS, RUNTIMES)
                 if (runtime == "torch" or not (compiled or graphed or self.tokenize_ahead))
                 and all(_runs(precision, runtime, device) for device in devices)]
+
+    def tokenizing_variants(self, devices: list[str]) -> list[dict[str, Any]]:
+        """The tokenizing layouts the tuner tries on the way its phase 0 picked, where the
+        feeder feeds a card (a simulated one, or CUDA devices) and the workload names no layout
+        of its own: the workload as given (a card's default: processes on each worker's share of
+        the cores, ``loading.default_processes``, whatever the count of workers the later phases
+        find), then tokenizing threads, one, half the cores and every core. None on a CPU,
+        where the forward pass has the cores, or on ``encode``'s path (``feeder`` off,
+        ``tokenize_ahead``)."""
+        cards = self.card is not None or (
+            bool(devices) and all(device.startswith("cuda") for device in devices)
+            and self.feeder and not self.tokenize_ahead)
+        if not cards or self.tokenize_threads is not None or self.tokenize_processes is not None:
+            return []
+        from helpers.workloads.embedding.feeder import available_cores
+        from helpers.workloads.embedding.loading import default_processes
+
+        cores = available_cores()
+        return ([{}] if default_processes(True, cores) else []) + \
+            [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})]
 
     def report(self, model: Any) -> dict[str, Any]:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""
