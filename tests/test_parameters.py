@@ -9,6 +9,7 @@ from helpers.study.parameters import check_parameters, load_parameters, paramete
     ("workunit_sizes", [1, 1000]), ("speed_factors", [1.0, 0.35, 2]), ("replicates", 1),
     ("seed", 0), ("seconds_per_record", 0), ("workload", "synthetic"), ("model", ""),
     ("backends", ["thread"]), ("results_dir", "data/results/x"),
+    ("tokenize_threads", [None, 1, 4]),
 ])
 def test_good_values_pass(name, value):
     check_parameters(**{name: value})
@@ -31,6 +32,9 @@ def test_good_values_pass(name, value):
     ("model", None, "model: expected a model name or path"),
     ("figures_dir", "", "figures_dir: expected a non-empty string"),
     ("replicate", 3, "replicate: not a known parameter"),
+    ("tokenize_threads", [None, 0], "tokenize_threads: expected an integer >= 1, got 0"),
+    ("tokenize_threads", [], "tokenize_threads: expected a non-empty list of integers >= 1 or "
+                             "None"),
 ])
 def test_bad_values_are_named(name, value, message):
     with pytest.raises(ValueError) as error:

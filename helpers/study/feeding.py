@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers.engine.contract.devices import available_cores
+from helpers.engine.contract.devices import available_cores, share_of_cores
 from helpers.workloads.embedding.cards.simulated import CARDS
 
 STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")
@@ -136,12 +136,25 @@ def card_layouts(texts: list[str], layouts: Sequence[dict[str, Any]], card: str,
 
 
 def card_feeding(card: str, card_cores: int, worker_counts: Sequence[int],
-                 thread_counts: Sequence[int], records: int, replicates: int, texts: list[str],
-                 workunit_size: int, batch_size: int) -> pd.DataFrame:
-    """Notebook 01's card section: each (workers on the card, tokenizing threads each)."""
-    return card_layouts(texts, [{"workers": w, "threads": t, "workunit_size": workunit_size}
-                                for w in worker_counts for t in thread_counts],
-                        card, card_cores, records, replicates, batch_size)
+                 thread_counts: Sequence[int | None], records: int, replicates: int,
+                 texts: list[str], workunit_size: int, batch_size: int) -> pd.DataFrame:
+    """Notebook 01's card section: each (workers on the card, tokenizing threads each; None:
+    the default, a real card's worker's, unless it is one of the thread counts named: on a
+    share of one core, the worker's own thread)."""
+    layouts = [{"workers": w, "threads": t, "workunit_size": workunit_size}
+               for w in worker_counts for t in thread_counts
+               if t is not None or default_tokenizing(w) not in
+               [(n, 0) for n in thread_counts if n is not None]]
+    return card_layouts(texts, layouts, card, card_cores, records, replicates, batch_size)
+
+
+def default_tokenizing(workers: int) -> tuple[int, int]:
+    """The (threads, processes) each of ``workers`` on one simulated card of this node
+    tokenizes on by default (``loading.tokenizing_for`` on the share of the cores the engine
+    gives each)."""
+    from helpers.workloads.embedding.loading import tokenizing_for
+
+    return tokenizing_for(None, None, True, share_of_cores(workers))
 
 
 def cores_needed(table: pd.DataFrame) -> float:

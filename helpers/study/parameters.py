@@ -61,6 +61,16 @@ def _ints(name: str, value: Any) -> None:
         positive_int(name, item)
 
 
+def _ints_or_default(name: str, value: Any) -> None:
+    """A non-empty list of integers >= 1, or None for the default (the workload's own)."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{name}: expected a non-empty list of integers >= 1 or None (the "
+                         f"default), got {value!r}")
+    for item in value:
+        if item is not None:
+            positive_int(name, item)
+
+
 def _device(name: str, value: Any) -> None:
     _devices(name, [value] if isinstance(value, str) else value)
 
@@ -140,7 +150,7 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "cluster_records": positive_int, "systems": _subset(SYSTEMS), "workers": positive_int,
     "fault_records": positive_int, "kill_after_seconds": _seconds, "limit_seconds": _seconds,
     "card": _choice(tuple(CARDS)), "card_cores": positive_int, "card_workers": _ints,
-    "tokenize_threads": _ints, "card_records": positive_int, "card_batch_size": positive_int,
+    "tokenize_threads": _ints_or_default, "card_records": positive_int, "card_batch_size": positive_int,
     "card_workunit_size": positive_int, "card_workunit_sizes": _ints,
     "card_replicates": positive_int, "card_batch_sizes": _ints, "card_tune_sample": positive_int,
     **{name: _threshold for name in THRESHOLDS},
