@@ -11,7 +11,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from helpers.bench.gpu import card, check, faults, plan, report, simulated, study, tables, weights
+from helpers.bench.gpu import (card, check, faults, figures, plan, report, simulated, study,
+                               tables, weights)
 from helpers.engine.contract.devices import available_cores
 from helpers.study.paths import ROOT
 from helpers.study.provenance import git_commit
@@ -79,11 +80,19 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
         "the study (")
 
     runs = pd.read_csv(out / "gpu_study.csv")
-    assert sorted(zip(runs["workers"], runs["workunit_size"])) == sorted(
+    default = runs[runs["layout"] == "default"]
+    assert sorted(zip(default["workers"], default["workunit_size"])) == sorted(
         (w, str(s)) for w in sizes.worker_counts for s in sizes.workunit_sizes)
     assert runs["exactly_once"].all() and (runs["records"] == sizes.study_records).all()
-    assert (runs["tokenize_threads"] == 1).all() and (runs["tokenize_processes"] == 0).all()
+    assert (default["tokenize_threads"] == 1).all() and (default["tokenize_processes"] == 0).all()
     # (the default on a CPU: the worker's own thread; on a card, processes on its share)
+    layout, = runs[runs["layout"] != "default"].to_dict("records")  # (DRY's one: 2 threads)
+    firsts = default[default["workunit_size"] == "auto"]
+    assert layout["layout"] == "tokenize_threads=2" and layout["tokenize_threads"] == 2
+    assert (layout["workunit_size"], layout["workers"]) == (
+        "auto", firsts.loc[firsts["texts_per_s"].idxmax(), "workers"])  # (the fastest count)
+    assert list(runs["run"]).index(layout["run"]) == len(sizes.worker_counts)  # (between sizes)
+    assert (runs["cpu_s"] > 0).all() and (runs["cpu_ms_per_text"] > 0).all()
     assert set(pd.read_csv(out / "gpu_study_samples.csv")["run"]) == set(runs["run"])
 
     with tarfile.open(tmp_path / "gpu-check.tgz", "w:gz") as archive:  # as the call brings it
@@ -98,6 +107,7 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
                                        "study-texts_per_s-vs-workers"]
     finding = json.loads(drawn[2].with_suffix(".json").read_text())["finding"]
     assert "workers per GPU" in finding and "texts/s" in finding
+    assert "Tokenizing, " in finding and "2 threads" in finding and "(the default)" in finding
     finding = json.loads(drawn[1].with_suffix(".json").read_text())["finding"]
     assert finding.startswith("the simulated h100 was busiest at")
 
@@ -279,6 +289,34 @@ def test_a_graphed_variant_is_named_so_in_the_summary_read_back_from_its_csv(tmp
 
     _, finding = model_figure(read, "cuda:0")
     assert finding.startswith("The card alone peaks at 3 texts/s (fp16 compiled graphs, batch")
+
+
+def test_the_study_runs_its_tokenizing_layouts_between_the_sizes_at_the_fastest_count():
+    """Issue 58: which tokenizing keeps a real card busiest is measured on the card: each layout
+    the tuner would try, at the first size, with the count of workers that ran it fastest (read
+    as the runs fill the rates), then the second size in reverse."""
+    rates = {}
+    runs = study._runs((1, 2, 3), ("auto", 1024), [{"tokenize_threads": 1}], rates)
+    first = [next(runs) for _ in range(3)]
+    assert first == [(1, "auto", {}), (2, "auto", {}), (3, "auto", {})]
+    rates.update({1: 10.0, 2: 30.0, 3: 20.0})
+    assert list(runs) == [(2, "auto", {"tokenize_threads": 1}), (3, 1024, {}), (2, 1024, {}),
+                          (1, 1024, {})]
+    assert list(study._runs((1, 2), ("auto",), [{"tokenize_threads": 4}], {})) == [
+        (1, "auto", {}), (2, "auto", {}), (1, "auto", {"tokenize_threads": 4})]  # (none ran)
+
+
+def test_the_study_s_summary_and_figure_read_a_table_from_before_its_layouts(tmp_path):
+    """The first card's table (no layout, no CPU columns) still reads: every run the default."""
+    runs = pd.DataFrame({"run": ["1-auto", "2-auto"], "workers": [1, 2],
+                         "workunit_size": ["auto", "auto"], "skipped": ["", ""],
+                         "texts_per_s": [3000.0, 5000.0], "busy_share": [0.1, 0.2],
+                         "busy_source": ["nvml", "nvml"], "exactly_once": [True, True]})
+    summary = report.study_summary(runs)
+    assert list(summary["tokenizing"]) == ["", ""] and "cpu_ms_per_text" not in summary
+    fig, finding = figures.study_figure(runs)
+    assert finding.startswith("2 workers per GPU (workunit auto) ran 5,000 texts/s, 1.67x 1")
+    assert "Tokenizing" not in finding
 
 
 def test_the_study_runs_graphs_only_where_the_model_side_found_them_faster():

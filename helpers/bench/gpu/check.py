@@ -55,6 +55,8 @@ class Sizes:
     simulated_records: int = 100_000  # the sample's paragraphs a simulated card's run feeds
     worker_counts: tuple[int, ...] = study.WORKER_COUNTS
     workunit_sizes: tuple[int | str, ...] = study.SIZES
+    tokenizing: tuple[dict[str, int], ...] | None = None  # the study's tokenizing layouts
+    # beside the default (None: those the tuner tries on the card: study.measure)
     oom_records: int = faults.OOM_RECORDS
     fit_max: int = faults.FIT_MAX
     kill_units: int = 256  # workunit size of the killed job
@@ -67,7 +69,7 @@ class Sizes:
 CARD = Sizes()
 DRY = Sizes(model_texts=32, batch_sizes=(16, 32), repeats=1, rounds=1, precisions=("fp32",),
             compiled=False, study_records=160, simulated_records=160, worker_counts=(1, 2),
-            workunit_sizes=("auto", 32),
+            workunit_sizes=("auto", 32), tokenizing=({"tokenize_threads": 2},),
             oom_records=32, fit_max=2, kill_units=8, kill_seconds=3.0, matmul_size=256,
             copy_bytes=2 ** 22, layers=1)
 
@@ -144,7 +146,7 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
 
         runs, _ = study.measure(workload, device, sizes.study_records, sizes.worker_counts,
                                 sizes.workunit_sizes, started + budget - RESERVE_SECONDS, folder,
-                                _worker_rate(model, device, graphs), keep)
+                                _worker_rate(model, device, graphs), keep, sizes.tokenizing)
         _save(pd.DataFrame(runs).assign(cuda_graphs=graphs), "gpu_study", out,
               parameters)  # (the runs cut, too)
     from helpers.bench.gpu.report import summary

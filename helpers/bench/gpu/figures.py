@@ -4,7 +4,8 @@
   a worker's whole path (encode, the feed variant), in texts/s and as a share of the card's
   measured bf16 limit: how much of the card the model can use, and how much the CPU side leaves;
 - ``study-texts_per_s-vs-workers``: the study's corpus through 1-4 workers per GPU, by workunit
-  size, and the card's busy share (NVML) in each run: how many workers keep the card fed;
+  size, and the card's busy share (NVML) in each run: how many workers keep the card fed; each
+  tokenizing layout tried beside the default, a point at its count of workers;
 - ``simulated-card_busy-vs-workers``: the simulated card at full speed, fed by the machine's
   cores: does this CPU keep its card fed (helpers.bench.gpu.simulated)?
 """
@@ -16,7 +17,8 @@ from typing import Any
 import pandas as pd
 
 from helpers.bench.gpu.model_side import FEEDS, feed_precision
-from helpers.bench.gpu.tables import FIGURES, VARIANT, measured, read, sidecar, variant
+from helpers.bench.gpu.tables import (FIGURES, VARIANT, measured, read, sidecar, study_runs,
+                                      variant)
 
 
 def draw(results: str | Path, figures_dir: str | Path) -> list[Path]:
@@ -110,28 +112,37 @@ def model_finding(medians: pd.DataFrame) -> str:
 
 
 def study_figure(runs: pd.DataFrame) -> tuple[Any, str]:
-    done = measured(runs)
+    done = study_runs(runs)
     fig, (rate, busy) = _panels()
     source = done["busy_source"].iloc[0] if len(done) else "nvml"
     scale = 100 if source == "nvml" else 1  # a card's share in %; a CPU's in cores
-    for size, group in done.groupby("workunit_size", sort=False):
+    default = done["layout"] == "default"
+    tried = not default.all()
+    for size, group in done[default].groupby("workunit_size", sort=False):
         group = group.sort_values("workers")
-        rate.plot(group["workers"], group["texts_per_s"], marker="o", label=f"workunit {size}")
-        busy.plot(group["workers"], group["busy_share"] * scale, marker="o",
-                  label=f"workunit {size}")
+        label = f"workunit {size}" + (", default tokenizing" if tried else "")
+        rate.plot(group["workers"], group["texts_per_s"], marker="o", label=label)
+        busy.plot(group["workers"], group["busy_share"] * scale, marker="o", label=label)
+    for (size, words), group in done[~default].groupby(["workunit_size", "tokenizing"],
+                                                        sort=False):
+        label = f"workunit {size}, tokenizing on {words or group['layout'].iloc[0]}"
+        for ax, column, factor in ((rate, "texts_per_s", 1), (busy, "busy_share", scale)):
+            ax.plot(group["workers"], group[column] * factor, marker="s", linestyle="none",
+                    label=label)  # (a layout runs at one count of workers: a point)
     counts = sorted(done["workers"].unique())
     for ax, ylabel in ((rate, "texts per second"),
                        (busy, "card busy [%] (NVML)" if source == "nvml"
                         else "workers' CPU [cores] (psutil: no card)")):
         ax.set_xticks(counts)
         ax.set(xlabel="workers per GPU", ylabel=ylabel)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.05)  # (a point at the top kept whole)
         ax.legend(fontsize=8)
     fig.suptitle("Higher is better: how many workers keep one card fed")
     return fig, study_finding(done)
 
 
 def study_finding(done: pd.DataFrame) -> str:
+    """``done``: ``study_runs``' rows."""
     if done.empty:
         return "no run of the study finished"
     best = done.loc[done["texts_per_s"].idxmax()]
@@ -139,6 +150,19 @@ def study_finding(done: pd.DataFrame) -> str:
     use = (f"the card busy {best['busy_share']:.0%} of the time (NVML)"
            if best["busy_source"] == "nvml" else
            f"its workers using {best['busy_share']:.1f} cores (psutil: no card)")
-    return (f"{int(best['workers'])} workers per GPU (workunit {best['workunit_size']}) ran "
-            f"{best['texts_per_s']:,.0f} texts/s, {best['texts_per_s'] / one:.2f}x "
-            f"{int(done['workers'].min())}, {use}.")
+    found = (f"{int(best['workers'])} workers per GPU (workunit {best['workunit_size']}"
+             f"{'' if best['layout'] == 'default' else ', tokenizing on ' + best['tokenizing']}"
+             f") ran {best['texts_per_s']:,.0f} texts/s, {best['texts_per_s'] / one:.2f}x "
+             f"{int(done['workers'].min())}, {use}.")
+    tried = done[done["layout"] != "default"]
+    if tried.empty:
+        return found
+    workers, size = int(tried["workers"].iloc[0]), tried["workunit_size"].iloc[0]
+    same = done[done["workers"].eq(workers) & done["workunit_size"].eq(size)]
+    each = [f"{r['tokenizing'] or r['layout']}{' (the default)' * (r['layout'] == 'default')} "
+            f"{r['texts_per_s']:,.0f} texts/s"
+            + (f" at {r['cpu_ms_per_text']:.2f} CPU ms a text"
+               if pd.notna(r.get("cpu_ms_per_text")) else "")
+            for _, r in same.sort_values("texts_per_s", ascending=False).iterrows()]
+    return found + f" Tokenizing, {workers} worker(s) at workunit {size}: " + "; ".join(each) \
+        + "."

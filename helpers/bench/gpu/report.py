@@ -8,12 +8,13 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from helpers.bench.gpu.model_side import ENCODE_BATCH, FEEDS
 from helpers.bench.gpu.tables import (TABLES, VARIANT, measured, read, sidecar, skipped,
-                                      variant)
+                                      study_runs, variant)
 
 RESULTS_DIR = "data/results/gpu"
 FIGURES_DIR = "figures/gpu"
@@ -52,12 +53,13 @@ def feed_summary(model: pd.DataFrame) -> pd.DataFrame:
 
 
 def study_summary(runs: pd.DataFrame) -> pd.DataFrame:
-    done = measured(runs)
-    columns = [c for c in ("workers", "workunit_size", "tokenize_processes", "texts_per_s",
-                           "busy_share",
+    done = study_runs(runs)
+    columns = [c for c in ("workers", "workunit_size", "tokenizing", "texts_per_s",
+                           "busy_share", "cpu_ms_per_text",
                            "longest_card_idle_s", "longest_worker_wait_s", "exactly_once")
                if c in done]
-    return done[columns].sort_values(["workers", "workunit_size"]) if len(done) else done
+    return done[columns].sort_values(["workers", "workunit_size", "tokenizing"]) \
+        if len(done) else done
 
 
 def summary(folder: str | Path) -> str:
@@ -127,8 +129,15 @@ def _study_lines(runs: pd.DataFrame) -> list[str]:
                  f"{'; with CUDA graphs, faster in the model side' if graphed else ''}):"]
     if "texts_per_s" in runs:
         lines.append(study_summary(runs).to_string(index=False))
-    return lines + [f"skipped: {r['workers']} workers {r.get('workunit_size', '')}: "
-                    f"{r['skipped'][:100]}" for _, r in runs[skipped(runs)].iterrows()]
+    return lines + [f"skipped: {r['workers']} workers {r.get('workunit_size', '')}"
+                    f"{_layout(r)}: {r['skipped'][:100]}"
+                    for _, r in runs[skipped(runs)].iterrows()]
+
+
+def _layout(run: Any) -> str:
+    """' tokenize_threads=1' for a run of a tokenizing layout, '' for the default's."""
+    layout = run.get("layout")
+    return f" {layout}" if isinstance(layout, str) and layout != "default" else ""
 
 
 def unpack(path: str | Path, into: Path) -> Path:

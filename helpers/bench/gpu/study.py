@@ -10,6 +10,11 @@ then the second, descending. So a run the section's time cuts (a row says so) is
 second size at the fewest workers, the longest; and the first size alone answers how many
 workers. A run is started only if it should end in time, guessed no faster than the run of the
 most workers up to its own measured so far (at first, one worker's rate in the model's side).
+Between the two sizes, each tokenizing layout the tuner would try on a card (the workload's
+``tokenizing_variants``: one thread, half the cores, every core) runs at the first size with the
+count of workers that ran it fastest, beside its default (processes on each worker's share):
+which keeps the card busiest, and at what CPU a text (each row's ``cpu_s``: its workers' and
+their tokenizing processes').
 
 Through each run the card is sampled every SAMPLE_SECONDS (helpers.engine.measure.telemetry; NVML on
 a card): its busy share (NVML's utilisation: the share of its sample period, 1/6 s to 1 s, in
@@ -22,9 +27,10 @@ workers mean fewer processes each).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +50,25 @@ def corpus(records: int) -> list[tuple[int, str]]:
 
 def measure(workload: Any, device: str, records: int, worker_counts: tuple[int, ...],
             sizes: tuple[int | str, ...], deadline: float, folder: Path, rate: float,
-            keep: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
+            keep: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None,
+            layouts: Sequence[dict[str, Any]] | None = None
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(rows: one per run or run skipped, samples: the card's use through each run); ``keep``
     is handed both after every run (the tables saved as they grow: a call cut short keeps
     them). ``rate``: texts a second one worker ran in the model's side, the first guess of a
-    run's length (no faster than that, whatever its workers)."""
+    run's length (no faster than that, whatever its workers). ``layouts``: the tokenizing
+    layouts run between the sizes (None: the workload's ``tokenizing_variants`` on ``device``;
+    the workload as given, ``{}``, is every other run's)."""
     from helpers.engine.pipeline import WorkerPool
+    from helpers.workloads.embedding.runtimes import variant_label
 
+    if layouts is None:
+        offered = getattr(workload, "tokenizing_variants", None)
+        layouts = offered([device]) if offered is not None else []
     pairs = corpus(records)
     rows: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
-    rates: dict[int, float] = {}  # texts/s measured, by workers
+    rates: dict[int, float] = {}  # texts/s measured by the workload as given, by workers
     spinup = SPINUP_GUESS
 
     def expected(workers: int) -> float:  # on the safe side: no faster than fewer workers ran
@@ -63,31 +76,50 @@ def measure(workload: Any, device: str, records: int, worker_counts: tuple[int, 
         return records / max(known[-1] if known else rate, 1e-9)
 
     with contextlib.ExitStack() as stack:
-        pools: dict[int, Any] = {}
-        for turn, size in enumerate(sizes):  # each size over every count, then the next
-            for workers in worker_counts if turn % 2 == 0 else tuple(reversed(worker_counts)):
-                run = f"{workers}-{size}"
-                base = {"run": run, "workers": workers, "workunit_size": str(size), "skipped": ""}
-                start = 0.0 if workers in pools else spinup
-                if not _fits(deadline, start + expected(workers)):
-                    rows.append({**base, "skipped": "budget"})
-                    continue
-                try:
-                    if workers not in pools:
-                        pools[workers] = stack.enter_context(WorkerPool(
-                            workload, [device], workers_per_device=workers, progress=False))
-                        spinup = pools[workers].spinup_s
-                    row, seen = _run(pools[workers], pairs, device, size,
-                                     folder / f"study-{run}.h5")
-                except Exception as exc:  # a run that fails is a row; the next still runs
-                    rows.append({**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
-                    continue
-                rows.append({**base, "spinup_s": pools[workers].spinup_s, **row})
-                samples += [{"run": run, **one} for one in seen]
+        pools: dict[tuple[int, str], Any] = {}
+        for workers, size, layout in _runs(worker_counts, sizes, [x for x in layouts if x],
+                                           rates):
+            said = variant_label(layout) or "default"
+            run = f"{workers}-{size}" + (f"-{said.replace(' ', '-')}" if layout else "")
+            base = {"run": run, "workers": workers, "workunit_size": str(size),
+                    "layout": said, "skipped": ""}
+            key = (workers, said)
+            start = 0.0 if key in pools else spinup
+            if not _fits(deadline, start + expected(workers)):
+                rows.append({**base, "skipped": "budget"})
+                continue
+            try:
+                if key not in pools:
+                    pools[key] = stack.enter_context(WorkerPool(
+                        dataclasses.replace(workload, **layout) if layout else workload,
+                        [device], workers_per_device=workers, progress=False))
+                    spinup = pools[key].spinup_s
+                row, seen = _run(pools[key], pairs, device, size, folder / f"study-{run}.h5")
+            except Exception as exc:  # a run that fails is a row; the next still runs
+                rows.append({**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
+                continue
+            rows.append({**base, "spinup_s": pools[key].spinup_s, **row})
+            samples += [{"run": run, **one} for one in seen]
+            if not layout:
                 rates[workers] = max(rates.get(workers, 0.0), row["texts_per_s"])
-                if keep is not None:
-                    keep(rows, samples)
+            if keep is not None:
+                keep(rows, samples)
     return rows, samples
+
+
+def _runs(worker_counts: tuple[int, ...], sizes: tuple[int | str, ...],
+          layouts: list[dict[str, Any]], rates: dict[int, float]
+          ) -> Iterator[tuple[int, int | str, dict[str, Any]]]:
+    """(workers, workunit size, tokenizing layout) of each run in turn: the first size over
+    every count, each layout at that size with the count fastest so far (``rates``, read as
+    the runs fill it; none yet: the fewest), then the next size in reverse, and so on."""
+    for turn, size in enumerate(sizes):
+        for workers in worker_counts if turn % 2 == 0 else tuple(reversed(worker_counts)):
+            yield workers, size, {}
+        if turn == 0:
+            fastest = max(rates, key=rates.__getitem__) if rates else min(worker_counts)
+            for layout in layouts:
+                yield fastest, size, layout
 
 
 def _fits(deadline: float, seconds: float) -> bool:
@@ -114,6 +146,8 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
              "memory_mib": s.memory_mib, "source": s.source} for s in sampler.samples]
     counts, phases = stats.counts, stats.phases
     gpu = [w.peak_gpu_mib for w in stats.workers if w.peak_gpu_mib is not None]
+    cpu = (stats.worker_cpu_s or 0.0) + counts.get("tokenize_outside_us", 0) / 1e6  # (the
+    # tokenizing processes' CPU is in no worker's own figure)
     return {"records": stats.records, "failed_records": stats.failed_records,
             "exactly_once": once, "wall_s": stats.wall_s,
             "texts_per_s": stats.records_per_s,
@@ -121,7 +155,8 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
             "tokens_computed": counts.get("tokens_computed"),
             "tokens_per_s": counts.get("tokens_needed", 0) / stats.wall_s,
             **card_use(seen), "longest_worker_wait_s": stats.longest_idle_s,
-            "efficiency": stats.efficiency,
+            "efficiency": stats.efficiency, "cpu_s": cpu,
+            "cpu_ms_per_text": cpu / stats.records * 1e3 if stats.records else float("nan"),
             **{f"{phase}_s": s for phase, s in phases.items()},
             "peak_gpu_mib": max(gpu) if gpu else None,
             "worker_cores": os.cpu_count(), **tokenizing_layout(pool.loaded.get(device, {})),

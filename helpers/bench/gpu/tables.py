@@ -47,3 +47,20 @@ def variant(row: Any) -> str:
     graphs = str(row.get("cuda_graphs", False)) == "True"  # (a bool, NumPy's, or a CSV's text)
     return f"{row['precision']}{' compiled' if str(row['compile']) == 'True' else ''}" \
         f"{' graphs' if graphs else ''}"
+
+
+def study_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The study's measured runs, each with its ``layout`` ('default' in a table from before
+    the study tried tokenizing layouts) and its ``tokenizing`` in words where the workers said
+    it ('8 processes', '1 thread'; '' on encode's path, or in an older table)."""
+    from helpers.study.feeding import tokenizing
+
+    done = measured(runs)
+    done = done.assign(layout=done["layout"].fillna("default") if "layout" in done
+                       else "default")
+    said = done["tokenize_threads"].notna() if "tokenize_threads" in done else \
+        pd.Series(False, index=done.index)
+    words = pd.Series("", index=done.index)
+    if said.any():
+        words[said] = tokenizing(done[said])
+    return done.assign(tokenizing=words)
