@@ -2,6 +2,7 @@
 no GPU. The fake capture refuses a sync, as CUDA does, and its replay computes from the bucket's
 static buffers, so the rows say whether the buffers were filled right."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -227,6 +228,37 @@ def test_threads_feeding_one_card_share_its_graphs_one_capture_at_a_time(model, 
     run(single, model, texts)
     assert card.graphs.counts.captured == single.graphs.counts.captured == len(card.graphs.graphs)
     assert card.graphs.counts.replayed == 2 * single.graphs.counts.replayed
+
+
+def test_the_engine_empties_the_cache_only_between_captures(monkeypatch):
+    """After an out-of-memory error in one worker of the thread backend, the engine empties
+    torch's cache (release_memory); while another thread captures, that would trip torch's
+    allocator: it waits for the capture's end (one process-wide lock)."""
+    import torch
+
+    from helpers.engine.workers.worker import release_memory
+
+    order, capturing = [], threading.Event()
+
+    class SlowCapture(FakeCuda):
+        def capture(self, graph, forward, pool, stream):
+            capturing.set()
+            time.sleep(0.3)  # (the other thread asks to empty the cache meanwhile)
+            out = super().capture(graph, forward, pool, stream)
+            order.append("captured")
+            return out
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: order.append("emptied"))
+    card = graphs.CardGraphs(lambda ids, mask: (ids * mask).float().sum(1, keepdim=True), 8, 16,
+                             0, SlowCapture(trace=False))
+    ids = torch.ones((8, 16), dtype=torch.int64)
+    capture = threading.Thread(target=card.run, args=(ids, torch.ones_like(ids)))
+    capture.start()
+    assert capturing.wait(10)
+    release_memory("cuda:0")
+    capture.join()
+    assert order == ["captured", "emptied"]
 
 
 def test_graphs_on_a_cpu_are_skipped_saying_why(tmp_path):

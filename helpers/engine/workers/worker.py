@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from helpers.engine.contract.devices import CUDA_GRAPHS_LOCK
 from helpers.engine.contract.messages import (END_OF_WORK, POLL_SECONDS, Failed, InputUnreadable,
                                               OutputUnwritable, Ready, Result, WorkerInfo, Workunit)
 from helpers.engine.contract.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec, Rows
@@ -228,11 +229,13 @@ def _failure(info: WorkerInfo, unit: Workunit, exc: BaseException) -> Failed:
 
 
 def release_memory(device: str) -> None:
-    """After an out-of-memory error: drop the failed batch and give cached blocks back."""
+    """After an out-of-memory error: drop the failed batch and give cached blocks back (not
+    while another thread captures a CUDA graph: CUDA_GRAPHS_LOCK)."""
     gc.collect()
     torch = sys.modules.get("torch")
     if device.startswith("cuda") and torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        with CUDA_GRAPHS_LOCK:
+            torch.cuda.empty_cache()
 
 
 def peak_memory(device: str, hardware: bool = True) -> tuple[float, float | None]:

@@ -31,9 +31,9 @@ event first. transformers builds the attention mask without its data-dependent s
 (``mask.all()``, a sync no capture allows) while a stream captures: it asks
 ``torch.cuda.is_current_stream_capturing``. A card's graph past MAX_GRAPHS runs eager.
 
-Not covered: another thread's ``torch.cuda.empty_cache()`` during a capture (the engine's, after
-an out-of-memory in another worker of the thread backend) trips torch's allocator; that
-workunit fails and is retried.
+The lock is the engine's ``CUDA_GRAPHS_LOCK``, which its ``torch.cuda.empty_cache()`` after an
+out-of-memory error also holds: another worker of the thread backend emptying the cache during a
+capture would trip torch's allocator.
 
 The CUDA calls are the card's ``CudaCalls`` (``graph``, ``pool``, ``capture``), which tests fake:
 the fake capture refuses a sync, as CUDA does, and a second capture under way; its replay runs a
@@ -41,10 +41,11 @@ trace of the captured pass (its Python branches as they were at capture) on the 
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from helpers.engine.contract.devices import CUDA_GRAPHS_LOCK
 
 LENGTH_STEP = 8  # a bucket's tokens are a multiple of this: 10,674 of the sample's paragraphs
 # (78 tokens on average) sorted by tokens, in batches of 32-512, computed 1.044-1.048x the tokens
@@ -86,8 +87,8 @@ class GraphCounts:
     capture_s: float = 0.0
 
 
-_LOCK = threading.RLock()  # one capture at a time in a process, and a bucket's buffers written,
-# replayed and read out by one thread at a time
+_LOCK = CUDA_GRAPHS_LOCK  # one capture at a time in a process (and no cache emptied through
+# it), and a bucket's buffers written, replayed and read out by one thread at a time
 
 
 class CardGraphs:
