@@ -10,16 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 _DEVICE = re.compile(r"^(cpu|cuda(?::\d+)?|mps|auto)(?:\*(\d+))?$")
 ACCEPTED = "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', each optionally '*k' for k workers"
-CUDA_GRAPHS_LOCK = threading.RLock()  # a process's: held through a CUDA graph's capture (and a
-# replay: helpers.workloads.embedding.cards.graphs) and through the engine's empty_cache after an
-# out-of-memory error (workers.worker.release_memory), which would trip torch's allocator while
-# another thread of the process (the thread backend's workers) captures
 
 
 def parse_devices(devices: str | Iterable[str],

@@ -46,10 +46,15 @@ a process that merely unpickles it should pay for nothing it does not run. It ma
 attribute ``imports`` (module names): the process backend's fork server imports them once, and
 every worker process it forks starts with them imported (helpers.engine.workers.backends; the server
 keeps the first pool's).
+
+A workload that captures CUDA graphs holds ``CUDA_GRAPHS_LOCK`` through each capture: the engine
+holds it to empty torch's cache after an out-of-memory error, which would trip torch's allocator
+while another thread of the process (a worker of the thread backend) captures.
 """
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -58,6 +63,7 @@ import numpy as np
 
 from helpers.engine.contract.id_ranges import packed, unpacked
 
+CUDA_GRAPHS_LOCK = threading.RLock()  # a process's (the module docstring)
 MODEL_COPY_ENV = "GPUFEED_MODEL_COPY"  # set in each worker process: the n-th model copy on its
 # device, from 0 (like torchrun's LOCAL_RANK), for a workload that places copies itself
 TEXT = "str"  # OutputSpec dtype of a UTF-8 string column (a path, a caption, a class list)

@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from helpers.engine.contract.devices import CUDA_GRAPHS_LOCK
 from helpers.engine.contract.messages import (END_OF_WORK, POLL_SECONDS, Failed, InputUnreadable,
                                               OutputUnwritable, Ready, Result, WorkerInfo, Workunit)
-from helpers.engine.contract.protocol import MODEL_COPY_ENV, BadRecord, OutputSpec, Rows
+from helpers.engine.contract.protocol import (CUDA_GRAPHS_LOCK, MODEL_COPY_ENV, BadRecord,
+                                              OutputSpec, Rows)
 from helpers.engine.workers import transfer
 
 JOIN_SECONDS = 5.0  # at the pool's shutdown, a terminated worker gets this long before it is

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from helpers.engine.contract.devices import CUDA_GRAPHS_LOCK
+from helpers.engine.contract.protocol import CUDA_GRAPHS_LOCK
 
 LENGTH_STEP = 8  # a bucket's tokens are a multiple of this: 10,674 of the sample's paragraphs
 # (78 tokens on average) sorted by tokens, in batches of 32-512, computed 1.044-1.048x the tokens
