@@ -7,7 +7,8 @@ Phases, in the order our users tune by hand, each reusing what it can::
                      and runtimes these devices support): one worker per device, a pool per
                      variant, one job on the sample each; a variant whose workers refuse it
                      (the embedding workload's quality guard) is a row saying why, never picked;
-                     the later phases run the fastest
+                     then each of the workload's ``tokenizing_variants(devices)`` (a card's
+                     tokenizing layouts) on the fastest; the later phases run the fastest
     1. batch size    one worker per device; a pool per candidate (the workload holds its batch
                      size), one job on the sample each (but the workload's own size, which
                      phase 0's pick ran already); workunits sized automatically
@@ -41,8 +42,9 @@ its rate measured on the records it did.
 The pick is the fastest configuration of phases 0, 1, 3 and 4 by the median of its runs, all on
 the same sample (phase 2's jobs change their worker count midway, so none is a configuration to
 run): a lead smaller than a repeat's spread (the largest relative spread of a configuration
-measured twice) is a tie, which the simpler configuration wins (fewer workers, the workload as
-given, its own batch size, workunits sized automatically). ``Tuned.reason`` says in one line why.
+measured twice) is a tie, which the simpler configuration wins (fewer workers, fewer options its
+variant asks for, its own batch size, workunits sized automatically). ``Tuned.reason`` says in
+one line why.
 The estimate for the whole input is its length ÷ the pick's rate (spin-up not included).
 """
 from __future__ import annotations
@@ -266,14 +268,11 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
     the fastest variant its workers accepted. Every variant is tried, or a row says why not
     (refused, or out of time)."""
     _try_variants(make, variants, devices, backend, job)
-    ran = _fastest(job.rows, "variant")
-    if variants and not ran:
-        raise RuntimeError("tune: every variant was refused: " +
-                           "; ".join(t["refused"] or t["skipped"] for t in job.rows))
+    ran = _fastest(job.rows, "variant", tried=variants)
     way = json.loads(ran[0]["variant"]) if ran else {}
-    _try_variants(make, [{**way, **layout} for layout in tokenizing if layout or not ran],
-                  devices, backend, job)
-    ran = _fastest(job.rows, "variant")
+    layouts = [{**way, **layout} for layout in tokenizing if layout or not ran]
+    _try_variants(make, layouts, devices, backend, job)
+    ran = _fastest(job.rows, "variant", tried=layouts)
     return json.loads(ran[0]["variant"]) if ran else {}
 
 
@@ -304,9 +303,13 @@ def _try_variants(make: Callable[..., Workload], variants: Sequence[dict[str, An
             job.refused(variant, str(exc).splitlines()[0])
 
 
-def _fastest(trials: list[dict], phase: str) -> list[dict]:
-    """The fastest trial of ``phase`` that ran (a list of one, or empty)."""
+def _fastest(trials: list[dict], phase: str, tried: Sequence[Any] = ()) -> list[dict]:
+    """The fastest trial of ``phase`` that ran (a list of one, or empty); RuntimeError where
+    values were ``tried`` and none of the phase's trials ran (every one refused)."""
     ran = [t for t in trials if t["phase"] == phase and _ran(t)]
+    if tried and not ran:
+        raise RuntimeError(f"tune: every {phase} was refused: " +
+                           "; ".join(t["refused"] or t["skipped"] for t in trials))
     return [max(ran, key=lambda t: t["records_per_s"])] if ran else []
 
 
@@ -374,8 +377,8 @@ def _config_of(trial: dict) -> dict[str, Any]:
 def _pick(trials: list[dict], own_batch: int | None) -> tuple[dict, str]:
     """The configuration to run, and one line saying why: the fastest by the median of its runs;
     a lead smaller than a repeat's spread (the largest of the configurations measured twice) is
-    a tie, which the simpler configuration wins (fewer workers, the workload as given, its own
-    batch size, workunits sized automatically). A pick no layout trial was measured against
+    a tie, which the simpler configuration wins (fewer workers, fewer options its variant asks
+    for, its own batch size, workunits sized automatically). A pick no layout trial was measured against
     says so first (``_unmeasured``)."""
     fixed = _fixed(trials) or [t for t in trials if _ran(t)]
     runs: dict[tuple, list[dict]] = {}
@@ -431,11 +434,18 @@ def _unmeasured(trials: list[dict]) -> str:
             f"measures them); so far, ")
 
 
+def _asked(variant: dict[str, Any]) -> int:
+    """The options ``variant`` asks for: those it names, but one it turns off (``compile``
+    False: what a way that does not compile says); none for the workload as given; a way with
+    CUDA graphs or compiled, one more than the eager way; a tokenizing layout on a way, one more
+    than the way alone."""
+    return sum(value is not False for value in variant.values())
+
+
 def _simplicity(trial: dict, own_batch: int | None) -> tuple:
-    """How much a configuration asks for, least first: workers, options its variant names
-    (none: the workload as given; a tokenizing layout on a way, one more than the way alone),
-    another batch size than its own, fixed workunit sizes."""
-    return (len(trial["devices"].split(",")), len(json.loads(trial.get("variant") or "{}")),
+    """How much a configuration asks for, least first: workers, options its variant asks for
+    (``_asked``), another batch size than its own, fixed workunit sizes."""
+    return (len(trial["devices"].split(",")), _asked(json.loads(trial.get("variant") or "{}")),
             trial.get("batch_size") not in (None, own_batch), trial["workunit_size"] != AUTO)
 
 

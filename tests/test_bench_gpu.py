@@ -306,6 +306,23 @@ def test_the_study_runs_its_tokenizing_layouts_between_the_sizes_at_the_fastest_
         (1, "auto", {}), (2, "auto", {}), (1, "auto", {"tokenize_threads": 4})]  # (none ran)
 
 
+def test_a_study_run_past_its_deadline_is_cut_and_thread_workers_cpu_is_not_guessed(tmp_path):
+    """A run slower than guessed stops dispatching at the study's deadline: its row says cut,
+    and asks nothing of ids it never wrote; thread workers' CPU is their process's (NaN)."""
+    import time
+
+    from helpers.engine.pipeline import WorkerPool
+    from helpers.workloads.synthetic import SyntheticWorkload
+
+    pairs = study.corpus(64)
+    with WorkerPool(SyntheticWorkload(0.0), ["cpu"], "thread", progress=False) as pool:
+        row, _ = study._run(pool, pairs, "cpu", 8, tmp_path / "cut.h5", time.monotonic() - 1)
+        whole, _ = study._run(pool, pairs, "cpu", 8, tmp_path / "whole.h5", None)
+    assert row["cut"] and row["records"] < 64 and row["exactly_once"] is None
+    assert not whole["cut"] and whole["exactly_once"] and whole["records"] == 64
+    assert np.isnan(whole["cpu_s"]) and np.isnan(whole["cpu_ms_per_text"])
+
+
 def test_the_study_s_summary_and_figure_read_a_table_from_before_its_layouts(tmp_path):
     """The first card's table (no layout, no CPU columns) still reads: every run the default."""
     runs = pd.DataFrame({"run": ["1-auto", "2-auto"], "workers": [1, 2],

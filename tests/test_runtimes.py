@@ -296,6 +296,7 @@ def test_onnx_refuses_the_options_its_exported_modules_cannot_follow():
     """A pooling that leaves the prompt's tokens out, a model that routes by task: both need
     sentence-transformers' own modules (runtime torch); refused, not quietly wrong."""
     from helpers.engine.contract.protocol import OptionRefused
+    from helpers.workloads.embedding.loading import check_exportable
 
     class Pooling:
         include_prompt = False
@@ -307,7 +308,7 @@ def test_onnx_refuses_the_options_its_exported_modules_cannot_follow():
         gpufeed_prompt = "Represent this sentence: "
 
     with pytest.raises(OptionRefused, match="leaves the prompt's tokens out"):
-        EmbeddingWorkload(runtime="onnx")._check_exportable(Model([object(), Pooling()]))
+        check_exportable(EmbeddingWorkload(runtime="onnx"), Model([object(), Pooling()]))
     with pytest.raises(OptionRefused, match="routes each text by its task"):
-        EmbeddingWorkload(runtime="onnx", task="query")._check_exportable(Model([Router()]))
-    EmbeddingWorkload(runtime="onnx", task="query")._check_exportable(Model([object()]))
+        check_exportable(EmbeddingWorkload(runtime="onnx", task="query"), Model([Router()]))
+    check_exportable(EmbeddingWorkload(runtime="onnx", task="query"), Model([object()]))

@@ -269,6 +269,35 @@ def test_phase_0_tries_each_tokenizing_layout_on_the_way_it_picked():
         ["{}", '{"threads": 2}'] and tuned.variant == {"threads": 2}
 
 
+def test_a_tie_goes_to_the_variant_asking_for_fewer_options():
+    """Within a repeat's spread (here 10 %), eager beats CUDA graphs and a compile, and a way
+    alone beats the way with a tokenizing layout; the faster wins past it."""
+    from helpers.tuner import _pick
+
+    def trial(number, variant, rates):
+        return [{"trial": number, "phase": "variant" if i == 0 else "repeat", "devices": "cuda:0",
+                 "variant": json.dumps(variant), "batch_size": None, "threads_per_worker": None,
+                 "workunit_size": "auto", "records_per_s": rate, "refused": "", "skipped": ""}
+                for i, rate in enumerate(rates)]
+
+    eager = {"precision": "fp16", "runtime": "torch", "compile": False}
+    spread = trial(9, {"precision": "fp32", "runtime": "torch", "compile": False}, [50, 55])
+    for faster in ({**eager, "cuda_graphs": True}, {**eager, "compile": True},
+                   {**eager, "tokenize_threads": 1}):
+        picked, why = _pick(trial(0, eager, [100]) + trial(1, faster, [104]) + spread, None)
+        assert picked["trial"] == 0 and "a tie, which the simpler configuration wins" in why
+        picked, _ = _pick(trial(0, eager, [100]) + trial(1, faster, [120]) + spread, None)
+        assert picked["trial"] == 1
+
+
+def test_every_tokenizing_layout_refused_is_an_error_naming_why():
+    """A simulated card offers no ways, only layouts: if its workers refuse every one, the tune
+    says so, as it does for ways."""
+    with pytest.raises(RuntimeError, match="every variant was refused: .*fail_on_load"):
+        tune(variant, [(i, i) for i in range(100)], ["cpu"], backend="thread", sample=50,
+             variants=[], tokenizing=[{"name": "broken"}])
+
+
 def test_the_embedding_workload_offers_tokenizing_layouts_where_the_feeder_feeds_a_card(
         monkeypatch):
     from helpers.workloads.embedding import EmbeddingWorkload

@@ -150,8 +150,9 @@ def study_finding(done: pd.DataFrame) -> str:
     use = (f"the card busy {best['busy_share']:.0%} of the time (NVML)"
            if best["busy_source"] == "nvml" else
            f"its workers using {best['busy_share']:.1f} cores (psutil: no card)")
-    found = (f"{int(best['workers'])} workers per GPU (workunit {best['workunit_size']}"
-             f"{'' if best['layout'] == 'default' else ', tokenizing on ' + best['tokenizing']}"
+    how = "" if best["layout"] == "default" else \
+        f", tokenizing on {best['tokenizing'] or best['layout']}"
+    found = (f"{int(best['workers'])} workers per GPU (workunit {best['workunit_size']}{how}"
              f") ran {best['texts_per_s']:,.0f} texts/s, {best['texts_per_s'] / one:.2f}x "
              f"{int(done['workers'].min())}, {use}.")
     tried = done[done["layout"] != "default"]

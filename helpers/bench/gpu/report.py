@@ -56,7 +56,8 @@ def study_summary(runs: pd.DataFrame) -> pd.DataFrame:
     done = study_runs(runs)
     columns = [c for c in ("workers", "workunit_size", "tokenizing", "texts_per_s",
                            "busy_share", "cpu_ms_per_text",
-                           "longest_card_idle_s", "longest_worker_wait_s", "exactly_once")
+                           "longest_card_idle_s", "longest_worker_wait_s", "exactly_once",
+                           "cut")
                if c in done]
     return done[columns].sort_values(["workers", "workunit_size", "tokenizing"]) \
         if len(done) else done

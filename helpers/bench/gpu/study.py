@@ -12,7 +12,7 @@ workers. A run is started only if it should end in time, guessed no faster than 
 most workers up to its own measured so far (at first, one worker's rate in the model's side).
 Between the two sizes, each tokenizing layout the tuner would try on a card (the workload's
 ``tokenizing_variants``: one thread, half the cores, every core) runs at the first size with the
-count of workers that ran it fastest, beside its default (processes on each worker's share):
+count of workers whose default ran it fastest, beside it (processes on each worker's share):
 which keeps the card busiest, and at what CPU a text (each row's ``cpu_s``: its workers' and
 their tokenizing processes').
 
@@ -71,34 +71,42 @@ def measure(workload: Any, device: str, records: int, worker_counts: tuple[int, 
     rates: dict[int, float] = {}  # texts/s measured by the workload as given, by workers
     spinup = SPINUP_GUESS
 
-    def expected(workers: int) -> float:  # on the safe side: no faster than fewer workers ran
-        known = [r for w, r in sorted(rates.items()) if w <= workers]
-        return records / max(known[-1] if known else rate, 1e-9)
+    def expected(workers: int, layout: dict[str, Any]) -> float:  # on the safe side
+        if layout:  # no faster than the slowest count ran (one thread may feed a card far
+            known = sorted(rates.values())[:1]  # slower than the default's processes)
+        else:  # no faster than fewer workers ran
+            known = [r for w, r in sorted(rates.items()) if w <= workers][-1:]
+        return records / max(known[0] if known else rate, 1e-9)
 
     with contextlib.ExitStack() as stack:
-        pools: dict[tuple[int, str], Any] = {}
+        pools: dict[int, Any] = {}  # the workload as given, by workers
         for workers, size, layout in _runs(worker_counts, sizes, [x for x in layouts if x],
                                            rates):
             said = variant_label(layout) or "default"
             run = f"{workers}-{size}" + (f"-{said.replace(' ', '-')}" if layout else "")
             base = {"run": run, "workers": workers, "workunit_size": str(size),
                     "layout": said, "skipped": ""}
-            key = (workers, said)
-            start = 0.0 if key in pools else spinup
-            if not _fits(deadline, start + expected(workers)):
+            start = 0.0 if workers in pools and not layout else spinup
+            if not _fits(deadline, start + expected(workers, layout)):
                 rows.append({**base, "skipped": "budget"})
                 continue
+            output = folder / f"study-{run}.h5"
             try:
-                if key not in pools:
-                    pools[key] = stack.enter_context(WorkerPool(
-                        dataclasses.replace(workload, **layout) if layout else workload,
-                        [device], workers_per_device=workers, progress=False))
-                    spinup = pools[key].spinup_s
-                row, seen = _run(pools[key], pairs, device, size, folder / f"study-{run}.h5")
+                if layout:  # (run once: its pool closed after it, the card's memory freed)
+                    with WorkerPool(dataclasses.replace(workload, **layout), [device],
+                                    workers_per_device=workers, progress=False) as pool:
+                        row, seen = _run(pool, pairs, device, size, output, deadline)
+                else:
+                    if workers not in pools:
+                        pools[workers] = stack.enter_context(WorkerPool(
+                            workload, [device], workers_per_device=workers, progress=False))
+                    pool = pools[workers]
+                    row, seen = _run(pool, pairs, device, size, output, deadline)
+                spinup = pool.spinup_s
             except Exception as exc:  # a run that fails is a row; the next still runs
                 rows.append({**base, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
                 continue
-            rows.append({**base, "spinup_s": pools[key].spinup_s, **row})
+            rows.append({**base, "spinup_s": pool.spinup_s, **row})
             samples += [{"run": run, **one} for one in seen]
             if not layout:
                 rates[workers] = max(rates.get(workers, 0.0), row["texts_per_s"])
@@ -127,8 +135,11 @@ def _fits(deadline: float, seconds: float) -> bool:
 
 
 def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
-         output: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One job, the card sampled through it; the output removed once checked."""
+         output: Path, deadline: float | None = None
+         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One job, the card sampled through it, no workunit dispatched past ``deadline`` (a run
+    slower than guessed is ``cut``: its rate stands, whether every id was written once is not
+    asked); the output removed once checked."""
     from helpers.bench.scale import exactly_once, remove_output
     from helpers.engine.measure.telemetry import Telemetry
 
@@ -137,19 +148,21 @@ def _run(pool: Any, pairs: list[tuple[int, str]], device: str, size: int | str,
                         clock, interval=SAMPLE_SECONDS)
     sampler.start()
     try:
-        stats = pool.run(pairs, output, workunit_size=size)
+        stats = pool.run(pairs, output, workunit_size=size, stop_at=deadline)
     finally:
         sampler.stop()
-    once = exactly_once(output, len(pairs))
+    cut = stats.records + stats.failed_records < len(pairs)
+    once = None if cut else exactly_once(output, len(pairs))
     remove_output(output)
     seen = [{"seconds": s.seconds, "worker": s.worker, "utilization": s.utilization,
              "memory_mib": s.memory_mib, "source": s.source} for s in sampler.samples]
     counts, phases = stats.counts, stats.phases
     gpu = [w.peak_gpu_mib for w in stats.workers if w.peak_gpu_mib is not None]
-    cpu = (stats.worker_cpu_s or 0.0) + counts.get("tokenize_outside_us", 0) / 1e6  # (the
-    # tokenizing processes' CPU is in no worker's own figure)
+    cpu = float("nan") if stats.worker_cpu_s is None else \
+        stats.worker_cpu_s + counts.get("tokenize_outside_us", 0) / 1e6  # (the tokenizing
+    # processes' CPU is in no worker's own figure; thread workers' is their process's: unknown)
     return {"records": stats.records, "failed_records": stats.failed_records,
-            "exactly_once": once, "wall_s": stats.wall_s,
+            "exactly_once": once, "cut": cut, "wall_s": stats.wall_s,
             "texts_per_s": stats.records_per_s,
             "tokens_needed": counts.get("tokens_needed"),
             "tokens_computed": counts.get("tokens_computed"),

@@ -1,14 +1,15 @@
 """The embedding workload: text records in, one vector each out, through a sentence-transformers
 model (the embedded default: all-MiniLM-L6-v2, no network). Its rooms::
 
-    workload.py      EmbeddingWorkload: the options, checked where given; which path a model
-                     takes; what the output holds and records
+    workload.py      EmbeddingWorkload: the options, checked where given; the ways the tuner
+                     tries; what the output holds and records
     model.py         the model: where it is, how it loads, what its files say, encode's options
     feeder.py        the feeding path: tokenize -> sort -> batch -> collate -> a card
     rust_tokenizer.py  the model's tokenizer as sentence-transformers calls it, without Python
     word_cache.py    below the bare tokenizer: words to ids for BERT's WordPiece
     tokenizing.py    tokenizing processes of a worker's own
-    loading.py       what a worker loads: the tokenizer, the feeder and its card (FedModel)
+    loading.py       what a worker loads: the model on its path (the feeder and its card,
+                     a FedModel, or encode, and why), its variant guarded; a simulated card
     cards/           the last stage, behind one protocol: torch, onnx, simulated
     encode_path.py   sentence-transformers' own encode: the reference, and the path of a
                      model the feeder cannot run

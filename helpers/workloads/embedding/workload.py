@@ -1,9 +1,11 @@
 """The embedding workload: what a user asks for (the model, its options, how it runs), checked
-where it is given; which path a worker's model takes; what the output holds and records.
+where it is given; the ways the tuner may try; what a worker's model does with its records, and
+what the output holds and records.
 
-Two paths (the package's docstring draws them): the feeder feeding a card (the torch card, the
-onnx card, a simulated card: ``loading``), for every model whose modules the card knows; and
-sentence-transformers' own ``encode`` (``encode_path``) for the others, the run saying why.
+A worker's model is loaded by ``loading`` on one of two paths (the package's docstring draws
+them): the feeder feeding a card (the torch card, the onnx card, a simulated card), for every
+model whose modules the card knows; and sentence-transformers' own ``encode`` (``encode_path``)
+for the others, the run saying why.
 """
 from __future__ import annotations
 
@@ -22,16 +24,12 @@ from typing import Any
 import numpy as np
 
 from helpers.engine.contract.protocol import UNRECORDED, OptionRefused, OutputSpec
-from helpers.workloads.embedding.encode_path import (PhaseClock, TokenizeAhead, TokenOrder,
-                                                     encode_order, tokenizer_name)
+from helpers.workloads.embedding.encode_path import encode_order
 from helpers.workloads.embedding.feeder import FedModel
-from helpers.workloads.embedding.model import (DEFAULT_MODEL, TASKS, WARMUP_TEXT,
-                                               default_model_path, load_sentence_transformer,
-                                               longest_input, model_identity, resolve_prompt)
+from helpers.workloads.embedding.model import (DEFAULT_MODEL, TASKS, default_model_path,
+                                               model_identity)
 from helpers.workloads.embedding.runtimes import (GUARD_MEAN, GUARD_MIN, PRECISIONS, RUNTIMES,
-                                                  OnnxEncoder, Quality, QualityRefused,
-                                                  check_variant, compile_transformer, cosines,
-                                                  exported, guard_texts, pinned, torch_dtype)
+                                                  OnnxEncoder, check_variant)
 from helpers.workloads.embedding.stored import check_stored, stored_form, stored_spec
 
 
@@ -247,86 +245,20 @@ class EmbeddingWorkload:
             check_variant(self.precision, self.runtime, device, hardware=False)
 
     def load(self, device: str, threads: int) -> Any:
-        if self.card is not None:
-            from helpers.workloads.embedding.loading import load_simulated
+        """The model as ``device``'s worker runs it (helpers.workloads.embedding.loading: a
+        simulated card fed, or the model on its path, its variant guarded)."""
+        from helpers.workloads.embedding import loading
 
+        if self.card is not None:
             if self.model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
-            return load_simulated(self.model or default_model_path(), self.card,
-                                  self.card_cores, device, self.cards, self.tokenize_threads,
-                                  self.max_seq_length, self.word_cache,
-                                  self.tokenize_processes,
-                                  self.batch_size if self.cuda_graphs else None, threads)
-        check_variant(self.precision, self.runtime, device)
-        model = load_sentence_transformer(self.model, device, threads)
-        if self.max_seq_length is not None:
-            most = longest_input(model)
-            if most is not None and self.max_seq_length > most:
-                raise OptionRefused(f"max_seq_length={self.max_seq_length}: the model reads at "
-                                    f"most {most} tokens")
-            model.max_seq_length = self.max_seq_length
-        model.gpufeed_prompt = resolve_prompt(model, self.prompt, self.prompt_name, self.task)
-        self.outputs(model)  # (a truncate_dim or ranges wider than the model: said now)
-        model.encode([WARMUP_TEXT], batch_size=1, show_progress_bar=False)
-        why = self.why_encode(model)
-        if self.runtime != "torch":
-            self._check_exportable(model)
-            reference = self._reference(model)
-            path = exported(model, self.runtime)
-            if why is None:
-                from helpers.workloads.embedding.cards.onnx_card import OnnxCard
-
-                return self._guarded(self._fed(model, OnnxCard(
-                    path, threads, int(model.get_embedding_dimension()), self.normalize,
-                    self.truncate_dim, f"onnx ({self.runtime}) on {device}"),
-                    "cpu", threads), reference, device)  # (onnxruntime's CPU provider computes:
-                # the tokenizing defaults of a CPU, whatever the label, mps say)
-            encoder = OnnxEncoder(model, path, threads)
-            encoder.gpufeed_prompt, encoder.max_seq_length = \
-                model.gpufeed_prompt, model.max_seq_length  # (what process and report read)
-            encoder.gpufeed_encode = why
-            return self._guarded(encoder, reference, device)
-        graphs = self.cuda_graphs and why is None and device.startswith("cuda")
-        graphs_said = self._graphs_said(graphs, why, device)
-        variant = self.precision != "fp32" or self.compile or graphs
-        reference = self._reference(model) if variant else None
-        if variant:
-            model.to(torch_dtype(self.precision))
-            if self.compile:
-                compile_transformer(model)
-        if why is None:
-            from helpers.workloads.embedding.cards.torch_card import TorchCard
-
-            card = TorchCard(model, device, self.normalize, self.truncate_dim,
-                             pinned=self.pin_memory, half_rows=self.stored == "float16",
-                             graphs=graphs, batch_size=self.batch_size)
-            card.capture_ahead()  # (with graphs: the full batches' buckets, in the load)
-            loaded = self._fed(model, card, device, threads)
-            loaded.gpufeed_graphs = graphs_said
-            return self._guarded(loaded, reference, device) if variant else loaded
-        model.gpufeed_encode = why
-        model.gpufeed_graphs = graphs_said
-        if variant:
-            self._guarded(model, reference, device)
-        model.gpufeed_order = TokenOrder(model)
-        name = tokenizer_name(model)
-        if self.pin_memory and device.startswith("cuda"):
-            setattr(model, name, pinned(getattr(model, name), device))
-        if self.tokenize_ahead:
-            model.gpufeed_ahead = TokenizeAhead(getattr(model, name))
-            setattr(model, name, model.gpufeed_ahead)
-        model.gpufeed_phases = PhaseClock(model, device.startswith("cuda"))
-        return model
-
-    def _graphs_said(self, graphs: bool, why: str | None, device: str) -> str | None:
-        """What the worker's report says of ``cuda_graphs`` (None: not asked for)."""
-        if not self.cuda_graphs:
-            return None
-        if graphs:
-            return "each batch replayed from its bucket's graph"
-        if why is not None:
-            return "skipped: the model runs through encode, which has no graphs"
-        return f"skipped: CUDA graphs replay CUDA kernels; this device is {device}"
+            return loading.load_simulated(self.model or default_model_path(), self.card,
+                                          self.card_cores, device, self.cards,
+                                          self.tokenize_threads, self.max_seq_length,
+                                          self.word_cache, self.tokenize_processes,
+                                          self.batch_size if self.cuda_graphs else None,
+                                          threads)
+        return loading.load_model(self, device, threads)
 
     @staticmethod
     def _graphs_now(model: Any) -> str:
@@ -338,83 +270,6 @@ class EmbeddingWorkload:
         counts = graphs.counts
         return f"{model.gpufeed_graphs}: {counts.captured} captured so far in " \
                f"{counts.capture_s:.2f} s, {counts.replayed} batches replayed"
-
-    def why_encode(self, model: Any) -> str | None:
-        """Why ``model`` runs through ``encode`` and not the feeder (None: the feeder runs it):
-        ``feeder=False``, ``tokenize_ahead`` (an option of ``encode``'s path), or what the card
-        does not know of the model (``cards.torch_card.unsupported``)."""
-        if not self.feeder:
-            return "feeder=False"
-        if self.tokenize_ahead:
-            return "tokenize_ahead=True (an option of the encode path)"
-        from helpers.workloads.embedding.cards.torch_card import unsupported
-        from helpers.workloads.embedding.rust_tokenizer import RustTokenizer
-
-        why = unsupported(model, model.gpufeed_prompt, self.task)
-        if why is None:
-            try:
-                RustTokenizer.of(model.tokenizer, model.max_seq_length)
-            except Exception as exc:  # noqa: BLE001 (a custom pre-tokenizer, say: encode's)
-                why = f"its tokenizer cannot be copied for the feeder ({type(exc).__name__}: " \
-                      f"{exc})"
-        return why
-
-    def _fed(self, model: Any, card: Any, device: str, threads: int) -> FedModel:
-        """``model``'s tokenizer feeding ``card`` on the worker's ``threads`` (beside a card:
-        its share of the node's cores, which its tokenizing defaults take), warmed (its first
-        batch pays for allocations, as ``encode``'s did)."""
-        from helpers.workloads.embedding.loading import fed
-
-        loaded = fed(model, card, self.tokenize_threads, device, self.word_cache,
-                     self.tokenize_processes, threads)
-        loaded.gpufeed_prompt = model.gpufeed_prompt
-        loaded.strip_texts = not hasattr(model, "preprocess")  # (sentence-transformers before 6
-        # strips each text, and lower-cases it where its transformer says do_lower_case, in
-        # Python; 6 does neither, and moves do_lower_case into the Rust tokenizer)
-        loaded.lower_texts = loaded.strip_texts and bool(getattr(model[0], "do_lower_case", False))
-        loaded.encode([WARMUP_TEXT], batch_size=1)
-        return loaded
-
-    def _check_exportable(self, model: Any) -> None:
-        """OptionRefused where this workload's options need more of the model than its exported
-        modules give (runtime onnx puts the prompt before each text and cuts the dimensions
-        itself): a pooling that leaves the prompt's tokens out, a model that routes by task."""
-        if model.gpufeed_prompt and any(getattr(module, "include_prompt", True) is False
-                                        for module in model):
-            raise OptionRefused(f"runtime={self.runtime!r} with a prompt: this model's pooling "
-                                f"leaves the prompt's tokens out, which its exported modules "
-                                f"cannot; run it with runtime='torch'")
-        if self.task is not None and any(type(module).__name__ == "Router" for module in model):
-            raise OptionRefused(f"runtime={self.runtime!r} with task={self.task!r}: this model "
-                                f"routes each text by its task, which its exported modules "
-                                f"cannot; run it with runtime='torch'")
-
-    def _reference(self, model: Any) -> np.ndarray:
-        """float32 PyTorch's embeddings of the guard's texts (the model not yet changed; cut
-        to ``truncate_dim``, as the fed path's card cuts them)."""
-        return model.encode(guard_texts(), batch_size=self.batch_size, show_progress_bar=False,
-                            truncate_dim=self.truncate_dim)
-
-    def _guarded(self, variant: Any, reference: np.ndarray, device: str) -> Any:
-        """``variant`` (a model, as it will run) once the guard has passed; QualityRefused
-        with the numbers if it fails. Its time is the variant's first calls: a compiled
-        model's compiling."""
-        started = time.perf_counter()
-        got = variant.encode(guard_texts(), batch_size=self.batch_size, show_progress_bar=False,
-                             truncate_dim=self.truncate_dim)
-        variant.gpufeed_guard_s = time.perf_counter() - started
-        found = cosines(reference, np.asarray(got, dtype=np.float32))
-        quality = Quality(float(found.mean()), float(found.min()), len(found))
-        variant.gpufeed_quality = quality
-        if not quality.passes(*self.guard):
-            raise QualityRefused(
-                f"precision={self.precision!r} runtime={self.runtime!r}"
-                f"{' compile=True' if self.compile else ''}"
-                f"{' cuda_graphs=True' if self.cuda_graphs else ''} on {device}: its "
-                f"embeddings of the guard's {quality.texts} texts differ from float32 "
-                f"PyTorch's: mean cosine {quality.mean:.4f} (needs >= {self.guard[0]}), least "
-                f"{quality.min:.4f} (needs >= {self.guard[1]}): refused, not used")
-        return variant
 
     def variants(self, devices: list[str]) -> list[dict[str, Any]]:
         """The ways every one of ``devices`` can run the model, for the tuner's phase 0: each
