@@ -209,8 +209,9 @@ class JobSettings:
     # on long jobs (autotune_bench.csv 15.2-16.0 k vs 16.1 k at 4,000 and 11.9 k at 250); on the
     # tuner's trials of a second or two, level with it to ~10 % behind (at 6a80879:
     # tune_trials.csv 78 vs 78-81 records/s on the CPU, card_tune_trials.csv 6,923 vs
-    # 7,521-7,832 on a simulated H200); small fixed ones starve a card (card_workunit_sizes.csv
-    # at 6a80879: 64 records fed a simulated H200 51 %, 1,024 82 %); the older default was 100
+    # 7,521-7,832 on a simulated H200); small fixed ones starve a card (card_workunit_sizes.csv:
+    # 64 records fed a simulated H200 51 % at 6a80879, 80 % at 1a4f267; 1,024 82 %, 91 %); the
+    # older default was 100
     workunit_seconds: float = WORKUNIT_SECONDS  # workunit_size="auto": seconds a workunit should take
     limit: int | None = None  # stop after this many records
     sort_window: int | None = None  # records ordered by cost before cutting; None = 8 workunits

@@ -247,18 +247,16 @@ class EmbeddingWorkload:
     def load(self, device: str, threads: int) -> Any:
         """The model as ``device``'s worker runs it (helpers.workloads.embedding.loading: a
         simulated card fed, or the model on its path, its variant guarded)."""
-        from helpers.workloads.embedding import loading
+        from helpers.workloads.embedding.loading import load_model, load_simulated
 
         if self.card is not None:
             if self.model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default never needs the hub
-            return loading.load_simulated(self.model or default_model_path(), self.card,
-                                          self.card_cores, device, self.cards,
-                                          self.tokenize_threads, self.max_seq_length,
-                                          self.word_cache, self.tokenize_processes,
-                                          self.batch_size if self.cuda_graphs else None,
-                                          threads)
-        return loading.load_model(self, device, threads)
+            return load_simulated(self.model or default_model_path(), self.card,
+                                  self.card_cores, device, self.cards, self.tokenize_threads,
+                                  self.max_seq_length, self.word_cache, self.tokenize_processes,
+                                  self.batch_size if self.cuda_graphs else None, threads)
+        return load_model(self, device, threads)
 
     @staticmethod
     def _graphs_now(model: Any) -> str:
