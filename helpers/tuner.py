@@ -378,8 +378,8 @@ def _pick(trials: list[dict], own_batch: int | None) -> tuple[dict, str]:
     """The configuration to run, and one line saying why: the fastest by the median of its runs;
     a lead smaller than a repeat's spread (the largest of the configurations measured twice) is
     a tie, which the simpler configuration wins (fewer workers, fewer options its variant asks
-    for, its own batch size, workunits sized automatically). A pick no layout trial was measured against
-    says so first (``_unmeasured``)."""
+    for, its own batch size, workunits sized automatically). A pick no layout trial was
+    measured against says so first (``_unmeasured``)."""
     fixed = _fixed(trials) or [t for t in trials if _ran(t)]
     runs: dict[tuple, list[dict]] = {}
     for trial in fixed:
