@@ -11,10 +11,11 @@ second size at the fewest workers, the longest; and the first size alone answers
 workers. A run is started only if it should end in time, guessed no faster than the run of the
 most workers up to its own measured so far (at first, one worker's rate in the model's side).
 Between the two sizes, each tokenizing layout the tuner would try on a card (the workload's
-``tokenizing_variants``: one thread, half the cores, every core) runs at the first size with the
-count of workers whose default ran it fastest, beside it (processes on each worker's share):
-which keeps the card busiest, and at what CPU a text (each row's ``cpu_s``: its workers' and
-their tokenizing processes').
+``tokenizing_variants``: one thread, half the cores, every core) runs once at the first size,
+on a pool of its own closed after it, with the count of workers whose default (processes on
+each worker's share) ran fastest: which keeps the card busiest, and at what CPU a text (each
+row's ``cpu_s``: its workers' and their tokenizing processes'). A layout's run is guessed no
+faster than the slowest count; every run stops dispatching at the section's end (``cut``).
 
 Through each run the card is sampled every SAMPLE_SECONDS (helpers.engine.measure.telemetry; NVML on
 a card): its busy share (NVML's utilisation: the share of its sample period, 1/6 s to 1 s, in
