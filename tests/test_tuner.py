@@ -250,23 +250,28 @@ def test_tune_refuses_an_output_it_could_not_write_before_tuning(tmp_path, monke
 def test_phase_0_tries_each_tokenizing_layout_on_the_way_it_picked():
     """Issue 58 (the tuner chooses a card's tokenizing): the layouts run on the fastest way, not
     beside every way; the way's own trial stands for the workload as given; with no ways, the
-    workload as given runs first. A faster layout is picked with its way."""
+    workload as given runs first. A layout far faster (10x) is phase 0's pick, which the later
+    phases run (the final pick may still be a tie the simpler wins: a job of 0.03 s against one
+    of 0.3 s measures mostly the job's own cost)."""
     def make(batch_size=None, name="slow", threads=None):
         seconds = variant(None, name).seconds_per_record
-        return SyntheticWorkload(seconds / 4 if threads == 2 else seconds, values="zeros")
+        return SyntheticWorkload(seconds / 10 if threads == 2 else seconds, values="zeros")
+
+    def later(tuned):
+        return {t["variant"] for t in tuned.trials if t["phase"] in ("workers", "workunit size")}
 
     source = [(i, i) for i in range(2000)]
-    tuned = tune(make, source, ["cpu"], backend="thread", sample=300, budget_seconds=120,
+    tuned = tune(make, source, ["cpu"], backend="thread", sample=600, budget_seconds=120,
                  variants=[{"name": "slow"}, {"name": "fast"}],
                  tokenizing=[{}, {"threads": 2}, {"threads": 1}])
     tried = [json.loads(t["variant"]) for t in tuned.trials if t["phase"] == "variant"]
     assert tried == [{"name": "slow"}, {"name": "fast"}, {"name": "fast", "threads": 2},
                      {"name": "fast", "threads": 1}]
-    assert tuned.variant == {"name": "fast", "threads": 2}
-    tuned = tune(make, source, ["cpu"], backend="thread", sample=300, budget_seconds=120,
+    assert later(tuned) == {'{"name": "fast", "threads": 2}'}
+    tuned = tune(make, source, ["cpu"], backend="thread", sample=600, budget_seconds=120,
                  variants=[], tokenizing=[{}, {"threads": 2}])
     assert [t["variant"] for t in tuned.trials if t["phase"] == "variant"] == \
-        ["{}", '{"threads": 2}'] and tuned.variant == {"threads": 2}
+        ["{}", '{"threads": 2}'] and later(tuned) == {'{"threads": 2}'}
 
 
 def test_a_tie_goes_to_the_variant_asking_for_fewer_options():
