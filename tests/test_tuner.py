@@ -247,6 +247,7 @@ def test_tune_refuses_an_output_it_could_not_write_before_tuning(tmp_path, monke
     assert not tuned and "--output: cannot write in" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_phase_0_tries_each_tokenizing_layout_on_the_way_it_picked():
     """Issue 58 (the tuner chooses a card's tokenizing): the layouts run on the fastest way, not
     beside every way; the way's own trial stands for the workload as given; with no ways, the
