@@ -81,9 +81,11 @@ SIZE_FACTORS = (0.5, 2.0)  # phase 3 also tries fixed sizes of these × the size
 REPEAT_SHARE = 0.15  # of the budget kept to measure the leading configurations again (once
 # two are measured)
 BUDGET_SLACK = 0.05  # of the budget a trial may be expected to end past it (the tune: ±10 %)
-PHASE_ENDS = {"variant": 0.35, "batch size": 0.55}  # a phase's trials end by this share of the
-# budget: the layout's phases (workers, workunits) keep the rest, so a short budget measures the
-# layout too (issue 59: a 150 s tune spent it all on variants, a compile trial alone took 70 s)
+PHASE_ENDS = {"ways": 0.25, "variant": 0.35, "batch size": 0.55}  # a phase's trials end by
+# this share of the budget: the layout's phases (workers, workunits) keep the rest, so a short
+# budget measures the layout too (issue 59: a 150 s tune spent it all on variants, a compile
+# trial alone took 70 s); "ways": phase 0's ways where tokenizing layouts follow them, which keep
+# the rest of its share (a card's dozen ways, each a load and a guard, would leave them none)
 COMPILE_SECONDS = 60.0  # a compiled variant's start beyond its pool's: torch.compile took 36-70 s
 # on this CPU (notebook 07, issue 59); tried only where the budget holds it
 LAYOUT_PHASES = ("batch size", "workers", "workunit size")
@@ -267,7 +269,7 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
     multiply the trials; the layout the fastest ran, the workload as given, is not run twice);
     the fastest variant its workers accepted. Every variant is tried, or a row says why not
     (refused, or out of time)."""
-    _try_variants(make, variants, devices, backend, job)
+    _try_variants(make, variants, devices, backend, job, "ways" if tokenizing else "variant")
     ran = _fastest(job.rows, "variant", tried=variants)
     way = json.loads(ran[0]["variant"]) if ran else {}
     layouts = [{**way, **layout} for layout in tokenizing if layout or not ran]
@@ -277,12 +279,13 @@ def _variant(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
 
 
 def _try_variants(make: Callable[..., Workload], variants: Sequence[dict[str, Any]],
-                  devices: list[str], backend: str, job: _Trials) -> None:
-    """A pool per variant, one job each, or a row saying why not (refused, or out of time)."""
+                  devices: list[str], backend: str, job: _Trials, ends: str = "variant") -> None:
+    """A pool per variant, one job each, or a row saying why not (refused, or out of time:
+    ``ends``, the share of the budget they end by, PHASE_ENDS)."""
     for variant in variants:
         rates = [t["records_per_s"] for t in job.rows if t["phase"] == "variant" and _ran(t)]
         late = job.late(job.sample, new_pool=True, rate=float(np.median(rates)),
-                        phase="variant", extra=COMPILE_SECONDS * bool(variant.get("compile"))) \
+                        phase=ends, extra=COMPILE_SECONDS * bool(variant.get("compile"))) \
             if rates else ""
         if late:
             job.skipped("variant", late, variant=variant, devices=",".join(devices))
@@ -503,8 +506,11 @@ class _Trials:
         if expected <= left + self.slack:
             return ""
         kept = f", {reserve:.0f} s more kept to measure the leaders again" if reserve else ""
-        share = f" (phase {phase!r} ends at {PHASE_ENDS[phase]:.0%} of the budget, the layout " \
-            f"keeps the rest)" if phase in PHASE_ENDS and end < self.deadline - reserve else ""
+        ends = f"phase 'variant' ends its ways at {PHASE_ENDS['ways']:.0%} of the budget, " \
+            f"its tokenizing layouts at {PHASE_ENDS['variant']:.0%}" if phase == "ways" else \
+            f"phase {phase!r} ends at {PHASE_ENDS.get(phase, 1):.0%} of the budget"
+        share = f" ({ends}, the layout keeps the rest)" \
+            if phase in PHASE_ENDS and end < self.deadline - reserve else ""
         return (f"out of time: it would take about {expected:.0f} s ("
                 f"{'a pool started, then ' if new_pool else ''}"
                 f"{f'a {extra:.0f} s compile, then ' if extra else ''}{records:,} records at "

@@ -519,6 +519,10 @@ def test_a_short_budget_measures_the_layout_and_compiles_only_where_it_holds_one
     job.started -= 100.0 * PHASE_ENDS["variant"] - 2
     assert "phase 'variant' ends at 35% of the budget" in job.late(256, True, phase="variant")
     assert job.late(256, True, phase="workers") == ""
+    job.started += 100.0 * (PHASE_ENDS["variant"] - PHASE_ENDS["ways"])  # (ways followed by
+    assert "ends its ways at 25% of the budget, its tokenizing layouts at 35%" in job.late(
+        256, True, phase="ways")  # tokenizing layouts end sooner: the layouts keep the rest)
+    assert job.late(256, True, phase="variant") == ""
 
 
 @pytest.mark.slow
