@@ -437,6 +437,14 @@ def _unmeasured(trials: list[dict]) -> str:
             f"measures them); so far, ")
 
 
+def _ends_in_words(phase: str) -> str:
+    """When ``phase`` (a key of PHASE_ENDS) ends, in words."""
+    if phase == "ways":
+        return (f"phase 'variant' ends its ways at {PHASE_ENDS['ways']:.0%} of the budget, its "
+                f"tokenizing layouts at {PHASE_ENDS['variant']:.0%}")
+    return f"phase {phase!r} ends at {PHASE_ENDS[phase]:.0%} of the budget"
+
+
 def _asked(variant: dict[str, Any]) -> int:
     """The options ``variant`` asks for: those it names, but one it turns off (``compile``
     False: what a way that does not compile says); none for the workload as given; a way with
@@ -506,10 +514,7 @@ class _Trials:
         if expected <= left + self.slack:
             return ""
         kept = f", {reserve:.0f} s more kept to measure the leaders again" if reserve else ""
-        ends = f"phase 'variant' ends its ways at {PHASE_ENDS['ways']:.0%} of the budget, " \
-            f"its tokenizing layouts at {PHASE_ENDS['variant']:.0%}" if phase == "ways" else \
-            f"phase {phase!r} ends at {PHASE_ENDS.get(phase, 1):.0%} of the budget"
-        share = f" ({ends}, the layout keeps the rest)" \
+        share = f" ({_ends_in_words(phase)}, the layout keeps the rest)" \
             if phase in PHASE_ENDS and end < self.deadline - reserve else ""
         return (f"out of time: it would take about {expected:.0f} s ("
                 f"{'a pool started, then ' if new_pool else ''}"

@@ -16,7 +16,7 @@ from helpers.workloads.embedding.cards.simulated import CARDS
 
 STAGES = ("tokenize", "collate", "launch", "worker_other", "driver")
 LAYOUT = ("workers", "tokenizing", "workunit_size", "backend")  # what a run's row varies
-AXES = {"workers": ("worker", "workers"), "tokenize_threads": ("tokenizing thread", "threads"),
+AXES = {"workers": ("worker", "workers"),
         "workunit_size": ("record workunit", "workunit size"),
         "backend": ("backend", "backend"),
         "tokenizing": ("tokenizing", "tokenizing")}  # each: its noun in a layout's name, its
@@ -141,10 +141,10 @@ def card_feeding(card: str, card_cores: int, worker_counts: Sequence[int],
     """Notebook 01's card section: each (workers on the card, tokenizing threads each; None:
     the default, a real card's worker's, unless it is one of the thread counts named: on a
     share of one core, the worker's own thread)."""
+    named = {(n, 0) for n in thread_counts if n is not None}  # (threads, processes) named
     layouts = [{"workers": w, "threads": t, "workunit_size": workunit_size}
                for w in worker_counts for t in thread_counts
-               if t is not None or default_tokenizing(w) not in
-               [(n, 0) for n in thread_counts if n is not None]]
+               if t is not None or default_tokenizing(w) not in named]
     return card_layouts(texts, layouts, card, card_cores, records, replicates, batch_size)
 
 

@@ -278,9 +278,8 @@ class EmbeddingWorkload:
         what varies there is the CPU side feeding it (``tokenizing_variants``)."""
         if self.card is not None:
             return []
-        cards = bool(devices) and all(device.startswith("cuda") for device in devices)
-        graphs = (True,) if self.cuda_graphs else (False, True) \
-            if cards and self.feeder and not self.tokenize_ahead else (False,)
+        graphs = (True,) if self.cuda_graphs else \
+            (False, True) if self._feeds_cuda(devices) else (False,)
         ways = [(compiled, graphed) for compiled in ((True,) if self.compile else (False, True))
                 for graphed in graphs]  # (graphs before a compile: seconds, not a minute)
         return [{"precision": precision, "runtime": runtime, "compile": compiled,
@@ -297,9 +296,7 @@ class EmbeddingWorkload:
         find), then tokenizing threads, one, half the cores and every core. None on a CPU,
         where the forward pass has the cores, or on ``encode``'s path (``feeder`` off,
         ``tokenize_ahead``)."""
-        cards = self.card is not None or (
-            bool(devices) and all(device.startswith("cuda") for device in devices)
-            and self.feeder and not self.tokenize_ahead)
+        cards = self.card is not None or self._feeds_cuda(devices)
         if not cards or self.tokenize_threads is not None or self.tokenize_processes is not None:
             return []
         from helpers.workloads.embedding.feeder import available_cores
@@ -308,6 +305,12 @@ class EmbeddingWorkload:
         cores = available_cores()
         return ([{}] if default_processes(True, cores) else []) + \
             [{"tokenize_threads": n} for n in sorted({1, max(1, cores // 2), cores})]
+
+    def _feeds_cuda(self, devices: list[str]) -> bool:
+        """Whether the feeder feeds the torch card on every one of ``devices``, CUDA devices
+        (``feeder`` on, not ``tokenize_ahead``: the model's own path there)."""
+        return bool(devices) and all(device.startswith("cuda") for device in devices) \
+            and self.feeder and not self.tokenize_ahead
 
     def report(self, model: Any) -> dict[str, Any]:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""
