@@ -27,3 +27,19 @@ def test_the_default_tokenizing_is_a_real_card_s(monkeypatch):
     monkeypatch.setattr(feeding, "share_of_cores", lambda models: max(1, 16 // models))
     assert feeding.default_tokenizing(2) == tokenizing_for(None, None, True, 8) == (1, 7)
     assert feeding.default_tokenizing(16) == (1, 0)
+
+
+def test_a_run_that_named_no_tokenizing_is_the_default_s_line(monkeypatch):
+    """card_layouts words each run's tokenizing as its workers loaded it, and a run that named
+    none as "default" too: one line of the figure, whatever its count of processes."""
+    said = iter([{"tokenize_threads": 1, "tokenize_processes": 7},
+                 {"tokenize_threads": 2, "tokenize_processes": 0}])
+    monkeypatch.setattr(feeding, "card_run", lambda texts, **layout: {
+        "workers": layout["workers"], **next(said)})
+    table = feeding.card_layouts(["a text"], [{"workers": 2, "threads": None},
+                                              {"workers": 2, "threads": 2}],
+                                 "h200", 16, 1, 1, 16)
+    assert list(table["tokenizing"]) == ["7 processes", "2 threads"]
+    assert list(table["tokenizing_asked"]) == ["default", "2 threads"]
+    assert "default" not in table
+    assert feeding.layout_name(table.iloc[0], ["tokenizing_asked"]) == "default tokenizing"

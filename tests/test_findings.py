@@ -191,3 +191,22 @@ def test_card_feeding_names_a_layout_that_tokenized_in_processes_as_such():
                           for w, p, busy in ((1, 1, 0.8), (2, 0, 0.9))])
     said = findings.card_feeding(table.assign(tokenizing=tokenizing(table)))
     assert "with 2 workers × 1 thread tokenizing (workers × tokenizing: 1×1 process: 80%)" in said
+
+
+def test_card_feeding_says_what_the_default_tokenized_on_at_each_count_of_workers():
+    """The default's processes change with the workers (each worker's share of the cores): the
+    figure draws it as one line ("default"), the finding names its count at each."""
+    table = pd.DataFrame([{"workers": w, "tokenizing": words, "tokenizing_asked": asked,
+                           "replicate": 0, "card_busy_share": 0.5 + w / 10,
+                           "cpu_s_per_m_tokens": 3.0, "card": "simulated h200", "cores": 16,
+                           "card_cores": 16, "card_tokens_per_s": 17.5e6,
+                           "workunit_size": 256, "backend": "process"}
+                          for w, words, asked in ((1, "8 processes", "default"),
+                                                  (2, "7 processes", "default"),
+                                                  (1, "1 thread", "1 thread"))])
+    said = findings.card_feeding(table)
+    assert said.endswith("; the default tokenized on 8 processes at 1 worker, 7 processes at 2 "
+                         "workers")
+    named = table[table["tokenizing_asked"] != "default"]
+    assert "the default" not in findings.card_feeding(named)
+    assert "the default" not in findings.card_feeding(table.drop(columns="tokenizing_asked"))

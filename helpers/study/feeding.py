@@ -19,8 +19,11 @@ LAYOUT = ("workers", "tokenizing", "workunit_size", "backend")  # what a run's r
 AXES = {"workers": ("worker", "workers"),
         "workunit_size": ("record workunit", "workunit size"),
         "backend": ("backend", "backend"),
-        "tokenizing": ("tokenizing", "tokenizing")}  # each: its noun in a layout's name, its
-# axis' name ("tokenizing": a run's threads or processes in words, ``tokenizing``)
+        "tokenizing": ("tokenizing", "tokenizing"),
+        "tokenizing_asked": ("tokenizing", "tokenizing asked")}  # each: its noun in a layout's
+# name, its axis' name ("tokenizing": a run's threads or processes in words, ``tokenizing``;
+# "tokenizing_asked": the same, but "default" where the run named none, whose count of
+# processes changes with the workers: one line of a figure, not a point for each count)
 
 
 def tokenizing(table: pd.DataFrame) -> list[str]:
@@ -119,7 +122,8 @@ def card_layouts(texts: list[str], layouts: Sequence[dict[str, Any]], card: str,
     """Each layout (``card_run``'s workers, threads, workunit_size and backend) on the first
     ``records`` texts, ``replicates`` interleaved rounds (each in another order): one row a run,
     its ``tokenizing`` in words as the workers loaded it (a default layout: the processes a
-    real card's worker takes)."""
+    real card's worker takes), and its ``tokenizing_asked`` ("default" where the layout named
+    neither threads nor processes)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-card-") as folder:
         for replicate in range(replicates):
@@ -127,12 +131,20 @@ def card_layouts(texts: list[str], layouts: Sequence[dict[str, Any]], card: str,
             for layout in list(layouts[turn:]) + list(layouts[:turn]):
                 rows.append({"replicate": replicate, **card_run(
                     texts[:records], card=card, card_cores=card_cores, batch_size=batch_size,
-                    folder=folder, **layout)})
+                    folder=folder, **layout), "default": _named_none(layout)})
     table = pd.DataFrame(rows)
-    return table.assign(
-        tokenizing=tokenizing(table), card=f"simulated {card}", card_cores=card_cores,
+    words = tokenizing(table)
+    return table.drop(columns="default").assign(
+        tokenizing=words, tokenizing_asked=[
+            "default" if default else said for default, said in zip(table["default"], words)],
+        card=f"simulated {card}", card_cores=card_cores,
         cores=available_cores(),
         card_tokens_per_s=CARDS[card].tokens_per_second, batch_size=batch_size)
+
+
+def _named_none(layout: dict[str, Any]) -> bool:
+    """Whether ``layout`` (``card_run``'s arguments) leaves the tokenizing to the default."""
+    return layout.get("threads") is None and layout.get("processes") is None
 
 
 def card_feeding(card: str, card_cores: int, worker_counts: Sequence[int],

@@ -380,9 +380,24 @@ def _limit(share: float) -> str:
 
 
 def card_feeding(table: pd.DataFrame) -> str:
-    """Notebook 01's: ``card_busy`` by workers × tokenizing (threads or processes), and how
-    many of this machine's cores one real card would need (helpers.study.feeding)."""
+    """Notebook 01's: ``card_busy`` by workers × tokenizing (threads or processes), how many
+    of this machine's cores one real card would need (helpers.study.feeding), and what the
+    default tokenized on at each count of workers (its processes: each worker's share of the
+    cores less its own thread), where the table has default runs."""
     from helpers.study.feeding import cores_needed
 
     return (card_busy(table, ["workers", "tokenizing"]) + f"; at its cheapest layout's CPU "
-            f"per token, one real card needs {cores_needed(table):.0f} of these cores to be fed")
+            f"per token, one real card needs {cores_needed(table):.0f} of these cores to be fed"
+            + _default_tokenizing(table))
+
+
+def _default_tokenizing(table: pd.DataFrame) -> str:
+    """"; the default tokenized on 8 processes at 1 worker, 7 processes at 2 workers" (the runs
+    whose ``tokenizing_asked`` is "default"; "" where none is)."""
+    if "tokenizing_asked" not in table:
+        return ""
+    default = table[table["tokenizing_asked"] == "default"].drop_duplicates("workers") \
+        .sort_values("workers")
+    each = [f"{words} at {int(n)} worker{'s' * (n > 1)}"
+            for words, n in zip(default["tokenizing"], default["workers"])]
+    return f"; the default tokenized on {', '.join(each)}" if each else ""
