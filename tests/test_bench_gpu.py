@@ -182,7 +182,11 @@ def test_the_plan_prepares_what_a_call_carries_fits_it_and_sends_the_commit():
     assert f"GPUFEED_COMMIT={head}" in command and "--out" in command and len(command) < 2000
     assert "$OUT/gpu-check.tgz" in command
     call = json.loads(text[text.index("{"):text.index("}") + 1])
-    assert "fits" in text and call["timeout_s"] == plan.TIMEOUT_S
+    assert "fits" in text and call["timeout_s"] == plan.timeout_s()
+    retry = json.loads(text[text.index("{", text.index("second try")):text.rindex("}") + 1])
+    assert f"--budget {plan.RETRY_BUDGET_S}" in retry["command"] and "--budget" not in command
+    assert plan.START_SECONDS + call["timeout_s"] + retry["timeout_s"] <= plan.DEVICE_SECONDS
+    assert f"timeout {int(plan.RETRY_BUDGET_S + plan.OVER_BUDGET_S)} " in retry["command"]
     assert call["carry"] == ["build/gpu/model"] and (ROOT / "build/gpu/model/config.json").is_file()
 
 

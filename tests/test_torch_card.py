@@ -327,3 +327,73 @@ def test_on_cuda_without_pinned_memory_the_copies_block(st_model, texts, monkeyp
     ids[:], mask[:] = 101, 1
     card.collect([card.submit(ids, mask)])
     assert copies == [False, False]
+
+
+class _Graph:
+    """A CUDA graph whose capture ends as told (``fails``: CUDA's error at its end)."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.fails, self.ended = fails, False
+
+    def capture_begin(self, pool, capture_error_mode):
+        assert capture_error_mode == "thread_local"
+
+    def capture_end(self):
+        self.ended = True
+        if self.fails:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during "
+                               "capture")
+
+
+def _calls(ended, refuses=False):
+    """The real CudaCalls of cuda:1 over a stand-in for the few torch calls a capture makes."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from helpers.workloads.embedding.cards.torch_card import CudaCalls
+
+    def end(index, pool):
+        ended.append((index, pool))
+        if refuses:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    calls = CudaCalls(torch.device("cuda:1"))
+    calls.torch = SimpleNamespace(
+        _C=SimpleNamespace(_cuda_endAllocateToPool=end),
+        cuda=SimpleNamespace(stream=lambda stream: contextlib.nullcontext(),
+                             Event=lambda **options: options))
+    return calls
+
+
+def test_a_failed_capture_leaves_the_allocator_routing_nothing_to_its_pool():
+    """A forward that fails in a capture (a sync CUDA refuses), or a capture whose end fails:
+    the allocator is told the capture into the pool is over (torch releases that raise at
+    capture_end before telling it leave every later empty_cache() tripping an assertion); a
+    capture that succeeds is not touched, and an allocator that was told already is ignored."""
+    ended = []
+
+    def sync():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    graph = _Graph(fails=True)
+    with pytest.raises(RuntimeError, match="not permitted"):
+        _calls(ended).capture(graph, sync, (0, 7), "side")
+    assert graph.ended and ended == [(1, (0, 7))]
+    ended.clear()
+    with pytest.raises(RuntimeError, match="previous error"):
+        _calls(ended).capture(_Graph(fails=True), lambda: "rows", (0, 8), "side")
+    assert ended == [(1, (0, 8))]
+    ended.clear()
+    assert _calls(ended).capture(_Graph(), lambda: "rows", (0, 9), "side") == "rows"
+    assert ended == []
+    with pytest.raises(RuntimeError, match="not permitted"):  # (told already: refused, ignored)
+        _calls(ended, refuses=True).capture(_Graph(fails=True), sync, (0, 10), "side")
+    assert ended == [(1, (0, 10))]
+
+
+def test_the_card_s_events_sleep_while_a_worker_waits():
+    """cudaEventBlockingSync: a default event's synchronize spins a core, one a worker's
+    tokenizing processes need."""
+    assert _calls([]).event() == {"blocking": True}

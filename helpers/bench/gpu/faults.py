@@ -97,7 +97,9 @@ def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: fl
         with WorkerPool(workload, [device], workers_per_device="fit",
                         max_workers_per_device=fit_max, progress=False) as pool:
             rows.append(_fit(pool, device, before))
-            records = max(oom_records, int(rate * len(pool.ready) * kill_seconds))
+            records = max(oom_records, int(rate * kill_seconds))  # (one worker's rate: the
+            # workers share one card and the node's cores; a job that ends before its kill
+            # runs again, twice as long. Sized by the workers, the first card's lasted 25 s)
             rows.append(_killed(pool, records, kill_units, KILL_AT * kill_seconds, folder)
                         if time.monotonic() + 2 * kill_seconds < deadline else
                         {"check": "killed", "passed": False, "detail": "skipped: budget"})

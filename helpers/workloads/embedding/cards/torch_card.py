@@ -100,7 +100,10 @@ class CudaCalls:
         return self.torch.cuda.current_stream(self.device)
 
     def event(self) -> Any:
-        return self.torch.cuda.Event()
+        """An event whose ``synchronize`` sleeps (``cudaEventBlockingSync``): a default one
+        spins a core while a worker waits for its rows, a core its tokenizing processes
+        need."""
+        return self.torch.cuda.Event(blocking=True)
 
     def pinned(self, size: int, dtype: Any) -> Any:
         return self.torch.empty(size, dtype=dtype, pin_memory=True)
@@ -117,7 +120,8 @@ class CudaCalls:
     def capture(self, graph: Any, forward: Callable[[], Any], pool: Any, stream: Any) -> Any:
         """``forward()`` captured into ``graph`` on ``stream`` (the caller makes it the only
         capture under way); its output (static). ``torch.cuda.graph`` would also synchronize the
-        device and empty the caches first, stalling every worker's batches."""
+        device and empty the caches first, stalling every worker's batches. A capture that
+        fails leaves the allocator as it found it (``_end_pool``)."""
         with self.torch.cuda.stream(stream):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
@@ -125,9 +129,31 @@ class CudaCalls:
             except BaseException:
                 with contextlib.suppress(Exception):  # (a capture the error invalidated)
                     graph.capture_end()
+                self._end_pool(pool)
                 raise
-            graph.capture_end()
+            try:
+                graph.capture_end()
+            except BaseException:
+                self._end_pool(pool)
+                raise
         return out
+
+    def _end_pool(self, pool: Any) -> None:
+        """Tell the caching allocator that the capture into ``pool`` is over, after a failed
+        one: torch releases whose ``capture_end`` raises on CUDA's error before telling it (as
+        ``torch.cuda.graph`` would, too) leave it routing this device's allocations to the
+        pool, never reusing memory freed after ``record_stream``, and tripping an assertion at
+        every later ``empty_cache()`` (the engine's, after an out-of-memory error). Where
+        ``capture_end`` told it already, the allocator refuses, and that is ignored."""
+        torch = self.torch
+        end = getattr(torch._C, "_cuda_endAllocateToPool", None) \
+            or getattr(torch._C, "_cuda_endAllocateCurrentStreamToPool", None)
+        if end is None:
+            return
+        index = self.device.index if self.device.index is not None \
+            else torch.cuda.current_device()
+        with contextlib.suppress(Exception):
+            end(index, pool)
 
 
 @dataclass
