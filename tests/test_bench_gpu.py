@@ -360,3 +360,37 @@ def test_the_study_runs_graphs_only_where_the_model_side_found_them_faster():
     assert check._worker_rate(pd.DataFrame(), "cuda:0") == 1.0
     old = rows([100, 120], []).drop(columns="cuda_graphs")  # (a table from before graphs)
     assert check._worker_rate(old, "cuda:0") == 110 and not check._graphs_faster(old, "cuda:0")
+
+
+def test_a_section_that_fails_costs_the_check_none_of_the_others(tmp_path, prepared,
+                                                                 monkeypatch, capsys):
+    """On a card's first contact: the ceilings and the model's side raise, and the faults,
+    the simulated card and the study still run (from what they would have had: a worker's rate
+    of one text a second), each failure's error in the log and its name in the summary."""
+    def fails(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    ran = []
+
+    def faults_ran(workload, device, oom_records, rate, *rest):
+        ran.append(("faults", rate))
+        return [{"check": "fit", "passed": True}]
+
+    def study_ran(workload, device, records, counts, sizes, deadline, folder, rate, keep,
+                  layouts):
+        ran.append(("study", rate))
+        return [{"workers": 1, "workunit_size": "auto", "texts_per_s": 1.0}], []
+
+    monkeypatch.setattr(check, "_ceilings", fails)
+    monkeypatch.setattr(check.model_side, "measure", fails)
+    monkeypatch.setattr(check.faults, "measure", faults_ran)
+    monkeypatch.setattr(check.simulated, "measure", fails)
+    monkeypatch.setattr(check.study, "measure", study_ran)
+    out = check.run(tmp_path / "out", dry_run=True, prepared=prepared)
+    printed = capsys.readouterr()
+    assert ran == [("faults", 1.0), ("study", 1.0)]
+    assert "the model's side failed: RuntimeError: CUDA error" in printed.out
+    assert "Traceback" in printed.err
+    assert "failed (their errors above): the card's ceilings, the model's side, the simulated " \
+           "card" in printed.out
+    assert sorted(p.name for p in out.glob("*.csv")) == ["gpu_faults.csv", "gpu_study.csv"]

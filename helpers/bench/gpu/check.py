@@ -10,7 +10,9 @@ what it measured)::
 The model's side has until MODEL_SHARE of the budget, the faults until FAULTS_SHARE (three
 checks, about a minute), the simulated card (does this machine's CPU feed its card?) until
 SIMULATED_SHARE, and the study fills what is left but RESERVE_SECONDS, a run it cannot finish
-skipped and said so; its tables are saved after every run. The model is
+skipped and said so; its tables are saved after every run. A section that raises (a card's
+first contact with code only its fakes ran) has its error and traceback in the log and its name
+in the summary's last lines, and the next section runs with what it would have had. The model is
 all-MiniLM-L6-v2's configuration and tokenizer with seeded random weights
 (helpers.bench.gpu.weights), built into a temporary folder first. ``--dry-run`` runs every
 section on a CPU with tiny sizes (DRY), in under a minute: the test suite runs it, so the check
@@ -21,6 +23,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +110,20 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
     def say(what: str) -> None:  # progress, for the call's log
         print(f"[{time.monotonic() - started:5.0f} s] {what}", flush=True)
 
+    failed: list[str] = []
+
+    def section(name: str, work: Callable[[], Any], otherwise: Any = None) -> Any:
+        """``work()``, or where it raises, ``otherwise``: its error and traceback in the log,
+        its name in the summary, and the next section runs (on a card's first contact, a
+        section's failure must not cost the others)."""
+        try:
+            return work()
+        except Exception as exc:
+            failed.append(name)
+            say(f"{name} failed: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+            return otherwise
+
     with tempfile.TemporaryDirectory(prefix="gpufeed-gpu-") as scratch:
         folder = Path(scratch)
         say(f"on {device}: building the model (weights {WEIGHTS})")
@@ -113,30 +131,32 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
             prepare(prepared)  # (here, from the embedded model; a card's call carries it)
         model_dir = str(build(prepared, folder / "model", layers=sizes.layers))
         say("the card's ceilings")
-        card = pd.DataFrame(_ceilings(device, sizes))
-        _save(card, "gpu_card", out, parameters)
-        rates = card.set_index("ceiling")["value"]
-        ceilings = {"bf16": float(rates["matmul_bf16"]), "fp32": float(rates["matmul_fp32"])}
+        card = section("the card's ceilings", lambda: _save(
+            pd.DataFrame(_ceilings(device, sizes)), "gpu_card", out, parameters),
+            pd.DataFrame())
+        ceilings = _matmul_rates(card)
         texts = [text for _, text in study.corpus(sizes.model_texts)]
         say("the model's side")
-        rows = model_side.measure(model_dir, device, texts, sizes.batch_sizes, sizes.repeats,
-                                  sizes.rounds, started + MODEL_SHARE * budget, ceilings,
-                                  sizes.precisions, sizes.compiled)
-        model = _save(pd.DataFrame(rows), "gpu_model", out, parameters)
-        _release(device)  # (the workers need the card's memory this process cached)
+        model = section("the model's side", lambda: _save(pd.DataFrame(model_side.measure(
+            model_dir, device, texts, sizes.batch_sizes, sizes.repeats, sizes.rounds,
+            started + MODEL_SHARE * budget, ceilings, sizes.precisions, sizes.compiled)),
+            "gpu_model", out, parameters), pd.DataFrame())
+        section("releasing the model's memory", lambda: _release(device))  # (the workers
+        # need the card's memory this process cached)
         workload = _study_workload(model_dir, device)
         rate = _worker_rate(model, device)
         say("faults")
-        checks = faults.measure(workload, device, sizes.oom_records, rate, sizes.kill_units,
-                                folder, started + FAULTS_SHARE * budget, sizes.fit_max,
-                                sizes.kill_seconds)
-        _save(pd.DataFrame(checks), "gpu_faults", out, parameters)
+        section("faults", lambda: _save(pd.DataFrame(faults.measure(
+            workload, device, sizes.oom_records, rate, sizes.kill_units, folder,
+            started + FAULTS_SHARE * budget, sizes.fit_max, sizes.kill_seconds)),
+            "gpu_faults", out, parameters))
         say("the simulated card")
         texts = [text for _, text in study.corpus(sizes.simulated_records)]
-        fed = simulated.measure(model_dir, texts, simulated.card_for(str(card["gpu"].iloc[0])),
-                                model_side.ENCODE_BATCH, SIMULATED_WORKUNIT,
-                                started + SIMULATED_SHARE * budget)
-        _save(pd.DataFrame(fed), "gpu_simulated", out, parameters)
+        gpu = str(card["gpu"].iloc[0]) if "gpu" in card else ""
+        section("the simulated card", lambda: _save(pd.DataFrame(simulated.measure(
+            model_dir, texts, simulated.card_for(gpu), model_side.ENCODE_BATCH,
+            SIMULATED_WORKUNIT, started + SIMULATED_SHARE * budget)),
+            "gpu_simulated", out, parameters))
         graphs = _graphs_faster(model, device)
         say(f"the study{' (with CUDA graphs: faster in the model side)' if graphs else ''}")
         workload = _study_workload(model_dir, device, graphs)
@@ -145,16 +165,30 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
             _save(pd.DataFrame(runs).assign(cuda_graphs=graphs), "gpu_study", out, parameters)
             _save(pd.DataFrame(samples), "gpu_study_samples", out, parameters)
 
-        runs, _ = study.measure(workload, device, sizes.study_records, sizes.worker_counts,
-                                sizes.workunit_sizes, started + budget - RESERVE_SECONDS, folder,
-                                _worker_rate(model, device, graphs), keep, sizes.tokenizing)
-        _save(pd.DataFrame(runs).assign(cuda_graphs=graphs), "gpu_study", out,
-              parameters)  # (the runs cut, too)
+        def the_study() -> None:
+            runs, _ = study.measure(workload, device, sizes.study_records, sizes.worker_counts,
+                                    sizes.workunit_sizes, started + budget - RESERVE_SECONDS,
+                                    folder, _worker_rate(model, device, graphs), keep,
+                                    sizes.tokenizing)
+            _save(pd.DataFrame(runs).assign(cuda_graphs=graphs), "gpu_study", out,
+                  parameters)  # (the runs cut, too)
+
+        section("the study", the_study)
     from helpers.bench.gpu.report import summary
 
     print(summary(out))
+    if failed:
+        print(f"failed (their errors above): {', '.join(failed)}")
     print(f"tables: {out} ({time.monotonic() - started:.0f} s)")
     return out
+
+
+def _matmul_rates(card: pd.DataFrame) -> dict[str, float]:
+    """The card's bf16 and fp32 matrix rates from its ceilings (NaN where they were not
+    measured: the shares of them are NaN then)."""
+    rates = card.set_index("ceiling")["value"] if "ceiling" in card else pd.Series(dtype=float)
+    return {"bf16": float(rates.get("matmul_bf16", float("nan"))),
+            "fp32": float(rates.get("matmul_fp32", float("nan")))}
 
 
 def _release(device: str) -> None:
