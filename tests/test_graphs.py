@@ -228,6 +228,10 @@ def test_threads_feeding_one_card_share_its_graphs_one_capture_at_a_time(model, 
     run(single, model, texts)
     assert card.graphs.counts.captured == single.graphs.counts.captured == len(card.graphs.graphs)
     assert card.graphs.counts.replayed == 2 * single.graphs.counts.replayed
+    entered = {call[1] for call in card.cuda.calls if call[0] == "enter"}
+    assert entered == {"copies-1", "copies-2"}  # every thread's copies on the card's one copy
+    # stream, made with it; the captures on its side stream (torch's pool of 32 streams, handed
+    # out in turn, would let a stream made per thread be the capture's)
 
 
 def test_the_engine_empties_the_cache_only_between_captures(monkeypatch):

@@ -11,7 +11,9 @@ a small ring (``STAGING_SLOTS``; a slot is reused once its copy is done), the co
 runs on a stream of its own, which the forward's stream waits for by an event, so the copy of
 batch n+1 runs while batch n computes; the rows come back into pinned memory without blocking,
 and ``collect`` waits for their event only. Per calling thread (the thread backend's workers
-share one model): each has its own streams and ring. On a CPU the same path runs without
+share one model): each has its own ring; the card's one copy stream, made with it, serves them
+all (torch hands out streams from a pool of 32 in turn: a stream made per thread could, past 32,
+be the very stream the card's graphs capture on, the copies of another thread joining a graph). On a CPU the same path runs without
 streams or pinning, and ``submit`` computes the batch before it returns. With ``graphs`` (CUDA
 only), each batch's pass is replayed from a CUDA graph of its padded shape, one launch instead of
 a kernel's each (helpers.workloads.embedding.cards.graphs).
@@ -200,6 +202,8 @@ class TorchCard:
         self.dim = int(truncate_dim or get_dim())
         self.asynchronous = self.device.type == "cuda"
         self.cuda = (cuda or CudaCalls(self.device)) if self.asynchronous else None
+        self._copies = self.cuda.stream() if self.cuda is not None else None  # (every
+        # thread's copies: the module docstring)
         self.pinned, self.half_rows = pinned, half_rows
         self.label = label or f"torch on {device}"
         self._local = threading.local()
@@ -217,10 +221,9 @@ class TorchCard:
             self.label += " (CUDA graphs)"
 
     def _thread(self) -> Any:
-        """This thread's streams and staging ring (CUDA)."""
+        """This thread's staging ring (CUDA)."""
         local = self._local
         if not hasattr(local, "ring"):
-            local.copies = self.cuda.stream()
             local.ring, local.turn, local.staged = [], 0, None
         return local
 
@@ -264,13 +267,13 @@ class TorchCard:
         else:
             slot, texts, tokens = staged
             size, compute = texts * tokens, cuda.current()
-            with cuda.use(local.copies):
+            with cuda.use(self._copies):
                 on_device = [slot.ids[:size].view(texts, tokens).to(self.device,
                                                                     non_blocking=True),
                              slot.mask[:size].view(texts, tokens).to(self.device,
                                                                      non_blocking=True)]
                 slot.copied = cuda.event()
-                slot.copied.record(local.copies)
+                slot.copied.record(self._copies)
             compute.wait_event(slot.copied)
             for tensor in on_device:
                 tensor.record_stream(compute)  # (allocated on the copy stream, used here)
