@@ -379,10 +379,16 @@ def test_a_section_that_fails_costs_the_check_none_of_the_others(tmp_path, prepa
     def study_ran(workload, device, records, counts, sizes, deadline, folder, rate, keep,
                   layouts):
         ran.append(("study", rate))
-        return [{"workers": 1, "workunit_size": "auto", "texts_per_s": 1.0}], []
+        return [], []
+
+    def measured_one(*args):
+        args[-1].append({"mode": "load", "precision": "fp32", "compile": False,
+                         "cuda_graphs": False, "tokenize_ahead": True, "pin_memory": True,
+                         "skipped": "measured first"})
+        fails()
 
     monkeypatch.setattr(check, "_ceilings", fails)
-    monkeypatch.setattr(check.model_side, "measure", fails)
+    monkeypatch.setattr(check.model_side, "measure", measured_one)
     monkeypatch.setattr(check.faults, "measure", faults_ran)
     monkeypatch.setattr(check.simulated, "measure", fails)
     monkeypatch.setattr(check.study, "measure", study_ran)
@@ -393,4 +399,11 @@ def test_a_section_that_fails_costs_the_check_none_of_the_others(tmp_path, prepa
     assert "Traceback" in printed.err
     assert "failed (their errors above): the card's ceilings, the model's side, the simulated " \
            "card" in printed.out
-    assert sorted(p.name for p in out.glob("*.csv")) == ["gpu_faults.csv", "gpu_study.csv"]
+    assert sorted(p.name for p in out.glob("*.csv")) == ["gpu_faults.csv", "gpu_model.csv"]
+    assert list(pd.read_csv(out / "gpu_model.csv")["skipped"]) == ["measured first"]
+    results = report.ingest(out, tmp_path / "results", tmp_path / "figures")  # (no gpu_card:
+    assert "GPU check: no GPU" in capsys.readouterr().out  # the others' sidecars name the call)
+    assert (results / "gpu_faults.csv").is_file() and not (results / "gpu_card.csv").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="none of gpu_card, gpu_model"):
+        report.ingest(tmp_path / "empty", tmp_path / "r2", tmp_path / "f2")

@@ -12,7 +12,10 @@ checks, about a minute), the simulated card (does this machine's CPU feed its ca
 SIMULATED_SHARE, and the study fills what is left but RESERVE_SECONDS, a run it cannot finish
 skipped and said so; its tables are saved after every run. A section that raises (a card's
 first contact with code only its fakes ran) has its error and traceback in the log and its name
-in the summary's last lines, and the next section runs with what it would have had. The model is
+in the last lines ("failed (their errors above): ..."; the call still exits 0), what it measured
+before saved, and the next section runs on what there is, or on fallbacks: a worker's rate of one
+text a second (the study's first guesses), eager (no graphs), the simulated profile of the
+card's name. The model is
 all-MiniLM-L6-v2's configuration and tokenizer with seeded random weights
 (helpers.bench.gpu.weights), built into a temporary folder first. ``--dry-run`` runs every
 section on a CPU with tiny sizes (DRY), in under a minute: the test suite runs it, so the check
@@ -137,10 +140,12 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
         ceilings = _matmul_rates(card)
         texts = [text for _, text in study.corpus(sizes.model_texts)]
         say("the model's side")
-        model = section("the model's side", lambda: _save(pd.DataFrame(model_side.measure(
+        measured_rows: list[dict[str, Any]] = []  # (what it measured before any error)
+        section("the model's side", lambda: model_side.measure(
             model_dir, device, texts, sizes.batch_sizes, sizes.repeats, sizes.rounds,
-            started + MODEL_SHARE * budget, ceilings, sizes.precisions, sizes.compiled)),
-            "gpu_model", out, parameters), pd.DataFrame())
+            started + MODEL_SHARE * budget, ceilings, sizes.precisions, sizes.compiled,
+            measured_rows))
+        model = _save(pd.DataFrame(measured_rows), "gpu_model", out, parameters)
         section("releasing the model's memory", lambda: _release(device))  # (the workers
         # need the card's memory this process cached)
         workload = _study_workload(model_dir, device)
@@ -152,7 +157,7 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
             "gpu_faults", out, parameters))
         say("the simulated card")
         texts = [text for _, text in study.corpus(sizes.simulated_records)]
-        gpu = str(card["gpu"].iloc[0]) if "gpu" in card else ""
+        gpu = str(card["gpu"].iloc[0]) if "gpu" in card else _gpu_name(device)
         section("the simulated card", lambda: _save(pd.DataFrame(simulated.measure(
             model_dir, texts, simulated.card_for(gpu), model_side.ENCODE_BATCH,
             SIMULATED_WORKUNIT, started + SIMULATED_SHARE * budget)),
@@ -181,6 +186,15 @@ def run(out: str | Path, dry_run: bool = False, budget: float = BUDGET_SECONDS,
         print(f"failed (their errors above): {', '.join(failed)}")
     print(f"tables: {out} ({time.monotonic() - started:.0f} s)")
     return out
+
+
+def _gpu_name(device: str) -> str:
+    """The card's name from torch ("" on a CPU), where its ceilings' table has none."""
+    if not device.startswith("cuda"):
+        return ""
+    import torch
+
+    return str(torch.cuda.get_device_name(device))
 
 
 def _matmul_rates(card: pd.DataFrame) -> dict[str, float]:

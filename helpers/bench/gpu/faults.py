@@ -79,7 +79,9 @@ def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: fl
             kill_seconds: float = KILL_SECONDS) -> list[dict[str, Any]]:
     """Tidy rows, one per check (``check``: fit, killed, out_of_memory), each with ``passed``;
     a check the time left cannot hold (``deadline``) is a row that says so. ``rate``: texts a
-    second one worker runs (the killed job is sized from it to last about ``kill_seconds``)."""
+    second one worker runs (the killed job is sized from it to last about ``kill_seconds`` at
+    that rate, less where the pool's workers together run faster; one that ends before its
+    kill runs again, twice as long)."""
     from helpers.engine.measure.telemetry import memory_in_use
     from helpers.engine.pipeline import WorkerPool
 

@@ -30,7 +30,8 @@ def draw(results: str | Path, figures_dir: str | Path) -> list[Path]:
     machine = describe_machine(meta["machine"]) + f"; weights {meta['parameters']['weights']}"
     device = meta["parameters"]["device"]
     saved = []
-    if "gpu_model" in tables:
+    if "gpu_model" in tables and "texts_per_s" in measured(tables["gpu_model"]).dropna(
+            axis="columns", how="all"):  # (not where every variant was skipped)
         fig, finding = model_figure(tables["gpu_model"], device)
         saved.append(save_figure(fig, FIGURES, "model-texts_per_s-vs-batch_size", figures_dir,
                                  finding=finding, machine=machine,

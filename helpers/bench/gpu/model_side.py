@@ -82,13 +82,14 @@ def feed_precision(device: str) -> str:
 
 def measure(model_dir: str, device: str, texts: list[str], batch_sizes: tuple[int, ...],
             repeats: int, rounds: int, deadline: float, ceilings: dict[str, float],
-            precisions: tuple[str, ...] = PRECISIONS, compiled: bool = True
-            ) -> list[dict[str, Any]]:
+            precisions: tuple[str, ...] = PRECISIONS, compiled: bool = True,
+            rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Tidy rows, one per (mode, variant, batch size, repeat), plus one per variant skipped
     (``precisions``, ``compiled``: fewer, for a dry run). ``ceilings``: TFLOP/s of the card's
-    matrix products by precision (card.ceilings)."""
+    matrix products by precision (card.ceilings). ``rows``: the list they go into as they are
+    measured (the caller keeps them where a later step raises)."""
     feed = feed_precision(device)
-    rows: list[dict[str, Any]] = []
+    rows = [] if rows is None else rows
     wanted = [(p, *FEEDS[0], graphs) for graphs in (False, True) for p in PRECISIONS
               if p in precisions] + [(feed, *options, False) for options in FEEDS[1:]]
     loaded = [item for item in (_load_row(model_dir, device, p, False, *options, rows)

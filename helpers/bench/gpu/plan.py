@@ -73,7 +73,9 @@ def plan() -> str:
     retry = {"command": command(commit.removesuffix("-dirty"), RETRY_BUDGET_S), "carry": carry,
              "timeout_s": timeout_s(RETRY_BUDGET_S)}
     lines += ["", "the device call (the device tool's `run`):", json.dumps(call, indent=2), "",
-              f"if it fails, a second try on the warm machine (the check's budget "
+              f"if it fails (no .tgz back, or its log's last lines say 'failed (their "
+              f"errors above)': the call exits 0), a second try on the warm machine (the "
+              f"check's budget "
               f"{RETRY_BUDGET_S} s: with a start of about {START_SECONDS} s, both fit the "
               f"session's {DEVICE_SECONDS} s of device time), then give the machine back:",
               json.dumps(retry, indent=2), "",

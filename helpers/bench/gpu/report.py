@@ -163,9 +163,9 @@ def ingest(path: str | Path, results_dir: str | Path = RESULTS_DIR,
     target = resolve(results_dir)
     with tempfile.TemporaryDirectory() as scratch:
         folder = unpack(path, Path(scratch))
-        if not (folder / "gpu_card.csv").is_file():
-            raise FileNotFoundError(f"{path}: no gpu_card.csv; expected the tables of "
-                                    f"`python -m helpers.bench gpu --out DIR`")
+        if not any((folder / f"{name}.csv").is_file() for name in TABLES):
+            raise FileNotFoundError(f"{path}: none of {', '.join(TABLES)} (.csv); expected "
+                                    f"the tables of `python -m helpers.bench gpu --out DIR`")
         target.mkdir(parents=True, exist_ok=True)
         for name in TABLES:
             for suffix in (".csv", ".json"):

@@ -23,9 +23,14 @@ def read(folder: str | Path) -> dict[str, pd.DataFrame]:
             if (folder / f"{name}.csv").is_file()}
 
 
-def sidecar(folder: str | Path, table: str = "gpu_card") -> dict[str, Any]:
-    path = Path(folder) / f"{table}.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+def sidecar(folder: str | Path, table: str | None = None) -> dict[str, Any]:
+    """``table``'s sidecar in ``folder`` (the machine, packages, commit, the check's parameters:
+    the same for every table of a call); None: the first table of TABLES that has one (a call
+    whose first sections failed still has the later ones'); {} where none has."""
+    names = [table] if table is not None else list(TABLES)
+    path = next((Path(folder) / f"{name}.json" for name in names
+                 if (Path(folder) / f"{name}.json").is_file()), None)
+    return json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
 
 
 def skipped(frame: pd.DataFrame) -> pd.Series:

@@ -102,8 +102,8 @@ class CardGraphs:
         self.batch_size, self.longest, self.pad_id = batch_size, longest, pad_id
         self.counts = GraphCounts()
         self.graphs: dict[tuple[int, int], _Graph] = {}
-        self._pool: Any = None
-        self._side: Any = None
+        self._side, self._pool = cuda.stream(), cuda.pool()  # (made with the card, just
+        # after its copy stream: torch's pool of streams hands out two in a row apart)
         self._done: Any = None  # the event after the last replay's rows were cloned
 
     def run(self, ids: Any, mask: Any) -> tuple[Any, int]:
@@ -153,8 +153,6 @@ class CardGraphs:
         warm-up and capture on the card's side stream."""
         cuda = self.cuda
         started = time.perf_counter()
-        if self._side is None:
-            self._side, self._pool = cuda.stream(), cuda.pool()
         ids = like.new_full((rows, length), self.pad_id)
         mask = like.new_zeros((rows, length))
         mask[:, 0] = 1

@@ -11,12 +11,13 @@ a small ring (``STAGING_SLOTS``; a slot is reused once its copy is done), the co
 runs on a stream of its own, which the forward's stream waits for by an event, so the copy of
 batch n+1 runs while batch n computes; the rows come back into pinned memory without blocking,
 and ``collect`` waits for their event only. Per calling thread (the thread backend's workers
-share one model): each has its own ring; the card's one copy stream, made with it, serves them
-all (torch hands out streams from a pool of 32 in turn: a stream made per thread could, past 32,
-be the very stream the card's graphs capture on, the copies of another thread joining a graph). On a CPU the same path runs without
-streams or pinning, and ``submit`` computes the batch before it returns. With ``graphs`` (CUDA
-only), each batch's pass is replayed from a CUDA graph of its padded shape, one launch instead of
-a kernel's each (helpers.workloads.embedding.cards.graphs).
+share one model): each has its own ring; the card's one copy stream, made with it (and its
+graphs' side stream just after), serves them all: torch hands out streams from a pool of 32 in
+turn, so a stream made per thread could, past 32, be the very stream the card's graphs capture
+on, the copies of another thread joining a graph. On a CPU the same path runs without streams
+or pinning, and ``submit`` computes the batch before it returns. With ``graphs`` (CUDA only),
+each batch's pass is replayed from a CUDA graph of its padded shape, one launch instead of a
+kernel's each (helpers.workloads.embedding.cards.graphs).
 
 The few CUDA calls are in ``CudaCalls`` so that tests can fake them (CI has no GPU).
 """
@@ -93,7 +94,7 @@ class CudaCalls:
     def __init__(self, device: Any) -> None:
         import torch
 
-        self.torch, self.device = torch, device
+        self.torch, self.device = torch, torch.device(device)
 
     def stream(self) -> Any:
         return self.torch.cuda.Stream(self.device)
@@ -148,14 +149,11 @@ class CudaCalls:
         every later ``empty_cache()`` (the engine's, after an out-of-memory error). Where
         ``capture_end`` told it already, the allocator refuses, and that is ignored."""
         torch = self.torch
-        end = getattr(torch._C, "_cuda_endAllocateToPool", None) \
-            or getattr(torch._C, "_cuda_endAllocateCurrentStreamToPool", None)
-        if end is None:
-            return
         index = self.device.index if self.device.index is not None \
             else torch.cuda.current_device()
         with contextlib.suppress(Exception):
-            end(index, pool)
+            torch._C._cuda_endAllocateToPool(index, pool)  # (torch.cuda.use_mem_pool's call;
+            # not the pool's release: the graph's own teardown releases it)
 
 
 @dataclass
