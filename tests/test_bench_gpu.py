@@ -64,7 +64,10 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
         in printed
 
     checks = pd.read_csv(out / "gpu_faults.csv").set_index("check")
-    assert list(checks.index) == ["fit", "killed", "out_of_memory"] and checks["passed"].all()
+    assert list(checks.index) == ["fit", "killed", "out_of_memory", "threads"]
+    assert checks["passed"].all() and checks.loc["threads", "exactly_once"]
+    assert checks.loc["threads", "detail"].startswith(  # (no graphs: a CPU)
+        "2 thread workers, one model (feeder -> torch on cpu), float16 rows")
     assert checks.loc["fit", "workers"] == sizes.fit_max  # (a CPU's memory: no stop before)
     assert checks.loc["out_of_memory", "simulated"] and checks.loc["out_of_memory",
                                                                     "oom_backoffs"] >= 1

@@ -15,6 +15,10 @@ over the whole card would take minutes to tokenize). Then, each while the sectio
 - ``out_of_memory``: a pool of one worker, given one workunit of OOM_RECORDS long texts (each cut
   at the model's 256 tokens) as one batch, far over what is free: CUDA's out-of-memory error, the
   scheduler's backoff (halves until one fits), every id written once and none in ``errors/``.
+- ``threads``: the thread backend's THREAD_WORKERS workers sharing one loaded model on the card
+  (its one copy stream; with CUDA graphs, captured and replayed under one lock), its rows stored
+  in float16 (copied back from the card as half): every id once, the vectors float16. What the
+  CPU tests run only against fakes of those CUDA calls.
 
 Without a card (the dry run) nothing holds memory and the out-of-memory error is raised by
 SimulatedOom above a size: the rows say so.
@@ -41,6 +45,7 @@ KILL_TRIES = 3  # a job that ended before its kill (faster than the rate it was 
 # loaded machine's model side measured slow) runs again, twice as long
 KILL_SECONDS = 8.0  # the killed job lasts about this long at the model's side's rate
 LONG_CHARACTERS = 1500  # a long text: paragraphs joined up to this (past 256 tokens)
+THREAD_WORKERS = 2  # the threads check's workers, one model between them
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: fl
     from helpers.engine.pipeline import WorkerPool
 
     card = device.startswith("cuda")
+    shared = workload  # (the threads check's: its own batch size)
     workload = replace(workload, batch_size=oom_records)  # a workunit of oom_records: one batch
     if not card:
         given = {f.name: getattr(workload, f.name) for f in fields(workload) if f.init}
@@ -110,6 +116,11 @@ def measure(workload: EmbeddingWorkload, device: str, oom_records: int, rate: fl
                 rows.append(_oom(pool, oom_records, folder, card))
         else:
             rows.append({"check": "out_of_memory", "passed": False, "detail": "skipped: budget"})
+        held.clear()  # (the threads' pool is the card's only tenant)
+        rows.append(_threads(shared, device, max(oom_records, int(rate * kill_seconds / 2)),
+                             kill_units, folder)
+                    if time.monotonic() + 2 * kill_seconds < deadline else
+                    {"check": "threads", "passed": False, "detail": "skipped: budget"})
     except Exception as exc:  # what did not run is a failed row
         rows.append({"check": "pool", "passed": False,
                      "detail": f"{type(exc).__name__}: {exc}"[:300]})
@@ -164,6 +175,34 @@ def _fit(pool: Any, device: str, before: float | None) -> dict[str, Any]:
                       f"the last read {last or float('nan'):.0f} MiB free, the device has "
                       f"{free_now:.0f}; a copy counted {counted or float('nan'):.0f} MiB, "
                       f"takes {real or float('nan'):.0f}"}
+
+
+def _threads(workload: EmbeddingWorkload, device: str, records: int, units: int,
+             folder: Path) -> dict[str, Any]:
+    """THREAD_WORKERS thread workers sharing one model on ``device`` (with CUDA graphs on a
+    card), rows stored in float16: every id once, the vectors float16."""
+    import h5py
+
+    from helpers.bench.gpu.study import corpus
+    from helpers.bench.scale import exactly_once
+    from helpers.engine.pipeline import WorkerPool
+
+    card = device.startswith("cuda")
+    shared = replace(workload, cuda_graphs=card, stored="float16")
+    output = folder / "faults-threads.h5"
+    with WorkerPool(shared, [device], backend="thread", workers_per_device=THREAD_WORKERS,
+                    progress=False) as pool:
+        stats = pool.run(corpus(records), output, workunit_size=units, overwrite=True)
+        said = pool.loaded.get(device, {})
+    once = exactly_once(output, records)
+    with h5py.File(output, "r") as f:
+        dtype = str(f["embeddings"].dtype)
+    return {"check": "threads", "passed": once and stats.failed_records == 0
+            and dtype == "float16", "workers": THREAD_WORKERS, "records": records,
+            "exactly_once": once, "failed_records": stats.failed_records,
+            "wall_s": stats.wall_s,
+            "detail": f"{THREAD_WORKERS} thread workers, one model ({said.get('path', '?')}), "
+                      f"{dtype} rows: {stats.records_per_s:,.0f} texts/s"}
 
 
 def _oom(pool: Any, records: int, folder: Path, card: bool) -> dict[str, Any]:
