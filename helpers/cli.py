@@ -214,6 +214,10 @@ def _workload_groups(shared: argparse.ArgumentParser) -> None:
                      help="on CUDA: replay each batch's forward pass from a CUDA graph of its "
                           "padded shape, one launch instead of one a kernel (checked against "
                           "eager fp32 first; skipped on a CPU)")
+    emb.add_argument("--unpadded", action=argparse.BooleanOptionalAction, default=False,
+                     help="run the transformer on each batch's real tokens alone, attention "
+                          "over each text's span (flash varlen attention on CUDA in fp16/bf16; "
+                          "transformers' BertModel only; checked against eager fp32 first)")
     emb.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
                      help="on CUDA: copy tokenized batches from pageable memory, blocking")
     emb.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
@@ -789,6 +793,7 @@ def tune(args: argparse.Namespace) -> int:
                               **({"model": args.model} if args.model else {}),
                               **({"compile": True} if args.compile else {}),
                               **({"cuda_graphs": True} if args.cuda_graphs else {}),
+                              **({"unpadded": True} if args.unpadded else {}),
                               **({"precision": args.precision, "runtime": args.runtime}
                                  if chosen else {}),  # phase 0 skipped: the variant given
                               **({"batch_size": args.batch_size}  # (the size it measured)
@@ -830,7 +835,7 @@ def _config_defaults(path: str) -> dict[str, Any]:
     read = {"workload": str, "model": str, "devices": str, "backend": str, "batch_size": int,
             "workunit_size": _count_or_auto, "workunit_seconds": float,
             "threads_per_worker": int, "precision": str, "runtime": str, "compile": _flag,
-            "cuda_graphs": _flag,
+            "cuda_graphs": _flag, "unpadded": _flag,
             "text_column": str, "id_column": str,
             "keep_columns": _names, "card": str, "card_cores": int, "tokenize_threads": int,
             "tokenize_processes": int, "word_cache": _flag, "feeder": _flag,
@@ -870,7 +875,7 @@ def _workload(args: argparse.Namespace, batch_size: int | None = None, **variant
                              "tokenize_ahead": args.tokenize_ahead,
                              "precision": args.precision, "runtime": args.runtime,
                              "compile": args.compile, "cuda_graphs": args.cuda_graphs,
-                             "pin_memory": args.pin_memory,
+                             "unpadded": args.unpadded, "pin_memory": args.pin_memory,
                              "feeder": args.feeder, "word_cache": args.word_cache,
                              "card": args.card, "card_cores": args.card_cores,
                              "tokenize_threads": args.tokenize_threads,

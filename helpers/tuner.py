@@ -96,7 +96,7 @@ CONFIG_FIELDS = {  # what tuned.yaml may set: field -> what it expects
     "workunit_size": "an integer >= 1 or 'auto'", "workunit_seconds": "seconds > 0",
     "threads_per_worker": "an integer >= 1", "precision": "fp32, bf16 or fp16",
     "runtime": "torch, onnx or onnx-int8", "compile": "true or false",
-    "cuda_graphs": "true or false",
+    "cuda_graphs": "true or false", "unpadded": "true or false",
     "text_column": "the input's text column", "id_column": "the input's id column",
     "keep_columns": "a list of the input's columns to carry",
     "card": "a simulated card's profile (h200, h200-compiled, h100, a100, l4)",

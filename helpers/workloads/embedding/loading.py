@@ -136,7 +136,7 @@ def load_model(workload: Any, device: str, threads: int) -> Any:
         return _load_onnx(workload, model, device, threads, why)
     graphs = workload.cuda_graphs and why is None and device.startswith("cuda")
     graphs_said = _graphs_said(workload.cuda_graphs, graphs, why, device)
-    variant = workload.precision != "fp32" or workload.compile or graphs
+    variant = workload.precision != "fp32" or workload.compile or graphs or workload.unpadded
     reference = _reference(workload, model) if variant else None
     if variant:
         model.to(torch_dtype(workload.precision))
@@ -145,13 +145,20 @@ def load_model(workload: Any, device: str, threads: int) -> Any:
     if why is None:
         from helpers.workloads.embedding.cards.torch_card import TorchCard
 
-        card = TorchCard(model, device, workload.normalize, workload.truncate_dim,
-                         pinned=workload.pin_memory, half_rows=workload.stored == "float16",
-                         graphs=graphs, batch_size=workload.batch_size)
+        try:
+            card = TorchCard(model, device, workload.normalize, workload.truncate_dim,
+                             pinned=workload.pin_memory, half_rows=workload.stored == "float16",
+                             graphs=graphs, batch_size=workload.batch_size,
+                             unpadded=workload.unpadded)
+        except ValueError as exc:
+            raise OptionRefused(str(exc)) from exc  # (unpadded: a model it cannot run)
         card.capture_ahead()  # (with graphs: the full batches' buckets, in the load)
         loaded = _fed(workload, model, card, device, threads)
         loaded.gpufeed_graphs = graphs_said
         return guarded(workload, loaded, reference, device) if variant else loaded
+    if workload.unpadded:
+        raise OptionRefused(f"unpadded: the torch card's; this model runs through encode "
+                            f"({why})")
     model.gpufeed_encode = why
     model.gpufeed_graphs = graphs_said
     if variant:

@@ -61,7 +61,10 @@ class EmbeddingWorkload:
     ``cuda_graphs``: on CUDA devices, the torch card replays each batch's pass from a CUDA
     graph of its padded shape, one launch for the pass (helpers.workloads.embedding.cards.graphs;
     guarded like a variant; on a CPU, or for a model that runs through ``encode``, skipped, and
-    the worker's report says why).
+    the worker's report says why). ``unpadded``: the torch card runs the transformer on each
+    batch's real tokens alone, attention over each text's span (flash ``varlen_attn`` on CUDA
+    in fp16/bf16; helpers.workloads.embedding.cards.unpadded): transformers' BertModel only,
+    else refused with the reason; guarded like a variant.
 
     The feeder (helpers.workloads.embedding.feeder; the package's docstring draws both paths):
     ``feeder`` (default True) feeds the model's modules with batches the feeder tokenizes once,
@@ -113,6 +116,7 @@ class EmbeddingWorkload:
     guard: tuple[float, float] = (GUARD_MEAN, GUARD_MIN)
     compile: bool = False
     cuda_graphs: bool = False
+    unpadded: bool = False
     pin_memory: bool = True
     word_cache: bool = True
     feeder: bool = True
@@ -146,7 +150,7 @@ class EmbeddingWorkload:
                 or self.max_chars < 1:
             raise ValueError(f"max_chars: expected a positive integer, got {self.max_chars!r}")
         for option in ("tokenize_ahead", "compile", "cuda_graphs", "pin_memory", "word_cache",
-                       "feeder"):
+                       "feeder", "unpadded"):
             if not isinstance(getattr(self, option), bool):
                 raise ValueError(f"{option}: expected True or False, got "
                                  f"{getattr(self, option)!r}")
@@ -164,6 +168,8 @@ class EmbeddingWorkload:
             said = "feeder=False" if not self.feeder else "tokenize_ahead=True"
             raise ValueError(f"cuda_graphs: the torch card's, on the feeder's path ({said} "
                              f"runs the model through its own encode)")
+        if self.unpadded:
+            self._check_unpadded()
         guard = tuple(self.guard) if isinstance(self.guard, (tuple, list)) else ()
         if len(guard) != 2 or not all(isinstance(g, (int, float)) and 0 < g <= 1 for g in guard):
             raise ValueError(f"guard: expected (mean, min) cosines in (0, 1], got {self.guard!r}")
@@ -193,10 +199,11 @@ class EmbeddingWorkload:
 
         object.__setattr__(self, "card", parse_card(self.card).name)
         if self.runtime != "torch" or self.precision != "fp32" or self.compile \
-                or self.tokenize_ahead or not self.feeder:
+                or self.tokenize_ahead or not self.feeder or self.unpadded:
             raise ValueError(f"card={self.card!r}: a simulated card's speed is its profile's; "
-                             f"precision, runtime, compile, tokenize_ahead and feeder=False "
-                             f"are a real model's options (cuda_graphs: its launches)")
+                             f"precision, runtime, compile, tokenize_ahead, feeder=False and "
+                             f"unpadded are a real model's options (cuda_graphs: its "
+                             f"launches)")
         if self.prompt_name is not None or self.task is not None \
                 or self.truncate_dim is not None or self.stored != "float32":
             raise ValueError(f"card={self.card!r}: a simulated card tokenizes what a model "
@@ -206,6 +213,18 @@ class EmbeddingWorkload:
         cards = tempfile.mkdtemp(prefix="gpufeed-cards-")  # shared by every worker copy
         object.__setattr__(self, "cards", cards)
         weakref.finalize(self, shutil.rmtree, cards, True)
+
+    def _check_unpadded(self) -> None:
+        """ValueError where ``unpadded`` cannot go with the other options."""
+        if self.runtime != "torch" or not self.feeder or self.tokenize_ahead:
+            said = f"runtime={self.runtime!r}" if self.runtime != "torch" else \
+                "feeder=False" if not self.feeder else "tokenize_ahead=True"
+            raise ValueError(f"unpadded: the torch card's, on the feeder's path ({said} runs "
+                             f"the model another way)")
+        if self.cuda_graphs or self.compile:
+            said = "cuda_graphs" if self.cuda_graphs else "compile"
+            raise ValueError(f"unpadded: {said} runs the padded pass (its shapes are the "
+                             f"padded batch's); choose one")
 
     def _check_encode_options(self) -> None:
         """What ``encode`` is given, checked before any worker starts."""
@@ -500,6 +519,7 @@ class EmbeddingWorkload:
                 "max_chars": self.max_chars, "precision": self.precision,
                 "runtime": self.runtime, "guard": list(self.guard), "compile": self.compile,
                 "cuda_graphs": self.cuda_graphs,
+                **({"unpadded": True} if self.unpadded else {}),
                 "pin_memory": self.pin_memory, "feeder": self.feeder,
                 "word_cache": self.word_cache, **self._encode_options(),
                 **{k: v for k, v in (("card", f"simulated {self.card}" if self.card else None),

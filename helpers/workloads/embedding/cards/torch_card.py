@@ -17,7 +17,9 @@ turn, so a stream made per thread could, past 32, be the very stream the card's 
 on, the copies of another thread joining a graph. On a CPU the same path runs without streams
 or pinning, and ``submit`` computes the batch before it returns. With ``graphs`` (CUDA only),
 each batch's pass is replayed from a CUDA graph of its padded shape, one launch instead of a
-kernel's each (helpers.workloads.embedding.cards.graphs).
+kernel's each (helpers.workloads.embedding.cards.graphs). With ``unpadded``, the transformer
+runs on the batch's real tokens alone (helpers.workloads.embedding.cards.unpadded), the other
+modules on its rows as they are.
 
 The few CUDA calls are in ``CudaCalls`` so that tests can fake them (CI has no GPU).
 """
@@ -183,12 +185,14 @@ class TorchCard:
     ``half_rows``: on CUDA, rows come back in float16 (the output stores float16: half the
     bytes copied; the same values as casting on the host); ``graphs``: on CUDA, each batch's
     pass replayed from a CUDA graph of its bucket (``cards.graphs``: batches of at most
-    ``batch_size`` texts); ``cuda``: the CUDA calls (tests give a fake)."""
+    ``batch_size`` texts); ``unpadded``: the transformer over the real tokens alone
+    (``cards.unpadded``; ValueError where it cannot run the model, or with graphs, whose
+    shapes are the padded batch's); ``cuda``: the CUDA calls (tests give a fake)."""
 
     def __init__(self, model: Any, device: str, normalize: bool = False,
                  truncate_dim: int | None = None, label: str | None = None,
                  pinned: bool = True, half_rows: bool = False, graphs: bool = False,
-                 batch_size: int = 32, cuda: Any = None) -> None:
+                 batch_size: int = 32, cuda: Any = None, unpadded: bool = False) -> None:
         import torch
 
         self.torch, self.model = torch, model.eval()  # (dropout off, as encode's own call)
@@ -205,6 +209,17 @@ class TorchCard:
         self.pinned, self.half_rows = pinned, half_rows
         self.label = label or f"torch on {device}"
         self._local = threading.local()
+        self.unpadded = None
+        if unpadded:
+            from helpers.workloads.embedding.cards.unpadded import UnpaddedBert
+            from helpers.workloads.embedding.cards.unpadded import unsupported as why_not
+
+            why = "CUDA graphs replay the padded batch's shapes" if graphs else \
+                why_not(model, str(self.device))
+            if why is not None:
+                raise ValueError(f"unpadded: {why}")
+            self.unpadded = UnpaddedBert(model[0].auto_model, str(self.device))
+            self.label += " (unpadded)"
         self.graphs = None
         if graphs:
             if self.cuda is None:
@@ -251,9 +266,10 @@ class TorchCard:
         with torch.inference_mode():
             if self.cuda is None:
                 features = self._features(torch.from_numpy(ids), torch.from_numpy(mask))
-                rows = self._forward(features)
+                rows = self._forward(features, mask)
                 return TorchTicket(rows.float().numpy() if rows.dtype != torch.float16
-                                   else rows.numpy())
+                                   else rows.numpy(),
+                                   tokens=int(mask.sum()) if self.unpadded is not None else None)
             return self._submit_cuda(ids, mask)
 
     def _submit_cuda(self, ids: np.ndarray, mask: np.ndarray) -> TorchTicket:
@@ -276,7 +292,7 @@ class TorchCard:
             for tensor in on_device:
                 tensor.record_stream(compute)  # (allocated on the copy stream, used here)
         compute = cuda.current()
-        rows, tokens = self.compute(*on_device)
+        rows, tokens = self.compute(*on_device, host_mask=mask)
         if rows.dtype not in (torch.float16, torch.float32):
             rows = rows.float()  # (bfloat16: NumPy has none; float32 holds it exactly)
         if self.half_rows:
@@ -295,11 +311,17 @@ class TorchCard:
             with torch.inference_mode():
                 self.graphs.capture_ahead(torch.zeros((1, 1), dtype=torch.int64).to(self.device))
 
-    def compute(self, ids: Any, mask: Any) -> tuple[Any, int]:
+    def compute(self, ids: Any, mask: Any, host_mask: np.ndarray | None = None
+                ) -> tuple[Any, int]:
         """The rows of a batch already on the card (on the current stream: replayed from its
-        bucket's graph, or launched eager), and the tokens computed for them."""
+        bucket's graph, or launched eager), and the tokens computed for them (``host_mask``:
+        the mask on the host, where the unpadded pass reads the texts' spans; None: read back
+        from the device)."""
         if self.graphs is not None:
             return self.graphs.run(ids, mask)
+        if self.unpadded is not None:
+            host_mask = mask.cpu().numpy() if host_mask is None else host_mask
+            return self._forward(self._features(ids, mask), host_mask), int(host_mask.sum())
         return self._forward(self._features(ids, mask)), int(ids.numel())
 
     def _features(self, ids: Any, mask: Any) -> dict[str, Any]:
@@ -308,9 +330,18 @@ class TorchCard:
             features[name] = self.torch.zeros_like(ids)
         return features
 
-    def _forward(self, features: dict[str, Any]) -> Any:
-        """The model's modules, then ``truncate_dim`` and ``normalize`` (as ``encode``)."""
-        rows = self.model(features)["sentence_embedding"]
+    def _forward(self, features: dict[str, Any], host_mask: np.ndarray | None = None) -> Any:
+        """The model's modules, then ``truncate_dim`` and ``normalize`` (as ``encode``); with
+        ``unpadded``, its transformer's token embeddings from the real tokens alone
+        (``host_mask``: the batch's mask on the host), the other modules as they are."""
+        if self.unpadded is not None:
+            features["token_embeddings"] = self.unpadded(
+                features["input_ids"], features["attention_mask"], host_mask)
+            for module in list(self.model)[1:]:
+                features = module(features)
+            rows = features["sentence_embedding"]
+        else:
+            rows = self.model(features)["sentence_embedding"]
         if self.truncate_dim is not None:
             rows = rows[..., :self.truncate_dim]
         if self.normalize:
