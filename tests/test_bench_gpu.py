@@ -43,7 +43,13 @@ def test_the_dry_run_measures_every_section_and_its_report_draws_both_figures(
     model = pd.read_csv(out / "gpu_model.csv")
     timed = model[model["skipped"].isna()]
     forward = timed[timed["mode"] == "forward"]
-    assert sorted(forward["batch_size"]) == sorted(sizes.batch_sizes)  # fp32 alone: a CPU
+    flag = forward["unpadded"].astype(bool)
+    unpadded = forward[flag]  # (the feed precision, fp32 on a CPU, unpadded)
+    assert sorted(forward["batch_size"]) == sorted(sizes.batch_sizes * 2)  # fp32 alone: a CPU
+    assert (unpadded["tokens_computed"] == unpadded["tokens_needed"]).all()
+    padded = forward[~flag]
+    assert (padded["tokens_computed"] > padded["tokens_needed"]).all() and len(unpadded) == len(
+        padded)
     assert (timed["texts_per_s"] > 0).all() and (timed["card_share"] > 0).all()
     for share, ceiling in (("card_share", "matmul_bf16"), ("own_share", "matmul_fp32")):
         assert np.allclose(timed[share] * ceilings.loc[ceiling, "value"], timed["tflop_per_s"],
@@ -247,7 +253,7 @@ def test_the_card_alone_with_graphs_is_timed_through_the_card_s_graphs():
     class Card:
         calls = []
 
-        def compute(self, ids, mask):
+        def compute(self, ids, mask, host_mask=None):
             self.calls.append(tuple(ids.shape))
             if len(self.calls) == 1:  # (a bucket's capture: CPU the warm-up pays, not cpu_s)
                 end = time.thread_time() + 0.2
@@ -259,7 +265,7 @@ def test_the_card_alone_with_graphs_is_timed_through_the_card_s_graphs():
         def features(self, size):
             return batches
 
-        def figures(self, size):
+        def figures(self, size, unpadded=False):
             return {"tokens_needed": 30.0, "tokens_computed": 30.0, "flop": 1e6}
 
     class Fed:  # (a FedModel: its card)

@@ -264,6 +264,7 @@ def _feed_rate(model: pd.DataFrame, device: str, graphs: bool) -> float | None:
     mine = mine[(mine["mode"] == "encode")
                 & (mine["precision"] == model_side.feed_precision(device))
                 & ~mine["compile"].astype(bool) & (mine["cuda_graphs"].astype(bool) == graphs)
+                & ~mine["unpadded"].astype(bool)
                 & (mine["tokenize_ahead"] == ahead) & (mine["pin_memory"] == pin)
                 & (mine["batch_size"] == model_side.ENCODE_BATCH)]
     return float(mine["texts_per_s"].median()) if len(mine) else None

@@ -75,6 +75,7 @@ def model_figure(model: pd.DataFrame, device: str) -> tuple[Any, str]:
     lines = done[(done["mode"] == "forward") | (
         (done["mode"] == "encode") & (done["precision"] == feed_precision(device))
         & ~done["compile"].astype(bool) & ~done["cuda_graphs"].astype(bool)
+        & ~done["unpadded"].astype(bool)
         & (done["tokenize_ahead"] == ahead) & (done["pin_memory"] == pin))]
     medians = lines.groupby(["mode", *VARIANT, "batch_size"], sort=False)[
         ["texts_per_s", "card_share"]].median().reset_index()

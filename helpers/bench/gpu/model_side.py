@@ -1,6 +1,7 @@
 """The GPU check's model side: the model on the card, alone and as a worker runs it.
 
-Each precision (fp32, fp16, bf16), eager, eager with CUDA graphs and compiled, is loaded as a
+Each precision (fp32, fp16, bf16), eager, eager with CUDA graphs and compiled, and the feed
+precision unpadded (the transformer on the real tokens alone: cards/unpadded.py), is loaded as a
 worker loads it (``EmbeddingWorkload.load``: the cast, ``torch.compile``, the torch card's graphs,
 the quality guard against float32 on the guard's texts, pinned memory; the feeder and the torch
 card, or, with tokenize-ahead, ``encode``'s path: each row's ``path`` says which), then timed two
@@ -62,9 +63,11 @@ class Loaded:
     load_s: float
     report: dict[str, Any]
     graphs: bool = False
+    unpadded: bool = False
 
     def key(self) -> dict[str, Any]:
         return {"precision": self.precision, "compile": self.compile, "cuda_graphs": self.graphs,
+                "unpadded": self.unpadded,
                 "tokenize_ahead": self.tokenize_ahead, "pin_memory": self.pin_memory,
                 "path": str(self.report.get("path", "")).split(" (")[0]}
 
@@ -90,9 +93,10 @@ def measure(model_dir: str, device: str, texts: list[str], batch_sizes: tuple[in
     measured (the caller keeps them where a later step raises)."""
     feed = feed_precision(device)
     rows = [] if rows is None else rows
-    wanted = [(p, *FEEDS[0], graphs) for graphs in (False, True) for p in PRECISIONS
-              if p in precisions] + [(feed, *options, False) for options in FEEDS[1:]]
-    loaded = [item for item in (_load_row(model_dir, device, p, False, *options, rows)
+    wanted = [(p, *FEEDS[0], graphs, False) for graphs in (False, True) for p in PRECISIONS
+              if p in precisions] + [(feed, *FEEDS[0], False, True)] \
+        + [(feed, *options, False, False) for options in FEEDS[1:]]
+    loaded = [item for item in (_load_row(model_dir, device, p, False, *options, rows=rows)
                                 for p, *options in wanted) if item is not None]
     if not loaded:
         return rows
@@ -119,7 +123,8 @@ class _Compiles:
     def load(self, variants: list[tuple[str, bool]]) -> list[Loaded]:
         loaded = []
         for precision, graphs in variants:
-            key = {"mode": "load", "precision": precision, "compile": True, "cuda_graphs": graphs}
+            key = {"mode": "load", "precision": precision, "compile": True, "cuda_graphs": graphs,
+                   "unpadded": False}
             if not self.wanted:
                 self.rows.append({**key, "skipped": "compile not asked for (a dry run: minutes "
                                                     "on a CPU)"})
@@ -128,7 +133,7 @@ class _Compiles:
                                                     f"s)"})
             else:
                 item = _load_row(self.model_dir, self.device, precision, True, *FEEDS[0],
-                                 graphs, self.rows)
+                                 graphs, rows=self.rows)
                 if item is not None:
                     self.cost = item.load_s
                     loaded.append(item)
@@ -164,39 +169,42 @@ def _base(mode: str, item: Loaded, batch_size: int) -> dict[str, Any]:
 
 
 def _load_row(model_dir: str, device: str, precision: str, compile: bool, ahead: bool,
-              pin: bool, graphs: bool, rows: list[dict[str, Any]]) -> Loaded | None:
-    """The variant loaded as a worker loads it, or None and a row saying why not (it cannot
-    run on ``device``, or its load failed: a variant's failure never ends the check)."""
+              pin: bool, graphs: bool, unpadded: bool = False,
+              rows: list[dict[str, Any]] | None = None) -> Loaded | None:
+    """The variant loaded as a worker loads it, or None and a row (into ``rows``) saying why
+    not (it cannot run on ``device``, or its load failed: a variant's failure never ends the
+    check)."""
     from helpers.workloads.embedding.runtimes import check_variant
 
+    rows = [] if rows is None else rows
     key = {"mode": "load", "precision": precision, "compile": compile, "cuda_graphs": graphs,
-           "tokenize_ahead": ahead, "pin_memory": pin}
+           "unpadded": unpadded, "tokenize_ahead": ahead, "pin_memory": pin}
     if graphs and not device.startswith("cuda"):
         rows.append({**key, "skipped": f"CUDA graphs replay CUDA kernels; this device is "
                                        f"{device}"})
         return None
     try:
         check_variant(precision, "torch", device)
-        return _load(model_dir, device, precision, compile, ahead, pin, graphs)
+        return _load(model_dir, device, precision, compile, ahead, pin, graphs, unpadded)
     except Exception as exc:
         rows.append({**key, "skipped": f"{type(exc).__name__}: {exc}"[:300]})
         return None
 
 
 def _load(model_dir: str, device: str, precision: str, compile: bool, ahead: bool,
-          pin: bool, graphs: bool) -> Loaded:
+          pin: bool, graphs: bool, unpadded: bool = False) -> Loaded:
     from helpers.workloads.embedding import EmbeddingWorkload
 
     workload = EmbeddingWorkload(model=model_dir, batch_size=ENCODE_BATCH, precision=precision,
                                  compile=compile, tokenize_ahead=ahead, pin_memory=pin,
-                                 cuda_graphs=graphs)
+                                 cuda_graphs=graphs, unpadded=unpadded)
     from helpers.engine.contract.devices import available_cores
 
     started = time.perf_counter()
     model = workload.load(device, available_cores())  # (one worker's share: every core; on
     # a card, what its tokenizing defaults take)
     return Loaded(precision, compile, ahead, pin, workload, model,
-                  time.perf_counter() - started, workload.report(model), graphs)
+                  time.perf_counter() - started, workload.report(model), graphs, unpadded)
 
 
 class _Shapes:
@@ -229,15 +237,17 @@ class _Shapes:
                  if hasattr(v, "to")} for batch in self.batches(size)]
         return self._features[size]
 
-    def figures(self, size: int) -> dict[str, float]:
+    def figures(self, size: int, unpadded: bool = False) -> dict[str, float]:
+        """The batches' tokens and FLOPs (``unpadded``: each text's own, no padding)."""
         from helpers.bench.gpu.card import flops
 
         needed = computed = flop = 0.0
         for batch in self.batches(size):
             longest = int(self.lengths[batch].max())
             needed += float(self.lengths[batch].sum())
-            computed += float(len(batch) * longest)
-            flop += flops(self.config, len(batch), longest)
+            computed += float(self.lengths[batch].sum() if unpadded else len(batch) * longest)
+            flop += sum(flops(self.config, 1, int(n)) for n in self.lengths[batch]) \
+                if unpadded else flops(self.config, len(batch), longest)
         return {"tokens_needed": needed, "tokens_computed": computed, "flop": flop}
 
 
@@ -260,12 +270,14 @@ def _forward(item: Loaded, device: str, texts: list[str], size: int, shapes: _Sh
 
     model = item.modules
     features = [{k: v.to(device) for k, v in one.items()} for one in shapes.features(size)]
-    card = item.model.card if item.graphs else None
+    masks = [one["attention_mask"].numpy() for one in shapes.features(size)]  # (on the host:
+    # the unpadded pass reads its spans there, as the card's submit gives them)
+    card = item.model.card if item.graphs or item.unpadded else None
 
     def work() -> None:
-        for one in features:
-            if card is not None:  # (copied into its bucket's graph, replayed)
-                card.compute(one["input_ids"], one["attention_mask"])
+        for one, mask in zip(features, masks):
+            if card is not None:  # (copied into its bucket's graph and replayed, or unpadded)
+                card.compute(one["input_ids"], one["attention_mask"], mask)
             else:
                 model(dict(one))  # (the modules add their outputs to the dict they get)
 
@@ -285,7 +297,7 @@ def _forward(item: Loaded, device: str, texts: list[str], size: int, shapes: _Sh
     finally:
         if clock is not None:
             clock.cuda = waits
-    figures = shapes.figures(size)
+    figures = shapes.figures(size, item.unpadded)
     return [{**_rates(base, len(texts), s, figures, ceilings), "repeat": r, "cpu_s": per_pass}
             for r, s in enumerate(seconds)]
 
@@ -297,8 +309,8 @@ def _encode_plan(loaded: list[Loaded], batch_sizes: tuple[int, ...],
     feed = feed_precision(device)
     plan = [(item, ENCODE_BATCH) for item in loaded]
     plan += [(item, size) for item in loaded
-             if (item.precision, item.compile, item.graphs, item.tokenize_ahead,
-                 item.pin_memory) == (feed, False, False, *FEEDS[0])
+             if (item.precision, item.compile, item.graphs, item.unpadded, item.tokenize_ahead,
+                 item.pin_memory) == (feed, False, False, False, *FEEDS[0])
              for size in batch_sizes if size != ENCODE_BATCH]
     return plan
 

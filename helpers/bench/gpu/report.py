@@ -47,7 +47,7 @@ def feed_summary(model: pd.DataFrame) -> pd.DataFrame:
     """Encode's rate for the feed variant by (tokenize-ahead, pinned memory) and batch size."""
     done = measured(model)
     encode = done[(done["mode"] == "encode") & ~done["compile"].astype(bool)
-                  & ~done["cuda_graphs"].astype(bool)]
+                  & ~done["cuda_graphs"].astype(bool) & ~done["unpadded"].astype(bool)]
     return encode.groupby(["precision", "tokenize_ahead", "pin_memory", "batch_size"])[
         "texts_per_s"].median().reset_index()
 

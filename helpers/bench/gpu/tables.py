@@ -11,7 +11,8 @@ import pandas as pd
 TABLES = ("gpu_card", "gpu_model", "gpu_faults", "gpu_simulated", "gpu_study",
           "gpu_study_samples")
 FIGURES = "check"  # the figures' folder under a figures folder
-VARIANT = ["precision", "compile", "cuda_graphs"]  # what names a variant of the model's side
+VARIANT = ["precision", "compile", "cuda_graphs", "unpadded"]  # what names a variant of the
+# model's side
 
 
 def read(folder: str | Path) -> dict[str, pd.DataFrame]:
@@ -41,17 +42,21 @@ def skipped(frame: pd.DataFrame) -> pd.Series:
 
 
 def measured(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows that were measured (a model table from before CUDA graphs: none graphed)."""
-    if "precision" in frame and "cuda_graphs" not in frame:
-        frame = frame.assign(cuda_graphs=False)
+    """The rows that were measured (a model table from before CUDA graphs, or before unpadded
+    attention: none graphed, none unpadded)."""
+    for option in ("cuda_graphs", "unpadded"):
+        if "precision" in frame and option not in frame:
+            frame = frame.assign(**{option: False})
     return frame[~skipped(frame)]
 
 
 def variant(row: Any) -> str:
-    """A model-side row's variant in words: 'fp16', 'fp16 compiled', 'fp16 graphs'."""
+    """A model-side row's variant in words: 'fp16', 'fp16 compiled', 'fp16 graphs',
+    'fp16 unpadded'."""
     graphs = str(row.get("cuda_graphs", False)) == "True"  # (a bool, NumPy's, or a CSV's text)
+    unpadded = str(row.get("unpadded", False)) == "True"
     return f"{row['precision']}{' compiled' if str(row['compile']) == 'True' else ''}" \
-        f"{' graphs' if graphs else ''}"
+        f"{' graphs' if graphs else ''}{' unpadded' if unpadded else ''}"
 
 
 def study_runs(runs: pd.DataFrame) -> pd.DataFrame:
