@@ -100,9 +100,11 @@ def test_what_the_unpadded_pass_refuses_it_says(st_model, monkeypatch):
 
     assert unpadded.unsupported([Transformer()], "cpu") == \
         "its transformer is Roberta, not transformers' BertModel"
-    layer = st_model[0].auto_model.encoder.layer[0]
-    monkeypatch.delattr(layer.intermediate, "intermediate_act_fn")
-    assert "lack ['intermediate.intermediate_act_fn']" in unpadded.unsupported(st_model, "cpu")
+    bert = st_model[0].auto_model
+    monkeypatch.delattr(bert.encoder.layer[0].intermediate, "intermediate_act_fn")
+    monkeypatch.delattr(bert.embeddings, "token_type_embeddings")
+    assert "lacks ['intermediate.intermediate_act_fn', 'embeddings.token_type_embeddings']" in \
+        unpadded.unsupported(st_model, "cpu")
 
 
 @pytest.mark.parametrize("options, said", [

@@ -43,9 +43,13 @@ def unsupported(model: Any, device: str) -> str | None:
     needed = ("attention.self.query", "attention.self.key", "attention.self.value",
               "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
               "intermediate.intermediate_act_fn", "output.dense", "output.LayerNorm")
-    missing = [path for path in needed if _get(layer, path) is None]
+    missing = [path for path in needed if _get(layer, path) is None] + [
+        f"embeddings.{name}" for name in ("word_embeddings", "position_embeddings",
+                                          "token_type_embeddings", "LayerNorm")
+        if _get(bert.embeddings, name) is None]
     if missing:
-        return f"its BERT layers lack {missing} (not laid out as transformers' BertLayer)"
+        return (f"its BERT lacks {missing} (not laid out as transformers' BertModel and "
+                f"BertLayer)")
     if device.startswith("cuda"):
         dtype = str(bert.embeddings.word_embeddings.weight.dtype).removeprefix("torch.")
         if dtype not in FLASH_DTYPES:
