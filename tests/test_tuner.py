@@ -356,6 +356,9 @@ def test_the_embedding_workload_offers_what_each_device_runs(monkeypatch):
         ("fp32", "torch", False), ("bf16", "torch", False), ("fp32", "torch", True),
         ("bf16", "torch", True)]
     # (asked to compile: only compiled ones)
+    assert offered(["cpu"], unpadded=True) == [("fp32", "torch", False), ("bf16", "torch", False)]
+    assert offered(["cuda:0"], unpadded=True) == [("bf16", "torch", False),
+                                                  ("fp16", "torch", False)]  # (flash's)
 
 
 @pytest.mark.slow

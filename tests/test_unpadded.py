@@ -68,7 +68,8 @@ def test_on_cuda_the_spans_go_through_one_flash_kernel(st_model, batch, monkeypa
 
     def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k):
         calls.append((cu_seq_q.dtype, cu_seq_q.tolist(), max_q, max_k, query.shape))
-        return unpadded.spans_attention(query, key, value, cu_seq_q.numpy())
+        return unpadded.spans_attention(query, key, value,
+                                        unpadded.Spans(cu_seq_q.numpy(), cu_seq_q, max_q))
 
     monkeypatch.setattr(varlen, "varlen_attn", varlen_attn)
     bert = st_model[0].auto_model
@@ -88,7 +89,13 @@ def test_on_cuda_the_spans_go_through_one_flash_kernel(st_model, batch, monkeypa
 
 def test_what_the_unpadded_pass_refuses_it_says(st_model, monkeypatch):
     assert unpadded.unsupported(st_model, "cpu") is None
+    card = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: card[0])
+    card.append((9, 0))  # (an H200)
     assert "float16 or bfloat16, not float32" in unpadded.unsupported(st_model, "cuda:0")
+    card[0] = (7, 5)  # (a T4)
+    assert "compute capability 8.0 or newer (Ampere, Hopper); this one is 7.5" in \
+        unpadded.unsupported(st_model, "cuda:0")
     with pytest.raises(ValueError, match="unpadded: CUDA graphs replay the padded batch's"):
         TorchCard(st_model, "cuda:0", graphs=True, unpadded=True, cuda=FakeCuda())
 

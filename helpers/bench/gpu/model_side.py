@@ -343,5 +343,5 @@ def _encode_once(item: Loaded, size: int, texts: list[str], shapes: _Shapes,
     workload.process(item.model, texts)  # (its vectors come back to the host: the card is done)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     phases = workload.phases(item.model) or {}
-    return {**_rates(base, len(texts), wall, shapes.figures(size), ceilings),
+    return {**_rates(base, len(texts), wall, shapes.figures(size, item.unpadded), ceilings),
             "cpu_s": cpu, **{f"{phase}_s": s for phase, s in phases.items()}}

@@ -279,7 +279,8 @@ def guarded(workload: Any, variant: Any, reference: np.ndarray, device: str) -> 
         raise QualityRefused(
             f"precision={workload.precision!r} runtime={workload.runtime!r}"
             f"{' compile=True' if workload.compile else ''}"
-            f"{' cuda_graphs=True' if workload.cuda_graphs else ''} on {device}: its "
+            f"{' cuda_graphs=True' if workload.cuda_graphs else ''}"
+            f"{' unpadded=True' if workload.unpadded else ''} on {device}: its "
             f"embeddings of the guard's {quality.texts} texts differ from float32 "
             f"PyTorch's: mean cosine {quality.mean:.4f} (needs >= {workload.guard[0]}), least "
             f"{quality.min:.4f} (needs >= {workload.guard[1]}): refused, not used")

@@ -294,9 +294,15 @@ class EmbeddingWorkload:
         compiles; only torch ones when it tokenizes ahead), and on CUDA devices each torch one
         also with CUDA graphs (only those when it asks for them); whether the guard passes each is
         found when its workers load it. None on a simulated card, whose speed is its profile's:
-        what varies there is the CPU side feeding it (``tokenizing_variants``)."""
+        what varies there is the CPU side feeding it (``tokenizing_variants``). Asked for
+        ``unpadded``: the torch ones it goes with, eager, flash's precisions on CUDA."""
         if self.card is not None:
             return []
+        if self.unpadded:
+            cuda = any(device.startswith("cuda") for device in devices)
+            return [{"precision": precision, "runtime": "torch", "compile": False}
+                    for precision in PRECISIONS if not (cuda and precision == "fp32")
+                    and all(_runs(precision, "torch", device) for device in devices)]
         graphs = (True,) if self.cuda_graphs else \
             (False, True) if self._feeds_cuda(devices) else (False,)
         ways = [(compiled, graphed) for compiled in ((True,) if self.compile else (False, True))
