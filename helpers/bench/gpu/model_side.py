@@ -169,14 +169,13 @@ def _base(mode: str, item: Loaded, batch_size: int) -> dict[str, Any]:
 
 
 def _load_row(model_dir: str, device: str, precision: str, compile: bool, ahead: bool,
-              pin: bool, graphs: bool, unpadded: bool = False,
-              rows: list[dict[str, Any]] | None = None) -> Loaded | None:
+              pin: bool, graphs: bool, unpadded: bool = False, *,
+              rows: list[dict[str, Any]]) -> Loaded | None:
     """The variant loaded as a worker loads it, or None and a row (into ``rows``) saying why
     not (it cannot run on ``device``, or its load failed: a variant's failure never ends the
     check)."""
     from helpers.workloads.embedding.runtimes import check_variant
 
-    rows = [] if rows is None else rows
     key = {"mode": "load", "precision": precision, "compile": compile, "cuda_graphs": graphs,
            "unpadded": unpadded, "tokenize_ahead": ahead, "pin_memory": pin}
     if graphs and not device.startswith("cuda"):

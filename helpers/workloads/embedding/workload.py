@@ -164,9 +164,9 @@ class EmbeddingWorkload:
         if self.cuda_graphs and self.runtime != "torch":
             raise ValueError(f"cuda_graphs: the torch card's (runtime={self.runtime!r} runs "
                              f"the model in onnxruntime)")
-        if self.cuda_graphs and (not self.feeder or self.tokenize_ahead):
-            said = "feeder=False" if not self.feeder else "tokenize_ahead=True"
-            raise ValueError(f"cuda_graphs: the torch card's, on the feeder's path ({said} "
+        off = self._off_feeder()
+        if self.cuda_graphs and off:
+            raise ValueError(f"cuda_graphs: the torch card's, on the feeder's path ({off} "
                              f"runs the model through its own encode)")
         if self.unpadded:
             self._check_unpadded()
@@ -188,11 +188,10 @@ class EmbeddingWorkload:
         if self.card is None:
             if self.card_cores is not None:
                 raise ValueError("card_cores: an option of a simulated card (card=h100, say)")
-            if not self.feeder or self.tokenize_ahead:
-                said = "feeder=False" if not self.feeder else "tokenize_ahead=True"
+            if off:
                 for option in ("tokenize_threads", "tokenize_processes", "batch_tokens"):
                     if getattr(self, option) is not None:
-                        raise ValueError(f"{option}: an option of the feeder; with {said} the "
+                        raise ValueError(f"{option}: an option of the feeder; with {off} the "
                                          f"model runs through its own encode")
             return
         from helpers.workloads.embedding.cards.simulated import parse_card
@@ -216,15 +215,19 @@ class EmbeddingWorkload:
 
     def _check_unpadded(self) -> None:
         """ValueError where ``unpadded`` cannot go with the other options."""
-        if self.runtime != "torch" or not self.feeder or self.tokenize_ahead:
-            said = f"runtime={self.runtime!r}" if self.runtime != "torch" else \
-                "feeder=False" if not self.feeder else "tokenize_ahead=True"
+        said = f"runtime={self.runtime!r}" if self.runtime != "torch" else self._off_feeder()
+        if said:
             raise ValueError(f"unpadded: the torch card's, on the feeder's path ({said} runs "
                              f"the model another way)")
         if self.cuda_graphs or self.compile:
             said = "cuda_graphs" if self.cuda_graphs else "compile"
             raise ValueError(f"unpadded: {said} runs the padded pass (its shapes are the "
                              f"padded batch's); choose one")
+
+    def _off_feeder(self) -> str | None:
+        """The option that puts the model on ``encode``'s path, in words (None: the feeder's)."""
+        return "feeder=False" if not self.feeder else \
+            "tokenize_ahead=True" if self.tokenize_ahead else None
 
     def _check_encode_options(self) -> None:
         """What ``encode`` is given, checked before any worker starts."""
@@ -335,7 +338,7 @@ class EmbeddingWorkload:
         """Whether the feeder feeds the torch card on every one of ``devices``, CUDA devices
         (``feeder`` on, not ``tokenize_ahead``: the model's own path there)."""
         return bool(devices) and all(device.startswith("cuda") for device in devices) \
-            and self.feeder and not self.tokenize_ahead
+            and self._off_feeder() is None
 
     def report(self, model: Any) -> dict[str, Any]:
         """What a worker says of the model it loaded: its variant, and the guard's figures."""

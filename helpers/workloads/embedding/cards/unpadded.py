@@ -38,9 +38,9 @@ def unsupported(model: Any, device: str) -> str | None:
     from transformers import BertModel
 
     bert = getattr(model[0], "auto_model", None)
-    config = getattr(bert, "config", None)
-    if type(bert) is not BertModel or config is None:  # (not a subclass, nor remote code's)
+    if type(bert) is not BertModel:  # (not a subclass, nor remote code's)
         return f"its transformer is {type(bert).__name__}, not transformers' BertModel"
+    config = bert.config
     if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
         return f"its positions are {config.position_embedding_type!r}, not absolute"
     if getattr(config, "is_decoder", False):
